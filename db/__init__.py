@@ -1,1 +1,7 @@
-"""det.db."""
+"""Database access: where the database is (``DET_DB_URL`` or the embedded server), connections,
+and migrations from ``schema.sql``."""
+
+from det.db.connect import connect, database_url, det_home
+from det.db.migrate import migrate
+
+__all__ = ["connect", "database_url", "det_home", "migrate"]

@@ -1,0 +1,188 @@
+"""One reconciler pass: read the tables, decide, write the difference, in one transaction.
+
+The steps follow DESIGN.md ("The reconciler pass"); their SQL is in
+:mod:`det.reconciler.queries` and their decisions in pure modules (trials, searchers,
+scheduler). NOTIFYs are queued inside the transaction, so Postgres delivers them at commit.
+"""
+
+import logging
+from dataclasses import dataclass, field
+
+import psycopg
+from det.errors import DetError
+from det.reconciler import queries as q
+from det.reconciler import searchers
+from det.reconciler.scheduler import AgentSlots, Pending, schedule
+from det.reconciler.trials import RunEnd, settle
+from psycopg.types.json import Jsonb
+
+log = logging.getLogger("det.reconciler")
+
+
+@dataclass
+class Settings:
+    """Reconciler settings. ``agent_timeout``: seconds without a heartbeat before an agent is
+    lost; ``interval``: seconds between passes when nothing wakes the loop."""
+
+    agent_timeout: float = 30.0
+    interval: float = 2.0
+
+
+@dataclass
+class PassResult:
+    """What a pass changed: the number of rows written, and whom it woke."""
+
+    changes: int = 0
+    agents: set[str] = field(default_factory=set)
+    allocations: set[int] = field(default_factory=set)
+
+
+def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassResult:
+    """Run one pass in one transaction on ``conn`` (the leader's connection).
+
+    Returns what changed; a pass that changed nothing means the cluster has converged.
+    """
+    r = PassResult()
+    with conn.transaction():
+        _agents(conn, settings, r)
+        _settle(conn, r)
+        _experiment_states(conn, r)
+        _finish_closed_trials(conn, r)
+        _search(conn, r)
+        _finish_closed_trials(conn, r)
+        r.changes += conn.execute(q.FINISH_EXPERIMENTS).rowcount
+        r.changes += conn.execute(q.CREATE_ALLOCATIONS).rowcount
+        _place(conn, r)
+        for agent in sorted(r.agents):
+            conn.execute(q.NOTIFY, {"channel": f"agent_{agent}"})
+        for alloc in sorted(r.allocations):
+            conn.execute(q.NOTIFY, {"channel": f"alloc_{alloc}"})
+        conn.execute(q.RECORD_PASS, {"holder": holder})
+    return r
+
+
+def _agents(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None:
+    lost = conn.execute(q.EXPIRE_AGENTS, {"timeout": settings.agent_timeout}).fetchall()
+    for row in lost:
+        log.warning("agent %s lost: no heartbeat for %.0f s", row["id"], settings.agent_timeout)
+    ended = conn.execute(q.END_LOST_ALLOCATIONS).fetchall()
+    r.changes += len(lost) + len(ended) + conn.execute(q.RELEASE_SLOTS).rowcount
+
+
+def _settle(conn: psycopg.Connection, r: PassResult) -> None:
+    for run in conn.execute(q.UNSETTLED_RUNS).fetchall():
+        s = settle(RunEnd(run["trial_state"], run["restarts"], run["max_restarts"],
+                          run["exit_code"], run["exit_reason"]))
+        conn.execute(q.UPDATE_SETTLED_TRIAL, {"state": s.state, "restarts": s.restarts,
+                                              "trial_id": run["trial_id"]})
+        conn.execute(q.MARK_SETTLED, run)
+        how = f"exit code {run['exit_code']}" if run["exit_code"] is not None else "no exit code"
+        reason = f" ({run['exit_reason']})" if run["exit_reason"] else ""
+        if s.state == "ERROR":
+            _event(conn, run, "trial_exited_early", {"reason": "errored"})
+            then = f"trial failed after {s.restarts - 1} restarts"
+        elif s.state in ("COMPLETED", "CANCELED"):
+            _event(conn, run, "trial_exited", {})
+            then = f"trial {s.state.lower()}"
+        elif s.failed:
+            then = f"restarting from the latest checkpoint ({s.restarts}/{run['max_restarts']})"
+        else:
+            then = "run ended"
+        conn.execute(q.LOG_DECISION, {**run, "line": f"run ended with {how}{reason}; {then}"})
+        r.changes += 1
+
+
+def _event(conn: psycopg.Connection, row: dict, kind: str, payload: dict) -> None:
+    conn.execute(q.INSERT_SEARCHER_EVENT, {"experiment_id": row["experiment_id"],
+                                           "trial_id": row["trial_id"], "kind": kind,
+                                           "payload": Jsonb(payload)})
+
+
+def _experiment_states(conn: psycopg.Connection, r: PassResult) -> None:
+    for stmt in (q.PAUSE_TRIALS, q.ACTIVATE_TRIALS, q.STOP_TRIALS):
+        r.changes += conn.execute(stmt).rowcount
+    for stmt in (q.ESCALATE_DESIRED, q.KILL_OVERDUE):
+        for row in conn.execute(stmt).fetchall():
+            r.allocations.add(row["id"])
+            if row["agent_id"]:
+                r.agents.add(row["agent_id"])
+            r.changes += 1
+    r.changes += conn.execute(q.END_UNSTARTED).rowcount
+
+
+def _finish_closed_trials(conn: psycopg.Connection, r: PassResult) -> None:
+    for row in conn.execute(q.FINISH_CLOSED_TRIALS).fetchall():
+        reason = row["exit_reason"]
+        if reason in ("invalid_hp", "errored"):
+            _event(conn, row, "trial_exited_early", {"reason": reason})
+        else:
+            _event(conn, row, "trial_exited", {})
+        r.changes += 1
+
+
+def _search(conn: psycopg.Connection, r: PassResult) -> None:
+    for exp in conn.execute(q.EXPERIMENTS_TO_SEARCH).fetchall():
+        events = conn.execute(q.PENDING_EVENTS, {"experiment_id": exp["id"]}).fetchall()
+        try:
+            with conn.transaction():
+                _search_one(conn, exp, events)
+        except (DetError, KeyError, ValueError, TypeError) as e:
+            # A searcher that cannot go on ends its experiment; other experiments carry on.
+            log.error("experiment %s: searcher failed: %s", exp["id"], e)
+            conn.execute(q.SHUTDOWN_EXPERIMENT,
+                         {"experiment_id": exp["id"], "state": "STOPPING_ERROR"})
+        r.changes += 1
+
+
+def _search_one(conn: psycopg.Connection, exp: dict, events: list[dict]) -> None:
+    state, actions = searchers.searcher_step(
+        exp["config"], exp["searcher_state"], [_to_event(v) for v in events])
+    eid = exp["id"]
+    for a in actions:
+        match a:
+            case searchers.Create():
+                conn.execute(q.CREATE_TRIAL, {"experiment_id": eid, "request_id": a.request_id,
+                                              "hparams": Jsonb(a.hparams), "seed": a.seed})
+            case searchers.ValidateAfter():
+                conn.execute(q.ADD_OP, {"experiment_id": eid, "request_id": a.request_id,
+                                        "length": a.length})
+            case searchers.Close():
+                conn.execute(q.CLOSE_TRIAL, {"experiment_id": eid, "request_id": a.request_id})
+            case searchers.Shutdown():
+                outcome = ("STOPPING_ERROR" if a.failure else
+                           "STOPPING_CANCELED" if a.cancel else "STOPPING_COMPLETED")
+                conn.execute(q.SHUTDOWN_EXPERIMENT, {"experiment_id": eid, "state": outcome})
+    conn.execute(q.SAVE_SEARCHER, {
+        "experiment_id": eid, "state": Jsonb(state),
+        "progress": min(1.0, max(0.0, searchers.searcher_progress(exp["config"], state)))})
+    conn.execute(q.CONSUME_EVENTS, {"ids": [v["id"] for v in events]})
+
+
+def _to_event(row: dict) -> searchers.Event:
+    p = row["payload"]
+    match row["kind"]:
+        case "validation_completed":
+            return searchers.ValidationCompleted(row["request_id"], p["length"], p["metric"])
+        case "trial_exited":
+            return searchers.TrialExited(row["request_id"])
+        case _:
+            return searchers.TrialExitedEarly(row["request_id"], p["reason"])
+
+
+def _place(conn: psycopg.Connection, r: PassResult) -> None:
+    for row in conn.execute(q.POOLS_WITH_PENDING).fetchall():
+        pool = row["resource_pool"]
+        agents = [AgentSlots(a["agent_id"], tuple(a["slots"]), tuple(a["free"]),
+                             a["zero_slot_tasks"])
+                  for a in conn.execute(q.POOL_AGENTS, {"pool": pool}).fetchall()]
+        pending = [Pending(p["allocation_id"], p["slots_needed"])
+                   for p in conn.execute(q.POOL_PENDING, {"pool": pool}).fetchall()]
+        for assignment in schedule(agents, pending):
+            chief = next(iter(assignment.slots))
+            conn.execute(q.ASSIGN, {"allocation_id": assignment.allocation_id,
+                                    "agent_id": chief})
+            for agent, slot_ids in assignment.slots.items():
+                conn.execute(q.HOLD_SLOTS, {"allocation_id": assignment.allocation_id,
+                                            "agent_id": agent, "slots": slot_ids})
+                r.agents.add(agent)
+            r.changes += 1

@@ -1,0 +1,264 @@
+"""Named SQL statements of the reconciler pass, in pass order.
+
+Each statement is level-triggered: it selects rows by their current state, so running it
+again after it succeeded changes nothing. Parameters are named (``%(name)s``).
+"""
+
+# -- 1. Agents ---------------------------------------------------------------------------------
+
+# Agents silent for longer than the timeout are lost (DESIGN.md, pass step 1).
+EXPIRE_AGENTS = """
+UPDATE agents SET state = 'LOST'
+ WHERE state <> 'LOST' AND last_heartbeat < now() - make_interval(secs => %(timeout)s)
+RETURNING id
+"""
+
+# Runs on lost agents end with no exit code: the settle step counts them as failures.
+END_LOST_ALLOCATIONS = """
+UPDATE allocations a SET state = 'TERMINATED', exit_reason = 'agent lost', ended_at = now()
+  FROM agents g
+ WHERE g.id = a.agent_id AND g.state = 'LOST' AND a.state <> 'TERMINATED'
+RETURNING a.id
+"""
+
+RELEASE_SLOTS = """
+UPDATE allocation_slots s SET released = true
+  FROM allocations a
+ WHERE a.id = s.allocation_id AND a.state = 'TERMINATED' AND NOT s.released
+"""
+
+# -- 2. Settle ended runs ----------------------------------------------------------------------
+
+UNSETTLED_RUNS = """
+SELECT a.id AS allocation_id, a.exit_code, a.exit_reason, t.id AS trial_id,
+       t.experiment_id, t.state::text AS trial_state, t.restarts,
+       coalesce((e.config ->> 'max_restarts')::integer, 5) AS max_restarts
+  FROM allocations a
+  JOIN trials t ON t.id = a.trial_id
+  JOIN experiments e ON e.id = t.experiment_id
+ WHERE a.state = 'TERMINATED' AND NOT a.settled
+ ORDER BY a.id
+   FOR UPDATE OF a, t
+"""
+
+UPDATE_SETTLED_TRIAL = """
+UPDATE trials SET state = %(state)s, restarts = %(restarts)s,
+       end_time = CASE WHEN %(state)s IN ('COMPLETED', 'CANCELED', 'ERROR') THEN now() END
+ WHERE id = %(trial_id)s
+"""
+
+MARK_SETTLED = "UPDATE allocations SET settled = true WHERE id = %(allocation_id)s"
+
+INSERT_SEARCHER_EVENT = """
+INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
+VALUES (%(experiment_id)s, %(trial_id)s, %(kind)s, %(payload)s)
+"""
+
+# A line in the trial's logs saying what det decided, so `det trial logs` tells the whole story.
+LOG_DECISION = """
+INSERT INTO task_logs (allocation_id, trial_id, stream, line)
+VALUES (%(allocation_id)s, %(trial_id)s, 'det', %(line)s)
+"""
+
+# -- 3. Experiment state drives trial state, trial state drives desired state ------------------
+
+PAUSE_TRIALS = """
+UPDATE trials t SET state = 'PAUSED' FROM experiments e
+ WHERE e.id = t.experiment_id AND e.state = 'PAUSED' AND t.state = 'ACTIVE'
+"""
+
+ACTIVATE_TRIALS = """
+UPDATE trials t SET state = 'ACTIVE' FROM experiments e
+ WHERE e.id = t.experiment_id AND e.state = 'ACTIVE' AND t.state = 'PAUSED'
+"""
+
+# A stopping experiment stops its live trials; a kill overrides a cancel.
+STOP_TRIALS = """
+UPDATE trials t SET state = e.state::text::trial_state FROM experiments e
+ WHERE e.id = t.experiment_id AND e.state::text LIKE 'STOPPING_%%'
+   AND (t.state IN ('ACTIVE', 'PAUSED')
+        OR (e.state = 'STOPPING_KILLED' AND t.state::text LIKE 'STOPPING_%%'
+            AND t.state <> 'STOPPING_KILLED'))
+"""
+
+# Desired state only escalates: RUNNING -> STOPPED (checkpoint and exit) -> KILLED.
+ESCALATE_DESIRED = """
+WITH want AS (
+    SELECT a.id,
+           CASE WHEN t.state = 'STOPPING_KILLED' THEN 'KILLED'
+                WHEN t.state <> 'ACTIVE' OR t.closed THEN 'STOPPED'
+                ELSE 'RUNNING' END::desired_state AS desired
+      FROM allocations a JOIN trials t ON t.id = a.trial_id
+     WHERE a.state <> 'TERMINATED'
+)
+UPDATE allocations a SET desired_state = w.desired,
+       stop_requested_at = coalesce(a.stop_requested_at, now())
+  FROM want w
+ WHERE w.id = a.id AND w.desired > a.desired_state
+RETURNING a.id, a.agent_id
+"""
+
+# A run told to stop before any agent took it simply ends; that is not a failure.
+END_UNSTARTED = """
+UPDATE allocations SET state = 'TERMINATED', exit_code = 0,
+       exit_reason = 'stopped before it started', ended_at = now()
+ WHERE state = 'PENDING' AND desired_state <> 'RUNNING'
+"""
+
+# A task that ignores the stop request past preemption_timeout seconds is killed.
+KILL_OVERDUE = """
+UPDATE allocations a SET desired_state = 'KILLED'
+  FROM trials t JOIN experiments e ON e.id = t.experiment_id
+ WHERE t.id = a.trial_id AND a.desired_state = 'STOPPED' AND a.state <> 'TERMINATED'
+   AND a.stop_requested_at < now() - make_interval(
+           secs => coalesce((e.config ->> 'preemption_timeout')::integer, 3600))
+RETURNING a.id, a.agent_id
+"""
+
+# -- 4. Trials the searcher closed, once their last run is over --------------------------------
+
+FINISH_CLOSED_TRIALS = """
+UPDATE trials t
+   SET state = CASE WHEN t.exit_reason = 'errored' THEN 'ERROR' ELSE 'COMPLETED' END::trial_state,
+       end_time = now()
+ WHERE t.closed AND t.state IN ('ACTIVE', 'PAUSED')
+   AND NOT EXISTS (SELECT 1 FROM allocations a
+                    WHERE a.trial_id = t.id AND (a.state <> 'TERMINATED' OR NOT a.settled))
+RETURNING t.id AS trial_id, t.experiment_id, t.exit_reason
+"""
+
+# -- 5. Searchers ------------------------------------------------------------------------------
+
+EXPERIMENTS_TO_SEARCH = """
+SELECT e.id, e.config, e.searcher_state
+  FROM experiments e
+ WHERE e.state IN ('ACTIVE', 'PAUSED')
+   AND (e.searcher_state IS NULL
+        OR EXISTS (SELECT 1 FROM searcher_events v
+                    WHERE v.experiment_id = e.id AND NOT v.consumed))
+ ORDER BY e.id
+   FOR UPDATE OF e
+"""
+
+PENDING_EVENTS = """
+SELECT v.id, v.kind, v.payload, t.request_id::text AS request_id
+  FROM searcher_events v JOIN trials t ON t.id = v.trial_id
+ WHERE v.experiment_id = %(experiment_id)s AND NOT v.consumed
+ ORDER BY v.id
+"""
+
+CREATE_TRIAL = """
+INSERT INTO trials (experiment_id, request_id, hparams, seed)
+VALUES (%(experiment_id)s, %(request_id)s, %(hparams)s, %(seed)s)
+ON CONFLICT (experiment_id, request_id) DO NOTHING
+"""
+
+ADD_OP = """
+INSERT INTO searcher_ops (trial_id, length)
+SELECT id, %(length)s FROM trials
+ WHERE experiment_id = %(experiment_id)s AND request_id = %(request_id)s
+"""
+
+CLOSE_TRIAL = """
+UPDATE trials SET closed = true
+ WHERE experiment_id = %(experiment_id)s AND request_id = %(request_id)s
+"""
+
+SHUTDOWN_EXPERIMENT = """
+UPDATE experiments SET state = %(state)s WHERE id = %(experiment_id)s
+"""
+
+SAVE_SEARCHER = """
+UPDATE experiments SET searcher_state = %(state)s, progress = %(progress)s
+ WHERE id = %(experiment_id)s
+"""
+
+CONSUME_EVENTS = "UPDATE searcher_events SET consumed = true WHERE id = ANY(%(ids)s)"
+
+# -- 6. Experiments whose trials have all ended ------------------------------------------------
+
+FINISH_EXPERIMENTS = """
+UPDATE experiments e
+   SET state = replace(substr(e.state::text, 10), 'KILLED', 'CANCELED')::experiment_state,
+       end_time = now()
+ WHERE e.state::text LIKE 'STOPPING_%%'
+   AND NOT EXISTS (SELECT 1 FROM trials t
+                    WHERE t.experiment_id = e.id
+                      AND t.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR'))
+"""
+
+# -- 7. New runs for trials that have work and no run ------------------------------------------
+
+CREATE_ALLOCATIONS = """
+WITH runnable AS (
+    SELECT t.id FROM trials t JOIN experiments e ON e.id = t.experiment_id
+     WHERE e.state = 'ACTIVE' AND t.state = 'ACTIVE' AND NOT t.closed
+       AND EXISTS (SELECT 1 FROM searcher_ops o WHERE o.trial_id = t.id AND NOT o.completed)
+       AND NOT EXISTS (SELECT 1 FROM allocations a
+                        WHERE a.trial_id = t.id AND (a.state <> 'TERMINATED' OR NOT a.settled))
+       FOR UPDATE OF t
+), bumped AS (
+    UPDATE trials t SET runs = t.runs + 1 FROM runnable r WHERE t.id = r.id
+    RETURNING t.id, t.runs, t.experiment_id
+)
+INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec)
+SELECT e.job_id, b.id, b.runs, j.resource_pool,
+       coalesce((e.config #>> '{resources,slots_per_trial}')::integer, 1),
+       jsonb_build_object('kind', 'trial', 'entrypoint', e.config -> 'entrypoint',
+                          'environment', coalesce(e.config -> 'environment', '{}'),
+                          'context_id', e.context_id, 'experiment_id', e.id, 'trial_id', b.id)
+  FROM bumped b JOIN experiments e ON e.id = b.experiment_id JOIN jobs j ON j.id = e.job_id
+"""
+
+# -- 8. Placement ------------------------------------------------------------------------------
+
+POOLS_WITH_PENDING = """
+SELECT DISTINCT resource_pool FROM allocations WHERE state = 'PENDING' ORDER BY 1
+"""
+
+POOL_AGENTS = """
+SELECT g.id AS agent_id,
+       coalesce(array_agg(s.slot_id ORDER BY s.slot_id) FILTER (WHERE s.enabled), '{}') AS slots,
+       coalesce(array_agg(s.slot_id ORDER BY s.slot_id)
+                FILTER (WHERE s.enabled AND NOT EXISTS (
+                    SELECT 1 FROM allocation_slots h
+                     WHERE h.agent_id = s.agent_id AND h.slot_id = s.slot_id
+                       AND NOT h.released)), '{}') AS free,
+       (SELECT count(*) FROM allocations z
+         WHERE z.agent_id = g.id AND z.slots_needed = 0 AND z.state <> 'TERMINATED')
+           AS zero_slot_tasks
+  FROM agents g LEFT JOIN slots s ON s.agent_id = g.id
+ WHERE g.state = 'ACTIVE' AND g.resource_pool = %(pool)s
+ GROUP BY g.id
+ ORDER BY g.id
+"""
+
+POOL_PENDING = """
+SELECT a.id AS allocation_id, a.slots_needed
+  FROM allocations a JOIN jobs j ON j.id = a.job_id
+ WHERE a.state = 'PENDING' AND a.desired_state = 'RUNNING' AND a.resource_pool = %(pool)s
+ ORDER BY j.priority, j.queue_position, a.id
+"""
+
+ASSIGN = """
+UPDATE allocations SET state = 'ASSIGNED', agent_id = %(agent_id)s, assigned_at = now()
+ WHERE id = %(allocation_id)s AND state = 'PENDING'
+"""
+
+HOLD_SLOTS = """
+INSERT INTO allocation_slots (allocation_id, agent_id, slot_id)
+SELECT %(allocation_id)s, %(agent_id)s, unnest(%(slots)s::integer[])
+"""
+
+# -- 9. Bookkeeping ----------------------------------------------------------------------------
+
+NOTIFY = "SELECT pg_notify(%(channel)s, '')"
+
+RECORD_PASS = """
+INSERT INTO reconciler_leader (holder, since, last_pass) VALUES (%(holder)s, now(), now())
+ON CONFLICT (singleton) DO UPDATE
+   SET last_pass = now(),
+       since = CASE WHEN reconciler_leader.holder = excluded.holder
+                    THEN reconciler_leader.since ELSE now() END,
+       holder = excluded.holder
+"""

@@ -1,0 +1,190 @@
+"""The experiment config model (reference-facts §3.2-3.7) and its expanded form.
+
+``ExperimentConfig`` validates what a user writes; ``ExperimentConfig.expanded()`` is the
+JSON dict with every default filled in that det stores as the experiment's config, and that
+``ExperimentConfig.model_validate`` reads back unchanged.
+"""
+
+import re
+import time
+from typing import Annotated, Any, Literal
+
+from det.configs.entrypoint import Entrypoint
+from det.configs.environment import AbsolutePath, BindMount, EnvironmentConfig
+from det.configs.hyperparameters import (
+    DoubleHP,
+    Hyperparameters,
+    IntHP,
+    LogHP,
+    NestedHP,
+    iter_leaves,
+)
+from det.configs.length import Length
+from det.configs.searcher import SearcherConfig
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _parse_size(value: Any) -> Any:
+    """``shm_size``: an int (bytes) or a string such as ``"1.5G"`` (1024-based) -> bytes."""
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match is None:
+            raise PydanticCustomError(
+                "size",
+                "expected bytes as an int or a size like '4G', got '{value}'",
+                {"value": value},
+            )
+        return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    return value
+
+
+class Resources(BaseModel):
+    """``resources`` (§3.4). ``priority`` None means the pool's default (filled at creation)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    slots_per_trial: Annotated[int, Field(ge=0)] = 1
+    resource_pool: str = "default"
+    priority: Annotated[int, Field(ge=1, le=99)] | None = None
+    weight: Annotated[float, Field(gt=0)] = 1.0
+    max_slots: Annotated[int, Field(ge=0)] | None = None
+    shm_size: Annotated[
+        Annotated[int, Field(ge=0)] | None,
+        BeforeValidator(_parse_size, json_schema_input_type=int | str | None),
+    ] = None
+
+
+class _StorageBase(BaseModel):
+    """Checkpoint GC settings common to every storage type (§3.7, §5)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    save_experiment_best: Annotated[int, Field(ge=0)] = 0
+    save_trial_best: Annotated[int, Field(ge=0)] = 1
+    save_trial_latest: Annotated[int, Field(ge=0)] = 1
+
+
+class SharedFSStorage(_StorageBase):
+    """``type: shared_fs``: checkpoints under ``host_path[/storage_path]`` on every agent."""
+
+    type: Literal["shared_fs"]
+    host_path: AbsolutePath
+    storage_path: str | None = None
+
+    @field_validator("storage_path")
+    @classmethod
+    def _under_host_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        host = info.data.get("host_path")
+        if value is None or not value.startswith("/") or host is None:
+            return value
+        if not (value == host or value.startswith(host.rstrip("/") + "/")):
+            raise PydanticCustomError(
+                "storage_path",
+                "expected a relative path or one under host_path '{host}'",
+                {"host": host},
+            )
+        return value
+
+
+class DirectoryStorage(_StorageBase):
+    """``type: directory``: checkpoints in ``container_path`` inside the task's container."""
+
+    type: Literal["directory"]
+    container_path: str
+
+
+def _storage_type(value: Any) -> Any:
+    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+
+
+CheckpointStorage = Annotated[
+    Annotated[SharedFSStorage, Tag("shared_fs")] | Annotated[DirectoryStorage, Tag("directory")],
+    Discriminator(
+        _storage_type,
+        custom_error_type="bad_union_tag:type",
+        custom_error_message="expected one of shared_fs|directory",
+    ),
+]
+
+
+class Reproducibility(BaseModel):
+    """``reproducibility``: the searcher's RNG seed (None until expansion fills it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    experiment_seed: Annotated[int, Field(ge=0, lt=2**32)] | None = None
+
+
+class ExperimentConfig(BaseModel):
+    """An experiment config (§3.2). Unknown keys are errors; ``null`` means "not given"."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "Experiment"
+    description: str | None = None
+    labels: list[str] = Field(default_factory=list)
+    workspace: str | None = None
+    project: str | None = None
+    entrypoint: Entrypoint
+    hyperparameters: Hyperparameters = Field(default_factory=lambda: NestedHP({}))
+    searcher: SearcherConfig
+    resources: Resources = Field(default_factory=Resources)
+    min_validation_period: Length | None = None
+    min_checkpoint_period: Length | None = None
+    checkpoint_storage: CheckpointStorage | None = None
+    checkpoint_policy: Literal["best", "all", "none"] = "best"
+    max_restarts: Annotated[int, Field(ge=0)] = 5
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
+    bind_mounts: list[BindMount] = Field(default_factory=list)
+    data: dict[str, Any] = Field(default_factory=dict)
+    records_per_epoch: Annotated[int, Field(ge=0)] = 0
+    scheduling_unit: Annotated[int, Field(ge=1)] = 100
+    perform_initial_validation: bool = False
+    reproducibility: Reproducibility = Field(default_factory=Reproducibility)
+    preemption_timeout: Annotated[int, Field(ge=0)] = 3600
+    debug: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_absent(cls, data: Any) -> Any:
+        """``null`` means "not present" (§3.1): drop top-level nulls so defaults apply."""
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
+    @model_validator(mode="after")
+    def _grid_needs_counts(self) -> "ExperimentConfig":
+        """Grid search needs ``count`` on every int/double/log hyperparameter (§3.1)."""
+        if self.searcher.name == "grid":
+            for route, hp in iter_leaves(self.hyperparameters):
+                if isinstance(hp, (IntHP, DoubleHP, LogHP)) and hp.count is None:
+                    raise PydanticCustomError(
+                        "grid_count",
+                        "required when searcher.name is grid",
+                        {"dotted_path": "hyperparameters." + ".".join(route) + ".count"},
+                    )
+        return self
+
+    def expanded(self, now: float | None = None) -> dict[str, Any]:
+        """The JSON-able config with every default filled in, as stored in the database.
+
+        ``reproducibility.experiment_seed``, if unset, becomes ``int(now)`` (default: the
+        current unix time, §1.2). Hyperparameters appear in their explicit form
+        (``{type: const, val: ...}``); environment variables and images as ``{cpu, cuda}``.
+        """
+        out = self.model_dump(mode="json")
+        if out["reproducibility"]["experiment_seed"] is None:
+            seed = int(time.time() if now is None else now) % 2**32
+            out["reproducibility"]["experiment_seed"] = seed
+        return out

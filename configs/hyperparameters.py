@@ -1,0 +1,179 @@
+"""Hyperparameter definitions (reference-facts §1.6).
+
+The ``hyperparameters`` map of an experiment config holds, per name, one of:
+
+* a bare scalar or list: an implicit constant (expanded to ``{type: const, val: ...}``);
+* ``{type: const, val}``;
+* ``{type: int, minval, maxval, count?}`` (ints; sampled inclusive of ``maxval``);
+* ``{type: double, minval, maxval, count?}``;
+* ``{type: log, minval, maxval, base, count?}`` (values are ``base ** x``; ``base`` required);
+* ``{type: categorical, vals: [...]}``;
+* a map without a ``type`` key: nested hyperparameters, to any depth.
+
+``count`` (>= 1) is the number of grid points; the grid searcher requires it on every
+int/double/log hyperparameter (checked in ``det.configs.experiment``).
+"""
+
+from collections.abc import Iterator, Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    RootModel,
+    Tag,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+
+def _check_maxval(maxval: float, info: ValidationInfo) -> float:
+    minval = info.data.get("minval")
+    if minval is not None and maxval < minval:
+        raise PydanticCustomError(
+            "hp_range",
+            "expected maxval >= minval ({minval}), got {maxval}",
+            {"minval": minval, "maxval": maxval},
+        )
+    return maxval
+
+
+class ConstHP(BaseModel):
+    """``{type: const, val}``; a bare non-map value is read as this."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["const"] = "const"
+    val: Any
+
+    @model_validator(mode="before")
+    @classmethod
+    def _implicit(cls, data: Any) -> Any:
+        return data if isinstance(data, Mapping) else {"type": "const", "val": data}
+
+
+class IntHP(BaseModel):
+    """``{type: int, minval, maxval, count?}``; ``minval <= maxval``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["int"]
+    minval: int
+    maxval: int
+    count: Annotated[int, Field(ge=1)] | None = None
+
+    _maxval = field_validator("maxval")(_check_maxval)
+
+
+class DoubleHP(BaseModel):
+    """``{type: double, minval, maxval, count?}``; ``minval <= maxval``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["double"]
+    minval: float
+    maxval: float
+    count: Annotated[int, Field(ge=1)] | None = None
+
+    _maxval = field_validator("maxval")(_check_maxval)
+
+
+class LogHP(BaseModel):
+    """``{type: log, minval, maxval, base, count?}``: values ``base ** x``, x in [minval, maxval]."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["log"]
+    minval: float
+    maxval: float
+    base: Annotated[float, Field(gt=0)]
+    count: Annotated[int, Field(ge=1)] | None = None
+
+    _maxval = field_validator("maxval")(_check_maxval)
+
+
+class CategoricalHP(BaseModel):
+    """``{type: categorical, vals: [...]}`` with at least one value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["categorical"]
+    vals: Annotated[list[Any], Field(min_length=1)]
+
+
+def _hp_kind(value: Any) -> str:
+    """The union tag of a raw or parsed hyperparameter: its ``type``, ``nested`` or ``const``."""
+    if isinstance(value, Mapping):
+        if "type" not in value:
+            return "nested"
+        return str(value["type"])
+    if isinstance(value, NestedHP):
+        return "nested"
+    if isinstance(value, BaseModel):
+        return str(value.type)  # type: ignore[attr-defined]
+    return "const"
+
+
+# A constant may be written bare (any non-map value) or as ``{type: const, val}``.
+_CONST_JSON_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": ["number", "string", "boolean", "null", "array"]},
+        {
+            "type": "object",
+            "properties": {"type": {"const": "const"}, "val": {}},
+            "required": ["type", "val"],
+            "additionalProperties": False,
+        },
+    ]
+}
+
+Hyperparameter = Annotated[
+    Annotated[ConstHP, Tag("const"), WithJsonSchema(_CONST_JSON_SCHEMA)]
+    | Annotated[IntHP, Tag("int")]
+    | Annotated[DoubleHP, Tag("double")]
+    | Annotated[LogHP, Tag("log")]
+    | Annotated[CategoricalHP, Tag("categorical")]
+    | Annotated["NestedHP", Tag("nested")],
+    Discriminator(
+        _hp_kind,
+        custom_error_type="bad_union_tag:type",
+        custom_error_message="expected one of const|int|double|log|categorical",
+    ),
+]
+"""One hyperparameter definition; see the module docstring."""
+
+
+class NestedHP(RootModel[dict[str, Hyperparameter]]):
+    """A map of hyperparameters (a map without a ``type`` key)."""
+
+    model_config = ConfigDict(frozen=True, json_schema_extra={"not": {"required": ["type"]}})
+
+
+NestedHP.model_rebuild()
+
+Hyperparameters = NestedHP
+"""The ``hyperparameters`` section: a map name -> definition (``.root`` is the dict)."""
+
+Leaf = ConstHP | IntHP | DoubleHP | LogHP | CategoricalHP
+
+
+def iter_leaves(
+    hparams: NestedHP | Mapping[str, Any], prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], Leaf | None]]:
+    """Yield ``(route, definition)`` for every leaf, names sorted at each level.
+
+    ``route`` is the key path (``("optimizer", "lr")``). An empty nested map yields itself
+    once with definition ``None`` (the grid gives it the single value ``{}``, §1.5).
+    """
+    if isinstance(hparams, NestedHP):
+        hparams = hparams.root
+    for name in sorted(hparams):
+        hp = hparams[name]
+        route = (*prefix, name)
+        if isinstance(hp, NestedHP):
+            if hp.root:
+                yield from iter_leaves(hp.root, route)
+            else:
+                yield route, None
+        else:
+            yield route, hp

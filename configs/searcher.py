@@ -1,0 +1,101 @@
+"""The ``searcher`` section: a union on ``name`` (reference-facts §1.1).
+
+``single``, ``random`` and ``grid`` run every trial to ``max_length`` (required here, since
+det's harness trains to the searcher's ``ValidateAfter`` target); ``adaptive_asha`` is accepted
+in configs but its search logic is not implemented yet.
+"""
+
+from typing import Annotated, Any, Literal
+
+from det.configs.length import Length
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic_core import PydanticCustomError
+
+
+class _SearcherBase(BaseModel):
+    """Keys common to every searcher."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    metric: str
+    smaller_is_better: bool = True
+    source_trial_id: int | None = None
+    source_checkpoint_uuid: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "_SearcherBase":
+        if self.source_trial_id is not None and self.source_checkpoint_uuid is not None:
+            raise PydanticCustomError(
+                "searcher_source",
+                "expected at most one of source_trial_id, source_checkpoint_uuid",
+            )
+        return self
+
+
+class SingleSearcher(_SearcherBase):
+    """One trial trained to ``max_length`` (random with max_trials=1, §1.3)."""
+
+    name: Literal["single"]
+    max_length: Length
+
+
+class RandomSearcher(_SearcherBase):
+    """``max_trials`` trials with sampled hyperparameters, at most ``max_concurrent_trials``
+    alive at once (0 = no cap), each trained to ``max_length`` (§1.4)."""
+
+    name: Literal["random"]
+    max_length: Length
+    max_trials: Annotated[int, Field(ge=1)]
+    max_concurrent_trials: Annotated[int, Field(ge=0)] = 16
+
+
+class GridSearcher(_SearcherBase):
+    """One trial per grid point, at most ``max_concurrent_trials`` alive (0 = no cap), §1.5."""
+
+    name: Literal["grid"]
+    max_length: Length
+    max_concurrent_trials: Annotated[int, Field(ge=0)] = 16
+
+
+class AdaptiveAshaSearcher(_SearcherBase):
+    """Adaptive ASHA (§1.7). Config only: needs ``max_length`` or ``max_time`` + ``time_metric``."""
+
+    name: Literal["adaptive_asha"]
+    max_trials: Annotated[int, Field(ge=1)]
+    max_concurrent_trials: Annotated[int, Field(ge=0)] = 16
+    divisor: Annotated[float, Field(gt=1)] = 4.0
+    max_rungs: Annotated[int, Field(ge=1)] = 5
+    mode: Literal["aggressive", "standard", "conservative"] = "standard"
+    bracket_rungs: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    stop_once: bool = False
+    max_length: Length | None = None
+    max_time: Annotated[int, Field(ge=1)] | None = None
+    time_metric: str | None = None
+
+    @model_validator(mode="after")
+    def _needs_a_length(self) -> "AdaptiveAshaSearcher":
+        has_time = self.max_time is not None and self.time_metric is not None
+        if self.max_length is None and not has_time:
+            raise PydanticCustomError(
+                "asha_length", "expected max_length, or both max_time and time_metric"
+            )
+        return self
+
+
+def _name(value: Any) -> Any:
+    if isinstance(value, dict):
+        return value.get("name")
+    return getattr(value, "name", None)
+
+
+SearcherConfig = Annotated[
+    Annotated[SingleSearcher, Tag("single")]
+    | Annotated[RandomSearcher, Tag("random")]
+    | Annotated[GridSearcher, Tag("grid")]
+    | Annotated[AdaptiveAshaSearcher, Tag("adaptive_asha")],
+    Discriminator(
+        _name,
+        custom_error_type="bad_union_tag:name",
+        custom_error_message="expected one of single|random|grid|adaptive_asha",
+    ),
+]
+"""The ``searcher`` section, tagged by ``name``."""

@@ -1,0 +1,94 @@
+"""The ``process`` runtime: a task as a child process of the agent, for hosts with no
+container engine.
+
+The task runs in its own directory (the unpacked context), in its own session so the whole
+process group can be signalled, and dies with the agent (``PR_SET_PDEATHSIG``), so a restarted
+agent never finds an orphan it cannot watch.
+"""
+
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from det.agent.logs import LogShipper
+
+# Run before the entrypoint: the context's startup-hook.sh, sourced so its exports reach the
+# task (spec: run-training-code, Get Ready).
+_WRAPPER = 'if [ -f ./startup-hook.sh ]; then . ./startup-hook.sh || exit $?; fi; exec "$@"'
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class ProcessTask:
+    """One running task. ``argv``: the entrypoint command; ``env``: its whole environment;
+    ``workdir``: its working directory. Output lines go to ``logs`` under ``allocation_id``."""
+
+    def __init__(self, allocation_id: int, argv: list[str], env: dict[str, str], workdir: Path,
+                 logs: LogShipper) -> None:
+        self.allocation_id = allocation_id
+        self._kill_deadline: float | None = None
+        self._proc = subprocess.Popen(
+            ["sh", "-c", _WRAPPER, "det-task", *argv], cwd=workdir, env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, preexec_fn=_die_with_parent)
+        self._readers = [
+            threading.Thread(target=self._pump, args=(self._proc.stdout, "stdout", logs),
+                             daemon=True),
+            threading.Thread(target=self._pump, args=(self._proc.stderr, "stderr", logs),
+                             daemon=True),
+        ]
+        for t in self._readers:
+            t.start()
+
+    def _pump(self, pipe, stream: str, logs: LogShipper) -> None:
+        for raw in iter(pipe.readline, b""):
+            logs.add(self.allocation_id, stream, raw.decode(errors="replace").rstrip("\n"))
+        pipe.close()
+
+    @property
+    def killed(self) -> bool:
+        return self._kill_deadline is not None
+
+    def poll(self) -> int | None:
+        """The exit code once the task has ended and its output is read, else None.
+        A task killed by signal N reports -N."""
+        code = self._proc.poll()
+        if code is None:
+            return None
+        for t in self._readers:
+            t.join()
+        return code
+
+    def kill(self, grace: float) -> None:
+        """SIGTERM the task's process group now and SIGKILL it once ``grace`` seconds have
+        passed (checked on each call; never blocks)."""
+        now = time.monotonic()
+        if self._kill_deadline is None:
+            self._kill_deadline = now + grace
+            self._signal(signal.SIGTERM)
+        elif now >= self._kill_deadline and self._proc.poll() is None:
+            self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self._proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def exit_reason(code: int, killed: bool) -> str | None:
+    """A reason a user can read for exit ``code`` (None for a clean exit)."""
+    if killed:
+        return "killed on request"
+    if code == 0:
+        return None
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exited with code {code}"

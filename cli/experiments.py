@@ -1,0 +1,222 @@
+"""``det experiment``: create, list, describe, wait, pause, activate, cancel, kill."""
+
+import ast
+import time
+from pathlib import Path
+
+import typer
+from psycopg.types.json import Jsonb
+
+from det import context
+from det.cli.output import print_json, print_table
+from det.cli.session import db, user
+from det.configs import is_trial_class, load_experiment_config
+from det.db import det_home
+from det.errors import ConfigError, NotFoundError
+
+app = typer.Typer(no_args_is_help=True)
+
+LIST = """
+SELECT id, name, state::text AS state, round(progress * 100)::integer AS progress, trials,
+       owner, start_time AS started, end_time AS ended, best_validation, searcher, metric
+  FROM reporting.experiments WHERE %(all)s OR NOT archived ORDER BY id
+"""
+
+EXPERIMENT = """
+SELECT e.id, e.name, e.description, e.state::text AS state, e.owner, e.progress, e.config,
+       e.start_time, e.end_time, j.resource_pool, j.priority, j.weight, j.id AS job_id
+  FROM experiments e JOIN jobs j ON j.id = e.job_id WHERE e.id = %(id)s
+"""
+
+TRIALS = """
+SELECT id, state::text AS state, hparams, steps_completed, best_validation, restarts,
+       latest_checkpoint, exit_reason, start_time, end_time
+  FROM trials WHERE experiment_id = %(id)s ORDER BY id
+"""
+
+CHECKPOINTS = """
+SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_at,
+       (SELECT m."values" FROM metrics m
+         WHERE m.trial_id = c.trial_id AND m."group" = 'validation'
+           AND m.steps_completed = c.steps_completed
+         ORDER BY m.id DESC LIMIT 1) AS validation
+  FROM checkpoints c JOIN trials t ON t.id = c.trial_id
+ WHERE t.experiment_id = %(id)s ORDER BY c.trial_id, c.steps_completed
+"""
+
+STATE = "SELECT state::text AS state FROM experiments WHERE id = %(id)s"
+
+# `det experiment wait` exit codes, by terminal state.
+WAIT_EXIT = {"COMPLETED": 0, "ERROR": 1, "CANCELED": 2}
+
+
+def check_entrypoint(entrypoint: str | list[str], ctx: Path) -> None:
+    """For a ``module:Class`` entrypoint, check the module file exists in the context and
+    defines the class (read with ``ast``; nothing is imported).
+
+    Raises:
+        ConfigError: naming the missing file or class.
+    """
+    if not is_trial_class(entrypoint):
+        return
+    module, cls = entrypoint.split(":")
+    rel = Path(*module.split("."))
+    path = next((p for p in (ctx / f"{rel}.py", ctx / rel / "__init__.py") if p.is_file()), None)
+    if path is None:
+        raise ConfigError("entrypoint", f"{entrypoint}: no file {rel}.py in context {ctx}")
+    tree = ast.parse(path.read_text(), filename=str(path))
+    if not any(isinstance(n, ast.ClassDef) and n.name == cls for n in tree.body):
+        raise ConfigError("entrypoint", f"{entrypoint}: {path.name} defines no class {cls}")
+
+
+def expanded_config(config_file: Path, ctx: Path) -> tuple[dict, str]:
+    """Read, validate and expand ``config_file``; returns (expanded config, original text).
+
+    The default checkpoint storage is a shared_fs directory under det's home.
+
+    Raises:
+        ConfigError: unreadable file, invalid config, or an entrypoint the context lacks.
+    """
+    try:
+        text = config_file.read_text()
+    except OSError as e:
+        raise ConfigError("", f"cannot read config file: {e.strerror}", str(config_file)) from e
+    cfg = load_experiment_config(text, source=str(config_file))
+    check_entrypoint(cfg.entrypoint, ctx)
+    expanded = cfg.expanded()
+    if expanded.get("checkpoint_storage") is None:
+        expanded["checkpoint_storage"] = {
+            "type": "shared_fs", "host_path": str(det_home() / "checkpoints"),
+            "storage_path": None, "save_experiment_best": 0, "save_trial_best": 1,
+            "save_trial_latest": 1}
+    return expanded, text
+
+
+@app.command("create")
+def create(
+    config_file: Path = typer.Argument(..., help="Experiment config (YAML)."),
+    context_dir: Path = typer.Argument(..., help="Model-definition directory to upload."),
+    local: bool = typer.Option(False, "--local", help="Run in this process, without a cluster."),
+    test_mode: bool = typer.Option(False, "--test-mode",
+                                   help="With --local: a few batches of each workload."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Stream the first trial's logs."),
+) -> None:
+    """Submit an experiment (one transaction: the experiment, its job and its context)."""
+    expanded, original = expanded_config(config_file, context_dir)
+    if local:
+        from det.harness.local import run_local
+
+        run_local(expanded, context_dir, test_mode)
+        return
+    blob = context.pack(context_dir)
+    with db() as conn:
+        row = conn.execute("SELECT det_create_experiment(%s, %s, %s, %s) AS id",
+                           (Jsonb(expanded), original, blob, user())).fetchone()
+    typer.echo(f"Created experiment {row['id']}")
+    if follow:
+        from det.cli.trials import follow_experiment
+
+        follow_experiment(row["id"])
+
+
+@app.command("list")
+def list_(
+    all_: bool = typer.Option(False, "--all", "-a", help="Include archived experiments."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Experiments: id, name, state, progress, trials, owner, started."""
+    with db() as conn:
+        rows = conn.execute(LIST, {"all": all_}).fetchall()
+    if json_:
+        print_json(rows)
+        return
+    print_table(rows, ["id", "name", "state", "progress", "trials", "owner", "started"],
+                ["ID", "Name", "State", "Progress %", "Trials", "Owner", "Started"])
+
+
+def get_experiment(conn, exp_id: int) -> dict:
+    """The experiment row. Raises NotFoundError."""
+    row = conn.execute(EXPERIMENT, {"id": exp_id}).fetchone()
+    if row is None:
+        raise NotFoundError(f"experiment {exp_id} not found")
+    return row
+
+
+@app.command("describe")
+def describe(
+    exp_id: int = typer.Argument(..., metavar="ID"),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Config, trials with hyperparameters, best validation metric, checkpoints."""
+    with db() as conn:
+        exp = get_experiment(conn, exp_id)
+        trials = conn.execute(TRIALS, {"id": exp_id}).fetchall()
+        ckpts = conn.execute(CHECKPOINTS, {"id": exp_id}).fetchall()
+    if json_:
+        print_json({**exp, "trials": trials, "checkpoints": ckpts})
+        return
+    searcher = exp["config"]["searcher"]
+    metric, smaller = searcher["metric"], searcher.get("smaller_is_better", True)
+    best = [t["best_validation"] for t in trials if t["best_validation"] is not None]
+    typer.echo(f"Experiment {exp['id']}: {exp['name']}  [{exp['state']}]  "
+               f"progress {exp['progress'] * 100:.0f}%  owner {exp['owner']}")
+    typer.echo(f"searcher {searcher['name']}, metric {metric} "
+               f"({'smaller' if smaller else 'larger'} is better); best: "
+               f"{(min(best) if smaller else max(best)) if best else '-'}")
+    typer.echo(f"resource pool {exp['resource_pool']}, priority {exp['priority']}, "
+               f"weight {exp['weight']}, job {exp['job_id']}")
+    typer.echo("\nTrials:")
+    print_table(trials, ["id", "state", "hparams", "steps_completed", "best_validation",
+                         "restarts", "exit_reason"],
+                ["ID", "State", "Hyperparameters", "Batches", f"Best {metric}", "Restarts",
+                 "Exit"])
+    typer.echo("\nCheckpoints:")
+    print_table(ckpts, ["uuid", "trial_id", "steps_completed", "state", "validation"],
+                ["UUID", "Trial", "Batches", "State", "Validation"])
+
+
+def _action(exp_id: int, action: str) -> None:
+    with db() as conn:
+        get_experiment(conn, exp_id)
+        state = conn.execute("SELECT det_experiment_action(%s, %s) AS s",
+                             (exp_id, action)).fetchone()["s"]
+    typer.echo(f"Experiment {exp_id}: {state}")
+
+
+@app.command("pause")
+def pause(exp_id: int = typer.Argument(..., metavar="ID")) -> None:
+    """Trials checkpoint at their next opportunity and stop; their slots are freed."""
+    _action(exp_id, "pause")
+
+
+@app.command("activate")
+def activate(exp_id: int = typer.Argument(..., metavar="ID")) -> None:
+    """Trials resume from their latest checkpoints."""
+    _action(exp_id, "activate")
+
+
+@app.command("cancel")
+def cancel(exp_id: int = typer.Argument(..., metavar="ID")) -> None:
+    """Trials checkpoint and stop for good."""
+    _action(exp_id, "cancel")
+
+
+@app.command("kill")
+def kill(exp_id: int = typer.Argument(..., metavar="ID")) -> None:
+    """Trials stop now, without a checkpoint."""
+    _action(exp_id, "kill")
+
+
+@app.command("wait")
+def wait(
+    exp_id: int = typer.Argument(..., metavar="ID"),
+    interval: float = typer.Option(1.0, help="Seconds between checks."),
+) -> None:
+    """Block until the experiment ends. Exit code: 0 COMPLETED, 1 ERROR, 2 CANCELED."""
+    with db() as conn:
+        get_experiment(conn, exp_id)
+        conn.autocommit = True
+        while (state := conn.execute(STATE, {"id": exp_id}).fetchone()["state"]) not in WAIT_EXIT:
+            time.sleep(interval)
+    typer.echo(f"Experiment {exp_id}: {state}")
+    raise typer.Exit(WAIT_EXIT[state])

@@ -1,0 +1,65 @@
+"""The ``det`` command. Each command is one SQL-function call or query (DESIGN.md, "cli/").
+
+Errors a user caused print as one line and exit 1; ``det --debug ...`` shows the traceback.
+"""
+
+import logging
+import sys
+
+import psycopg
+import typer
+
+from det.cli import checkpoints, cluster, experiments, trials
+from det.errors import DetError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="det: deep-learning training on a PostgreSQL control plane.")
+app.add_typer(experiments.app, name="experiment", help="Create, follow and steer experiments.")
+app.add_typer(experiments.app, name="e", hidden=True)
+app.add_typer(experiments.app, name="exp", hidden=True)
+app.add_typer(trials.app, name="trial", help="Trials: logs and details.")
+app.add_typer(trials.app, name="t", hidden=True)
+app.add_typer(checkpoints.app, name="checkpoint", help="List and download checkpoints.")
+app.add_typer(cluster.cluster_app, name="cluster", help="Run a local cluster.")
+app.add_typer(cluster.db_app, name="db", help="Database schema.")
+app.add_typer(cluster.agent_app, name="agent", help="Run an agent on this host.")
+app.command("reconcile")(cluster.reconcile)
+
+_debug = False
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
+    global _debug
+    _debug = debug
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("psycopg").setLevel(logging.WARNING)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app(standalone_mode=False)
+    except (DetError, psycopg.Error) as e:
+        if _debug:
+            raise
+        msg = e.diag.message_primary if isinstance(e, psycopg.Error) and e.diag.message_primary else e
+        typer.echo(f"Error: {msg}", err=True)
+        sys.exit(1)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("Aborted.", err=True)
+        sys.exit(130)
+    except Exception as e:  # click usage errors arrive here in standalone_mode=False
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""Printing results: tables through tabulate, or JSON with ``--json``."""
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import typer
+from tabulate import tabulate
+
+
+def print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def print_table(rows: Sequence[dict], columns: Sequence[str], headers: Sequence[str] | None = None) -> None:
+    """Print ``rows`` (dicts) as a table of ``columns``, titled by ``headers`` (default: the
+    column names)."""
+    body = [[_format(r.get(c)) for c in columns] for r in rows]
+    typer.echo(tabulate(body, headers=list(headers or columns), tablefmt="simple"))
+
+
+def _format(v: Any) -> Any:
+    if isinstance(v, datetime):
+        return v.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict | list):
+        return json.dumps(v, separators=(",", ":"))
+    return "" if v is None else v

@@ -61,6 +61,14 @@ _EXPECTED = {
 _UNION_TAG = "bad_union_tag:"
 
 
+_BOUNDS = {
+    "greater_than": (">", "gt"),
+    "greater_than_equal": (">=", "ge"),
+    "less_than": ("<", "lt"),
+    "less_than_equal": ("<=", "le"),
+}
+
+
 def _path(loc: tuple[int | str, ...], data: Any, keep_last: bool) -> str:
     """The dotted path of a pydantic ``loc``, as the user wrote it.
 
@@ -102,10 +110,9 @@ def _message(error: ErrorDetails) -> str:
         return f"{error['msg']}, got {_describe(given)}"
     if kind == "literal_error":
         return f"expected one of {ctx['expected']}, got {_describe(error['input'])}"
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        return (
-            f"{error['msg'].replace('Input should be', 'expected a value')}, got {error['input']}"
-        )
+    if kind in _BOUNDS:
+        op, key = _BOUNDS[kind]
+        return f"expected a value {op} {ctx[key]}, got {_describe(error['input'])}"
     if kind in _EXPECTED:
         return f"{_EXPECTED[kind]}, got {_describe(error['input'])}"
     return error["msg"]

@@ -1,0 +1,282 @@
+"""det.configs: parsing, expansion, one-line errors. Pure (no database)."""
+
+import jsonschema
+import pytest
+import yaml
+from det.configs import (
+    ExperimentConfig,
+    IntHP,
+    Length,
+    NestedHP,
+    entrypoint_argv,
+    env_for_device,
+    experiment_json_schema,
+    is_trial_class,
+    load_experiment_config,
+)
+from det.errors import ConfigError
+
+GOOD = """
+name: mnist
+description: digits
+labels: [a, b]
+entrypoint: model_def:MnistTrial
+hyperparameters:
+  global_batch_size: 64
+  lr: {type: log, minval: -4, maxval: -1, base: 10, count: 3}
+  layers: {type: int, minval: 1, maxval: 4, count: 2}
+  optimizer:
+    name: {type: categorical, vals: [sgd, adam]}
+    momentum: {type: double, minval: 0.0, maxval: 0.9, count: 2}
+    extra: {}
+  dropout: {type: const, val: 0.5}
+searcher:
+  name: grid
+  metric: validation_loss
+  max_length: {batches: 500}
+  max_concurrent_trials: 2
+resources: {slots_per_trial: 2, priority: 10, shm_size: 1G}
+checkpoint_storage: {type: shared_fs, host_path: /tmp/ckpt, storage_path: det}
+environment:
+  environment_variables: [A=1, B=x=y]
+  image: {cpu: python:3.11}
+bind_mounts: [{host_path: /data, container_path: data, read_only: true}]
+data: {url: http://example}
+min_validation_period: {epochs: 1}
+reproducibility: {experiment_seed: 42}
+"""
+
+MINIMAL = """
+entrypoint: python3 train.py
+searcher: {name: single, metric: loss, max_length: {records: 1000}}
+"""
+
+
+def test_good_config_parses() -> None:
+    cfg = load_experiment_config(GOOD, "good.yaml")
+    assert cfg.searcher.name == "grid"
+    assert cfg.searcher.max_length == Length("batches", 500)
+    assert cfg.resources.shm_size == 1 << 30
+    assert cfg.environment.environment_variables.cuda == ["A=1", "B=x=y"]
+    assert cfg.environment.image.cpu == "python:3.11"
+    assert cfg.environment.image.cuda is None
+    assert isinstance(cfg.hyperparameters.root["layers"], IntHP)
+    assert isinstance(cfg.hyperparameters.root["optimizer"], NestedHP)
+
+
+def test_expanded_fills_defaults_and_round_trips() -> None:
+    expanded = load_experiment_config(MINIMAL).expanded(now=1_700_000_000)
+    assert expanded["name"] == "Experiment"
+    assert expanded["max_restarts"] == 5
+    assert expanded["resources"] == {
+        "slots_per_trial": 1,
+        "resource_pool": "default",
+        "priority": None,
+        "weight": 1.0,
+        "max_slots": None,
+        "shm_size": None,
+    }
+    assert expanded["searcher"]["max_length"] == {"records": 1000}
+    assert expanded["searcher"]["smaller_is_better"] is True
+    assert expanded["reproducibility"] == {"experiment_seed": 1_700_000_000}
+    assert expanded["environment"]["environment_variables"] == {"cpu": [], "cuda": []}
+    assert expanded["preemption_timeout"] == 3600
+    assert expanded["checkpoint_policy"] == "best"
+    assert expanded["checkpoint_storage"] is None
+    assert ExperimentConfig.model_validate(expanded).expanded() == expanded
+
+
+def test_good_config_round_trips_and_fits_the_json_schema() -> None:
+    expanded = load_experiment_config(GOOD).expanded()
+    assert expanded["hyperparameters"]["global_batch_size"] == {"type": "const", "val": 64}
+    assert expanded["hyperparameters"]["optimizer"]["extra"] == {}
+    assert ExperimentConfig.model_validate(expanded).expanded() == expanded
+    schema = experiment_json_schema()
+    jsonschema.validate(expanded, schema)
+    jsonschema.validate(yaml.safe_load(GOOD), schema)
+    jsonschema.validate(yaml.safe_load(MINIMAL), schema)
+
+
+def test_expansion_keeps_a_given_seed_and_fills_a_missing_one() -> None:
+    assert load_experiment_config(GOOD).expanded()["reproducibility"]["experiment_seed"] == 42
+    seed = load_experiment_config(MINIMAL).expanded()["reproducibility"]["experiment_seed"]
+    assert isinstance(seed, int) and seed > 1_600_000_000
+
+
+def test_nulls_mean_absent() -> None:
+    cfg = load_experiment_config(MINIMAL + "max_restarts: null\nhyperparameters: null\n")
+    assert cfg.max_restarts == 5
+    assert cfg.hyperparameters.root == {}
+
+
+def test_adaptive_asha_config_is_accepted() -> None:
+    cfg = load_experiment_config(
+        "entrypoint: a:B\nsearcher: {name: adaptive_asha, metric: loss, max_trials: 16,"
+        " max_time: 100, time_metric: batches}\n"
+    )
+    assert cfg.searcher.name == "adaptive_asha"
+    assert cfg.searcher.divisor == 4.0 and cfg.searcher.mode == "standard"
+
+
+def test_length_unit_and_value() -> None:
+    length = Length.parse({"epochs": 3})
+    assert (length.unit, length.value, length.to_json()) == ("epochs", 3, {"epochs": 3})
+
+
+SEARCHER = "searcher: {name: single, metric: l, max_length: {batches: 1}}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "message"),
+    [
+        ("entrypoint: [a\n" + SEARCHER, "", "line 2"),
+        ("entrypoint: x\nentrypoint: y\n" + SEARCHER, "", "duplicate key 'entrypoint'"),
+        ("entrypoint: x\nfoo: 1\n" + SEARCHER, "", "unknown key 'foo'"),
+        (
+            "entrypoint: x\nsearcher: {name: single, metric: l, max_length: {batches: 1}, x: 1}",
+            "searcher",
+            "unknown key 'x'",
+        ),
+        ("entrypoint: x\nmax_restarts: many\n" + SEARCHER, "max_restarts", "expected an integer"),
+        ("entrypoint: x\nmax_restarts: -1\n" + SEARCHER, "max_restarts", ">= 0"),
+        (
+            "entrypoint: x\nsearcher: {name: random, metric: l, max_trials: 2, max_length: 100}",
+            "searcher.max_length",
+            "expected {batches|records|epochs: int}",
+        ),
+        (
+            "entrypoint: x\nsearcher: {name: single, metric: l, max_length: {steps: 1}}",
+            "searcher.max_length",
+            "expected {batches|records|epochs: int}",
+        ),
+        (
+            "entrypoint: x\nsearcher: {name: single, metric: l, max_length: {batches: 0}}",
+            "searcher.max_length",
+            "expected {batches|records|epochs: int}",
+        ),
+        (
+            "entrypoint: x\nhyperparameters: {lr: {type: log, minval: 1, maxval: 2}}\n" + SEARCHER,
+            "hyperparameters.lr.base",
+            "required key missing",
+        ),
+        (
+            "entrypoint: x\nhyperparameters: {o: {n: {type: int, minval: 1, maxval: 3}}}\n"
+            + "searcher: {name: grid, metric: l, max_length: {batches: 1}}",
+            "hyperparameters.o.n.count",
+            "required when searcher.name is grid",
+        ),
+        (
+            "entrypoint: x\nhyperparameters: {a: {type: double, minval: 2, maxval: 1}}\n"
+            + SEARCHER,
+            "hyperparameters.a.maxval",
+            "expected maxval >= minval",
+        ),
+        (
+            "entrypoint: x\nhyperparameters: {a: {type: float}}\n" + SEARCHER,
+            "hyperparameters.a.type",
+            "expected one of const|int|double|log|categorical, got 'float'",
+        ),
+        (
+            "entrypoint: x\nhyperparameters: {a: {type: categorical, vals: []}}\n" + SEARCHER,
+            "hyperparameters.a.vals",
+            "",
+        ),
+        (SEARCHER, "entrypoint", "required key missing"),
+        ("entrypoint: 7\n" + SEARCHER, "entrypoint", "expected a string"),
+        (
+            "entrypoint: x\nsearcher: {name: bayes, metric: l}",
+            "searcher.name",
+            "expected one of single|random|grid|adaptive_asha, got 'bayes'",
+        ),
+        ("entrypoint: x\nsearcher: {metric: l}", "searcher.name", "required key missing"),
+        (
+            "entrypoint: x\nsearcher: {name: random, metric: l, max_length: {batches: 1}}",
+            "searcher.max_trials",
+            "required key missing",
+        ),
+        (
+            "entrypoint: x\nsearcher: {name: adaptive_asha, metric: l, max_trials: 2}",
+            "searcher",
+            "max_time",
+        ),
+        ("entrypoint: x\nresources: {priority: 100}\n" + SEARCHER, "resources.priority", "99"),
+        ("entrypoint: x\nresources: {weight: 0}\n" + SEARCHER, "resources.weight", "> 0"),
+        (
+            "entrypoint: x\nenvironment: {environment_variables: [A=1, B]}\n" + SEARCHER,
+            "environment.environment_variables[1]",
+            "expected KEY=VALUE, got 'B'",
+        ),
+        (
+            "entrypoint: x\nbind_mounts: [{host_path: data, container_path: /d}]\n" + SEARCHER,
+            "bind_mounts[0].host_path",
+            "expected an absolute path",
+        ),
+        (
+            "entrypoint: x\ncheckpoint_storage: {type: s3, bucket: b}\n" + SEARCHER,
+            "checkpoint_storage.type",
+            "expected one of shared_fs|directory, got 's3'",
+        ),
+        (
+            "entrypoint: x\ncheckpoint_storage: {type: shared_fs, host_path: /a,"
+            " storage_path: /b}\n" + SEARCHER,
+            "checkpoint_storage.storage_path",
+            "under host_path",
+        ),
+        ("entrypoint: x\ncheckpoint_policy: some\n" + SEARCHER, "checkpoint_policy", "'best'"),
+        ("- just a list\n", "", "expected a mapping at the top level"),
+    ],
+)
+def test_bad_config_gives_one_line_naming_the_path(text: str, path: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_experiment_config(text, "exp.yaml")
+    error = info.value
+    assert error.path == path
+    assert "\n" not in str(error)
+    assert str(error).startswith(f"exp.yaml: {path}: " if path else "exp.yaml: ")
+    assert message in str(error)
+
+
+def test_error_message_example_from_the_brief() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_experiment_config(
+            "entrypoint: x\nsearcher: {name: single, metric: l, max_length: 5}", "const.yaml"
+        )
+    assert (
+        str(info.value) == "const.yaml: searcher.max_length: expected {batches|records|epochs: int}"
+    )
+
+
+def test_entrypoint_forms() -> None:
+    assert is_trial_class("model_def:MnistTrial")
+    assert is_trial_class("pkg.model_def:Trial_2")
+    assert not is_trial_class("python3 train.py")
+    assert not is_trial_class("model_def:Mnist.Trial")
+    assert not is_trial_class(["python3", "train.py"])
+    assert entrypoint_argv("model_def:MnistTrial", "/usr/bin/python3") == [
+        "/usr/bin/python3",
+        "-m",
+        "det.harness.run",
+        "model_def:MnistTrial",
+    ]
+    assert entrypoint_argv("python3 train.py --epochs 1", "py") == [
+        "sh",
+        "-c",
+        "python3 train.py --epochs 1",
+    ]
+    assert entrypoint_argv(["python3", "train.py"], "py") == ["python3", "train.py"]
+
+
+def test_env_for_device() -> None:
+    cfg = load_experiment_config(
+        "entrypoint: x\nenvironment: {environment_variables: {cpu: [A=1, A=2, E=], cuda: [G=x=y]}}\n"
+        + SEARCHER
+    )
+    assert env_for_device(cfg.environment, "cpu") == {"A": "2", "E": ""}
+    expanded = cfg.expanded()["environment"]
+    assert env_for_device(expanded, "cuda") == {"G": "x=y"}
+    assert env_for_device({"environment_variables": ["K=V"]}, "cuda") == {"K": "V"}
+    assert env_for_device({}, "cpu") == {}
+    with pytest.raises(ConfigError) as info:
+        env_for_device({"environment_variables": {"cpu": ["OK=1", "=bad"]}}, "cpu")
+    assert info.value.path == "environment.environment_variables.cpu[1]"
+    assert "'=bad'" in str(info.value)

@@ -6,6 +6,7 @@ process group can be signalled, and dies with the agent (``PR_SET_PDEATHSIG``), 
 agent never finds an orphan it cannot watch.
 """
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -77,18 +78,15 @@ class ProcessTask:
             self._signal(signal.SIGKILL)
 
     def _signal(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self._proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def exit_reason(code: int, killed: bool) -> str | None:
-    """A reason a user can read for exit ``code`` (None for a clean exit)."""
+    """A reason a user can read for exit ``code``, beyond the code itself (None when the
+    code says it all)."""
     if killed:
         return "killed on request"
-    if code == 0:
-        return None
     if code < 0:
         return f"killed by signal {signal.Signals(-code).name}"
-    return f"exited with code {code}"
+    return None

@@ -109,7 +109,7 @@ def status() -> None:
     typer.echo(f"database: {url}")
     for name in PROCESSES:
         pid = _pid(name)
-        typer.echo(f"{name}: {'running (pid %d)' % pid if pid else 'not running here'}")
+        typer.echo(f"{name}: " + (f"running (pid {pid})" if pid else "not running here"))
     with db() as conn:
         leader = conn.execute(LEADER).fetchone()
         agents = conn.execute(AGENTS).fetchall()

@@ -214,8 +214,8 @@ def wait(
 ) -> None:
     """Block until the experiment ends. Exit code: 0 COMPLETED, 1 ERROR, 2 CANCELED."""
     with db() as conn:
-        get_experiment(conn, exp_id)
         conn.autocommit = True
+        get_experiment(conn, exp_id)
         while (state := conn.execute(STATE, {"id": exp_id}).fetchone()["state"]) not in WAIT_EXIT:
             time.sleep(interval)
     typer.echo(f"Experiment {exp_id}: {state}")

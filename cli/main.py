@@ -40,11 +40,13 @@ def _options(debug: bool = typer.Option(False, "--debug", help="Show tracebacks.
 def main() -> None:
     """Console-script entry point."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except (DetError, psycopg.Error) as e:
         if _debug:
             raise
-        msg = e.diag.message_primary if isinstance(e, psycopg.Error) and e.diag.message_primary else e
+        msg = e
+        if isinstance(e, psycopg.Error) and e.diag.message_primary:
+            msg = e.diag.message_primary
         typer.echo(f"Error: {msg}", err=True)
         sys.exit(1)
     except typer.Exit as e:
@@ -59,6 +61,8 @@ def main() -> None:
             e.show()
             sys.exit(e.exit_code)
         raise
+    # In non-standalone mode click returns a command's exit code instead of exiting.
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ def print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
 
 
-def print_table(rows: Sequence[dict], columns: Sequence[str], headers: Sequence[str] | None = None) -> None:
+def print_table(
+    rows: Sequence[dict], columns: Sequence[str], headers: Sequence[str] | None = None
+) -> None:
     """Print ``rows`` (dicts) as a table of ``columns``, titled by ``headers`` (default: the
     column names)."""
     body = [[_format(r.get(c)) for c in columns] for r in rows]

@@ -8,9 +8,10 @@ import os
 from pathlib import Path
 
 import psycopg
+from psycopg.rows import dict_row
+
 from det.db import embedded
 from det.errors import DatabaseError
-from psycopg.rows import dict_row
 
 
 def det_home() -> Path:

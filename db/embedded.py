@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 import psycopg
+
 from det.errors import DatabaseError
 
 DB_NAME = "det"

@@ -12,8 +12,9 @@ from importlib import resources
 
 import pglast
 import psycopg
-from det.errors import DatabaseError
 from psycopg.rows import tuple_row
+
+from det.errors import DatabaseError
 
 _MARKER = re.compile(r"^-- migration: (\d+) (\S+)\s*$", re.MULTILINE)
 _LOCK_KEY = 0x6465745F6D6967  # "det_mig"
@@ -42,7 +43,8 @@ def load_migrations(text: str | None = None) -> list[Migration]:
     for i, m in enumerate(marks):
         version, name = int(m.group(1)), m.group(2)
         if out and version <= out[-1].version:
-            raise DatabaseError(f"schema.sql: migration {version} does not follow {out[-1].version}")
+            raise DatabaseError(
+                f"schema.sql: migration {version} does not follow {out[-1].version}")
         body = text[m.end() : marks[i + 1].start() if i + 1 < len(marks) else len(text)]
         try:
             statements = [s for s in pglast.split(body) if s.strip()]

@@ -9,6 +9,9 @@ decisions (run ended -> searcher -> new trial -> placement) settles without wait
 import logging
 import os
 import socket
+import time
+
+import psycopg
 
 from det.db import connect
 from det.errors import DetError
@@ -41,9 +44,16 @@ def run(url: str, settings: Settings, once: bool = False) -> None:
         log.info("leading as %s", holder)
         conn.execute("LISTEN det_reconciler")
         while True:
-            for _ in range(MAX_CHAINED_PASSES):
-                if run_pass(conn, settings, holder).changes == 0:
-                    break
+            try:
+                for _ in range(MAX_CHAINED_PASSES):
+                    if run_pass(conn, settings, holder).changes == 0:
+                        break
+            except psycopg.OperationalError:
+                raise  # the connection, and with it leadership, is gone: fail-stop
+            except psycopg.Error:
+                # The pass rolled back; log it and retry on the next tick (requeue).
+                log.exception("reconciler pass failed; retrying in %.1f s", settings.interval)
+                time.sleep(settings.interval)
             if once:
                 return
             for _ in conn.notifies(timeout=settings.interval, stop_after=1):

@@ -9,12 +9,13 @@ import logging
 from dataclasses import dataclass, field
 
 import psycopg
+from psycopg.types.json import Jsonb
+
 from det.errors import DetError
 from det.reconciler import queries as q
 from det.reconciler import searchers
 from det.reconciler.scheduler import AgentSlots, Pending, schedule
 from det.reconciler.trials import RunEnd, settle
-from psycopg.types.json import Jsonb
 
 log = logging.getLogger("det.reconciler")
 

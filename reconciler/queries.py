@@ -42,8 +42,8 @@ SELECT a.id AS allocation_id, a.exit_code, a.exit_reason, t.id AS trial_id,
 """
 
 UPDATE_SETTLED_TRIAL = """
-UPDATE trials SET state = %(state)s, restarts = %(restarts)s,
-       end_time = CASE WHEN %(state)s IN ('COMPLETED', 'CANCELED', 'ERROR') THEN now() END
+UPDATE trials SET state = %(state)s::trial_state, restarts = %(restarts)s,
+       end_time = CASE WHEN %(state)s::text IN ('COMPLETED', 'CANCELED', 'ERROR') THEN now() END
  WHERE id = %(trial_id)s
 """
 
@@ -165,7 +165,7 @@ UPDATE trials SET closed = true
 """
 
 SHUTDOWN_EXPERIMENT = """
-UPDATE experiments SET state = %(state)s WHERE id = %(experiment_id)s
+UPDATE experiments SET state = %(state)s::experiment_state WHERE id = %(experiment_id)s
 """
 
 SAVE_SEARCHER = """

@@ -1,0 +1,145 @@
+"""Fixtures: a real PostgreSQL for every test that needs one.
+
+The server is the one ``DET_DB_URL`` names (the tests create and drop databases in it), else
+an embedded server in a temporary directory. The schema is migrated once into a template
+database; each test gets a fresh database cloned from it (``CREATE DATABASE ... TEMPLATE``).
+"""
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from det.db import migrate
+from det.db.embedded import ensure_running
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _admin(url: str) -> psycopg.Connection:
+    return psycopg.connect(make_conninfo(url, dbname="postgres"), autocommit=True)
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A URL of the test server, naming its ``postgres`` database."""
+    url = os.environ.get("DET_DB_URL")
+    home = None
+    if not url:
+        home = tmp_path_factory.mktemp("pg")
+        url = ensure_running(home)
+    yield make_conninfo(url, dbname="postgres")
+    if home is not None:
+        from det.db.embedded import stop
+
+        stop(home)
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: str) -> Iterator[str]:
+    """Name of a database holding the migrated schema, used as the template of each test's."""
+    name = f"det_template_{os.getpid()}"
+    with _admin(pg_server) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.execute(f"CREATE DATABASE {name}")
+    with psycopg.connect(make_conninfo(pg_server, dbname=name)) as conn:
+        migrate(conn)
+    yield name
+    with _admin(pg_server) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def db_url(pg_server: str, template_db: str) -> Iterator[str]:
+    """URL of a fresh database with det's schema, dropped after the test."""
+    name = f"det_test_{uuid.uuid4().hex[:12]}"
+    with _admin(pg_server) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    yield make_conninfo(pg_server, dbname=name)
+    with _admin(pg_server) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def conn(db_url: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection (dict rows) to the test's database."""
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        yield c
+
+
+@pytest.fixture
+def det_env(db_url: str, tmp_path: Path) -> dict[str, str]:
+    """Environment for running det processes against the test's database."""
+    return {**os.environ, "DET_DB_URL": db_url, "DET_HOME": str(tmp_path / "home"),
+            "DET_USER": "tester", "PYTHONUNBUFFERED": "1"}
+
+
+class Det:
+    """Runs ``det`` commands and background det processes (reconcilers, agents) for a test."""
+
+    def __init__(self, env: dict[str, str], logdir: Path) -> None:
+        self.env = env
+        self.logdir = logdir
+        self.procs: list[subprocess.Popen] = []
+
+    def __call__(self, *args: str, check: bool = True, timeout: float = 300,
+                 **env: str) -> subprocess.CompletedProcess:
+        """Run ``det ARGS``; with ``check``, fail the test on a non-zero exit."""
+        r = subprocess.run([sys.executable, "-m", "det.cli.main", *args], cwd=REPO,
+                           env={**self.env, **env}, capture_output=True, text=True,
+                           timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"det {' '.join(args)} exited {r.returncode}:\n"
+                                 f"{r.stdout}\n{r.stderr}")
+        return r
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        """Start ``det ARGS`` in the background; its output goes to ``<logdir>/<name>.log``."""
+        log = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 (closed with the process)
+        p = subprocess.Popen([sys.executable, "-m", "det.cli.main", *args], cwd=REPO,
+                             env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def log(self, name: str) -> str:
+        return (self.logdir / f"{name}.log").read_text(errors="replace")
+
+    def stop_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def det(det_env: dict[str, str], tmp_path: Path) -> Iterator[Det]:
+    """A :class:`Det` runner bound to the test's database; stops what it started."""
+    d = Det(det_env, tmp_path)
+    yield d
+    d.stop_all()
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
+    """Poll ``predicate`` until it returns a truthy value (returned), or fail after
+    ``timeout`` seconds saying ``what`` never happened."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")

@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
-from det.errors import ConfigError
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
+
+from det.errors import ConfigError
 
 DeviceType = Literal["cpu", "cuda"]
 

@@ -9,18 +9,6 @@ import re
 import time
 from typing import Annotated, Any, Literal
 
-from det.configs.entrypoint import Entrypoint
-from det.configs.environment import AbsolutePath, BindMount, EnvironmentConfig
-from det.configs.hyperparameters import (
-    DoubleHP,
-    Hyperparameters,
-    IntHP,
-    LogHP,
-    NestedHP,
-    iter_leaves,
-)
-from det.configs.length import Length
-from det.configs.searcher import SearcherConfig
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -33,6 +21,19 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
+
+from det.configs.entrypoint import Entrypoint
+from det.configs.environment import AbsolutePath, BindMount, EnvironmentConfig
+from det.configs.hyperparameters import (
+    DoubleHP,
+    Hyperparameters,
+    IntHP,
+    LogHP,
+    NestedHP,
+    iter_leaves,
+)
+from det.configs.length import Length
+from det.configs.searcher import SearcherConfig
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

@@ -81,7 +81,7 @@ class DoubleHP(BaseModel):
 
 
 class LogHP(BaseModel):
-    """``{type: log, minval, maxval, base, count?}``: values ``base ** x``, x in [minval, maxval]."""
+    """``{type: log, minval, maxval, base, count?}``: values ``base ** x``, x in the range."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     type: Literal["log"]

@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-from det.configs.experiment import ExperimentConfig
-from det.errors import ConfigError
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
+
+from det.configs.experiment import ExperimentConfig
+from det.errors import ConfigError
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -7,9 +7,10 @@ in configs but its search logic is not implemented yet.
 
 from typing import Annotated, Any, Literal
 
-from det.configs.length import Length
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
+
+from det.configs.length import Length
 
 
 class _SearcherBase(BaseModel):

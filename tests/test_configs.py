@@ -3,6 +3,7 @@
 import jsonschema
 import pytest
 import yaml
+
 from det.configs import (
     ExperimentConfig,
     IntHP,
@@ -268,7 +269,8 @@ def test_entrypoint_forms() -> None:
 
 def test_env_for_device() -> None:
     cfg = load_experiment_config(
-        "entrypoint: x\nenvironment: {environment_variables: {cpu: [A=1, A=2, E=], cuda: [G=x=y]}}\n"
+        "entrypoint: x\n"
+        + "environment: {environment_variables: {cpu: [A=1, A=2, E=], cuda: [G=x=y]}}\n"
         + SEARCHER
     )
     assert env_for_device(cfg.environment, "cpu") == {"A": "2", "E": ""}

@@ -1,1 +1,43 @@
-"""det.reconciler.searchers."""
+"""det.reconciler.searchers: pure hyperparameter-search methods.
+
+``searcher_step(config, state, events) -> (state, actions)`` and
+``searcher_progress(config, state) -> float`` are the whole interface the reconciler uses;
+actions and events are the dataclasses of ``actions``. Implemented: ``single``, ``random``,
+``grid``. New methods subclass ``SearchMethod`` and register in ``METHODS``.
+"""
+
+from det.reconciler.searchers.actions import (
+    Action,
+    Close,
+    Create,
+    Event,
+    Shutdown,
+    TrialExited,
+    TrialExitedEarly,
+    ValidateAfter,
+    ValidationCompleted,
+)
+from det.reconciler.searchers.method import SearchMethod
+from det.reconciler.searchers.searcher import (
+    METHODS,
+    SearcherError,
+    searcher_progress,
+    searcher_step,
+)
+
+__all__ = [
+    "METHODS",
+    "Action",
+    "Close",
+    "Create",
+    "Event",
+    "SearchMethod",
+    "SearcherError",
+    "Shutdown",
+    "TrialExited",
+    "TrialExitedEarly",
+    "ValidateAfter",
+    "ValidationCompleted",
+    "searcher_progress",
+    "searcher_step",
+]

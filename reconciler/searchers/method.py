@@ -1,0 +1,62 @@
+"""The interface each search method implements, and the behaviour most of them share.
+
+A method is a stateless strategy built from the parsed config; everything it remembers lives
+in ``SearchState.method_state`` (JSON). ``searcher_step`` calls ``initial`` once, then
+``on_validation`` / ``on_exit`` per event, and decides ``Shutdown`` itself.
+"""
+
+from abc import ABC, abstractmethod
+
+from det.configs import ExperimentConfig
+from det.reconciler.searchers.actions import Action, Close, ExitReason
+from det.reconciler.searchers.state import SearchState, TrialRecord
+
+
+class SearchMethod(ABC):
+    """A search method over one experiment's config."""
+
+    def __init__(self, config: ExperimentConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def initial(self, state: SearchState) -> list[Action]:
+        """The actions of a new search (its first trials)."""
+
+    @abstractmethod
+    def on_exit(
+        self, state: SearchState, trial: TrialRecord, reason: ExitReason | None
+    ) -> list[Action]:
+        """``trial`` ended for good (``reason`` None: ``TrialExited``); usually refills."""
+
+    @abstractmethod
+    def total_trials(self, state: SearchState) -> int:
+        """How many trials the search will run in all, for ``progress``."""
+
+    @abstractmethod
+    def target_length(self) -> int:
+        """The length every trial trains to, in the unit of ``searcher.max_length``."""
+
+    def on_validation(
+        self, state: SearchState, trial: TrialRecord, length: int, metric: float
+    ) -> list[Action]:
+        """Metric-blind default (single/random/grid, §1.2-1.5): close a trial that reached
+        the target length."""
+        if length >= self.target_length() and not trial.closed:
+            trial.closed = True
+            return [Close(trial.request_id)]
+        return []
+
+    def progress(self, state: SearchState) -> float:
+        """Mean over the search's trials of 1.0 (closed or exited) or length/target (§1.4);
+        invalid-HP trials don't count."""
+        if state.shutdown:
+            return 1.0
+        done = 0.0
+        for trial in state.trials:
+            if trial.exit == "invalid_hp":
+                continue
+            if trial.closed or trial.exit is not None:
+                done += 1.0
+            else:
+                done += min(trial.length / self.target_length(), 1.0)
+        return min(done / max(self.total_trials(state), 1), 1.0)

@@ -1,0 +1,51 @@
+"""The searcher's random source: numpy's legacy ``RandomState`` (MT19937), as in the reference
+(reference-facts §1.2), with its state kept as JSON so a stored search resumes bit-exactly."""
+
+import uuid
+from typing import Any
+
+import numpy as np
+
+
+def new_rng(seed: int) -> np.random.RandomState:
+    """A generator seeded with ``reproducibility.experiment_seed`` (0 <= seed < 2**32)."""
+    return np.random.RandomState(seed)
+
+
+def rng_to_json(rng: np.random.RandomState) -> dict[str, Any]:
+    """The generator's full state as JSON.
+
+    ``{"key": [624 uint32], "pos": int, "has_gauss": int, "cached_gaussian": float}``.
+    """
+    _, key, pos, has_gauss, cached_gaussian = rng.get_state(legacy=True)
+    return {
+        "key": [int(word) for word in key],
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+
+
+def rng_from_json(data: dict[str, Any]) -> np.random.RandomState:
+    """The inverse of ``rng_to_json``."""
+    rng = np.random.RandomState()
+    rng.set_state(
+        (
+            "MT19937",
+            np.array(data["key"], dtype=np.uint32),
+            data["pos"],
+            data["has_gauss"],
+            data["cached_gaussian"],
+        )
+    )
+    return rng
+
+
+def draw_request_id(rng: np.random.RandomState) -> str:
+    """A version-4 UUID from 16 random bytes (four 32-bit draws), as the reference does."""
+    return str(uuid.UUID(bytes=rng.bytes(16), version=4))
+
+
+def draw_trial_seed(rng: np.random.RandomState) -> int:
+    """A trial seed in ``[0, 2**31)`` (one 32-bit draw, masked)."""
+    return int(rng.randint(0, 2**31))

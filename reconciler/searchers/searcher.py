@@ -1,0 +1,112 @@
+"""``searcher_step`` and ``searcher_progress``: the pure functions the reconciler calls.
+
+Common machinery of every method (reference-facts §1.2): bookkeeping of trials, ignoring
+repeated or late events, and the shutdown rule (when every requested trial has exited:
+``Shutdown(failure=all errored, cancel=all canceled)``). Methods are looked up by
+``searcher.name`` in ``METHODS``; adaptive ASHA and TPE plug in there.
+"""
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+from det.configs import ExperimentConfig, parse_experiment_config
+from det.errors import DetError
+from det.reconciler.searchers.actions import (
+    EXIT_REASONS,
+    Action,
+    Event,
+    Shutdown,
+    TrialExited,
+    TrialExitedEarly,
+    ValidationCompleted,
+)
+from det.reconciler.searchers.grid import GridSearch
+from det.reconciler.searchers.method import SearchMethod
+from det.reconciler.searchers.random_search import RandomSearch
+from det.reconciler.searchers.rng import new_rng
+from det.reconciler.searchers.state import COMPLETED, SearchState
+
+METHODS: dict[str, type[SearchMethod]] = {
+    "single": RandomSearch,
+    "random": RandomSearch,
+    "grid": GridSearch,
+}
+"""``searcher.name`` -> its search method."""
+
+
+class SearcherError(DetError):
+    """The searcher cannot go on (an unimplemented method, an event for an unknown trial).
+    The reference stops the experiment with an error ("encountered error ...")."""
+
+
+def _method(config: dict[str, Any]) -> SearchMethod:
+    parsed: ExperimentConfig = parse_experiment_config(config)
+    method = METHODS.get(parsed.searcher.name)
+    if method is None:
+        raise SearcherError(f"searcher {parsed.searcher.name!r} is not implemented")
+    return method(parsed)
+
+
+def searcher_step(
+    config: dict[str, Any], state: dict[str, Any] | None, events: Sequence[Event]
+) -> tuple[dict[str, Any], list[Action]]:
+    """Advance a search: ``(new_state, actions)`` after handling ``events`` in order.
+
+    ``config`` is the expanded experiment config (``ExperimentConfig.expanded()``; its
+    ``searcher``, ``hyperparameters`` and ``reproducibility.experiment_seed`` are used).
+    ``state`` None starts a new search and returns its initial actions (then the events, if
+    any, are handled). The result depends only on the arguments; ``state`` is not modified
+    and the returned state is JSON-serialisable. Every ``Create`` is followed by its
+    ``ValidateAfter``. Events for a trial that already exited, and all events after
+    ``Shutdown``, are ignored; an event naming a trial never created raises ``SearcherError``.
+    """
+    method = _method(config)
+    actions: list[Action] = []
+    if state is None:
+        seed = config["reproducibility"]["experiment_seed"]
+        if seed is None:
+            raise SearcherError("reproducibility.experiment_seed: expected an expanded config")
+        search = SearchState(method=config["searcher"]["name"], rng=new_rng(seed))
+        actions += method.initial(search)
+    else:
+        search = SearchState.from_json(copy.deepcopy(state))
+
+    for event in events:
+        if search.shutdown:
+            break
+        trial = search.trial(event.request_id)
+        if trial is None:
+            raise SearcherError(f"searcher event for unknown trial {event.request_id!r}")
+        if trial.exit is not None:
+            continue
+        if isinstance(event, ValidationCompleted):
+            trial.length = max(trial.length, event.length)
+            actions += method.on_validation(search, trial, event.length, event.metric)
+            continue
+        if isinstance(event, TrialExitedEarly):
+            if event.reason not in EXIT_REASONS:
+                raise SearcherError(f"unknown early-exit reason {event.reason!r}")
+            trial.exit = event.reason
+            actions += method.on_exit(search, trial, event.reason)
+        elif isinstance(event, TrialExited):
+            trial.exit = COMPLETED
+            actions += method.on_exit(search, trial, None)
+        if not search.alive():
+            actions.append(_shutdown(search))
+    return search.to_json(), actions
+
+
+def _shutdown(search: SearchState) -> Shutdown:
+    """Every requested trial has exited: the search is over (§1.2 shutdown rule)."""
+    search.shutdown = True
+    requested = len(search.trials)
+    failures = sum(1 for t in search.trials if t.exit == "errored")
+    cancels = sum(1 for t in search.trials if t.exit == "user_canceled")
+    return Shutdown(failure=failures >= requested, cancel=cancels >= requested)
+
+
+def searcher_progress(config: dict[str, Any], state: dict[str, Any]) -> float:
+    """Search progress in [0, 1]: the mean over the planned trials of each trial's
+    progress (1.0 once closed or exited); 1.0 after shutdown."""
+    return _method(config).progress(SearchState.from_json(state))

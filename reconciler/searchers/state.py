@@ -1,0 +1,82 @@
+"""The searcher's persistent state: trials requested so far, their progress and exits, the
+RNG, and the search method's own fields. Stored as JSONB on the experiment row.
+
+JSON form (``SearchState.to_json``)::
+
+    {"method": "random", "rng": {...}, "shutdown": false,
+     "trials": [{"request_id": "...", "length": 0, "closed": false, "exit": null}, ...],
+     "method_state": {...}}
+
+``trials`` is a list in creation order (JSONB does not keep object key order). ``exit`` is
+null while the trial lives, then ``"completed"`` (``TrialExited``) or an early-exit reason.
+"""
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from det.reconciler.searchers.actions import Action, Create, ValidateAfter
+from det.reconciler.searchers.rng import (
+    draw_request_id,
+    draw_trial_seed,
+    rng_from_json,
+    rng_to_json,
+)
+
+COMPLETED = "completed"
+
+
+@dataclass
+class TrialRecord:
+    """One requested trial: the longest length it validated at, whether the searcher closed
+    it, and how it exited (None while alive)."""
+
+    request_id: str
+    length: int = 0
+    closed: bool = False
+    exit: str | None = None
+
+
+@dataclass
+class SearchState:
+    """Mutable working copy of the state during one ``searcher_step``."""
+
+    method: str
+    rng: np.random.RandomState
+    trials: list[TrialRecord] = field(default_factory=list)
+    shutdown: bool = False
+    method_state: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "SearchState":
+        return cls(
+            method=data["method"],
+            rng=rng_from_json(data["rng"]),
+            trials=[TrialRecord(**trial) for trial in data["trials"]],
+            shutdown=data["shutdown"],
+            method_state=dict(data["method_state"]),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "rng": rng_to_json(self.rng),
+            "trials": [asdict(trial) for trial in self.trials],
+            "shutdown": self.shutdown,
+            "method_state": self.method_state,
+        }
+
+    def trial(self, request_id: str) -> TrialRecord | None:
+        return next((t for t in self.trials if t.request_id == request_id), None)
+
+    def alive(self) -> list[TrialRecord]:
+        return [t for t in self.trials if t.exit is None]
+
+    def create(self, hparams: dict[str, Any], length: int) -> list[Action]:
+        """Request a trial with ``hparams`` trained to ``length``: draws its request id, then
+        its seed (the reference's draw order, §1.2), and returns ``[Create, ValidateAfter]``."""
+        request_id = draw_request_id(self.rng)
+        seed = draw_trial_seed(self.rng)
+        self.trials.append(TrialRecord(request_id))
+        return [Create(request_id, hparams, seed), ValidateAfter(request_id, length)]

@@ -36,7 +36,7 @@ def context_files(root: Path) -> Iterator[tuple[Path, int]]:
     ignore_file = root / ".detignore"
     if ignore_file.is_file():
         patterns += ignore_file.read_text().splitlines()
-    spec = pathspec.PathSpec.from_lines("gitwildmatch", patterns)
+    spec = pathspec.GitIgnoreSpec.from_lines(patterns)
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = Path(dirpath).relative_to(root)
         dirnames[:] = sorted(d for d in dirnames

@@ -1,0 +1,102 @@
+"""Rules that live in schema.sql: migrations, invariants, transitions, token checks."""
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from det.db import migrate
+from det.db.migrate import load_migrations
+
+CONFIG = {"name": "x", "entrypoint": "true", "resources": {"slots_per_trial": 1},
+          "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 1}}}
+
+
+def test_migrations_are_idempotent_and_recorded(conn) -> None:
+    assert migrate(conn) == []
+    versions = [r["version"] for r in conn.execute("SELECT version FROM det_migrations")]
+    assert versions == [m.version for m in load_migrations()]
+
+
+def test_reporting_views_answer(conn) -> None:
+    for view in ("experiments", "trials", "job_queue", "slot_usage"):
+        conn.execute(f"SELECT * FROM reporting.{view}").fetchall()
+
+
+def make_experiment(conn) -> int:
+    return conn.execute("SELECT det_create_experiment(%s, 'name: x', NULL, 'me') AS id",
+                        (Jsonb(CONFIG),)).fetchone()["id"]
+
+
+def test_unknown_pool_writes_nothing(conn) -> None:
+    bad = {**CONFIG, "resources": {"resource_pool": "nope"}}
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match='no resource pool named "nope"'):
+        conn.execute("SELECT det_create_experiment(%s, '', NULL, 'me')", (Jsonb(bad),))
+    assert conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == 0
+
+
+def test_terminal_states_are_final(conn) -> None:
+    eid = make_experiment(conn)
+    conn.execute("UPDATE experiments SET state = 'STOPPING_KILLED' WHERE id = %s", (eid,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="illegal state change"):
+        conn.execute("UPDATE experiments SET state = 'STOPPING_CANCELED' WHERE id = %s", (eid,))
+    conn.execute("UPDATE experiments SET state = 'CANCELED', end_time = now() WHERE id = %s",
+                 (eid,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="illegal state change"):
+        conn.execute("UPDATE experiments SET state = 'ACTIVE', end_time = NULL WHERE id = %s",
+                     (eid,))
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="cannot pause"):
+        conn.execute("SELECT det_experiment_action(%s, 'pause')", (eid,))
+
+
+def setup_run(conn) -> tuple[int, int]:
+    """An agent with one slot and two trial allocations of one experiment."""
+    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
+    eid = make_experiment(conn)
+    ids = []
+    for n in (1, 2):
+        conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
+                     "VALUES (%s, gen_random_uuid(), '{}', 0)", (eid,))
+        ids.append(conn.execute(
+            "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec) "
+            "SELECT e.job_id, max(t.id), 1, 'default', 1, '{}' FROM experiments e "
+            "JOIN trials t ON t.experiment_id = e.id WHERE e.id = %s GROUP BY e.job_id "
+            "RETURNING id", (eid,)).fetchone()["id"])
+    return ids[0], ids[1]
+
+
+def test_a_slot_has_one_live_holder(conn) -> None:
+    a, b = setup_run(conn)
+    conn.execute("INSERT INTO allocation_slots (allocation_id, agent_id, slot_id) "
+                 "VALUES (%s, 'a1', 0)", (a,))
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute("INSERT INTO allocation_slots (allocation_id, agent_id, slot_id) "
+                     "VALUES (%s, 'a1', 0)", (b,))
+    conn.execute("UPDATE allocations SET state = 'ASSIGNED', agent_id = 'a1' WHERE id = %s", (a,))
+    conn.execute("SELECT det_agent_report('a1', %s, 'TERMINATED', 0, NULL)", (a,))
+    # released with the run's end, the slot can be held again
+    conn.execute("INSERT INTO allocation_slots (allocation_id, agent_id, slot_id) "
+                 "VALUES (%s, 'a1', 0)", (b,))
+
+
+def test_observed_state_only_moves_forward(conn) -> None:
+    a, _ = setup_run(conn)
+    conn.execute("UPDATE allocations SET state = 'RUNNING', agent_id = 'a1' WHERE id = %s", (a,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="RUNNING -> ASSIGNED"):
+        conn.execute("UPDATE allocations SET state = 'ASSIGNED' WHERE id = %s", (a,))
+
+
+def test_task_functions_need_the_allocation_token(conn) -> None:
+    a, _ = setup_run(conn)
+    conn.execute("UPDATE allocations SET state = 'ASSIGNED', agent_id = 'a1' WHERE id = %s", (a,))
+    assert conn.execute("SELECT det_agent_claim('other', %s) AS t", (a,)).fetchone()["t"] is None
+    token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (a,)).fetchone()["t"]
+    info = conn.execute("SELECT det_task_info(%s) AS i", (token,)).fetchone()["i"]
+    assert info["allocation_id"] == a and info["config"]["name"] == "x"
+    stored = conn.execute("SELECT token_hash FROM allocations WHERE id = %s", (a,)).fetchone()
+    assert token.encode() not in bytes(stored["token_hash"]), "only a hash is stored"
+    with pytest.raises(psycopg.errors.InvalidAuthorizationSpecification):
+        conn.execute("SELECT det_report_metrics('forged', 'training', 1, '{}')")
+    conn.execute("SELECT det_agent_report('a1', %s, 'TERMINATED', 0, NULL)", (a,))
+    with pytest.raises(psycopg.errors.InvalidAuthorizationSpecification):
+        conn.execute("SELECT det_should_preempt(%s)", (token,))

@@ -1,0 +1,24 @@
+"""What the end of a run means for its trial (det.reconciler.trials.settle)."""
+
+import pytest
+
+from det.reconciler.trials import RunEnd, Settlement, settle
+
+
+@pytest.mark.parametrize(("run", "expected"), [
+    # a clean exit (preempted, paused, or done with its op) leaves the trial as it was
+    (RunEnd("ACTIVE", 0, 5, 0, None), Settlement("ACTIVE", 0, False)),
+    (RunEnd("PAUSED", 1, 5, 0, None), Settlement("PAUSED", 1, False)),
+    # failures restart while restarts <= max_restarts
+    (RunEnd("ACTIVE", 0, 5, 1, None), Settlement("ACTIVE", 1, True)),
+    (RunEnd("ACTIVE", 4, 5, None, "agent lost"), Settlement("ACTIVE", 5, True)),
+    (RunEnd("ACTIVE", 5, 5, 137, None), Settlement("ERROR", 6, True)),
+    (RunEnd("ACTIVE", 0, 0, 1, None), Settlement("ERROR", 1, True)),
+    # a stopping trial ends in the matching terminal state whatever the exit code
+    (RunEnd("STOPPING_CANCELED", 0, 5, 0, None), Settlement("CANCELED", 0, False)),
+    (RunEnd("STOPPING_KILLED", 0, 5, -9, None), Settlement("CANCELED", 0, True)),
+    (RunEnd("STOPPING_COMPLETED", 2, 5, 0, None), Settlement("COMPLETED", 2, False)),
+    (RunEnd("STOPPING_ERROR", 0, 5, 1, None), Settlement("ERROR", 0, True)),
+])
+def test_settle(run: RunEnd, expected: Settlement) -> None:
+    assert settle(run) == expected

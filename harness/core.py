@@ -1,0 +1,316 @@
+"""det's Core API: the task's view of the platform as small contexts over a ``Transport``.
+
+``with core.init() as ctx:`` gives ``ctx.train`` (metrics), ``ctx.checkpoint``,
+``ctx.preempt``, ``ctx.searcher``, ``ctx.distributed`` and ``ctx.info`` (reference-facts §6.1).
+On a cluster the transport is ``DbTransport.from_env()``; off-cluster pass a ``LocalTransport``.
+"""
+
+import json
+import pathlib
+import sys
+import uuid as uuidlib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from det.errors import DetError
+from det.harness.lengths import UnitConverter, parse_length
+from det.harness.storage import FsspecStorage, directory_sizes, storage_from_config
+from det.harness.transport import (
+    EARLY_EXIT_REASONS,
+    DbTransport,
+    LocalTransport,
+    SearcherOp,
+    TaskInfo,
+    Transport,
+)
+
+__all__ = [
+    "CheckpointContext",
+    "ClusterInfo",
+    "Context",
+    "DbTransport",
+    "DistributedContext",
+    "EarlyExitReason",
+    "LocalTransport",
+    "PreemptContext",
+    "SearcherContext",
+    "SearcherOperation",
+    "TrainContext",
+    "Transport",
+    "init",
+]
+
+ClusterInfo = TaskInfo
+"""``ctx.info``: allocation / trial / experiment ids, hparams, trial seed, latest checkpoint,
+steps completed, slots and the expanded config."""
+
+
+class EarlyExitReason:
+    """Values for ``TrainContext.report_early_exit``."""
+
+    INVALID_HP = "invalid_hp"
+    USER_REQUESTED_STOP = "user_requested_stop"
+    ERRORED = "errored"
+
+
+class TrainContext:
+    """Metrics and trial-level reports."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    def report_training_metrics(self, steps_completed: int, metrics: Mapping[str, Any]) -> None:
+        """Report metrics of group ``training`` at ``steps_completed`` batches."""
+        self._transport.report_metrics("training", steps_completed, metrics)
+
+    def report_validation_metrics(self, steps_completed: int, metrics: Mapping[str, Any]) -> None:
+        """Report metrics of group ``validation`` at ``steps_completed`` batches; the platform
+        tracks the trial's best ``searcher.metric`` from these."""
+        self._transport.report_metrics("validation", steps_completed, metrics)
+
+    def report_metrics(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
+        """Report metrics of any non-empty group name."""
+        if not group:
+            raise DetError("metrics group must be a non-empty name")
+        self._transport.report_metrics(group, steps_completed, metrics)
+
+    def report_progress(self, op: "SearcherOperation", units: float) -> None:
+        """Report ``units`` (in ``searcher.max_length``'s unit) done towards ``op``."""
+        op.report_progress(units)
+
+    def report_early_exit(self, reason: str) -> None:
+        """End the trial on purpose; ``reason`` is one of ``EarlyExitReason``'s values.
+
+        Raises ``DetError`` for another reason.
+        """
+        if reason not in EARLY_EXIT_REASONS:
+            raise DetError(f"early exit reason {reason!r}: expected one of {EARLY_EXIT_REASONS}")
+        self._transport.report_early_exit(reason)
+
+    def get_experiment_best_validation(self) -> float | None:
+        """The experiment's best ``searcher.metric`` so far, or ``None``."""
+        return self._transport.experiment_best_validation()
+
+
+class CheckpointContext:
+    """Store and restore checkpoints: directories named by a uuid in the configured storage."""
+
+    def __init__(self, transport: Transport, storage: FsspecStorage) -> None:
+        self._transport = transport
+        self.storage = storage
+
+    @contextmanager
+    def store_path(self, metadata: Mapping[str, Any]) -> Iterator[tuple[pathlib.Path, str]]:
+        """Yield ``(path, uuid)``: write the checkpoint's files under ``path`` (a local
+        ``pathlib.Path``). On a clean exit ``metadata.json`` is added, the files are in storage
+        and the checkpoint is reported with its ``{relative path: bytes}`` resources.
+
+        ``metadata`` must hold ``steps_completed`` (batches; GC joins checkpoints to
+        validations on it, reference-facts §8); raises ``DetError`` otherwise.
+        """
+        if "steps_completed" not in metadata:
+            raise DetError("checkpoint metadata must include 'steps_completed' (batches)")
+        steps = int(metadata["steps_completed"])
+        uuid = str(uuidlib.uuid4())
+        with self.storage.store_dir(uuid) as path:
+            yield path, uuid
+            (path / "metadata.json").write_text(json.dumps(dict(metadata), default=str))
+            resources = directory_sizes(path)
+        self._transport.report_checkpoint(uuid, steps, resources, dict(metadata))
+
+    @contextmanager
+    def restore_path(self, uuid: str) -> Iterator[pathlib.Path]:
+        """Yield a local ``pathlib.Path`` holding checkpoint ``uuid``; read-only use.
+
+        Raises ``det.harness.errors.StorageError`` if it does not exist.
+        """
+        with self.storage.restore_dir(uuid) as path:
+            yield path
+
+    def download(self, uuid: str, ckpt_dir: str | pathlib.Path) -> None:
+        """Copy checkpoint ``uuid`` into the local directory ``ckpt_dir``."""
+        self.storage.download(uuid, pathlib.Path(ckpt_dir))
+
+    def get_metadata(self, uuid: str) -> dict[str, Any]:
+        """The checkpoint's ``metadata.json``."""
+        with self.restore_path(uuid) as path:
+            return dict(json.loads((path / "metadata.json").read_text()))
+
+
+class PreemptContext:
+    """Whether the platform wants this task to stop (pause, preemption, kill)."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._acknowledged = False
+
+    def should_preempt(self, auto_ack: bool = True) -> bool:
+        """True once the platform asked the task to stop. Cheap (reads a flag); the first
+        true answer is acknowledged when ``auto_ack``. The task should then checkpoint and
+        exit 0."""
+        if not self._transport.should_preempt():
+            return False
+        if auto_ack and not self._acknowledged:
+            self.acknowledge_preemption_signal()
+        return True
+
+    def acknowledge_preemption_signal(self) -> None:
+        """Tell the platform the coming exit is a preemption, not a completion."""
+        self._acknowledged = True
+        self._transport.acknowledge_preemption()
+
+
+class SearcherOperation:
+    """Train until ``length`` (absolute, in the unit of ``searcher.max_length``), validate,
+    then ``report_completed(searcher metric)``."""
+
+    def __init__(self, transport: Transport, op: SearcherOp, unit: str) -> None:
+        self._transport = transport
+        self.id = op.id
+        self.length = op.length
+        self.unit = unit
+        self._completed = False
+
+    def report_progress(self, units: float) -> None:
+        """Units done so far (absolute, same unit as ``length``)."""
+        self._transport.report_progress(self.id, units)
+
+    def report_completed(self, searcher_metric: float) -> None:
+        """Close the op with the searcher metric's value."""
+        self._transport.complete_op(self.id, float(searcher_metric))
+        self._completed = True
+
+    @property
+    def completed(self) -> bool:
+        """Whether ``report_completed`` was called."""
+        return self._completed
+
+
+class SearcherContext:
+    """The searcher's requests to this trial."""
+
+    def __init__(self, transport: Transport, config: Mapping[str, Any]) -> None:
+        self._transport = transport
+        max_length = (config.get("searcher") or {}).get("max_length")
+        self._unit = parse_length(max_length, "searcher.max_length")[0] if max_length else "batches"
+
+    def get_configured_units(self) -> str:
+        """``batches``, ``records`` or ``epochs``: the unit of op lengths."""
+        return self._unit
+
+    def operations(self) -> Iterator[SearcherOperation]:
+        """Yield the trial's open ops until the searcher wants nothing more (the transport
+        answers ``None``). Each op must be completed before the next is fetched; raises
+        ``DetError`` if the caller moved on without ``report_completed``."""
+        while (op := self._transport.current_op()) is not None:
+            operation = SearcherOperation(self._transport, op, self._unit)
+            yield operation
+            if not operation.completed:
+                raise DetError(
+                    f"searcher operation {op.id} was not completed: call "
+                    "op.report_completed(metric) before asking for the next one"
+                )
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    """The task's place among its workers; det runs one process per trial today."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    cross_rank: int = 0
+    cross_size: int = 1
+
+    def get_rank(self) -> int:
+        """Global rank (0 is the chief)."""
+        return self.rank
+
+    def get_size(self) -> int:
+        """Number of workers."""
+        return self.size
+
+    def get_local_rank(self) -> int:
+        """Rank on this host."""
+        return self.local_rank
+
+    def get_local_size(self) -> int:
+        """Workers on this host."""
+        return self.local_size
+
+    def get_num_agents(self) -> int:
+        """Hosts taking part."""
+        return self.cross_size
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every worker's ``obj`` at the chief, in rank order."""
+        return [obj]
+
+    def allgather(self, obj: Any) -> list[Any]:
+        """Every worker's ``obj`` on every worker, in rank order."""
+        return [obj]
+
+    def broadcast(self, obj: Any) -> Any:
+        """The chief's ``obj``."""
+        return obj
+
+    def close(self) -> None:
+        """Nothing to release for one process."""
+
+
+@dataclass
+class Context:
+    """What ``core.init`` yields."""
+
+    info: ClusterInfo
+    train: TrainContext
+    checkpoint: CheckpointContext
+    preempt: PreemptContext
+    searcher: SearcherContext
+    distributed: DistributedContext
+    transport: Transport
+
+    def units(self) -> UnitConverter:
+        """Converts lengths between batches and config units for this trial."""
+        return UnitConverter.from_config(self.info.config, self.info.hparams)
+
+
+@contextmanager
+def init(
+    *,
+    transport: Transport | None = None,
+    checkpoint_storage: Mapping[str, Any] | None = None,
+) -> Iterator[Context]:
+    """Open the task's contexts; close the transport on exit.
+
+    ``transport``: default ``DbTransport.from_env()`` (raises
+    ``det.harness.errors.TaskEnvironmentError`` outside a det task). ``checkpoint_storage``
+    overrides the config's section of that name (absent in both: a temporary directory).
+    """
+    transport = transport if transport is not None else DbTransport.from_env()
+    try:
+        info = transport.task_info()
+        if info.slots > 1:
+            print(
+                f"det.harness: warning: {info.slots} slots allocated, but det runs one "
+                "training process per trial; the others stay idle",
+                file=sys.stderr,
+            )
+        storage = storage_from_config(
+            checkpoint_storage if checkpoint_storage is not None
+            else info.config.get("checkpoint_storage")
+        )
+        yield Context(
+            info=info,
+            train=TrainContext(transport),
+            checkpoint=CheckpointContext(transport, storage),
+            preempt=PreemptContext(transport),
+            searcher=SearcherContext(transport, info.config),
+            distributed=DistributedContext(),
+            transport=transport,
+        )
+    finally:
+        transport.close()

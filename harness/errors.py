@@ -1,0 +1,34 @@
+"""User-facing errors raised by the harness (all are ``det.errors.DetError`` subclasses)."""
+
+from det.errors import DetError
+
+
+class EntrypointError(DetError):
+    """The entrypoint ``module:Class`` cannot be loaded or is not a ``PyTorchTrial`` subclass."""
+
+
+class MissingSearcherMetricError(DetError):
+    """Validation metrics lack the config's ``searcher.metric``.
+
+    The message names the missing key and lists the keys that were reported.
+    """
+
+    def __init__(self, metric: str, reported: list[str]) -> None:
+        self.metric = metric
+        self.reported = reported
+        super().__init__(
+            f"validation metrics lack the searcher metric {metric!r} (searcher.metric); "
+            f"reported keys: {', '.join(sorted(reported)) or '(none)'}"
+        )
+
+
+class TrialCodeError(DetError):
+    """User training code raised while the harness ran it (local runs wrap the cause)."""
+
+
+class StorageError(DetError):
+    """Checkpoint storage is misconfigured or a checkpoint cannot be found."""
+
+
+class TaskEnvironmentError(DetError):
+    """A task environment variable (``DET_DB_URL``, ``DET_ALLOCATION_ID``, ...) is missing."""

@@ -1,0 +1,37 @@
+"""Task entrypoint for trial classes: ``python -m det.harness.run module:Class``.
+
+Run by the agent in the unpacked context directory (the cwd, put on ``sys.path``) with
+``DET_DB_URL``, ``DET_ALLOCATION_ID`` and ``DET_ALLOCATION_TOKEN`` set. Exits 0 when the
+searcher wants nothing more, when preempted (after a checkpoint), on a stop request and on
+``InvalidHP``; on any other exception it prints the traceback to stderr and exits 1 (the agent
+reports the exit code).
+"""
+
+import pathlib
+import sys
+import traceback
+
+from det.harness import core
+from det.harness.entrypoint import load_trial_class
+from det.harness.trainer import Trainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the trial named by ``argv[0]`` (``module:Class``); returns the exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m det.harness.run module:Class", file=sys.stderr)
+        return 2
+    try:
+        trial_class = load_trial_class(args[0], pathlib.Path.cwd())
+        with core.init() as ctx:
+            outcome = Trainer(trial_class, ctx).fit()
+    except Exception:
+        traceback.print_exc()
+        return 1
+    print(f"det.harness: trial finished: {outcome}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,8 +2,8 @@
 container engine.
 
 The task runs in its own directory (the unpacked context), in its own session so the whole
-process group can be signalled, and dies with the agent (``PR_SET_PDEATHSIG``), so a restarted
-agent never finds an orphan it cannot watch.
+process group can be signalled, and dies with the agent (see ``_WRAPPER``), so no task
+outlives the agent that watches it.
 """
 
 import contextlib
@@ -17,14 +17,24 @@ from pathlib import Path
 
 from det.agent.logs import LogShipper
 
-# Run before the entrypoint: the context's startup-hook.sh, sourced so its exports reach the
-# task (spec: run-training-code, Get Ready).
-_WRAPPER = 'if [ -f ./startup-hook.sh ]; then . ./startup-hook.sh || exit $?; fi; exec "$@"'
+# The task's wrapper: runs the context's startup-hook.sh (sourced, so its exports reach the
+# task; spec: run-training-code, Get Ready), then the entrypoint as its child, and returns its
+# exit code. When the agent dies the kernel sends the wrapper SIGHUP (PR_SET_PDEATHSIG) and it
+# SIGKILLs the task's whole process group, grandchildren included. SIGTERM (a graceful stop,
+# sent to the group) is left to the task; the wrapper keeps waiting for it.
+_WRAPPER = """trap 'kill -KILL 0' HUP
+trap ':' TERM
+if [ -f ./startup-hook.sh ]; then . ./startup-hook.sh || exit $?; fi
+"$@" &
+pid=$!
+while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done
+exit "$rc"
+"""
 _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGHUP)
 
 
 class ProcessTask:

@@ -1,0 +1,110 @@
+"""The reconciler and agent as real processes on a real database, with shell entrypoints
+(the harness's own end-to-end tests are in test_e2e_digits.py)."""
+
+import os
+import signal
+from pathlib import Path
+
+from conftest import wait_for
+
+
+def config(tmp_path: Path, entrypoint: str, **extra: str) -> Path:
+    p = tmp_path / "exp.yaml"
+    lines = ["name: shell", f"entrypoint: {entrypoint!r}",
+             "searcher: {name: single, metric: loss, max_length: {batches: 10}}",
+             *(f"{k}: {v}" for k, v in extra.items())]
+    p.write_text("\n".join(lines) + "\n")
+    (tmp_path / "ctx").mkdir(exist_ok=True)
+    return p
+
+
+def state(conn, table: str, id_: int = 1) -> str:
+    row = conn.execute(f"SELECT state::text AS s FROM {table} WHERE id = %s", (id_,)).fetchone()
+    return row and row["s"]
+
+
+def test_failing_trial_restarts_then_errors(det, conn, tmp_path) -> None:
+    det("experiment", "create", str(config(tmp_path, "echo run; exit 3", max_restarts="1")),
+        str(tmp_path / "ctx"))
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--slots", "1")
+    r = det("experiment", "wait", "1", check=False, timeout=120)
+    assert r.returncode == 1 and "ERROR" in r.stdout
+    trial = conn.execute("SELECT state::text AS s, restarts FROM trials").fetchone()
+    assert trial == {"s": "ERROR", "restarts": 2}
+    logs = det("trial", "logs", "1").stdout
+    assert logs.count("run\n") == 2
+    assert "restarting from the latest checkpoint (1/1)" in logs
+    assert "trial failed after 1 restarts" in logs
+
+
+def test_reconcile_once_is_idempotent(det, conn, tmp_path) -> None:
+    det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+    det("reconcile", "--once")
+    snapshot = conn.execute(
+        "SELECT (SELECT count(*) FROM trials) AS trials, (SELECT count(*) FROM searcher_ops) "
+        "AS ops, (SELECT count(*) FROM allocations WHERE state = 'PENDING') AS pending, "
+        "(SELECT searcher_state FROM experiments) AS searcher").fetchone()
+    assert (snapshot["trials"], snapshot["ops"], snapshot["pending"]) == (1, 1, 1)
+    det("reconcile", "--once")
+    assert conn.execute(
+        "SELECT (SELECT count(*) FROM trials) AS trials, (SELECT count(*) FROM searcher_ops) "
+        "AS ops, (SELECT count(*) FROM allocations WHERE state = 'PENDING') AS pending, "
+        "(SELECT searcher_state FROM experiments) AS searcher").fetchone() == snapshot
+
+
+def test_one_leader_and_a_standby_that_takes_over(det, conn, tmp_path) -> None:
+    first = det.start("first", "reconcile", "--interval", "0.5")
+    wait_for(lambda: conn.execute("SELECT holder FROM reconciler_leader").fetchone(), 30,
+             "the first reconciler to lead")
+    assert conn.execute("SELECT holder FROM reconciler_leader").fetchone()["holder"].endswith(
+        f":{first.pid}")
+    second = det.start("second", "reconcile", "--interval", "0.5")
+    wait_for(lambda: "standby" in det.log("second"), 30, "the second to wait as standby")
+    r = det("reconcile", "--once", check=False)
+    assert r.returncode == 1 and "another reconciler" in r.stderr
+    # the standby writes nothing while the first leads
+    det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+    wait_for(lambda: conn.execute("SELECT count(*) AS n FROM trials").fetchone()["n"], 30,
+             "the leader to create the trial")
+    assert conn.execute("SELECT holder FROM reconciler_leader").fetchone()["holder"].endswith(
+        f":{first.pid}")
+    first.send_signal(signal.SIGKILL)
+    wait_for(lambda: conn.execute("SELECT holder FROM reconciler_leader").fetchone()[
+        "holder"].endswith(f":{second.pid}"), 30, "the standby to take over")
+
+
+def test_lost_agent_run_is_restarted_elsewhere(det, conn, tmp_path) -> None:
+    det("experiment", "create", str(config(tmp_path, "echo started; sleep 613")),
+        str(tmp_path / "ctx"))
+    det.start("reconciler", "reconcile", "--interval", "0.5", "--agent-timeout", "3")
+    doomed = det.start("agent1", "agent", "run", "--id", "doomed", "--slots", "1")
+    wait_for(lambda: state(conn, "allocations") == "RUNNING" and _sleepers(), 60,
+             "the first run to start")
+    doomed.send_signal(signal.SIGKILL)
+    # the task dies with its agent (PR_SET_PDEATHSIG): no orphan keeps running
+    wait_for(lambda: not _sleepers(), 10, "the orphaned task to die")
+    wait_for(lambda: conn.execute("SELECT state::text AS s FROM agents WHERE id = 'doomed'")
+             .fetchone()["s"] == "LOST", 30, "the agent to be declared lost")
+    det.start("agent2", "agent", "run", "--id", "spare", "--slots", "1")
+    wait_for(lambda: conn.execute(
+        "SELECT agent_id FROM allocations WHERE run = 2 AND state = 'RUNNING'").fetchone(),
+        60, "the trial's second run on the spare agent")
+    first = conn.execute("SELECT exit_reason, state::text AS s FROM allocations WHERE run = 1"
+                         ).fetchone()
+    assert first == {"exit_reason": "agent lost", "s": "TERMINATED"}
+    assert conn.execute("SELECT restarts FROM trials").fetchone()["restarts"] == 1
+    det("experiment", "kill", "1")
+    assert det("experiment", "wait", "1", check=False, timeout=60).returncode == 2
+
+
+def _sleepers() -> list[str]:
+    """Pids of this test's task processes (`sleep 613`)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00613\x00":
+                out.append(pid)
+        except OSError:
+            pass
+    return out

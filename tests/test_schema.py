@@ -54,7 +54,7 @@ def setup_run(conn) -> tuple[int, int]:
                  (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
     eid = make_experiment(conn)
     ids = []
-    for n in (1, 2):
+    for _ in (1, 2):
         conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
                      "VALUES (%s, gen_random_uuid(), '{}', 0)", (eid,))
         ids.append(conn.execute(

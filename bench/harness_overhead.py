@@ -6,18 +6,19 @@ validation pass and one ``torch.save``), det's ``Trainer`` with a ``LocalTranspo
 (validation and checkpoint only at the end, training metrics every 100 batches), and, if a
 Determined install is available (``--reference-python``, default /tmp/detref-venv/bin/python),
 the reference's ``determined.pytorch.Trainer`` in a subprocess with
-``enable_tensorboard_logging=False``. Runs alternate (plain, harness, plain, harness, ...)
-after one warm-up each; medians and ratios are printed. Figures only, no assertions.
+``enable_tensorboard_logging=False``. Each run is a fresh process (a short
+warm-up, then the timed run); runs alternate plain, det, reference, plain, ...; medians and
+ratios to plain are printed. Figures only, no assertions.
 
     python bench/harness_overhead.py [--batches 400] [--repeats 5] [--batch-size 128]
 """
 
 import argparse
-import json
 import os
 import pathlib
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
@@ -170,37 +171,31 @@ def reference_run(batches: int, batch_size: int, ckpt_dir: str) -> float:
     return batches * batch_size / elapsed
 
 
-def alternate(
-    runs: dict[str, Any], batches: int, batch_size: int, repeats: int
-) -> dict[str, list[float]]:
-    """One warm-up of each, then ``repeats`` rounds of each in turn; samples/s lists."""
-    results: dict[str, list[float]] = {name: [] for name in runs}
+RUNS = {"plain": plain_run, "det": det_run, "reference": reference_run}
+
+
+def worker(kind: str, batches: int, batch_size: int) -> float:
+    """One measurement in this (fresh) process: a short warm-up, then the timed run."""
     with tempfile.TemporaryDirectory(prefix="det-bench-") as tmp:
-        for fn in runs.values():
-            fn(batches, batch_size, tmp)
-        for _ in range(repeats):
-            for name, fn in runs.items():
-                results[name].append(fn(batches, batch_size, tmp))
-    return results
+        RUNS[kind](max(batches // 5, 10), batch_size, tmp)
+        return RUNS[kind](batches, batch_size, tmp)
 
 
-def reference_figures(
-    python: str, batches: int, batch_size: int, repeats: int
-) -> dict[str, list[float]] | str:
-    """Run plain vs. reference in a subprocess under ``python``; the figures or why not."""
-    if not pathlib.Path(python).exists():
-        return f"no reference interpreter at {python}"
-    with tempfile.TemporaryDirectory(prefix="det-bench-ref-") as home:
-        env = {**os.environ, "XDG_DATA_HOME": home, "HOME": home, "PYTHONPATH": ""}
+def measure(python: str, kind: str, args: argparse.Namespace) -> float | str:
+    """Samples/s of one ``kind`` run in a fresh ``python`` process, or why it failed."""
+    # The reference copies the working directory (its "user code") into every checkpoint
+    # and stores off-cluster checkpoints under XDG_DATA_HOME: give each run an empty one.
+    with tempfile.TemporaryDirectory(prefix="det-bench-home-") as home:
+        env = {**os.environ, "XDG_DATA_HOME": home}
         proc = subprocess.run(
-            [python, __file__, "--reference-worker", "--batches", str(batches),
-             "--batch-size", str(batch_size), "--repeats", str(repeats),
-             "--threads", str(torch.get_num_threads())],
-            capture_output=True, text=True, env=env, check=False,
+            [python, os.path.abspath(__file__), "--worker", kind, "--batches",
+             str(args.batches), "--batch-size", str(args.batch_size), "--threads",
+             str(args.threads)],
+            capture_output=True, text=True, env=env, cwd=home, check=False,
         )
     if proc.returncode != 0:
-        return f"reference run failed: {proc.stderr.strip().splitlines()[-1:]}"
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+        return f"{kind} run failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
+    return float(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -210,35 +205,43 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--reference-python", default="/tmp/detref-venv/bin/python")
-    parser.add_argument("--reference-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=sorted(RUNS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if args.reference_worker:
-        runs = {"plain": plain_run, "reference": reference_run}
-        print(json.dumps(alternate(runs, args.batches, args.batch_size, args.repeats)))
+    if args.worker:
+        print(worker(args.worker, args.batches, args.batch_size))
         return
 
     print(
         f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES}, batch {args.batch_size}, "
-        f"{args.batches} batches per run, {args.repeats} alternating runs each, "
-        f"{args.threads} torch threads, torch {torch.__version__}"
+        f"{args.batches} batches per run, {args.repeats} alternating runs each (a fresh "
+        f"process per run), {args.threads} torch threads, torch {torch.__version__}"
     )
-    ours = alternate({"plain": plain_run, "det": det_run}, args.batches, args.batch_size,
-                     args.repeats)
-    show(ours, "det")
-    ref = reference_figures(args.reference_python, args.batches, args.batch_size, args.repeats)
-    if isinstance(ref, str):
-        print(f"reference (determined): not measured: {ref}")
+    pythons = {"plain": sys.executable, "det": sys.executable}
+    reference_note = None
+    if pathlib.Path(args.reference_python).exists():
+        pythons["reference"] = args.reference_python
     else:
-        show(ref, "reference")
-
-
-def show(results: dict[str, list[float]], name: str) -> None:
-    plain, other = statistics.median(results["plain"]), statistics.median(results[name])
-    for key in ("plain", name):
-        runs = ", ".join(f"{v:.0f}" for v in results[key])
-        print(f"  {key:>9}: median {statistics.median(results[key]):8.0f} samples/s  ({runs})")
-    print(f"  {name}/plain ratio: {other / plain:.3f}")
+        reference_note = f"no reference interpreter at {args.reference_python}"
+    results: dict[str, list[float]] = {kind: [] for kind in pythons}
+    for _ in range(args.repeats):
+        for kind, python in list(pythons.items()):
+            value = measure(python, kind, args)
+            if isinstance(value, str):
+                reference_note = value
+                del pythons[kind], results[kind]
+            else:
+                results[kind].append(value)
+    plain = statistics.median(results["plain"])
+    for kind, values in results.items():
+        median = statistics.median(values)
+        runs = ", ".join(f"{v:.0f}" for v in values)
+        print(
+            f"  {kind:>9}: median {median:8.0f} samples/s, {median / plain:.3f} of plain "
+            f"({runs})"
+        )
+    if reference_note:
+        print(f"  reference (determined): not measured: {reference_note}")
 
 
 if __name__ == "__main__":

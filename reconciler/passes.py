@@ -73,23 +73,25 @@ def _agents(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None
 def _settle(conn: psycopg.Connection, r: PassResult) -> None:
     for run in conn.execute(q.UNSETTLED_RUNS).fetchall():
         s = settle(RunEnd(run["trial_state"], run["restarts"], run["max_restarts"],
-                          run["exit_code"], run["exit_reason"]))
+                          run["exit_code"], run["exit_reason"], run["stop_requested"],
+                          run["open_op"]))
         conn.execute(q.UPDATE_SETTLED_TRIAL, {"state": s.state, "restarts": s.restarts,
-                                              "trial_id": run["trial_id"]})
+                                              "close": s.close, "trial_id": run["trial_id"]})
         conn.execute(q.MARK_SETTLED, run)
         how = f"exit code {run['exit_code']}" if run["exit_code"] is not None else "no exit code"
         reason = f" ({run['exit_reason']})" if run["exit_reason"] else ""
+        then = ""
         if s.state == "ERROR":
             _event(conn, run, "trial_exited_early", {"reason": "errored"})
-            then = f"trial failed after {s.restarts - 1} restarts"
+            then = f"; trial failed after {s.restarts - 1} restarts"
         elif s.state in ("COMPLETED", "CANCELED"):
             _event(conn, run, "trial_exited", {})
-            then = f"trial {s.state.lower()}"
+            then = f"; trial {s.state.lower()}"
+        elif s.close:
+            then = "; the trial's code finished its own training, so the trial is done"
         elif s.failed:
-            then = f"restarting from the latest checkpoint ({s.restarts}/{run['max_restarts']})"
-        else:
-            then = "run ended"
-        conn.execute(q.LOG_DECISION, {**run, "line": f"run ended with {how}{reason}; {then}"})
+            then = f"; restarting from the latest checkpoint ({s.restarts}/{run['max_restarts']})"
+        conn.execute(q.LOG_DECISION, {**run, "line": f"run ended with {how}{reason}{then}"})
         r.changes += 1
 
 

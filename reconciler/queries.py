@@ -32,6 +32,9 @@ UPDATE allocation_slots s SET released = true
 UNSETTLED_RUNS = """
 SELECT a.id AS allocation_id, a.exit_code, a.exit_reason, t.id AS trial_id,
        t.experiment_id, t.state::text AS trial_state, t.restarts,
+       a.desired_state <> 'RUNNING' AS stop_requested,
+       EXISTS (SELECT 1 FROM searcher_ops o WHERE o.trial_id = t.id AND NOT o.completed)
+           AS open_op,
        coalesce((e.config ->> 'max_restarts')::integer, 5) AS max_restarts
   FROM allocations a
   JOIN trials t ON t.id = a.trial_id
@@ -43,6 +46,7 @@ SELECT a.id AS allocation_id, a.exit_code, a.exit_reason, t.id AS trial_id,
 
 UPDATE_SETTLED_TRIAL = """
 UPDATE trials SET state = %(state)s::trial_state, restarts = %(restarts)s,
+       closed = closed OR %(close)s,
        end_time = CASE WHEN %(state)s::text IN ('COMPLETED', 'CANCELED', 'ERROR') THEN now() END
  WHERE id = %(trial_id)s
 """

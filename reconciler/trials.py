@@ -1,11 +1,17 @@
 """What the end of a run means for its trial: a pure function.
 
 Rules (spec: experiment-lifecycle, Pausing and Activating; notes §3.2 ``max_restarts``):
-a run that exits 0 leaves the trial as it was (it checkpointed; it runs again while the
-searcher has work for it, or is finished once the searcher closed it); a failed run (non-zero
-exit, or its agent was lost) restarts the trial from its latest checkpoint while its failures
-do not exceed ``max_restarts``, else the trial errors. A trial that was being stopped
-(STOPPING_*) ends in the matching terminal state whatever the exit code.
+
+* a trial that was being stopped (STOPPING_*) ends in the matching terminal state, whatever
+  the exit code;
+* a failed run (non-zero exit, or its agent was lost) restarts the trial from its latest
+  checkpoint while its failures do not exceed ``max_restarts``; then the trial errors;
+* a clean exit (0) after a stop request (preemption, pause) leaves the trial to resume later;
+* a clean exit with no stop request and no open searcher operation leaves the trial to the
+  searcher (it may promote it, or close it);
+* a clean exit with no stop request while an operation is still open means the code ended
+  its own training (a Core API loop that decides its own length, as in the reference's 0.38):
+  the trial is done, and closed.
 """
 
 from dataclasses import dataclass
@@ -23,16 +29,19 @@ class RunEnd:
     max_restarts: int
     exit_code: int | None
     exit_reason: str | None
+    stop_requested: bool = False
+    open_op: bool = False
 
 
 @dataclass(frozen=True)
 class Settlement:
     """The trial's new state and restart count; ``failed`` marks a run that counted as a
-    failure."""
+    failure, ``close`` a trial whose code finished its own training."""
 
     state: str
     restarts: int
     failed: bool
+    close: bool = False
 
 
 def settle(run: RunEnd) -> Settlement:
@@ -40,7 +49,8 @@ def settle(run: RunEnd) -> Settlement:
     if run.trial_state in TERMINAL:
         return Settlement(TERMINAL[run.trial_state], run.restarts, run.exit_code != 0)
     if run.exit_code == 0:
-        return Settlement(run.trial_state, run.restarts, False)
+        done = run.open_op and not run.stop_requested
+        return Settlement(run.trial_state, run.restarts, False, close=done)
     restarts = run.restarts + 1
     if restarts > run.max_restarts:
         return Settlement("ERROR", restarts, True)

@@ -6,9 +6,14 @@ from det.reconciler.trials import RunEnd, Settlement, settle
 
 
 @pytest.mark.parametrize(("run", "expected"), [
-    # a clean exit (preempted, paused, or done with its op) leaves the trial as it was
+    # a clean exit after a stop request, or with its ops done, leaves the trial as it was
     (RunEnd("ACTIVE", 0, 5, 0, None), Settlement("ACTIVE", 0, False)),
-    (RunEnd("PAUSED", 1, 5, 0, None), Settlement("PAUSED", 1, False)),
+    (RunEnd("PAUSED", 1, 5, 0, None, stop_requested=True, open_op=True),
+     Settlement("PAUSED", 1, False)),
+    (RunEnd("ACTIVE", 0, 5, 0, None, stop_requested=True, open_op=True),
+     Settlement("ACTIVE", 0, False)),
+    # a clean exit with work left and no stop request: the code ended its own training
+    (RunEnd("ACTIVE", 0, 5, 0, None, open_op=True), Settlement("ACTIVE", 0, False, close=True)),
     # failures restart while restarts <= max_restarts
     (RunEnd("ACTIVE", 0, 5, 1, None), Settlement("ACTIVE", 1, True)),
     (RunEnd("ACTIVE", 4, 5, None, "agent lost"), Settlement("ACTIVE", 5, True)),

@@ -184,17 +184,19 @@ def worker(kind: str, batches: int, batch_size: int) -> float:
 def measure(python: str, kind: str, args: argparse.Namespace) -> float | str:
     """Samples/s of one ``kind`` run in a fresh ``python`` process, or why it failed."""
     # The reference copies the working directory (its "user code") into every checkpoint
-    # and stores off-cluster checkpoints under XDG_DATA_HOME: give each run an empty one.
-    with tempfile.TemporaryDirectory(prefix="det-bench-home-") as home:
-        env = {**os.environ, "XDG_DATA_HOME": home}
+    # and stores off-cluster checkpoints under XDG_DATA_HOME: give each run empty ones.
+    with tempfile.TemporaryDirectory(prefix="det-bench-") as tmp:
+        code, data = pathlib.Path(tmp, "code"), pathlib.Path(tmp, "data")
+        code.mkdir()
         proc = subprocess.run(
             [python, os.path.abspath(__file__), "--worker", kind, "--batches",
              str(args.batches), "--batch-size", str(args.batch_size), "--threads",
              str(args.threads)],
-            capture_output=True, text=True, env=env, cwd=home, check=False,
+            capture_output=True, text=True, env={**os.environ, "XDG_DATA_HOME": str(data)},
+            cwd=code, check=False,
         )
     if proc.returncode != 0:
-        return f"{kind} run failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
+        return f"{kind} run failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}"
     return float(proc.stdout.strip().splitlines()[-1])
 
 

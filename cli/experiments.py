@@ -220,3 +220,32 @@ def wait(
             time.sleep(interval)
     typer.echo(f"Experiment {exp_id}: {state}")
     raise typer.Exit(WAIT_EXIT[state])
+
+
+set_app = typer.Typer(no_args_is_help=True)
+app.add_typer(set_app, name="set", help="Change an experiment's scheduling settings.")
+
+JOB_OF = "SELECT job_id FROM experiments WHERE id = %(id)s"
+
+
+def _set_job(exp_id: int, field: str, value: str) -> None:
+    with db() as conn, conn.transaction():
+        row = conn.execute(JOB_OF, {"id": exp_id}).fetchone()
+        if row is None:
+            raise NotFoundError(f"experiment {exp_id} not found")
+        conn.execute("SELECT det_job_update(%s, %s, %s)", (row["job_id"], field, value))
+    typer.echo(f"Experiment {exp_id}: {field} set to {value}")
+
+
+@set_app.command("priority")
+def set_priority(exp_id: int = typer.Argument(..., metavar="ID"),
+                 priority: int = typer.Argument(..., help="1-99; lower runs first.")) -> None:
+    """Set the experiment's priority (priority scheduler)."""
+    _set_job(exp_id, "priority", str(priority))
+
+
+@set_app.command("weight")
+def set_weight(exp_id: int = typer.Argument(..., metavar="ID"),
+               weight: float = typer.Argument(..., help="Fair-share weight, > 0.")) -> None:
+    """Set the experiment's weight (fair-share scheduler)."""
+    _set_job(exp_id, "weight", str(weight))

@@ -9,7 +9,7 @@ import sys
 import psycopg
 import typer
 
-from det.cli import checkpoints, cluster, experiments, trials
+from det.cli import checkpoints, cluster, experiments, jobs, pools, queue, trials
 from det.errors import DetError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -21,6 +21,10 @@ app.add_typer(trials.app, name="trial", help="Trials: logs and details.")
 app.add_typer(trials.app, name="t", hidden=True)
 app.add_typer(checkpoints.app, name="checkpoint", help="List and download checkpoints.")
 app.add_typer(cluster.cluster_app, name="cluster", help="Run a local cluster.")
+cluster.cluster_app.add_typer(pools.config_app, name="config",
+                              help="The cluster config: schedulers and resource pools.")
+app.add_typer(pools.pool_app, name="resource-pool", help="Resource pools.")
+app.add_typer(jobs.app, name="job", help="The job queue: order, priorities, why a job waits.")
 app.add_typer(cluster.db_app, name="db", help="Database schema.")
 app.add_typer(cluster.agent_app, name="agent", help="Run an agent on this host.")
 app.command("reconcile")(cluster.reconcile)
@@ -54,13 +58,12 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("Aborted.", err=True)
         sys.exit(130)
-    except Exception as e:  # click usage errors arrive here in standalone_mode=False
-        import click
-
-        if isinstance(e, click.ClickException):
+    except typer.TyperException as e:  # usage errors: typer prints them with the usage line
+        if hasattr(e, "show"):
             e.show()
-            sys.exit(e.exit_code)
-        raise
+        else:
+            typer.echo(f"Error: {e}", err=True)
+        sys.exit(getattr(e, "exit_code", 2))
     # In non-standalone mode click returns a command's exit code instead of exiting.
     sys.exit(code if isinstance(code, int) else 0)
 

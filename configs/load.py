@@ -146,15 +146,11 @@ def parse_experiment_config(data: Any, source: str | None = None) -> ExperimentC
         raise config_error(exc, data, source) from None
 
 
-def load_experiment_config(text: str, source: str | None = None) -> ExperimentConfig:
-    """Parse experiment-config YAML ``text``; ``source`` (a file name) prefixes error messages.
-
-    Raises ``ConfigError``: on a YAML syntax error (naming the line and column), an unknown
-    key (``unknown key 'foo'``) or any invalid value (``searcher.max_length: expected
-    {batches|records|epochs: int}``).
-    """
+def parse_yaml(text: str, source: str | None = None) -> Any:
+    """Parse YAML ``text`` (duplicate keys refused); ``ConfigError`` naming the line and column
+    of a syntax error."""
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        return yaml.load(text, Loader=_StrictLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -163,7 +159,16 @@ def load_experiment_config(text: str, source: str | None = None) -> ExperimentCo
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError("", f"invalid YAML: {exc}", source) from None
-    return parse_experiment_config(data, source)
+
+
+def load_experiment_config(text: str, source: str | None = None) -> ExperimentConfig:
+    """Parse experiment-config YAML ``text``; ``source`` (a file name) prefixes error messages.
+
+    Raises ``ConfigError``: on a YAML syntax error (naming the line and column), an unknown
+    key (``unknown key 'foo'``) or any invalid value (``searcher.max_length: expected
+    {batches|records|epochs: int}``).
+    """
+    return parse_experiment_config(parse_yaml(text, source), source)
 
 
 def experiment_json_schema() -> dict[str, Any]:

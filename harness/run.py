@@ -3,17 +3,20 @@
 Run by the agent in the unpacked context directory (the cwd, put on ``sys.path``) with
 ``DET_DB_URL``, ``DET_ALLOCATION_ID`` and ``DET_ALLOCATION_TOKEN`` set. Exits 0 when the
 searcher wants nothing more, when preempted (after a checkpoint), on a stop request and on
-``InvalidHP``; on any other exception it prints the traceback to stderr and exits 1 (the agent
-reports the exit code).
+``InvalidHP``. SIGTERM (the agent stopping the task) is treated like a preemption request:
+checkpoint at the next batch, exit 0. On any other exception it prints the traceback to stderr
+and exits 1 (the agent reports the exit code).
 """
 
 import pathlib
+import signal
 import sys
 import traceback
 
 from det.harness import core
 from det.harness.entrypoint import load_trial_class
 from det.harness.trainer import Trainer
+from det.harness.transport import DbTransport
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         trial_class = load_trial_class(args[0], pathlib.Path.cwd())
-        with core.init() as ctx:
+        transport = DbTransport.from_env()
+        signal.signal(signal.SIGTERM, lambda signum, frame: transport.request_preemption())
+        with core.init(transport=transport) as ctx:
             outcome = Trainer(trial_class, ctx).fit()
     except Exception:
         traceback.print_exc()

@@ -198,7 +198,7 @@ class Trainer:
 
     def _train_batches(self, stop: int) -> bool:
         """The hot loop: train until ``stop`` batches. Returns True if it stopped early
-        because of a preemption or stop request."""
+        because of a preemption or stop request (checked before each batch)."""
         trial, ctx = self.trial, self.context
         assert trial is not None
         outputs = self._outputs
@@ -213,6 +213,9 @@ class Trainer:
         b, epoch, in_epoch = self.batches_trained, self.epoch_idx, self.batch_in_epoch
         interrupted = False
         while b < stop:
+            if ctx._stop_requested or preempt():
+                interrupted = True
+                break
             try:
                 batch = next(it)
             except StopIteration:
@@ -229,9 +232,6 @@ class Trainer:
             for sched, freq in every_batch:
                 if b % freq == 0:
                     sched.step()
-            if ctx._stop_requested or preempt():
-                interrupted = True
-                break
         self.batches_trained = ctx._batches_trained = b
         self.batch_in_epoch = in_epoch
         return interrupted

@@ -208,6 +208,10 @@ class DbTransport:
         """Reads the flag the watcher thread sets; no I/O. Once true it stays true."""
         return self._preempt.is_set()
 
+    def request_preemption(self) -> None:
+        """Set the flag from this process (the task entrypoint does on SIGTERM)."""
+        self._preempt.set()
+
     def acknowledge_preemption(self) -> None:
         """``det_ack_preemption(token)``: the coming exit 0 means "preempted, resume me"."""
         self._call("SELECT det_ack_preemption(%s)")

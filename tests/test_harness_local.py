@@ -193,6 +193,8 @@ def test_missing_searcher_metric_names_it(tmp_path: pathlib.Path) -> None:
 
 def test_preemption_checkpoints_and_stops(tmp_path: pathlib.Path) -> None:
     class PreemptAfter(LocalTransport):
+        """The trainer asks before each batch: true from the 4th question, i.e. after 3."""
+
         calls = 0
 
         def should_preempt(self) -> bool:
@@ -202,9 +204,9 @@ def test_preemption_checkpoints_and_stops(tmp_path: pathlib.Path) -> None:
     config = counting_config()
     transport = PreemptAfter(config, {"global_batch_size": 4}, echo=False)
     trainer, _, outcome = fit(CountingTrial, config, {}, tmp_path, transport=transport)
-    assert outcome == "preempted" and trainer.batches_trained == 4
+    assert outcome == "preempted" and trainer.batches_trained == 3
     assert transport.preemption_acknowledged
-    assert [c[1] for c in transport.checkpoints] == [4] and not transport.completed_ops
+    assert [c[1] for c in transport.checkpoints] == [3] and not transport.completed_ops
 
 
 def test_stop_requested_validates_checkpoints_and_exits_early(tmp_path: pathlib.Path) -> None:

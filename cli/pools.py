@@ -1,0 +1,85 @@
+"""``det cluster config apply | show`` and ``det resource-pool list``."""
+
+from pathlib import Path
+
+import typer
+import yaml
+from psycopg.types.json import Jsonb
+
+from det.cli.output import print_json, print_table
+from det.cli.session import db
+from det.configs.cluster import ClusterConfig, load_cluster_config
+from det.errors import ConfigError
+
+config_app = typer.Typer(no_args_is_help=True)
+pool_app = typer.Typer(no_args_is_help=True)
+
+STORED = "SELECT config, original, applied_at FROM cluster_config"
+
+POOLS = """
+SELECT r.name, r.description, det_pool_scheduler(r.name) AS scheduler,
+       r.max_aux_containers_per_agent,
+       (SELECT count(*) FROM agents g WHERE g.resource_pool = r.name AND g.state <> 'LOST')
+           AS agents,
+       (SELECT count(*) FROM slots s JOIN agents g ON g.id = s.agent_id
+         WHERE g.resource_pool = r.name AND g.state = 'ACTIVE' AND s.enabled) AS slots_total,
+       (SELECT count(*) FROM allocation_slots h JOIN agents g ON g.id = h.agent_id
+         WHERE g.resource_pool = r.name AND NOT h.released) AS slots_used,
+       (SELECT count(*) FROM reporting.job_queue q
+         WHERE q.resource_pool = r.name AND q.status = 'STATE_QUEUED') AS queued_jobs
+  FROM resource_pools r ORDER BY r.name
+"""
+
+
+@config_app.command("apply")
+def apply(config_file: Path = typer.Argument(..., help="Cluster config (YAML).")) -> None:
+    """Validate a cluster config and apply it (one transaction): schedulers and pools."""
+    try:
+        text = config_file.read_text()
+    except OSError as e:
+        raise ConfigError("", f"cannot read config file: {e.strerror}", str(config_file)) from e
+    cfg = load_cluster_config(text, str(config_file))
+    with db() as conn:
+        conn.execute("SELECT det_apply_cluster_config(%s, %s)",
+                     (Jsonb(cfg.model_dump(mode="json")), text))
+    typer.echo(f"Applied cluster config with {len(cfg.resource_pools)} resource pool(s)")
+
+
+@config_app.command("show")
+def show(
+    effective: bool = typer.Option(False, "--effective",
+                                   help="Show the scheduler each pool really uses."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """The applied cluster config (the default one if none was applied)."""
+    with db() as conn:
+        row = conn.execute(STORED).fetchone()
+    cfg = ClusterConfig.model_validate(row["config"]) if row else ClusterConfig()
+    data = cfg.model_dump(mode="json")
+    if effective:
+        data = {p.name: cfg.effective_scheduler(p.name).model_dump(mode="json")
+                for p in cfg.resource_pools}
+    if json_:
+        print_json(data)
+    elif not effective and row:
+        typer.echo(row["original"].rstrip())
+    else:
+        typer.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+@pool_app.command("list")
+def list_pools(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Pools with their schedulers, agents, slots used / total and queued jobs."""
+    with db() as conn:
+        rows = conn.execute(POOLS).fetchall()
+    if json_:
+        print_json(rows)
+        return
+    for r in rows:
+        s = r["scheduler"]
+        r["scheduler"] = s["type"] + (" (preemption)" if s.get("preemption") else "")
+        r["slots"] = f"{r['slots_used']}/{r['slots_total']}"
+    print_table(rows, ["name", "description", "scheduler", "agents", "slots", "queued_jobs",
+                       "max_aux_containers_per_agent"],
+                ["Pool", "Description", "Scheduler", "Agents", "Slots used/total",
+                 "Queued jobs", "Aux containers/agent"])

@@ -1,0 +1,147 @@
+"""``det job list | update | update-batch | explain``: the job queue (spec: run-training-code,
+View / Modify the Job Queue). Registered on the ``det job`` app of :mod:`det.cli.jobs`."""
+
+import typer
+
+from det.cli.jobs import app
+from det.cli.output import print_json, print_table
+from det.cli.session import db
+from det.errors import DetError, NotFoundError
+
+QUEUE = """
+SELECT q.queue_order, q.job_id, 'TYPE_' || q.type AS type, q.name, q.priority, q.weight,
+       q.submitted_at, q.slots_acquired, q.slots_needed, q.status, q.owner, q.resource_pool,
+       q.experiment_id, q.experiment_state, q.pending_reason,
+       det_pool_scheduler(q.resource_pool) ->> 'type' AS scheduler
+  FROM reporting.job_queue q
+ WHERE %(pool)s::text IS NULL OR q.resource_pool = %(pool)s
+ ORDER BY q.resource_pool, q.queue_order
+"""
+
+JOB = """
+SELECT q.*, det_pool_scheduler(q.resource_pool) ->> 'type' AS scheduler,
+       (SELECT count(*) FROM trials t WHERE t.experiment_id = q.experiment_id
+           AND t.state IN ('ACTIVE', 'PAUSED') AND NOT t.closed) AS live_trials,
+       (SELECT count(*) FROM agents g WHERE g.resource_pool = q.resource_pool
+           AND g.state = 'ACTIVE') AS pool_agents,
+       e.config #> '{searcher,max_concurrent_trials}' AS max_concurrent_trials
+  FROM reporting.job_queue q JOIN experiments e ON e.id = q.experiment_id
+ WHERE q.job_id = %(id)s
+"""
+
+FIELDS = ("priority", "weight", "resource-pool", "ahead-of", "behind-of")
+
+
+@app.command("list")
+def list_jobs(
+    resource_pool: str = typer.Option(None, "--resource-pool", help="Only this pool's queue."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Add why each job waits."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Active jobs in scheduling order: queued (no resources yet) or scheduled."""
+    with db() as conn:
+        rows = conn.execute(QUEUE, {"pool": resource_pool}).fetchall()
+    if json_:
+        print_json(rows)
+        return
+    for r in rows:
+        r["slots"] = f"{r['slots_acquired']}/{r['slots_needed']}"
+        r["priority_or_weight"] = r["weight"] if r["scheduler"] == "fair_share" else r["priority"]
+    fair = {r["scheduler"] for r in rows} == {"fair_share"}
+    cols = ["queue_order", "job_id", "type", "name", "priority_or_weight", "submitted_at",
+            "slots", "status", "owner"]
+    heads = ["#", "ID", "Type", "Job Name", "Weight" if fair else "Priority", "Submitted",
+             "Slots (acquired/needed)", "Status", "User"]
+    if resource_pool is None:
+        cols.insert(1, "resource_pool")
+        heads.insert(1, "Pool")
+    if verbose:
+        cols.append("pending_reason")
+        heads.append("Why waiting")
+    print_table(rows, cols, heads)
+
+
+app.command("ls", hidden=True)(list_jobs)
+
+
+def _update(conn, job_id: int, field: str, value: str) -> None:
+    if field not in FIELDS:
+        raise DetError(f"unknown job field {field!r}; expected one of {', '.join(FIELDS)}")
+    conn.execute("SELECT det_job_update(%s, %s, %s)", (job_id, field, value))
+
+
+@app.command("update")
+def update(
+    job_id: int = typer.Argument(..., metavar="JOB_ID"),
+    priority: int = typer.Option(None, "--priority", help="1-99; lower runs first."),
+    weight: float = typer.Option(None, "--weight", help="Fair-share weight, > 0."),
+    resource_pool: str = typer.Option(None, "--resource-pool", help="Experiments only."),
+    ahead_of: int = typer.Option(None, "--ahead-of", metavar="JOB_ID"),
+    behind_of: int = typer.Option(None, "--behind-of", metavar="JOB_ID"),
+) -> None:
+    """Change one job: each option is checked against its pool's scheduler."""
+    changes = {"priority": priority, "weight": weight, "resource-pool": resource_pool,
+               "ahead-of": ahead_of, "behind-of": behind_of}
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if not changes:
+        raise DetError("nothing to update: give --priority, --weight, --resource-pool, "
+                       "--ahead-of or --behind-of")
+    with db() as conn, conn.transaction():
+        for field, value in changes.items():
+            _update(conn, job_id, field, str(value))
+    typer.echo(f"Updated job {job_id}")
+
+
+@app.command("update-batch")
+def update_batch(
+    changes: list[str] = typer.Argument(..., metavar="JOB_ID.FIELD=VALUE..."),
+) -> None:
+    """Several changes in one transaction: all apply or none
+    (e.g. ``12.priority=1 13.resource-pool=gpu 14.ahead-of=12``)."""
+    parsed = []
+    for change in changes:
+        target, sep, value = change.partition("=")
+        job, dot, field = target.partition(".")
+        if not (sep and dot and job.isdigit() and value):
+            raise DetError(f"{change!r}: expected JOB_ID.FIELD=VALUE, e.g. 12.priority=1")
+        parsed.append((int(job), field, value.strip('"')))
+    with db() as conn, conn.transaction():
+        for job, field, value in parsed:
+            _update(conn, job, field, value)
+    typer.echo(f"Applied {len(parsed)} change(s)")
+
+
+def explain_reasons(job: dict) -> list[str]:
+    """Why a job waits: the states det itself imposes, then the scheduler's words."""
+    out = []
+    if job["experiment_state"] == "PAUSED":
+        out.append("paused: activate it to run")
+    mct = job["max_concurrent_trials"]
+    if isinstance(mct, int) and mct > 0 and job["live_trials"] >= mct:
+        out.append(f"capped by max_concurrent_trials ({mct} trials alive)")
+    if job["pool_agents"] == 0:
+        out.append(f"pool {job['resource_pool']} has no agents")
+    if job["pending_reason"]:
+        out.extend(job["pending_reason"].split("; "))
+    return out
+
+
+@app.command("explain")
+def explain(
+    job_id: int = typer.Argument(..., metavar="JOB_ID"),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Why is this job not (fully) running? The scheduler's own reasons from its last pass."""
+    with db() as conn:
+        job = conn.execute(JOB, {"id": job_id}).fetchone()
+    if job is None:
+        raise NotFoundError(f"job {job_id} not found among active jobs")
+    reasons = explain_reasons(job)
+    if json_:
+        print_json({"job_id": job_id, "status": job["status"], "reasons": reasons})
+        return
+    typer.echo(f"Job {job_id} ({job['name']}): {job['status']}, "
+               f"{job['slots_acquired']}/{job['slots_needed']} slots, pool "
+               f"{job['resource_pool']} ({job['scheduler']})")
+    for r in reasons or ["nothing is waiting"]:
+        typer.echo(f"  - {r}")

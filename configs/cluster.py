@@ -1,0 +1,113 @@
+"""The cluster config: the resource manager's scheduler and the resource pools.
+
+```yaml
+resource_manager:
+  scheduler: {type: priority, preemption: true, fitting_policy: best, default_priority: 42}
+  default_compute_resource_pool: default
+  default_aux_resource_pool: default
+resource_pools:
+  - name: default
+    description: CPU hosts
+    scheduler: {type: fair_share}        # optional; replaces the cluster's scheduler whole
+    max_aux_containers_per_agent: 100
+```
+The older single-pool format, a top-level ``scheduler`` and no ``resource_pools``, still
+loads: it becomes ``resource_manager.scheduler`` with one pool named ``default``. Rules from
+the spec (Resource Pools, Scheduling) and notes §2.1: scheduler types ``fair_share``,
+``priority`` and ``round_robin``; ``preemption`` and ``default_priority`` (1-99) belong to the
+priority scheduler; fitting policy ``best`` or ``worst``.
+"""
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+from det.configs.load import config_error, parse_yaml
+from det.errors import ConfigError
+
+
+class SchedulerConfig(BaseModel):
+    """How a pool divides its slots."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["fair_share", "priority", "round_robin"] = "priority"
+    fitting_policy: Literal["best", "worst"] = "best"
+    preemption: bool = False
+    default_priority: int = Field(42, ge=1, le=99)
+
+
+class ResourcePoolConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1)
+    description: str = ""
+    scheduler: SchedulerConfig | None = None
+    max_aux_containers_per_agent: int = Field(100, ge=0)
+
+
+class ResourceManagerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    scheduler: SchedulerConfig = SchedulerConfig()
+    default_compute_resource_pool: str = "default"
+    default_aux_resource_pool: str = "default"
+
+
+class ClusterConfig(BaseModel):
+    """The whole cluster config; see the module docstring for the format."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    resource_manager: ResourceManagerConfig = ResourceManagerConfig()
+    resource_pools: list[ResourcePoolConfig] = Field(
+        default_factory=lambda: [ResourcePoolConfig(name="default")])
+
+    @model_validator(mode="after")
+    def _pools_named_once_and_defaults_exist(self) -> "ClusterConfig":
+        names = [p.name for p in self.resource_pools]
+        if not names:
+            raise PydanticCustomError("pools", "expected at least one resource pool")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise PydanticCustomError("pools", "resource_pools: pool '{name}' is listed twice",
+                                      {"name": dupes[0]})
+        rm = self.resource_manager
+        for key in ("default_compute_resource_pool", "default_aux_resource_pool"):
+            if getattr(rm, key) not in names:
+                raise PydanticCustomError(
+                    "pools", "resource_manager.{key}: no pool named '{name}' in resource_pools",
+                    {"key": key, "name": getattr(rm, key)})
+        return self
+
+    def effective_scheduler(self, pool: str) -> SchedulerConfig:
+        """The scheduler ``pool`` really uses: its own, else the cluster's (whole, not merged:
+        the spec warns that a pool scheduler replaces the cluster's)."""
+        own = next(p.scheduler for p in self.resource_pools if p.name == pool)
+        return own or self.resource_manager.scheduler
+
+
+def _upgrade_single_pool(data: Any) -> Any:
+    """The older format: a top-level ``scheduler`` (and no resource_pools)."""
+    if isinstance(data, Mapping) and "scheduler" in data:
+        data = dict(data)
+        rm = dict(data.get("resource_manager") or {})
+        rm.setdefault("scheduler", data.pop("scheduler"))
+        data["resource_manager"] = rm
+    return data
+
+
+def load_cluster_config(text: str, source: str | None = None) -> ClusterConfig:
+    """Parse cluster-config YAML.
+
+    Raises:
+        ConfigError: one line naming the file, the key and what was expected.
+    """
+    data = parse_yaml(text, source)
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("", "expected a mapping at the top level", source)
+    data = _upgrade_single_pool(data)
+    try:
+        return ClusterConfig.model_validate(data)
+    except ValidationError as exc:
+        raise config_error(exc, data, source) from None

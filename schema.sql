@@ -750,8 +750,8 @@ COMMENT ON COLUMN allocations.pending_reason IS
 
 CREATE FUNCTION det_pool_scheduler(p_pool text) RETURNS jsonb LANGUAGE sql STABLE AS $$
 -- The scheduler a pool really uses, every default filled in: the pool's own, else the
--- cluster's, else priority (the reference's default: notes §2.1).
-    SELECT jsonb_build_object('type', 'priority', 'preemption', false, 'fitting_policy', 'best',
+-- cluster's, else fair_share (the spec's default for a blank type: Resource Pools).
+    SELECT jsonb_build_object('type', 'fair_share', 'preemption', false, 'fitting_policy', 'best',
                               'default_priority', 42)
            || coalesce((SELECT nullif(scheduler, 'null') FROM resource_pools WHERE name = p_pool),
                        (SELECT config #> '{resource_manager,scheduler}' FROM cluster_config),

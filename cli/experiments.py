@@ -13,6 +13,8 @@ from det.cli.session import db, user
 from det.configs import is_trial_class, load_experiment_config
 from det.db import det_home
 from det.errors import ConfigError, NotFoundError
+from det.reconciler.schedulers import Agent, Task
+from det.reconciler.schedulers.fitting import never_fits
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -100,8 +102,13 @@ def create(
     test_mode: bool = typer.Option(False, "--test-mode",
                                    help="With --local: a few batches of each workload."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Stream the first trial's logs."),
+    force: bool = typer.Option(False, "--force",
+                               help="Submit even if no agent of the pool could ever run it."),
 ) -> None:
-    """Submit an experiment (one transaction: the experiment, its job and its context)."""
+    """Submit an experiment (one transaction: the experiment, its job and its context).
+
+    Refused, unless ``--force``, when the pool's agents could never hold one trial's slots
+    (more slots than the pool has, or a pool without slots for a slot trial)."""
     expanded, original = expanded_config(config_file, context_dir)
     if local:
         from det.harness.local import run_local
@@ -109,7 +116,9 @@ def create(
         run_local(expanded, context_dir, test_mode)
         return
     blob = context.pack(context_dir)
-    with db() as conn:
+    with db() as conn, conn.transaction():
+        if not force:
+            _refuse_unfit(conn, expanded)
         row = conn.execute("SELECT det_create_experiment(%s, %s, %s, %s) AS id",
                            (Jsonb(expanded), original, blob, user())).fetchone()
     typer.echo(f"Created experiment {row['id']}")
@@ -117,6 +126,27 @@ def create(
         from det.cli.trials import follow_experiment
 
         follow_experiment(row["id"])
+
+
+POOL_CAPACITY = """
+SELECT g.id, count(s.slot_id) AS slots FROM agents g LEFT JOIN slots s ON s.agent_id = g.id
+ WHERE g.resource_pool = %(pool)s AND g.state <> 'LOST' GROUP BY g.id
+"""
+
+
+def _refuse_unfit(conn, expanded: dict) -> None:
+    """Raise ConfigError if no agent now registered in the pool could ever run one trial.
+    A pool with no agents yet is let through: agents may join it later."""
+    resources = expanded.get("resources") or {}
+    pool = resources.get("resource_pool") or "default"
+    agents = [Agent(r["id"], tuple(range(r["slots"])), ())
+              for r in conn.execute(POOL_CAPACITY, {"pool": pool}).fetchall()]
+    slots = resources.get("slots_per_trial", 1)
+    reason = never_fits(Task("trial", "experiment", slots), agents) if agents else None
+    if reason:
+        raise ConfigError("resources.slots_per_trial",
+                          f"{slots} slots can never be scheduled in pool {pool!r}: {reason} "
+                          "(submit with --force to queue it anyway)")
 
 
 @app.command("list")

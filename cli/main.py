@@ -9,7 +9,7 @@ import sys
 import psycopg
 import typer
 
-from det.cli import checkpoints, cluster, experiments, jobs, pools, queue, trials
+from det.cli import checkpoints, cluster, experiments, jobs, pools, trials
 from det.errors import DetError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,

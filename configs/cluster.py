@@ -13,15 +13,17 @@ resource_pools:
 ```
 The older single-pool format, a top-level ``scheduler`` and no ``resource_pools``, still
 loads: it becomes ``resource_manager.scheduler`` with one pool named ``default``. Rules from
-the spec (Resource Pools, Scheduling) and notes §2.1: scheduler types ``fair_share``,
-``priority`` and ``round_robin``; ``preemption`` and ``default_priority`` (1-99) belong to the
-priority scheduler; fitting policy ``best`` or ``worst``.
+the spec (Resource Pools, Scheduling) and notes §2.1: scheduler types ``fair_share`` (the
+default for a blank ``type``, as the spec's Resource Pools example says), ``priority`` and
+``round_robin``; ``preemption`` and ``default_priority`` (1-99) belong to the priority
+scheduler; fitting policy ``best`` or ``worst``. Pools are named by ``name`` or the spec's
+``pool_name``.
 """
 
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from det.configs.load import config_error, parse_yaml
@@ -32,15 +34,15 @@ class SchedulerConfig(BaseModel):
     """How a pool divides its slots."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["fair_share", "priority", "round_robin"] = "priority"
+    type: Literal["fair_share", "priority", "round_robin"] = "fair_share"
     fitting_policy: Literal["best", "worst"] = "best"
     preemption: bool = False
     default_priority: int = Field(42, ge=1, le=99)
 
 
 class ResourcePoolConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str = Field(min_length=1)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    name: str = Field(min_length=1, validation_alias=AliasChoices("name", "pool_name"))
     description: str = ""
     scheduler: SchedulerConfig | None = None
     max_aux_containers_per_agent: int = Field(100, ge=0)
@@ -48,6 +50,7 @@ class ResourcePoolConfig(BaseModel):
 
 class ResourceManagerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["agent"] = "agent"
     scheduler: SchedulerConfig = SchedulerConfig()
     default_compute_resource_pool: str = "default"
     default_aux_resource_pool: str = "default"

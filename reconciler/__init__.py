@@ -17,7 +17,7 @@ Contract (the equivalent of controller-runtime's ``reconcile.go``):
 * **Returns** nothing; the loop runs again when woken by NOTIFY ``det_reconciler`` or after
   ``interval`` seconds.
 
-Decisions are pure functions over plain data: :mod:`det.reconciler.scheduler` (placement),
+Decisions are pure functions over plain data: :mod:`det.reconciler.schedulers` (placement),
 :mod:`det.reconciler.trials` (what an ended run means for its trial),
 :mod:`det.reconciler.searchers` (hyperparameter search).
 """

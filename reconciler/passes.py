@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from det.errors import DetError
 from det.reconciler import queries as q
 from det.reconciler import searchers
-from det.reconciler.scheduler import AgentSlots, Pending, schedule
+from det.reconciler.placement import place
 from det.reconciler.trials import RunEnd, settle
 
 log = logging.getLogger("det.reconciler")
@@ -173,19 +173,7 @@ def _to_event(row: dict) -> searchers.Event:
 
 
 def _place(conn: psycopg.Connection, r: PassResult) -> None:
-    for row in conn.execute(q.POOLS_WITH_PENDING).fetchall():
-        pool = row["resource_pool"]
-        agents = [AgentSlots(a["agent_id"], tuple(a["slots"]), tuple(a["free"]),
-                             a["zero_slot_tasks"])
-                  for a in conn.execute(q.POOL_AGENTS, {"pool": pool}).fetchall()]
-        pending = [Pending(p["allocation_id"], p["slots_needed"])
-                   for p in conn.execute(q.POOL_PENDING, {"pool": pool}).fetchall()]
-        for assignment in schedule(agents, pending):
-            chief = next(iter(assignment.slots))
-            conn.execute(q.ASSIGN, {"allocation_id": assignment.allocation_id,
-                                    "agent_id": chief})
-            for agent, slot_ids in assignment.slots.items():
-                conn.execute(q.HOLD_SLOTS, {"allocation_id": assignment.allocation_id,
-                                            "agent_id": agent, "slots": slot_ids})
-                r.agents.add(agent)
-            r.changes += 1
+    changes, agents, allocs = place(conn)
+    r.changes += changes
+    r.agents |= agents
+    r.allocations |= allocs

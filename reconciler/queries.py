@@ -217,41 +217,70 @@ SELECT e.job_id, b.id, b.runs, j.resource_pool,
 # -- 8. Placement ------------------------------------------------------------------------------
 
 POOLS_WITH_PENDING = """
-SELECT DISTINCT resource_pool FROM allocations WHERE state = 'PENDING' ORDER BY 1
+SELECT DISTINCT a.resource_pool, det_pool_scheduler(a.resource_pool) AS scheduler
+  FROM allocations a WHERE a.state = 'PENDING' AND a.desired_state = 'RUNNING' ORDER BY 1
 """
 
 POOL_AGENTS = """
 SELECT g.id AS agent_id,
        coalesce(array_agg(s.slot_id ORDER BY s.slot_id) FILTER (WHERE s.enabled), '{}') AS slots,
        coalesce(array_agg(s.slot_id ORDER BY s.slot_id)
-                FILTER (WHERE s.enabled AND NOT EXISTS (
-                    SELECT 1 FROM allocation_slots h
-                     WHERE h.agent_id = s.agent_id AND h.slot_id = s.slot_id
-                       AND NOT h.released)), '{}') AS free,
+                FILTER (WHERE s.enabled AND h.slot_id IS NULL), '{}') AS free,
        (SELECT count(*) FROM allocations z
          WHERE z.agent_id = g.id AND z.slots_needed = 0 AND z.state <> 'TERMINATED')
-           AS zero_slot_tasks
-  FROM agents g LEFT JOIN slots s ON s.agent_id = g.id
+           AS aux_running,
+       p.max_aux_containers_per_agent AS max_aux
+  FROM agents g
+  JOIN resource_pools p ON p.name = g.resource_pool
+  LEFT JOIN slots s ON s.agent_id = g.id
+  LEFT JOIN allocation_slots h ON h.agent_id = s.agent_id AND h.slot_id = s.slot_id
+                              AND NOT h.released
  WHERE g.state = 'ACTIVE' AND g.resource_pool = %(pool)s
- GROUP BY g.id
+ GROUP BY g.id, p.max_aux_containers_per_agent
  ORDER BY g.id
 """
 
-POOL_PENDING = """
-SELECT a.id AS allocation_id, a.slots_needed
+# Live allocations of the pool in queue order (submission, or where `det job update` put
+# them); pending ones only while still wanted.
+POOL_TASKS = """
+SELECT a.id, a.job_id, a.slots_needed, j.priority, j.weight, j.max_slots, a.preemptible,
+       a.state <> 'PENDING' AS running, a.desired_state <> 'RUNNING' AS stopping, a.agent_id
   FROM allocations a JOIN jobs j ON j.id = a.job_id
- WHERE a.state = 'PENDING' AND a.desired_state = 'RUNNING' AND a.resource_pool = %(pool)s
- ORDER BY j.priority, j.queue_position, a.id
+ WHERE a.resource_pool = %(pool)s AND a.state <> 'TERMINATED'
+   AND (a.state <> 'PENDING' OR a.desired_state = 'RUNNING')
+ ORDER BY j.queue_position, a.id
+"""
+
+POOL_HELD = """
+SELECT h.allocation_id, h.agent_id, array_agg(h.slot_id ORDER BY h.slot_id) AS slots
+  FROM allocation_slots h JOIN allocations a ON a.id = h.allocation_id
+ WHERE a.resource_pool = %(pool)s AND NOT h.released
+ GROUP BY h.allocation_id, h.agent_id
 """
 
 ASSIGN = """
-UPDATE allocations SET state = 'ASSIGNED', agent_id = %(agent_id)s, assigned_at = now()
+UPDATE allocations SET state = 'ASSIGNED', agent_id = %(agent_id)s, assigned_at = now(),
+       pending_reason = NULL
  WHERE id = %(allocation_id)s AND state = 'PENDING'
 """
 
 HOLD_SLOTS = """
 INSERT INTO allocation_slots (allocation_id, agent_id, slot_id)
 SELECT %(allocation_id)s, %(agent_id)s, unnest(%(slots)s::integer[])
+"""
+
+# The scheduler preempts: the task checkpoints and exits; its trial runs again later.
+PREEMPT = """
+UPDATE allocations
+   SET desired_state = 'STOPPED', stop_requested_at = coalesce(stop_requested_at, now())
+ WHERE id = ANY(%(ids)s) AND desired_state = 'RUNNING' AND state <> 'TERMINATED'
+RETURNING id, agent_id
+"""
+
+SET_PENDING_REASONS = """
+UPDATE allocations a SET pending_reason = r.reason
+  FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS r(id, reason)
+ WHERE a.id = r.id AND a.state = 'PENDING' AND a.pending_reason IS DISTINCT FROM r.reason
 """
 
 # -- 9. Bookkeeping ----------------------------------------------------------------------------

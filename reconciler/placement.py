@@ -1,0 +1,68 @@
+"""Step 8 of a pass: each pool's scheduler decides; this module reads its inputs and writes
+its decision (new allocations' slots, preemptions, why the rest waits).
+
+``load_pool`` is also what ``det job simulate`` replays under another scheduler.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+
+from det.configs.cluster import SchedulerConfig
+from det.reconciler import queries as q
+from det.reconciler.schedulers import Agent, Decision, Task, schedule
+
+
+def load_pool(conn: psycopg.Connection, pool: str) -> tuple[list[Agent], list[Task]]:
+    """The pool's active agents and live tasks (queue order), as the schedulers take them."""
+    agents = [Agent(a["agent_id"], tuple(a["slots"]), tuple(a["free"]), a["aux_running"],
+                    a["max_aux"])
+              for a in conn.execute(q.POOL_AGENTS, {"pool": pool}).fetchall()]
+    held: dict[int, dict[str, tuple[int, ...]]] = {}
+    for h in conn.execute(q.POOL_HELD, {"pool": pool}).fetchall():
+        held.setdefault(h["allocation_id"], {})[h["agent_id"]] = tuple(h["slots"])
+    tasks = []
+    for t in conn.execute(q.POOL_TASKS, {"pool": pool}).fetchall():
+        on: Mapping[str, tuple[int, ...]] = held.get(t["id"], {})
+        if t["running"] and t["slots_needed"] == 0 and t["agent_id"]:
+            on = {t["agent_id"]: ()}
+        tasks.append(Task(t["id"], t["job_id"], t["slots_needed"], t["priority"], t["weight"],
+                          t["preemptible"], t["max_slots"], t["running"], t["stopping"], on))
+    return agents, tasks
+
+
+def place(conn: psycopg.Connection) -> tuple[int, set[str], set[int]]:
+    """Schedule every pool with waiting allocations and write the decisions.
+
+    Returns (allocations started or preempted, agents to wake, allocations to wake).
+    """
+    changes, agents_woken, allocs_woken = 0, set(), set()
+    for row in conn.execute(q.POOLS_WITH_PENDING).fetchall():
+        config = SchedulerConfig.model_validate(row["scheduler"])
+        agents, tasks = load_pool(conn, row["resource_pool"])
+        decision = schedule(config, agents, tasks)
+        changes += apply(conn, decision, agents_woken, allocs_woken)
+    return changes, agents_woken, allocs_woken
+
+
+def apply(conn: psycopg.Connection, d: Decision, agents: set[str], allocs: set[int]) -> int:
+    """Write one decision; reasons are written only where they changed."""
+    for alloc, fit in d.allocate.items():
+        conn.execute(q.ASSIGN, {"allocation_id": alloc, "agent_id": next(iter(fit))})
+        for agent, slot_ids in fit.items():
+            if slot_ids:
+                conn.execute(q.HOLD_SLOTS, {"allocation_id": alloc, "agent_id": agent,
+                                            "slots": slot_ids})
+            agents.add(agent)
+    preempted: list[dict[str, Any]] = []
+    if d.release:
+        preempted = conn.execute(q.PREEMPT, {"ids": list(d.release)}).fetchall()
+    for p in preempted:
+        allocs.add(p["id"])
+        if p["agent_id"]:
+            agents.add(p["agent_id"])
+    if d.reasons:
+        conn.execute(q.SET_PENDING_REASONS, {"ids": list(d.reasons),
+                                             "reasons": list(d.reasons.values())})
+    return len(d.allocate) + len(preempted)

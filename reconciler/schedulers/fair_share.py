@@ -1,0 +1,145 @@
+"""The fair-share scheduler (spec: Scheduling, Fair-Share).
+
+The pool's slots are divided among active jobs in proportion to demand × weight, each share
+capped at the job's demand (what is left over goes to the others): on 8 slots, demands 10
+and 30 get 2 and 6; with weights 3 and 1 they get 4 and 4. A job's demand is the slots of its
+tasks, running or waiting, capped by ``max_slots``. Shares are whole slots (largest
+remainder, so each is within one slot of its exact share), and a job whose share rounds to
+0 gets one slot from a job that was rounded up, if one can spare it. A job holding more than
+its share gives slots back by preempting its last-started preemptible tasks; a job holding
+less starts its waiting tasks in queue order. A job whose share is smaller than its smallest
+waiting task, and which holds nothing, is left out and its share goes to the others.
+Zero-slot tasks are started first come, first served.
+"""
+
+from collections.abc import Mapping, Sequence
+from math import floor
+
+from det.reconciler.schedulers.fitting import Pool, never_fits, split, waiting_for_slots
+from det.reconciler.schedulers.model import Agent, Decision, Id, Task
+
+
+def shares(capacity: int, demand: Mapping[Id, int], weight: Mapping[Id, float]) -> dict[Id, int]:
+    """Whole-slot shares of ``capacity`` slots: proportional to demand × weight, capped at
+    demand (water-filling), each within one slot of its exact share. Ties go to the job
+    first in ``demand``'s order."""
+    out = {j: 0 for j in demand}
+    open_ = [j for j in demand if demand[j] > 0 and weight[j] > 0]
+    cap = capacity
+    while open_ and cap > 0:
+        total = sum(demand[j] * weight[j] for j in open_)
+        exact = {j: cap * demand[j] * weight[j] / total for j in open_}
+        full = [j for j in open_ if exact[j] >= demand[j]]
+        if full:  # water-filling: satisfied jobs leave, the rest share what remains
+            for j in full:
+                out[j] = demand[j]
+                cap -= demand[j]
+            open_ = [j for j in open_ if j not in full]
+            continue
+        for j in open_:
+            out[j] = floor(exact[j])
+        left = cap - sum(out[j] for j in open_)
+        for j in sorted(open_, key=lambda j: floor(exact[j]) - exact[j])[:left]:
+            out[j] += 1
+        for j in open_:  # avoid starving a job, if a job that was rounded up can spare one
+            donors = [d for d in open_ if out[d] > 1 and out[d] > exact[d]]
+            if out[j] == 0 and donors:
+                donor = max(donors, key=lambda d: out[d] - exact[d])
+                out[donor] -= 1
+                out[j] = 1
+        break
+    return out
+
+
+def schedule(agents: Sequence[Agent], tasks: Sequence[Task], *,
+             fitting_policy: str = "best") -> Decision:
+    """One pass over ``tasks`` (queue order) on ``agents``; see the module rules."""
+    out = Decision()
+    slot_tasks, aux_tasks = split(tasks)
+    pool = Pool(agents, fitting_policy)
+    for t in aux_tasks:  # FIFO
+        if t.running:
+            continue
+        reason = never_fits(t, agents)
+        fit = None if reason else pool.fit(0)
+        if fit is None:
+            out.reasons[t.id] = reason or waiting_for_slots(t, tasks)
+        else:
+            pool.reserve(fit)
+            out.allocate[t.id] = fit
+    _slots(agents, slot_tasks, pool, out)
+    return out
+
+
+def _slots(agents: Sequence[Agent], tasks: Sequence[Task], pool: Pool, out: Decision) -> None:
+    live = []
+    for t in tasks:
+        reason = None if t.running else never_fits(t, agents)
+        if reason:
+            out.reasons[t.id] = reason
+        else:
+            live.append(t)
+    jobs: dict[Id, list[Task]] = {}
+    for t in live:
+        jobs.setdefault(t.job, []).append(t)
+    demand = {}
+    for j, ts in jobs.items():
+        cap = ts[0].max_slots
+        demand[j] = min(sum(t.slots for t in ts), cap if cap is not None else 1 << 30)
+    weight = {j: ts[0].weight for j, ts in jobs.items()}
+    held = {j: sum(t.slots for t in ts if t.running) for j, ts in jobs.items()}
+    # Non-preemptible work keeps its slots whatever the shares say.
+    pinned = {j: sum(t.slots for t in ts if t.running and not t.preemptible)
+              for j, ts in jobs.items()}
+    capacity = sum(len(a.slots) for a in agents) - sum(pinned.values())
+    left_out: set[Id] = set()
+    while True:
+        want = {j: 0 if j in left_out else max(0, demand[j] - pinned[j]) for j in jobs}
+        offer = {j: s + pinned[j] for j, s in shares(capacity, want, weight).items()}
+        starved = [j for j in reversed(list(jobs)) if j not in left_out and held[j] == 0
+                   and 0 < offer[j] < min(t.slots for t in jobs[j] if not t.running)]
+        if not starved:
+            break
+        left_out.add(starved[0])
+    for j, ts in jobs.items():
+        if held[j] > offer[j]:
+            _give_back(ts, held[j] - offer[j], out)
+            for t in ts:
+                if not t.running:
+                    out.reasons[t.id] = (f"above its fair share: holds {held[j]} slot(s), "
+                                         f"share is {offer[j]}")
+            continue
+        room = offer[j] - held[j]
+        for t in ts:
+            if t.running:
+                continue
+            if j in left_out:
+                out.reasons[t.id] = ("its fair share is smaller than its smallest task "
+                                     f"({t.slots} slots); waiting for a larger share")
+                continue
+            if t.slots > room:
+                got = offer[j] - room
+                out.reasons[t.id] = (f"at its fair share: holds {got} of {offer[j]} slot(s)"
+                                     if got else
+                                     f"its fair share is {offer[j]} slot(s), it needs {t.slots}")
+                continue
+            fit = pool.fit(t.slots)
+            if fit is None:
+                out.reasons[t.id] = waiting_for_slots(t, tasks)
+                continue
+            pool.reserve(fit)
+            out.allocate[t.id] = fit
+            room -= t.slots
+
+
+def _give_back(tasks: list[Task], excess: int, out: Decision) -> None:
+    """Preempt the job's last preemptible running tasks until ``excess`` slots are freed;
+    tasks already stopping count first."""
+    running = [t for t in tasks if t.running and t.preemptible]
+    for t in [t for t in running if t.stopping] + [t for t in reversed(running)
+                                                   if not t.stopping]:
+        if excess <= 0:
+            break
+        if not t.stopping:
+            out.release.append(t.id)
+        excess -= t.slots

@@ -1,0 +1,65 @@
+"""The plain data the schedulers decide over: agents, tasks, and a decision.
+
+A *task* is one allocation request (a trial run, later a command or notebook) of one *job*
+(an experiment); the list of tasks a scheduler gets is in queue order (job queue position,
+then allocation id). Identifiers are opaque: the reconciler passes allocation ids and job
+ids, scenario files pass strings.
+"""
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+
+Id = Hashable
+
+
+@dataclass(frozen=True)
+class Agent:
+    """An active agent of the pool.
+
+    ``slots``: its enabled slot ids; ``free``: those no live allocation holds;
+    ``aux_running``: zero-slot tasks it runs now; ``max_aux``: how many it may run
+    (the pool's ``max_aux_containers_per_agent``).
+    """
+
+    id: Id
+    slots: tuple[int, ...]
+    free: tuple[int, ...]
+    aux_running: int = 0
+    max_aux: int = 100
+
+
+@dataclass(frozen=True)
+class Task:
+    """One allocation request.
+
+    ``slots``: slots needed (0 = a zero-slot task); ``priority``: 1-99, lower runs first;
+    ``weight``: fair-share weight (> 0); ``max_slots``: the job's fair-share demand cap (None:
+    no cap); ``running``: it holds resources now, on ``on`` (``{agent id: slot ids}``);
+    ``stopping``: it was already told to stop and will give its resources back.
+    """
+
+    id: Id
+    job: Id
+    slots: int
+    priority: int = 42
+    weight: float = 1.0
+    preemptible: bool = True
+    max_slots: int | None = None
+    running: bool = False
+    stopping: bool = False
+    on: Mapping[Id, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class Decision:
+    """What one scheduling pass wants.
+
+    ``allocate``: ``{task id: {agent id: [slot ids]}}`` for pending tasks to start (a
+    zero-slot task gets ``{agent id: []}``); ``release``: running tasks to preempt (they
+    checkpoint and exit; their slots return when they do); ``reasons``: ``{task id: why it
+    still waits}`` for every pending task not allocated.
+    """
+
+    allocate: dict[Id, dict[Id, list[int]]] = field(default_factory=dict)
+    release: list[Id] = field(default_factory=list)
+    reasons: dict[Id, str] = field(default_factory=dict)

@@ -1,0 +1,54 @@
+"""The round-robin scheduler (spec: Scheduling; notes §2.6).
+
+Jobs take turns, one allocation each per round: jobs holding the fewest slots go first
+(then the earliest submitted); every round each job with waiting tasks offers its first
+one, which starts if it fits. Rounds repeat until a round starts nothing. It never
+preempts. Zero-slot tasks are scheduled apart, in the same way.
+"""
+
+from collections.abc import Sequence
+
+from det.reconciler.schedulers.fitting import Pool, never_fits, split, waiting_for_slots
+from det.reconciler.schedulers.model import Agent, Decision, Id, Task
+
+
+def schedule(agents: Sequence[Agent], tasks: Sequence[Task], *,
+             fitting_policy: str = "best") -> Decision:
+    """One pass over ``tasks`` (queue order) on ``agents``; see the module rules."""
+    out = Decision()
+    for part in split(tasks):
+        _schedule(agents, part, Pool(agents, fitting_policy), out)
+    return out
+
+
+def _schedule(agents: Sequence[Agent], tasks: Sequence[Task], pool: Pool, out: Decision) -> None:
+    queues: dict[Id, list[Task]] = {}
+    held: dict[Id, int] = {}
+    for t in tasks:
+        held[t.job] = held.get(t.job, 0) + (t.slots if t.running else 0)
+        if t.running:
+            continue
+        reason = never_fits(t, agents)
+        if reason:
+            out.reasons[t.id] = reason
+        else:
+            queues.setdefault(t.job, []).append(t)
+    turn = sorted(queues, key=lambda j: held[j])  # stable: submission order breaks ties
+    started = True
+    while started:
+        started = False
+        for j in turn:
+            if not queues[j]:
+                continue
+            t = queues[j][0]
+            fit = pool.fit(t.slots)
+            if fit is None:
+                continue
+            pool.reserve(fit)
+            out.allocate[t.id] = fit
+            queues[j].pop(0)
+            started = True
+    for j in turn:
+        for i, t in enumerate(queues[j]):
+            out.reasons[t.id] = (waiting_for_slots(t, tasks) if i == 0 else
+                                 f"waiting its turn: {i} earlier task(s) of its job go first")

@@ -1,0 +1,294 @@
+"""The pure schedulers: spec examples, the 7-step priority example pass by pass, scenario
+files, and hypothesis properties of every scheduler."""
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from det.configs.cluster import SchedulerConfig
+from det.errors import ConfigError
+from det.reconciler.schedulers import Agent, Task, schedule
+from det.reconciler.schedulers.fair_share import shares
+from det.reconciler.schedulers.fitting import Pool, never_fits
+from det.reconciler.schedulers.scenario import load_scenario
+
+FAIR = SchedulerConfig(type="fair_share")
+PRIO = SchedulerConfig(type="priority", preemption=True)
+RR = SchedulerConfig(type="round_robin")
+
+
+def agent(name: str, n: int, used: int = 0, max_aux: int = 100) -> Agent:
+    return Agent(name, tuple(range(n)), tuple(range(used, n)), 0, max_aux)
+
+
+def job(name: str, n: int, slots: int = 1, **kw) -> list[Task]:
+    return [Task(f"{name}.{i}", name, slots, **kw) for i in range(n)]
+
+
+def per_job(allocated: dict, tasks: list[Task]) -> dict:
+    out: dict = {}
+    for t in tasks:
+        if t.id in allocated:
+            out[t.job] = out.get(t.job, 0) + t.slots
+    return out
+
+
+def test_fair_share_divides_by_demand_times_weight_as_the_spec_says() -> None:
+    assert shares(8, {"a": 10, "b": 30}, {"a": 1, "b": 1}) == {"a": 2, "b": 6}
+    assert shares(8, {"a": 10, "b": 30}, {"a": 3, "b": 1}) == {"a": 4, "b": 4}
+    # A satisfied job's leftover goes to the others; nobody with demand starves.
+    assert shares(8, {"a": 1, "b": 30}, {"a": 10, "b": 1}) == {"a": 1, "b": 7}
+    assert shares(8, {"a": 1, "b": 60}, {"a": 1, "b": 1}) == {"a": 1, "b": 7}
+
+
+def test_fair_share_pass_on_eight_slots() -> None:
+    tasks = job("a", 10) + job("b", 30)
+    d = schedule(FAIR, [agent("g", 8)], tasks)
+    assert per_job(d.allocate, tasks) == {"a": 2, "b": 6}
+    weighted = job("a", 10, weight=3) + job("b", 30)
+    assert per_job(schedule(FAIR, [agent("g", 8)], weighted).allocate, weighted) == {"a": 4,
+                                                                                     "b": 4}
+    assert d.reasons["a.2"] == "at its fair share: holds 2 of 2 slot(s)"
+
+
+def test_fair_share_preempts_a_job_above_its_share_newest_first() -> None:
+    a = [replace(t, running=True, on={"g": (i,)}) for i, t in enumerate(job("a", 8))]
+    tasks = a + job("b", 8)
+    d = schedule(FAIR, [agent("g", 8, used=8)], tasks)
+    assert d.release == ["a.7", "a.6", "a.5", "a.4"] and not d.allocate
+    assert "above its fair share" not in d.reasons["b.0"]
+    # Tasks already stopping count first: nothing more is preempted.
+    stopping = [replace(t, stopping=True) if t.id in d.release else t for t in a]
+    assert schedule(FAIR, [agent("g", 8, used=8)], stopping + job("b", 8)).release == []
+
+
+def test_max_slots_caps_fair_share_demand() -> None:
+    # Demands 3 (capped from 10) and 10 on 8 slots: 8·3/13 ≈ 1.8 and 8·10/13 ≈ 6.2.
+    tasks = job("a", 10, max_slots=3) + job("b", 10)
+    assert per_job(schedule(FAIR, [agent("g", 8)], tasks).allocate, tasks) == {"a": 2, "b": 6}
+
+
+def test_zero_slot_tasks_apart_and_limited_per_agent() -> None:
+    tasks = job("n", 3, slots=0) + job("a", 2, slots=2)
+    for cfg in (FAIR, PRIO, RR):
+        d = schedule(cfg, [agent("g", 4, max_aux=2)], tasks)
+        assert set(d.allocate) == {"n.0", "n.1", "a.0", "a.1"}, cfg.type
+        assert "aux" in d.reasons["n.2"]
+    assert never_fits(Task("x", "x", 0), [agent("g", 4, max_aux=0)]) is not None
+
+
+def test_fitting_best_packs_worst_spreads_and_gangs_are_all_or_nothing() -> None:
+    agents = [agent("a", 4, used=2), agent("b", 4)]
+    assert Pool(agents, "best").fit(1) == {"a": [2]}
+    assert Pool(agents, "worst").fit(1) == {"b": [0]}
+    assert Pool([agent("a", 4), agent("b", 4)]).fit(8) == {"a": [0, 1, 2, 3], "b": [0, 1, 2, 3]}
+    assert Pool([agent("a", 4), agent("b", 4, used=1)]).fit(8) is None
+    assert "largest agent has 4" in never_fits(Task("x", "x", 6), [agent("a", 4), agent("b", 4)])
+    assert never_fits(Task("x", "x", 9), [agent("a", 4)]) == "needs 9 slots but the pool has 4"
+    assert never_fits(Task("x", "x", 1), []) == "pool has no agents"
+
+
+def test_priority_without_preemption_waits_in_order() -> None:
+    cfg = SchedulerConfig(type="priority")
+    low = [replace(t, running=True, on={"g": (i,)}, priority=50)
+           for i, t in enumerate(job("low", 4))]
+    tasks = low + job("high", 1, slots=2, priority=10) + job("later", 1, priority=60)
+    d = schedule(cfg, [agent("g", 4, used=4)], tasks)
+    assert not d.allocate and not d.release
+    assert d.reasons["later.0"].startswith("behind 1 waiting task(s) of higher priority")
+
+
+def test_round_robin_takes_turns() -> None:
+    tasks = job("a", 4) + job("b", 4)
+    d = schedule(RR, [agent("g", 4)], tasks)
+    assert sorted(d.allocate) == ["a.0", "a.1", "b.0", "b.1"]
+    assert d.reasons["a.3"] == "waiting its turn: 1 earlier task(s) of its job go first"
+
+
+class Cluster:
+    """Runs passes like the reconciler: allocated tasks start, preempted ones exit and queue
+    again as a new run of the same trial."""
+
+    def __init__(self, cfg: SchedulerConfig, agents: list[Agent]) -> None:
+        self.cfg, self.agents, self.tasks = cfg, agents, []
+
+    def submit(self, tasks: list[Task]) -> None:
+        self.tasks += tasks
+
+    def finish(self, job_name: str) -> None:
+        self.tasks = [t for t in self.tasks if t.job != job_name]
+
+    def settle(self, passes: int = 4) -> None:
+        for _ in range(passes):
+            d = schedule(self.cfg, self.live_agents(), self.tasks)
+            runs = {}
+            for t in self.tasks:
+                if t.id in d.allocate:
+                    runs[t.id] = replace(t, running=True,
+                                         on={a: tuple(s) for a, s in d.allocate[t.id].items()})
+                elif t.id in d.release:  # checkpoints, exits, and waits for another run
+                    runs[t.id] = replace(t, running=False, on={})
+            self.tasks = [runs.get(t.id, t) for t in self.tasks]
+
+    def live_agents(self) -> list[Agent]:
+        out = []
+        for a in self.agents:
+            held = {s for t in self.tasks if t.running for s in t.on.get(a.id, ())}
+            aux = sum(1 for t in self.tasks if t.running and t.slots == 0 and a.id in t.on)
+            out.append(Agent(a.id, a.slots, tuple(s for s in a.slots if s not in held), aux,
+                             a.max_aux))
+        return out
+
+    def running(self) -> dict:
+        return per_job({t.id: 1 for t in self.tasks if t.running}, self.tasks)
+
+
+def test_the_specs_seven_step_priority_example() -> None:
+    """spec: introduction-and-features, Task Priority (preemption on, 8 GPUs)."""
+    c = Cluster(PRIO, [agent("g", 8)])
+    # 1. A priority-2 ASHA experiment, 20 concurrent 1-slot trials: 8 run, on all 8 slots.
+    c.submit(job("asha", 20, priority=2))
+    c.settle()
+    assert c.running() == {"asha": 8}
+    # 2. A priority-1 distributed experiment of 4 slots: 4 ASHA trials are preempted.
+    c.submit(job("dist1", 1, slots=4, priority=1))
+    c.settle()
+    assert c.running() == {"asha": 4, "dist1": 4}
+    # 3. A priority-3 one-slot notebook (not preemptible) waits: nothing is idle.
+    c.submit(job("notebook", 1, priority=3, preemptible=False))
+    c.settle()
+    assert c.running() == {"asha": 4, "dist1": 4}
+    # 4. Both experiments complete; the notebook runs.
+    c.finish("asha")
+    c.finish("dist1")
+    c.settle()
+    assert c.running() == {"notebook": 1}
+    # 5. A priority-1 experiment of 8 slots cannot run: the notebook is not preemptible.
+    c.submit(job("dist8", 1, slots=8, priority=1))
+    c.settle()
+    assert c.running() == {"notebook": 1}
+    # 6. A priority-2 experiment of 4 slots is backfilled onto the idle 7 slots.
+    c.submit(job("dist2", 1, slots=4, priority=2))
+    c.settle()
+    assert c.running() == {"notebook": 1, "dist2": 4}
+    # 7. The notebook is killed: the priority-2 experiment is preempted, priority 1 runs...
+    c.finish("notebook")
+    c.settle()
+    assert c.running() == {"dist8": 8}
+    # ... and once it completes, the priority-2 experiment runs again.
+    c.finish("dist8")
+    c.settle()
+    assert c.running() == {"dist2": 4}
+
+
+def test_scenario_file(tmp_path) -> None:
+    text = """
+scheduler: {type: priority, preemption: true, fitting_policy: best}
+agents:
+  - {id: a1, slots: 4, max_aux_containers: 100}
+tasks:
+  - {id: t1, job: j1, slots: 4, priority: 50, weight: 1, preemptible: true,
+     state: running, on: {a1: 4}}
+  - {id: t2, slots: 1, priority: 40}
+"""
+    sc = load_scenario(text, "s.yaml")
+    d = schedule(sc.scheduler, *sc.to_model())
+    assert (list(d.allocate), d.release) == ([], ["t1"])
+    with pytest.raises(ConfigError, match="s.yaml: .*no agent 'a9'"):
+        load_scenario(text.replace("on: {a1: 4}", "on: {a9: 4}"), "s.yaml")
+    with pytest.raises(ConfigError, match="tasks"):
+        load_scenario("tasks: [{id: x, slots: -1}]", "s.yaml")
+
+
+# -- properties --------------------------------------------------------------------------------
+
+CONFIGS = [FAIR, SchedulerConfig(type="priority"), PRIO, RR,
+           SchedulerConfig(type="fair_share", fitting_policy="worst")]
+
+
+@st.composite
+def clusters(draw):
+    sizes = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=0, max_size=5))
+    agents = [Agent(f"g{i}", tuple(range(n)), tuple(range(n)), 0, draw(st.integers(0, 3)))
+              for i, n in enumerate(sizes)]
+    free = {a.id: list(a.slots) for a in agents}
+    aux = {a.id: 0 for a in agents}
+    tasks = []
+    for i in range(draw(st.integers(0, 14))):
+        slots = draw(st.sampled_from([0, 1, 1, 2, 4, 8]))
+        t = Task(f"t{i}", f"j{draw(st.integers(0, 3))}", slots, draw(st.integers(1, 99)),
+                 draw(st.sampled_from([0.5, 1.0, 3.0])), draw(st.booleans()))
+        fit = Pool([Agent(a, tuple(range(len(s))), tuple(s), 0, 100) for a, s in free.items()]
+                   ).fit(slots) if slots else None
+        if slots == 0 and agents and draw(st.booleans()):
+            a = agents[0]
+            if aux[a.id] < a.max_aux:
+                aux[a.id] += 1
+                t = replace(t, running=True, on={a.id: ()})
+        elif fit and draw(st.booleans()):
+            for a, s in fit.items():
+                free[a] = [x for x in free[a] if x not in s]
+            t = replace(t, running=True, on={a: tuple(s) for a, s in fit.items()})
+        tasks.append(t)
+    agents = [Agent(a.id, a.slots, tuple(free[a.id]), aux[a.id], a.max_aux) for a in agents]
+    return agents, tasks
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(), st.sampled_from(CONFIGS))
+def test_properties(cluster, cfg) -> None:
+    agents, tasks = cluster
+    d = schedule(cfg, agents, tasks)
+    by_id = {t.id: t for t in tasks}
+    free = {a.id: set(a.free) for a in agents}
+    aux_free = {a.id: a.max_aux - a.aux_running for a in agents}
+    used = set()
+    for tid, fit in d.allocate.items():
+        t = by_id[tid]
+        assert not t.running
+        if t.slots == 0:
+            (a,) = fit
+            aux_free[a] -= 1
+            assert aux_free[a] >= 0, "more zero-slot tasks than max_aux"
+            continue
+        # gang: all the slots or none, on one agent or on whole idle agents
+        assert sum(len(s) for s in fit.values()) == t.slots
+        if len(fit) > 1:
+            assert all(set(s) == set(next(x for x in agents if x.id == a).slots)
+                       for a, s in fit.items())
+        for a, s in fit.items():
+            for slot in s:
+                assert slot in free[a], "only free slots"
+                assert (a, slot) not in used, "no slot twice"
+                used.add((a, slot))
+    for tid in d.release:
+        t = by_id[tid]
+        assert t.running and t.preemptible, "preemption only touches preemptible running tasks"
+    assert set(d.reasons) | set(d.allocate) == {t.id for t in tasks if not t.running}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 64), st.dictionaries(st.sampled_from("abcdef"), st.integers(1, 40),
+                                           min_size=1),
+       st.data())
+def test_fair_share_is_proportional_within_one_slot(capacity, demand, data) -> None:
+    weight = {j: data.draw(st.sampled_from([0.5, 1.0, 2.0, 3.0])) for j in demand}
+    got = shares(capacity, demand, weight)
+    assert sum(got.values()) == min(capacity, sum(demand.values()))
+    assert all(0 <= got[j] <= demand[j] for j in demand)
+    # Water-filling reference, in exact numbers.
+    exact, open_, cap = {}, set(demand), float(capacity)
+    while open_:
+        total = sum(demand[j] * weight[j] for j in open_)
+        full = {j for j in open_ if cap * demand[j] * weight[j] / total >= demand[j]}
+        if not full:
+            exact.update({j: cap * demand[j] * weight[j] / total for j in open_})
+            break
+        for j in full:
+            exact[j] = demand[j]
+            cap -= demand[j]
+        open_ -= full
+    for j in demand:
+        assert abs(got[j] - exact[j]) < 1 + 1e-9

@@ -904,7 +904,7 @@ SELECT j.id AS job_id, j.type, j.resource_pool, j.priority, j.weight, j.owner, j
        coalesce(sum(a.slots_needed), 0) AS slots_needed,
        CASE WHEN bool_or(a.state > 'PENDING') THEN 'STATE_SCHEDULED'
             ELSE 'STATE_QUEUED' END AS status,
-       string_agg(DISTINCT a.pending_reason, '; ') FILTER (WHERE a.state = 'PENDING')
+       string_agg(DISTINCT a.pending_reason, ' | ') FILTER (WHERE a.state = 'PENDING')
            AS pending_reason,
        row_number() OVER (PARTITION BY j.resource_pool
                           ORDER BY j.priority, j.queue_position, j.id) - 1 AS queue_order

@@ -9,7 +9,7 @@ import sys
 import psycopg
 import typer
 
-from det.cli import checkpoints, cluster, experiments, jobs, pools, trials
+from det.cli import checkpoints, cluster, experiments, pools, preview, queue, simulate, trials
 from det.errors import DetError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -24,10 +24,12 @@ app.add_typer(cluster.cluster_app, name="cluster", help="Run a local cluster.")
 cluster.cluster_app.add_typer(pools.config_app, name="config",
                               help="The cluster config: schedulers and resource pools.")
 app.add_typer(pools.pool_app, name="resource-pool", help="Resource pools.")
-app.add_typer(jobs.app, name="job", help="The job queue: order, priorities, why a job waits.")
+app.add_typer(queue.app, name="job", help="The job queue: order, priorities, why a job waits.")
 app.add_typer(cluster.db_app, name="db", help="Database schema.")
 app.add_typer(cluster.agent_app, name="agent", help="Run an agent on this host.")
 app.command("reconcile")(cluster.reconcile)
+queue.app.command("simulate")(simulate.simulate)
+app.command("preview-search")(preview.preview_search)
 
 _debug = False
 

@@ -1,12 +1,13 @@
 """``det job list | update | update-batch | explain``: the job queue (spec: run-training-code,
-View / Modify the Job Queue). Registered on the ``det job`` app of :mod:`det.cli.jobs`."""
+View / Modify the Job Queue)."""
 
 import typer
 
-from det.cli.jobs import app
 from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.errors import DetError, NotFoundError
+
+app = typer.Typer(no_args_is_help=True)
 
 QUEUE = """
 SELECT q.queue_order, q.job_id, 'TYPE_' || q.type AS type, q.name, q.priority, q.weight,
@@ -24,7 +25,9 @@ SELECT q.*, det_pool_scheduler(q.resource_pool) ->> 'type' AS scheduler,
            AND t.state IN ('ACTIVE', 'PAUSED') AND NOT t.closed) AS live_trials,
        (SELECT count(*) FROM agents g WHERE g.resource_pool = q.resource_pool
            AND g.state = 'ACTIVE') AS pool_agents,
-       e.config #> '{searcher,max_concurrent_trials}' AS max_concurrent_trials
+       (SELECT count(*) FROM trials t WHERE t.experiment_id = q.experiment_id) AS trials,
+       e.config #> '{searcher,max_concurrent_trials}' AS max_concurrent_trials,
+       e.config #> '{searcher,max_trials}' AS max_trials
   FROM reporting.job_queue q JOIN experiments e ON e.id = q.experiment_id
  WHERE q.job_id = %(id)s
 """
@@ -116,13 +119,15 @@ def explain_reasons(job: dict) -> list[str]:
     out = []
     if job["experiment_state"] == "PAUSED":
         out.append("paused: activate it to run")
-    mct = job["max_concurrent_trials"]
-    if isinstance(mct, int) and mct > 0 and job["live_trials"] >= mct:
+    mct, max_trials = job["max_concurrent_trials"], job["max_trials"]
+    # The cap matters only when nothing waits for slots and the search has trials to create.
+    if (isinstance(mct, int) and 0 < mct <= job["live_trials"] and not job["pending_reason"]
+            and isinstance(max_trials, int) and job["trials"] < max_trials):
         out.append(f"capped by max_concurrent_trials ({mct} trials alive)")
     if job["pool_agents"] == 0:
         out.append(f"pool {job['resource_pool']} has no agents")
     if job["pending_reason"]:
-        out.extend(job["pending_reason"].split("; "))
+        out.extend(job["pending_reason"].split(" | "))
     return out
 
 

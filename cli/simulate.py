@@ -10,7 +10,6 @@ from typing import Literal
 
 import typer
 
-from det.cli.jobs import app
 from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.configs.cluster import SchedulerConfig
@@ -56,7 +55,6 @@ def _replay(pool: str | None, override: dict) -> list[tuple[str, SchedulerConfig
     return out
 
 
-@app.command("simulate")
 def simulate(
     scenario: Path = typer.Option(None, "--scenario", help="A scenario file (YAML)."),
     scheduler: Literal["priority", "fair_share", "round_robin"] = typer.Option(

@@ -1,8 +1,9 @@
 """The ``searcher`` section: a union on ``name`` (reference-facts §1.1).
 
 ``single``, ``random`` and ``grid`` run every trial to ``max_length`` (required here, since
-det's harness trains to the searcher's ``ValidateAfter`` target); ``adaptive_asha`` is accepted
-in configs but its search logic is not implemented yet.
+det's harness trains to the searcher's ``ValidateAfter`` target); ``adaptive_asha`` trains
+trials to rung lengths up to ``max_length`` (``reconciler/searchers/asha.py``). Its
+``max_time`` + ``time_metric`` (the reference's 0.38 length) are validated here but not run yet.
 """
 
 from typing import Annotated, Any, Literal
@@ -58,7 +59,12 @@ class GridSearcher(_SearcherBase):
 
 
 class AdaptiveAshaSearcher(_SearcherBase):
-    """Adaptive ASHA (§1.7). Config only: needs ``max_length`` or ``max_time`` + ``time_metric``."""
+    """Adaptive ASHA (§1.7, §1.9): brackets of successive-halving rungs up to ``max_length``.
+
+    ``divisor`` > 1 is the halving rate; ``mode`` (or an explicit ``bracket_rungs``) picks the
+    brackets; ``stop_once`` false promotes waiting trials later, true only stops them.
+    ``max_time`` and ``time_metric`` go together; one of them or ``max_length`` is required.
+    """
 
     name: Literal["adaptive_asha"]
     max_trials: Annotated[int, Field(ge=1)]
@@ -74,8 +80,14 @@ class AdaptiveAshaSearcher(_SearcherBase):
 
     @model_validator(mode="after")
     def _needs_a_length(self) -> "AdaptiveAshaSearcher":
-        has_time = self.max_time is not None and self.time_metric is not None
-        if self.max_length is None and not has_time:
+        for key, other in (("max_time", "time_metric"), ("time_metric", "max_time")):
+            if getattr(self, key) is not None and getattr(self, other) is None:
+                raise PydanticCustomError(
+                    "asha_time",
+                    "required when searcher.{key} is set",
+                    {"key": key, "dotted_path": f"searcher.{other}"},
+                )
+        if self.max_length is None and self.max_time is None:
             raise PydanticCustomError(
                 "asha_length", "expected max_length, or both max_time and time_metric"
             )

@@ -48,13 +48,19 @@ def place(conn: psycopg.Connection) -> tuple[int, set[str], set[int]]:
 
 def apply(conn: psycopg.Connection, d: Decision, agents: set[str], allocs: set[int]) -> int:
     """Write one decision; reasons are written only where they changed."""
+    chiefs: tuple[list, list] = ([], [])
+    held: tuple[list, list, list] = ([], [], [])
     for alloc, fit in d.allocate.items():
-        conn.execute(q.ASSIGN, {"allocation_id": alloc, "agent_id": next(iter(fit))})
+        chiefs[0].append(alloc)
+        chiefs[1].append(next(iter(fit)))
         for agent, slot_ids in fit.items():
-            if slot_ids:
-                conn.execute(q.HOLD_SLOTS, {"allocation_id": alloc, "agent_id": agent,
-                                            "slots": slot_ids})
+            for slot in slot_ids:
+                for column, value in zip(held, (alloc, agent, slot), strict=True):
+                    column.append(value)
             agents.add(agent)
+    if chiefs[0]:
+        conn.execute(q.ASSIGN, {"ids": chiefs[0], "agents": chiefs[1]})
+        conn.execute(q.HOLD_SLOTS, {"ids": held[0], "agents": held[1], "slots": held[2]})
     preempted: list[dict[str, Any]] = []
     if d.release:
         preempted = conn.execute(q.PREEMPT, {"ids": list(d.release)}).fetchall()

@@ -259,14 +259,15 @@ SELECT h.allocation_id, h.agent_id, array_agg(h.slot_id ORDER BY h.slot_id) AS s
 """
 
 ASSIGN = """
-UPDATE allocations SET state = 'ASSIGNED', agent_id = %(agent_id)s, assigned_at = now(),
+UPDATE allocations a SET state = 'ASSIGNED', agent_id = x.agent_id, assigned_at = now(),
        pending_reason = NULL
- WHERE id = %(allocation_id)s AND state = 'PENDING'
+  FROM unnest(%(ids)s::bigint[], %(agents)s::text[]) AS x(id, agent_id)
+ WHERE a.id = x.id AND a.state = 'PENDING'
 """
 
 HOLD_SLOTS = """
 INSERT INTO allocation_slots (allocation_id, agent_id, slot_id)
-SELECT %(allocation_id)s, %(agent_id)s, unnest(%(slots)s::integer[])
+SELECT * FROM unnest(%(ids)s::bigint[], %(agents)s::text[], %(slots)s::integer[])
 """
 
 # The scheduler preempts: the task checkpoints and exits; its trial runs again later.

@@ -125,6 +125,8 @@ def test_length_unit_and_value() -> None:
 
 
 SEARCHER = "searcher: {name: single, metric: l, max_length: {batches: 1}}\n"
+ASHA_HEAD = "entrypoint: x\nsearcher: {name: adaptive_asha, metric: l, max_length: {batches: 8}, "
+ASHA = ASHA_HEAD + "max_trials: 2, "
 
 
 @pytest.mark.parametrize(
@@ -200,6 +202,21 @@ SEARCHER = "searcher: {name: single, metric: l, max_length: {batches: 1}}\n"
             "searcher",
             "max_time",
         ),
+        (ASHA + "divisor: 1}", "searcher.divisor", "expected a value > 1"),
+        (ASHA_HEAD + "max_trials: 0}", "searcher.max_trials", "expected a value >= 1, got 0"),
+        (
+            ASHA + "mode: fast}",
+            "searcher.mode",
+            "expected one of 'aggressive', 'standard' or 'conservative', got 'fast'",
+        ),
+        (ASHA + "max_time: 9}", "searcher.time_metric", "required when searcher.max_time is set"),
+        (
+            ASHA + "time_metric: b}",
+            "searcher.max_time",
+            "required when searcher.time_metric is set",
+        ),
+        (ASHA + "bracket_rungs: [2, 0]}", "searcher.bracket_rungs[1]", ">= 1"),
+        (ASHA + "stop_once: maybe}", "searcher.stop_once", "expected true or false"),
         ("entrypoint: x\nresources: {priority: 100}\n" + SEARCHER, "resources.priority", "99"),
         ("entrypoint: x\nresources: {weight: 0}\n" + SEARCHER, "resources.weight", "> 0"),
         (

@@ -243,7 +243,7 @@ def test_event_for_unknown_trial_is_an_error() -> None:
         searcher_step(config, state, [TrialExited("no-such-trial")])
 
 
-def test_unimplemented_method_is_an_error() -> None:
+def test_max_time_is_refused_until_supported() -> None:
     config = make_config(
         {"name": "adaptive_asha", "max_trials": 4, "max_time": 10, "time_metric": "batches"}
     )

@@ -15,39 +15,47 @@ Zero-slot tasks are started first come, first served.
 from collections.abc import Mapping, Sequence
 from math import floor
 
-from det.reconciler.schedulers.fitting import Pool, never_fits, split, waiting_for_slots
+from det.reconciler.schedulers.fitting import Holders, Pool, split
 from det.reconciler.schedulers.model import Agent, Decision, Id, Task
 
 
 def shares(capacity: int, demand: Mapping[Id, int], weight: Mapping[Id, float]) -> dict[Id, int]:
     """Whole-slot shares of ``capacity`` slots: proportional to demand × weight, capped at
     demand (water-filling), each within one slot of its exact share. Ties go to the job
-    first in ``demand``'s order."""
+    first in ``demand``'s order. O(jobs · log jobs)."""
     out = {j: 0 for j in demand}
     open_ = [j for j in demand if demand[j] > 0 and weight[j] > 0]
-    cap = capacity
-    while open_ and cap > 0:
-        total = sum(demand[j] * weight[j] for j in open_)
-        exact = {j: cap * demand[j] * weight[j] / total for j in open_}
-        full = [j for j in open_ if exact[j] >= demand[j]]
-        if full:  # water-filling: satisfied jobs leave, the rest share what remains
-            for j in full:
-                out[j] = demand[j]
-                cap -= demand[j]
-            open_ = [j for j in open_ if j not in full]
-            continue
-        for j in open_:
-            out[j] = floor(exact[j])
-        left = cap - sum(out[j] for j in open_)
-        for j in sorted(open_, key=lambda j: floor(exact[j]) - exact[j])[:left]:
-            out[j] += 1
-        for j in open_:  # avoid starving a job, if a job that was rounded up can spare one
-            donors = [d for d in open_ if out[d] > 1 and out[d] > exact[d]]
-            if out[j] == 0 and donors:
-                donor = max(donors, key=lambda d: out[d] - exact[d])
-                out[donor] -= 1
-                out[j] = 1
-        break
+    cap = float(capacity)
+    total = sum(demand[j] * weight[j] for j in open_)
+    # Job j is capped when cap·d·w/total >= d, i.e. w >= total/cap: heaviest weights first.
+    by_weight = sorted(open_, key=lambda j: -weight[j])
+    capped = 0
+    while capped < len(by_weight) and cap > 0:
+        j = by_weight[capped]
+        if weight[j] * cap < total:
+            break
+        out[j] = demand[j]
+        cap -= demand[j]
+        total -= demand[j] * weight[j]
+        capped += 1
+    rest = set(by_weight[capped:]) if cap > 0 else set()
+    open_ = [j for j in open_ if j in rest]
+    if not open_:
+        return out
+    exact = {j: cap * demand[j] * weight[j] / total for j in open_}
+    for j in open_:
+        out[j] = floor(exact[j])
+    left = round(cap) - sum(out[j] for j in open_)
+    for j in sorted(open_, key=lambda j: floor(exact[j]) - exact[j])[:left]:
+        out[j] += 1
+    # Avoid starving a job whose share rounds to 0, if a job rounded up can spare a slot.
+    donors = sorted((j for j in open_ if out[j] > 1 and out[j] > exact[j]),
+                    key=lambda j: exact[j] - out[j])
+    for j in open_:
+        if out[j] == 0 and donors:
+            d = donors.pop(0)
+            out[d] -= 1
+            out[j] = 1
     return out
 
 
@@ -57,24 +65,26 @@ def schedule(agents: Sequence[Agent], tasks: Sequence[Task], *,
     out = Decision()
     slot_tasks, aux_tasks = split(tasks)
     pool = Pool(agents, fitting_policy)
+    holders = Holders(tasks)
     for t in aux_tasks:  # FIFO
         if t.running:
             continue
-        reason = never_fits(t, agents)
+        reason = pool.never_fits(0)
         fit = None if reason else pool.fit(0)
         if fit is None:
-            out.reasons[t.id] = reason or waiting_for_slots(t, tasks)
+            out.reasons[t.id] = reason or holders.waiting(t)
         else:
             pool.reserve(fit)
             out.allocate[t.id] = fit
-    _slots(agents, slot_tasks, pool, out)
+    _slots(agents, slot_tasks, pool, holders, out)
     return out
 
 
-def _slots(agents: Sequence[Agent], tasks: Sequence[Task], pool: Pool, out: Decision) -> None:
+def _slots(agents: Sequence[Agent], tasks: Sequence[Task], pool: Pool, holders: Holders,
+           out: Decision) -> None:
     live = []
     for t in tasks:
-        reason = None if t.running else never_fits(t, agents)
+        reason = None if t.running else pool.never_fits(t.slots)
         if reason:
             out.reasons[t.id] = reason
         else:
@@ -92,15 +102,20 @@ def _slots(agents: Sequence[Agent], tasks: Sequence[Task], pool: Pool, out: Deci
     pinned = {j: sum(t.slots for t in ts if t.running and not t.preemptible)
               for j, ts in jobs.items()}
     capacity = sum(len(a.slots) for a in agents) - sum(pinned.values())
+    # Jobs that hold nothing and whose share is below their smallest task cannot use it:
+    # leave them out (all found in one round, so a pass stays O(jobs log jobs)) and share
+    # again among the rest.
+    smallest = {j: min((t.slots for t in ts if not t.running), default=0)
+                for j, ts in jobs.items()}
     left_out: set[Id] = set()
     while True:
         want = {j: 0 if j in left_out else max(0, demand[j] - pinned[j]) for j in jobs}
         offer = {j: s + pinned[j] for j, s in shares(capacity, want, weight).items()}
-        starved = [j for j in reversed(list(jobs)) if j not in left_out and held[j] == 0
-                   and 0 < offer[j] < min(t.slots for t in jobs[j] if not t.running)]
+        starved = {j for j in jobs if j not in left_out and held[j] == 0
+                   and 0 < offer[j] < smallest[j]}
         if not starved:
             break
-        left_out.add(starved[0])
+        left_out |= starved
     for j, ts in jobs.items():
         if held[j] > offer[j]:
             _give_back(ts, held[j] - offer[j], out)
@@ -125,7 +140,7 @@ def _slots(agents: Sequence[Agent], tasks: Sequence[Task], pool: Pool, out: Deci
                 continue
             fit = pool.fit(t.slots)
             if fit is None:
-                out.reasons[t.id] = waiting_for_slots(t, tasks)
+                out.reasons[t.id] = holders.waiting(t)
                 continue
             pool.reserve(fit)
             out.allocate[t.id] = fit

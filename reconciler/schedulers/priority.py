@@ -12,7 +12,7 @@ a pass after something was preempted. Slot tasks and zero-slot tasks are schedul
 from collections.abc import Sequence
 from itertools import groupby
 
-from det.reconciler.schedulers.fitting import Pool, never_fits, split, waiting_for_slots
+from det.reconciler.schedulers.fitting import Holders, Pool, split
 from det.reconciler.schedulers.model import Agent, Decision, Task
 
 
@@ -21,22 +21,21 @@ def schedule(agents: Sequence[Agent], tasks: Sequence[Task], *, preemption: bool
     """One pass over ``tasks`` (queue order) on ``agents``; see the module rules."""
     out = Decision()
     for part in split(tasks):
-        _schedule(agents, part, preemption, Pool(agents, fitting_policy), out)
+        _schedule(part, preemption, Pool(agents, fitting_policy), out)
     return out
 
 
-def _schedule(agents: Sequence[Agent], tasks: Sequence[Task], preemption: bool, pool: Pool,
-              out: Decision) -> None:
+def _schedule(tasks: Sequence[Task], preemption: bool, pool: Pool, out: Decision) -> None:
     order = {t.id: i for i, t in enumerate(tasks)}
     ranked = sorted(tasks, key=lambda t: (t.priority, order[t.id]))
     running = [t for t in ranked if t.running]
-    release: list[Task] = []
+    holders = Holders(tasks)
+    evicting = _Evictions(running, order)
     blocked_by = 0  # pending tasks of higher priority that did not fit
     for _, level in groupby([t for t in ranked if not t.running], key=lambda t: t.priority):
-        level = list(level)
         failed = []
         for t in level:
-            reason = never_fits(t, agents)
+            reason = pool.never_fits(t.slots)
             if reason:
                 out.reasons[t.id] = reason
                 continue
@@ -45,50 +44,64 @@ def _schedule(agents: Sequence[Agent], tasks: Sequence[Task], preemption: bool, 
                 failed.append(t)
                 continue
             pool.reserve(fit)
-            if release:
+            if evicting.started:
                 out.reasons[t.id] = "waiting for preempted tasks to give their slots back"
             elif blocked_by == 0 or (preemption and t.preemptible):
                 out.allocate[t.id] = fit
             else:
                 out.reasons[t.id] = _behind(blocked_by)
         for t in failed:
-            if preemption and _preempt_for(t, running, release, pool, order):
+            if preemption and evicting.make_room(t, pool):
                 out.reasons[t.id] = "preempting lower-priority tasks to make room"
             elif blocked_by:
-                out.reasons[t.id] = _behind(blocked_by) + "; " + waiting_for_slots(t, tasks)
+                out.reasons[t.id] = _behind(blocked_by) + "; " + holders.waiting(t)
             else:
-                out.reasons[t.id] = waiting_for_slots(t, tasks)
+                out.reasons[t.id] = holders.waiting(t)
         blocked_by += len(failed)
-    out.release.extend(t.id for t in release)
+    out.release.extend(evicting.release)
 
 
 def _behind(n: int) -> str:
     return f"behind {n} waiting task(s) of higher priority"
 
 
-def _preempt_for(task: Task, running: list[Task], release: list[Task], pool: Pool,
-                 order: dict) -> bool:
-    """Choose running tasks whose eviction lets ``task`` fit; on success reserve its fit in
-    ``pool``, add them to ``release`` and return True. Tasks already stopping go first: their
-    slots come back anyway."""
-    chosen = {id(t) for t in release}
-    candidates = [t for t in running if t.stopping and t.preemptible and id(t) not in chosen]
-    for t in reversed(running):  # lowest priority, last in queue first
-        if t.priority == task.priority and order[t.id] < order[task.id]:
-            break
-        if t.priority < task.priority:
-            break
-        if t.preemptible and not t.stopping and id(t) not in chosen:
-            candidates.append(t)
-    scratch = pool.copy()
-    removed = []
-    for t in candidates:
-        scratch.give_back(t)
-        removed.append(t)
-        fit = scratch.fit(task.slots)
-        if fit is not None:
-            scratch.reserve(fit)
-            pool.free, pool.aux_free = scratch.free, scratch.aux_free
-            release.extend(r for r in removed if not r.stopping)
-            return True
-    return False
+class _Evictions:
+    """The running tasks chosen for eviction in one pass."""
+
+    def __init__(self, running: list[Task], order: dict) -> None:
+        self.running, self.order = running, order
+        self.stopping = [t for t in running if t.stopping and t.preemptible]
+        self.chosen: set = set()
+        self.release: list = []
+        self.started = False  # once set, slots in the pool may still be held: start nothing
+
+    def _candidates(self, task: Task):
+        yield from (t for t in self.stopping if t.id not in self.chosen)
+        for t in reversed(self.running):  # lowest priority, last in queue first
+            if t.priority < task.priority or (
+                    t.priority == task.priority and self.order[t.id] < self.order[task.id]):
+                return
+            if t.preemptible and not t.stopping and t.id not in self.chosen:
+                yield t
+
+    def make_room(self, task: Task, pool: Pool) -> bool:
+        """Choose running tasks whose eviction lets ``task`` fit; on success give their
+        resources back to ``pool``, reserve ``task``'s fit there and return True. Tasks
+        already stopping go first: their slots come back anyway."""
+        extra: dict = {}
+        removed = []
+        for t in self._candidates(task):
+            for agent, slot_ids in t.on.items():
+                extra.setdefault(agent, []).extend(slot_ids)
+            removed.append(t)
+            fit = pool.fit(task.slots, extra)
+            if fit is not None:
+                for r in removed:
+                    pool.give_back(r)
+                    self.chosen.add(r.id)
+                    if not r.stopping:
+                        self.release.append(r.id)
+                pool.reserve(fit)
+                self.started = True
+                return True
+        return False

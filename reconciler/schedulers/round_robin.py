@@ -8,7 +8,7 @@ preempts. Zero-slot tasks are scheduled apart, in the same way.
 
 from collections.abc import Sequence
 
-from det.reconciler.schedulers.fitting import Pool, never_fits, split, waiting_for_slots
+from det.reconciler.schedulers.fitting import Holders, Pool, split
 from det.reconciler.schedulers.model import Agent, Decision, Id, Task
 
 
@@ -17,18 +17,18 @@ def schedule(agents: Sequence[Agent], tasks: Sequence[Task], *,
     """One pass over ``tasks`` (queue order) on ``agents``; see the module rules."""
     out = Decision()
     for part in split(tasks):
-        _schedule(agents, part, Pool(agents, fitting_policy), out)
+        _schedule(part, Pool(agents, fitting_policy), out)
     return out
 
 
-def _schedule(agents: Sequence[Agent], tasks: Sequence[Task], pool: Pool, out: Decision) -> None:
+def _schedule(tasks: Sequence[Task], pool: Pool, out: Decision) -> None:
     queues: dict[Id, list[Task]] = {}
     held: dict[Id, int] = {}
     for t in tasks:
         held[t.job] = held.get(t.job, 0) + (t.slots if t.running else 0)
         if t.running:
             continue
-        reason = never_fits(t, agents)
+        reason = pool.never_fits(t.slots)
         if reason:
             out.reasons[t.id] = reason
         else:
@@ -48,7 +48,8 @@ def _schedule(agents: Sequence[Agent], tasks: Sequence[Task], pool: Pool, out: D
             out.allocate[t.id] = fit
             queues[j].pop(0)
             started = True
+    holders = Holders(tasks)
     for j in turn:
         for i, t in enumerate(queues[j]):
-            out.reasons[t.id] = (waiting_for_slots(t, tasks) if i == 0 else
+            out.reasons[t.id] = (holders.waiting(t) if i == 0 else
                                  f"waiting its turn: {i} earlier task(s) of its job go first")

@@ -3,7 +3,9 @@
 ``searcher_step(config, state, events) -> (state, actions)`` and
 ``searcher_progress(config, state) -> float`` are the whole interface the reconciler uses;
 actions and events are the dataclasses of ``actions``. Implemented: ``single``, ``random``,
-``grid``. New methods subclass ``SearchMethod`` and register in ``METHODS``.
+``grid``, ``adaptive_asha``. New methods subclass ``SearchMethod`` and register in ``METHODS``.
+``asha_preview(searcher)`` gives adaptive ASHA's brackets, rung lengths and expected trials
+per rung without running anything (``det preview-search``).
 """
 
 from det.reconciler.searchers.actions import (
@@ -17,6 +19,7 @@ from det.reconciler.searchers.actions import (
     ValidateAfter,
     ValidationCompleted,
 )
+from det.reconciler.searchers.asha import BracketPreview, RungPreview, asha_preview
 from det.reconciler.searchers.method import SearchMethod
 from det.reconciler.searchers.searcher import (
     METHODS,
@@ -28,9 +31,11 @@ from det.reconciler.searchers.searcher import (
 __all__ = [
     "METHODS",
     "Action",
+    "BracketPreview",
     "Close",
     "Create",
     "Event",
+    "RungPreview",
     "SearchMethod",
     "SearcherError",
     "Shutdown",
@@ -38,6 +43,7 @@ __all__ = [
     "TrialExitedEarly",
     "ValidateAfter",
     "ValidationCompleted",
+    "asha_preview",
     "searcher_progress",
     "searcher_step",
 ]

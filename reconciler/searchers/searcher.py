@@ -3,7 +3,8 @@
 Common machinery of every method (reference-facts §1.2): bookkeeping of trials, ignoring
 repeated or late events, and the shutdown rule (when every requested trial has exited:
 ``Shutdown(failure=all errored, cancel=all canceled)``). Methods are looked up by
-``searcher.name`` in ``METHODS``; adaptive ASHA and TPE plug in there.
+``searcher.name`` in ``METHODS``. A method's constructor raises ``ValueError`` for a valid
+config it cannot run (adaptive ASHA's ``max_time``); that becomes a ``SearcherError``.
 """
 
 import copy
@@ -21,6 +22,7 @@ from det.reconciler.searchers.actions import (
     TrialExitedEarly,
     ValidationCompleted,
 )
+from det.reconciler.searchers.asha import AdaptiveAsha
 from det.reconciler.searchers.grid import GridSearch
 from det.reconciler.searchers.method import SearchMethod
 from det.reconciler.searchers.random_search import RandomSearch
@@ -31,13 +33,15 @@ METHODS: dict[str, type[SearchMethod]] = {
     "single": RandomSearch,
     "random": RandomSearch,
     "grid": GridSearch,
+    "adaptive_asha": AdaptiveAsha,
 }
 """``searcher.name`` -> its search method."""
 
 
 class SearcherError(DetError):
-    """The searcher cannot go on (an unimplemented method, an event for an unknown trial).
-    The reference stops the experiment with an error ("encountered error ...")."""
+    """The searcher cannot go on (an unimplemented method, a config its method cannot run, an
+    event for an unknown trial). The reference stops the experiment with an error
+    ("encountered error ...")."""
 
 
 def _method(config: dict[str, Any]) -> SearchMethod:
@@ -45,7 +49,10 @@ def _method(config: dict[str, Any]) -> SearchMethod:
     method = METHODS.get(parsed.searcher.name)
     if method is None:
         raise SearcherError(f"searcher {parsed.searcher.name!r} is not implemented")
-    return method(parsed)
+    try:
+        return method(parsed)
+    except ValueError as e:
+        raise SearcherError(f"searcher {parsed.searcher.name!r}: {e}") from None
 
 
 def searcher_step(

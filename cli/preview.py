@@ -1,0 +1,77 @@
+"""``det preview-search CONFIG``: the trials a search will run and how long they train, from
+the config alone (the reference's ``det preview-search``, reference-facts §1.3, §1.7).
+
+``single``, ``random`` and ``grid`` train every trial to ``max_length``; ``adaptive_asha``
+shows, per bracket and rung, the rung's length, how many trials train to it and how many stop
+there (``asha_preview``). Invalid-HP replacements and failures are not foreseen.
+"""
+
+import math
+from pathlib import Path
+
+import typer
+
+from det.cli.output import print_table
+from det.configs import (
+    AdaptiveAshaSearcher,
+    GridSearcher,
+    RandomSearcher,
+    iter_leaves,
+    load_experiment_config,
+)
+from det.errors import ConfigError
+from det.reconciler.searchers import asha_preview
+from det.reconciler.searchers.sampling import grid_axis
+
+
+def preview_search(
+    config_file: Path = typer.Argument(..., help="Experiment config (YAML)."),
+) -> None:
+    """Show the trials a search will create and the training it will run."""
+    try:
+        text = config_file.read_text()
+    except OSError as e:
+        raise ConfigError("", f"cannot read config file: {e.strerror}", str(config_file)) from e
+    config = load_experiment_config(text, source=str(config_file))
+    searcher = config.searcher
+    if isinstance(searcher, AdaptiveAshaSearcher):
+        try:
+            brackets = asha_preview(searcher)
+        except ValueError as e:  # max_time: valid, but not runnable yet
+            raise ConfigError("searcher", str(e), str(config_file)) from None
+        unit = searcher.max_length.unit if searcher.max_length else ""
+        rows = [
+            {
+                "bracket": b + 1,
+                "rung": i + 1,
+                "length": rung.length,
+                "trials": rung.trials,
+                "stopped": rung.stopped,
+                "units": rung.length * rung.stopped,
+            }
+            for b, preview in enumerate(brackets)
+            for i, rung in enumerate(preview.rungs)
+        ]
+        print_table(
+            rows,
+            ["bracket", "rung", "length", "trials", "stopped", "units"],
+            ["Bracket", "Rung", f"Trains to ({unit})", "Trials", "Stop here", f"Units ({unit})"],
+        )
+        trials = sum(preview.bracket.max_trials for preview in brackets)
+        units = sum(preview.units for preview in brackets)
+    else:
+        if isinstance(searcher, GridSearcher):
+            trials = math.prod(len(grid_axis(hp)) for _, hp in iter_leaves(config.hyperparameters))
+        elif isinstance(searcher, RandomSearcher):
+            trials = searcher.max_trials
+        else:
+            trials = 1
+        unit, length = searcher.max_length.unit, searcher.max_length.value
+        units = trials * length
+        print_table(
+            [{"trials": trials, "length": length, "units": units}],
+            ["trials", "length", "units"],
+            ["Trials", f"Trains to ({unit})", f"Units ({unit})"],
+        )
+    plural = "" if trials == 1 else "s"
+    typer.echo(f"{searcher.name}: {trials} trial{plural}, {units} {unit} of training in all")

@@ -739,7 +739,12 @@ COMMENT ON COLUMN resource_pools.scheduler IS
     'The pool''s own scheduler; NULL uses the cluster''s. A pool scheduler replaces the '
     'cluster''s as a whole (spec: Resource Pools).';
 
-ALTER TABLE jobs ADD COLUMN max_slots integer CHECK (max_slots IS NULL OR max_slots >= 0);
+ALTER TABLE jobs
+    ADD COLUMN max_slots integer CHECK (max_slots IS NULL OR max_slots >= 0),
+    ADD COLUMN fallback_pools text[] NOT NULL DEFAULT '{}';
+COMMENT ON COLUMN jobs.fallback_pools IS
+    'Pools to try, in order, after resource_pool when it cannot take a waiting run now '
+    '(resources.resource_pool given as a list).';
 COMMENT ON COLUMN jobs.max_slots IS 'Caps the job''s demand under fair share (resources.max_slots).';
 
 ALTER TABLE allocations
@@ -848,7 +853,7 @@ BEGIN
             RAISE EXCEPTION 'job %: no resource pool named "%"', p_job, p_value
                 USING ERRCODE = 'foreign_key_violation';
         END IF;
-        UPDATE jobs SET resource_pool = p_value WHERE id = p_job;
+        UPDATE jobs SET resource_pool = p_value, fallback_pools = '{}' WHERE id = p_job;
         UPDATE allocations SET resource_pool = p_value
          WHERE job_id = p_job AND state = 'PENDING';
         UPDATE experiments SET config = jsonb_set(config, '{resources,resource_pool}', to_jsonb(p_value))
@@ -921,13 +926,20 @@ CREATE OR REPLACE FUNCTION det_create_experiment(
 -- p_context the packed model definition (tar.gz), stored once per distinct content. The
 -- job's priority defaults to its pool scheduler's default_priority.
 DECLARE
-    v_pool text := coalesce(p_config #>> '{resources,resource_pool}', 'default');
+    v_pools text[] := CASE jsonb_typeof(p_config #> '{resources,resource_pool}')
+        WHEN 'array' THEN ARRAY(SELECT jsonb_array_elements_text(
+                                    p_config #> '{resources,resource_pool}'))
+        ELSE ARRAY[coalesce(p_config #>> '{resources,resource_pool}', 'default')] END;
+    v_pool text := v_pools[1];
+    v_missing text;
     v_ctx bigint;
     v_job bigint;
     v_id integer;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = v_pool) THEN
-        RAISE EXCEPTION 'resources.resource_pool: no resource pool named "%"', v_pool
+    SELECT p INTO v_missing FROM unnest(v_pools) p
+     WHERE NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p) LIMIT 1;
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'resources.resource_pool: no resource pool named "%"', v_missing
             USING ERRCODE = 'foreign_key_violation';
     END IF;
     IF p_context IS NOT NULL THEN
@@ -936,8 +948,9 @@ BEGIN
         ON CONFLICT (sha256) DO NOTHING;
         SELECT id INTO v_ctx FROM context_blobs WHERE sha256 = sha256(p_context);
     END IF;
-    INSERT INTO jobs (type, resource_pool, priority, weight, max_slots, queue_position, owner)
-    VALUES ('EXPERIMENT', v_pool,
+    INSERT INTO jobs (type, resource_pool, fallback_pools, priority, weight, max_slots,
+                      queue_position, owner)
+    VALUES ('EXPERIMENT', v_pool, v_pools[2:],
             coalesce((p_config #>> '{resources,priority}')::integer,
                      (det_pool_scheduler(v_pool) ->> 'default_priority')::integer),
             coalesce((p_config #>> '{resources,weight}')::double precision, 1),

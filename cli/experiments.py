@@ -135,18 +135,24 @@ SELECT g.id, count(s.slot_id) AS slots FROM agents g LEFT JOIN slots s ON s.agen
 
 
 def _refuse_unfit(conn, expanded: dict) -> None:
-    """Raise ConfigError if no agent now registered in the pool could ever run one trial.
-    A pool with no agents yet is let through: agents may join it later."""
+    """Raise ConfigError if no agent now registered in the job's pools (any of them, when
+    ``resources.resource_pool`` is a list) could ever run one trial. A pool with no agents
+    yet is let through: agents may join it later."""
     resources = expanded.get("resources") or {}
-    pool = resources.get("resource_pool") or "default"
-    agents = [Agent(r["id"], tuple(range(r["slots"])), ())
-              for r in conn.execute(POOL_CAPACITY, {"pool": pool}).fetchall()]
+    pools = resources.get("resource_pool") or "default"
+    pools = [pools] if isinstance(pools, str) else pools
     slots = resources.get("slots_per_trial", 1)
-    reason = never_fits(Task("trial", "experiment", slots), agents) if agents else None
-    if reason:
-        raise ConfigError("resources.slots_per_trial",
-                          f"{slots} slots can never be scheduled in pool {pool!r}: {reason} "
-                          "(submit with --force to queue it anyway)")
+    reasons = []
+    for pool in pools:
+        agents = [Agent(r["id"], tuple(range(r["slots"])), ())
+                  for r in conn.execute(POOL_CAPACITY, {"pool": pool}).fetchall()]
+        reason = never_fits(Task("trial", "experiment", slots), agents) if agents else None
+        if reason is None:
+            return
+        reasons.append(f"pool {pool!r}: {reason}")
+    raise ConfigError("resources.slots_per_trial",
+                      f"{slots} slots can never be scheduled: {'; '.join(reasons)} "
+                      "(submit with --force to queue it anyway)")
 
 
 @app.command("list")

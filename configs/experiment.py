@@ -54,11 +54,13 @@ def _parse_size(value: Any) -> Any:
 
 
 class Resources(BaseModel):
-    """``resources`` (§3.4). ``priority`` None means the pool's default (filled at creation)."""
+    """``resources`` (§3.4). ``priority`` None means the pool's default (filled at creation).
+    ``resource_pool`` may be a list (beyond the spec): each trial run goes to the first pool
+    of the list that can take it now, the first pool when none can."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     slots_per_trial: Annotated[int, Field(ge=0)] = 1
-    resource_pool: str = "default"
+    resource_pool: str | Annotated[list[str], Field(min_length=1)] = "default"
     priority: Annotated[int, Field(ge=1, le=99)] | None = None
     weight: Annotated[float, Field(gt=0)] = 1.0
     max_slots: Annotated[int, Field(ge=0)] | None = None

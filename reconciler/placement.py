@@ -33,11 +33,13 @@ def load_pool(conn: psycopg.Connection, pool: str) -> tuple[list[Agent], list[Ta
 
 
 def place(conn: psycopg.Connection) -> tuple[int, set[str], set[int]]:
-    """Schedule every pool with waiting allocations and write the decisions.
+    """Move waiting runs to a fallback pool where their job lists one, then schedule every
+    pool with waiting allocations and write the decisions.
 
     Returns (allocations started or preempted, agents to wake, allocations to wake).
     """
-    changes, agents_woken, allocs_woken = 0, set(), set()
+    changes = conn.execute(q.FALL_BACK).rowcount
+    agents_woken, allocs_woken = set(), set()
     for row in conn.execute(q.POOLS_WITH_PENDING).fetchall():
         config = SchedulerConfig.model_validate(row["scheduler"])
         agents, tasks = load_pool(conn, row["resource_pool"])

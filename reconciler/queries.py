@@ -216,6 +216,32 @@ SELECT e.job_id, b.id, b.runs, j.resource_pool,
 
 # -- 8. Placement ------------------------------------------------------------------------------
 
+# Pool fallback: a waiting run whose job lists other pools goes to the first pool, in the
+# job's order, where one agent has the free slots it needs now (else its first pool).
+FALL_BACK = """
+WITH free AS (
+    SELECT g.resource_pool AS pool, count(s.slot_id) AS n
+      FROM agents g JOIN slots s ON s.agent_id = g.id AND s.enabled
+     WHERE g.state = 'ACTIVE'
+       AND NOT EXISTS (SELECT 1 FROM allocation_slots h WHERE h.agent_id = s.agent_id
+                          AND h.slot_id = s.slot_id AND NOT h.released)
+     GROUP BY g.id, g.resource_pool
+), choice AS (
+    SELECT a.id, coalesce(
+               (SELECT c.pool FROM unnest(j.resource_pool || j.fallback_pools)
+                                   WITH ORDINALITY AS c(pool, i)
+                 WHERE EXISTS (SELECT 1 FROM free f WHERE f.pool = c.pool
+                                  AND f.n >= a.slots_needed)
+                 ORDER BY c.i LIMIT 1),
+               j.resource_pool) AS pool
+      FROM allocations a JOIN jobs j ON j.id = a.job_id
+     WHERE a.state = 'PENDING' AND a.desired_state = 'RUNNING'
+       AND cardinality(j.fallback_pools) > 0
+)
+UPDATE allocations a SET resource_pool = c.pool, pending_reason = NULL
+  FROM choice c WHERE c.id = a.id AND a.resource_pool <> c.pool
+"""
+
 POOLS_WITH_PENDING = """
 SELECT DISTINCT a.resource_pool, det_pool_scheduler(a.resource_pool) AS scheduler
   FROM allocations a WHERE a.state = 'PENDING' AND a.desired_state = 'RUNNING' ORDER BY 1

@@ -145,3 +145,26 @@ def test_job_updates_are_all_or_nothing_and_unfit_jobs_are_refused(det, conn, tm
     assert r.returncode == 1 and "between 1 and 99" in r.stderr
     sim = json.loads(det("job", "simulate", "--scheduler", "fair_share", "--json").stdout)
     assert sim["release"] == [] and len(sim["allocate"]) <= 1
+
+
+def test_pool_fallback_takes_the_first_pool_with_room(det, conn, tmp_path) -> None:
+    policy = tmp_path / "cluster.yaml"
+    policy.write_text("resource_pools:\n  - name: default\n  - name: small\n  - name: spare\n")
+    det("cluster", "config", "apply", str(policy))
+    for pool in ("small", "spare"):
+        det.start(f"agent-{pool}", "agent", "run", "--id", pool, "--resource-pool", pool,
+                  "--slots", "1")
+    wait_for(lambda: conn.execute("SELECT count(*) AS n FROM agents").fetchone()["n"] == 2, 60,
+             "both agents")
+    cfg = config(tmp_path, "random.yaml", "fallback", **{
+        "resources.resource_pool": ["small", "spare"], "searcher.max_trials": 3,
+        "searcher.max_concurrent_trials": 3})
+    det("experiment", "create", str(cfg), str(DIGITS))
+    det("reconcile", "--once")
+    pools = conn.execute("SELECT resource_pool AS p, state::text AS s FROM allocations "
+                         "ORDER BY id").fetchall()
+    assert sorted(p["p"] for p in pools if p["s"] != "PENDING") == ["small", "spare"]
+    assert [p["p"] for p in pools if p["s"] == "PENDING"] == ["small"], "none free: first pool"
+    bad = config(tmp_path, "const.yaml", "bad", **{"resources.resource_pool": ["small", "nope"]})
+    r = det("experiment", "create", str(bad), str(DIGITS), check=False)
+    assert r.returncode == 1 and 'no resource pool named "nope"' in r.stderr

@@ -1,0 +1,91 @@
+"""The cluster config and the queue commands that need no agents: parsing (both formats,
+the spec's pool_name, whole-scheduler replacement), `det cluster config apply | show`,
+`det resource-pool list` and `det job simulate --scenario`."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from det.configs.cluster import load_cluster_config
+from det.errors import ConfigError
+
+SPEC_EXAMPLE = """\
+resource_manager:
+  type: agent
+  scheduler:
+    type: round_robin
+    fitting_policy: best
+  default_aux_resource_pool: pool1
+  default_compute_resource_pool: pool1
+resource_pools:
+  - pool_name: pool1
+    scheduler:
+      fitting_policy: worst
+"""
+
+
+def test_a_pool_scheduler_replaces_the_clusters_whole() -> None:
+    """spec: Resource Pools: pool1 gets a worst-fit *fair share* scheduler, not round robin."""
+    cfg = load_cluster_config(SPEC_EXAMPLE, "master.yaml")
+    s = cfg.effective_scheduler("pool1")
+    assert (s.type, s.fitting_policy) == ("fair_share", "worst")
+
+
+def test_the_old_single_pool_format_still_loads() -> None:
+    cfg = load_cluster_config("scheduler: {type: priority, preemption: true}\n")
+    assert [p.name for p in cfg.resource_pools] == ["default"]
+    assert cfg.effective_scheduler("default").preemption
+
+
+@pytest.mark.parametrize("text, message", [
+    ("resource_pools: [{name: a}, {name: a}]\n", "pool 'a' is listed twice"),
+    ("resource_manager: {default_compute_resource_pool: gpu}\n", "no pool named 'gpu'"),
+    ("resource_manager: {scheduler: {type: fifo}}\n", "resource_manager.scheduler.type"),
+    ("resource_manager: {scheduler: {default_priority: 100}}\n", "default_priority"),
+    ("resource_pools: [{name: a, colour: red}]\n", "colour"),
+])
+def test_bad_cluster_configs_name_the_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as e:
+        load_cluster_config(text, "cluster.yaml")
+    assert str(e.value).startswith("cluster.yaml")
+
+
+def test_apply_show_and_pool_list(det, conn, tmp_path: Path) -> None:
+    f = tmp_path / "cluster.yaml"
+    f.write_text(SPEC_EXAMPLE.replace("pool1", "default") + "  - name: gpu\n")
+    det("cluster", "config", "apply", str(f))
+    assert det("cluster", "config", "show").stdout.strip() == f.read_text().strip()
+    effective = json.loads(det("cluster", "config", "show", "--effective", "--json").stdout)
+    assert effective["default"]["type"] == "fair_share"
+    assert effective["gpu"]["type"] == "round_robin"
+    pools = {p["name"]: p for p in json.loads(det("resource-pool", "list", "--json").stdout)}
+    assert pools["gpu"]["scheduler"]["type"] == "round_robin"
+    # A pool with active jobs cannot be dropped; the whole apply is refused.
+    conn.execute("INSERT INTO jobs (type, resource_pool, queue_position, owner) "
+                 "VALUES ('EXPERIMENT', 'gpu', 1, 't')")
+    conn.execute("INSERT INTO experiments (job_id, name, config, original_config, owner) "
+                 "SELECT id, 'x', '{}', '', 't' FROM jobs")
+    f.write_text("resource_pools: [{name: default}]\n")
+    r = det("cluster", "config", "apply", str(f), check=False)
+    assert r.returncode == 1 and 'pool "gpu" still has agents or active jobs' in r.stderr
+    assert "gpu" in det("resource-pool", "list").stdout
+
+
+def test_simulate_a_scenario_file(det, tmp_path: Path) -> None:
+    f = tmp_path / "scenario.yaml"
+    f.write_text("""\
+scheduler: {type: priority, preemption: true}
+agents: [{id: a1, slots: 4}]
+tasks:
+  - {id: t1, job: j1, slots: 4, priority: 50, state: running, on: {a1: 4}}
+  - {id: t2, slots: 1, priority: 40}
+  - {id: t3, slots: 0, preemptible: false}
+""")
+    out = json.loads(det("job", "simulate", "--scenario", str(f), "--json").stdout)
+    assert out == {"allocate": ["t3"], "release": ["t1"]}
+    table = det("job", "simulate", "--scenario", str(f), "--scheduler", "round_robin").stdout
+    assert "keep running" in table and "start on a1" in table
+    f.write_text("agents: [{id: a1}]\n")
+    r = det("job", "simulate", "--scenario", str(f), check=False)
+    assert r.returncode == 1 and "agents[0].slots" in r.stderr

@@ -97,7 +97,7 @@ def test_priority_without_preemption_waits_in_order() -> None:
     tasks = low + job("high", 1, slots=2, priority=10) + job("later", 1, priority=60)
     d = schedule(cfg, [agent("g", 4, used=4)], tasks)
     assert not d.allocate and not d.release
-    assert d.reasons["later.0"].startswith("behind 1 waiting task(s) of higher priority")
+    assert d.reasons["later.0"].startswith("behind 1 job(s) of higher priority")
 
 
 def test_round_robin_takes_turns() -> None:

@@ -31,7 +31,7 @@ def _schedule(tasks: Sequence[Task], preemption: bool, pool: Pool, out: Decision
     running = [t for t in ranked if t.running]
     holders = Holders(tasks)
     evicting = _Evictions(running, order)
-    blocked_by = 0  # pending tasks of higher priority that did not fit
+    blocked_by: set = set()  # jobs of higher priority with a task that did not fit
     for _, level in groupby([t for t in ranked if not t.running], key=lambda t: t.priority):
         failed = []
         for t in level:
@@ -46,7 +46,7 @@ def _schedule(tasks: Sequence[Task], preemption: bool, pool: Pool, out: Decision
             pool.reserve(fit)
             if evicting.started:
                 out.reasons[t.id] = "waiting for preempted tasks to give their slots back"
-            elif blocked_by == 0 or (preemption and t.preemptible):
+            elif not blocked_by or (preemption and t.preemptible):
                 out.allocate[t.id] = fit
             else:
                 out.reasons[t.id] = _behind(blocked_by)
@@ -57,12 +57,12 @@ def _schedule(tasks: Sequence[Task], preemption: bool, pool: Pool, out: Decision
                 out.reasons[t.id] = _behind(blocked_by) + "; " + holders.waiting(t)
             else:
                 out.reasons[t.id] = holders.waiting(t)
-        blocked_by += len(failed)
+        blocked_by |= {t.job for t in failed}
     out.release.extend(evicting.release)
 
 
-def _behind(n: int) -> str:
-    return f"behind {n} waiting task(s) of higher priority"
+def _behind(jobs: set) -> str:
+    return f"behind {len(jobs)} job(s) of higher priority"
 
 
 class _Evictions:

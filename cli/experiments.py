@@ -2,6 +2,7 @@
 
 import ast
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
@@ -15,6 +16,7 @@ from det.db import det_home
 from det.errors import ConfigError, NotFoundError
 from det.reconciler.schedulers import Agent, Task
 from det.reconciler.schedulers.fitting import never_fits
+from det.reconciler.searchers import trial_rungs
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -31,10 +33,14 @@ SELECT e.id, e.name, e.description, e.state::text AS state, e.owner, e.progress,
 """
 
 TRIALS = """
-SELECT id, state::text AS state, hparams, steps_completed, best_validation, restarts,
-       latest_checkpoint, exit_reason, start_time, end_time
+SELECT id, request_id::text AS request_id, state::text AS state, hparams, steps_completed,
+       best_validation, restarts, latest_checkpoint, exit_reason, start_time, end_time
   FROM trials WHERE experiment_id = %(id)s ORDER BY id
 """
+
+# Read only for adaptive_asha, whose describe shows each trial's rung (it holds the RNG state,
+# so it stays out of EXPERIMENT).
+SEARCHER_STATE = "SELECT searcher_state FROM experiments WHERE id = %(id)s"
 
 CHECKPOINTS = """
 SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_at,
@@ -183,11 +189,19 @@ def describe(
     exp_id: int = typer.Argument(..., metavar="ID"),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Config, trials with hyperparameters, best validation metric, checkpoints."""
+    """Config, trials with hyperparameters, best validation metric, checkpoints; for
+    adaptive_asha, each trial's rung, its status in the search and the metric that decided it."""
     with db() as conn:
         exp = get_experiment(conn, exp_id)
         trials = conn.execute(TRIALS, {"id": exp_id}).fetchall()
         ckpts = conn.execute(CHECKPOINTS, {"id": exp_id}).fetchall()
+        asha = exp["config"]["searcher"]["name"] in ("adaptive_asha", "tpe")
+        if asha:
+            state = conn.execute(SEARCHER_STATE, {"id": exp_id}).fetchone()["searcher_state"]
+            rungs = trial_rungs(exp["config"], state)
+            for t in trials:
+                rung = rungs.get(t["request_id"])
+                t["rung"] = asdict(rung) if rung else None
     if json_:
         print_json({**exp, "trials": trials, "checkpoints": ckpts})
         return
@@ -206,6 +220,11 @@ def describe(
                          "restarts", "exit_reason"],
                 ["ID", "State", "Hyperparameters", "Batches", f"Best {metric}", "Restarts",
                  "Exit"])
+    if asha:
+        typer.echo("\nRungs:")
+        rows = [{"id": t["id"], **t["rung"]} for t in trials if t["rung"]]
+        print_table(rows, ["id", "bracket", "rung", "length", "status", "metric"],
+                    ["Trial", "Bracket", "Rung", "Length", "Search", f"Decided by {metric}"])
     typer.echo("\nCheckpoints:")
     print_table(ckpts, ["uuid", "trial_id", "steps_completed", "state", "validation"],
                 ["UUID", "Trial", "Batches", "State", "Validation"])

@@ -150,7 +150,7 @@ class Trainer:
             op.report_completed(self._searcher_value(metrics))
         if self.last_checkpoint != self.batches_trained:
             self.checkpoint()
-        return "completed"
+        return "preempted" if self.core.preempt.should_preempt() else "completed"
 
     def _train_to(self, target: int, op: core.SearcherOperation) -> str | None:
         """Train until ``target`` batches, doing the periodic workloads on the way; returns

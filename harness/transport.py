@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -21,6 +22,12 @@ from det.harness.errors import TaskEnvironmentError
 
 PREEMPT_POLL_SECONDS = 5.0
 """How often the preemption watcher asks ``det_should_preempt`` even without a NOTIFY."""
+
+OP_POLL_SECONDS = 0.05
+"""First pause between ``det_current_op`` calls while the searcher decides (doubles)."""
+
+OP_POLL_MAX_SECONDS = 1.0
+"""Longest pause between ``det_current_op`` calls while the searcher decides."""
 
 EARLY_EXIT_REASONS = ("invalid_hp", "user_requested_stop", "errored")
 
@@ -192,8 +199,19 @@ class DbTransport:
         )
 
     def current_op(self) -> SearcherOp | None:
-        """``det_current_op(token)``: ``{"id", "length"}`` or NULL (-> ``None``)."""
-        op = self._call("SELECT det_current_op(%s)")
+        """``det_current_op(token)``: ``{"id", "length"}``, or NULL (-> ``None``).
+
+        While the answer is ``{"wait": true}`` (the searcher has not yet read this trial's
+        last report, so its next op is undecided) it asks again, every
+        ``OP_POLL_SECONDS`` doubling up to ``OP_POLL_MAX_SECONDS``; a preemption request
+        ends the wait with ``None``, so a stopping task never hangs here.
+        """
+        delay = OP_POLL_SECONDS
+        while (op := self._call("SELECT det_current_op(%s)")) is not None and "id" not in op:
+            if self.should_preempt():
+                return None
+            time.sleep(delay)
+            delay = min(2 * delay, OP_POLL_MAX_SECONDS)
         return None if op is None else SearcherOp(int(op["id"]), int(op["length"]))
 
     def report_progress(self, op_id: int, units: float) -> None:

@@ -74,7 +74,7 @@ def _settle(conn: psycopg.Connection, r: PassResult) -> None:
     for run in conn.execute(q.UNSETTLED_RUNS).fetchall():
         s = settle(RunEnd(run["trial_state"], run["restarts"], run["max_restarts"],
                           run["exit_code"], run["exit_reason"], run["stop_requested"],
-                          run["open_op"]))
+                          run["open_op"], run["out_of_work"]))
         conn.execute(q.UPDATE_SETTLED_TRIAL, {"state": s.state, "restarts": s.restarts,
                                               "close": s.close, "trial_id": run["trial_id"]})
         conn.execute(q.MARK_SETTLED, run)
@@ -91,6 +91,8 @@ def _settle(conn: psycopg.Connection, r: PassResult) -> None:
             then = "; the trial's code finished its own training, so the trial is done"
         elif s.failed:
             then = f"; restarting from the latest checkpoint ({s.restarts}/{run['max_restarts']})"
+        elif run["open_op"] and not run["stop_requested"]:
+            then = "; the searcher has new work for it: a new run resumes from its checkpoint"
         conn.execute(q.LOG_DECISION, {**run, "line": f"run ended with {how}{reason}{then}"})
         r.changes += 1
 

@@ -33,6 +33,7 @@ UNSETTLED_RUNS = """
 SELECT a.id AS allocation_id, a.exit_code, a.exit_reason, t.id AS trial_id,
        t.experiment_id, t.state::text AS trial_state, t.restarts,
        a.desired_state <> 'RUNNING' AS stop_requested,
+       a.out_of_work,
        EXISTS (SELECT 1 FROM searcher_ops o WHERE o.trial_id = t.id AND NOT o.completed)
            AS open_op,
        coalesce((e.config ->> 'max_restarts')::integer, 5) AS max_restarts

@@ -9,9 +9,13 @@ Rules (spec: experiment-lifecycle, Pausing and Activating; notes §3.2 ``max_res
 * a clean exit (0) after a stop request (preemption, pause) leaves the trial to resume later;
 * a clean exit with no stop request and no open searcher operation leaves the trial to the
   searcher (it may promote it, or close it);
-* a clean exit with no stop request while an operation is still open means the code ended
-  its own training (a Core API loop that decides its own length, as in the reference's 0.38):
-  the trial is done, and closed.
+* so does a clean exit after the task was told there was no more work (``out_of_work``:
+  ``det_current_op`` answered NULL) even if an operation is open now: the searcher opened it
+  after that answer (an adaptive ASHA promotion racing the exit), and the trial's next run
+  takes it;
+* a clean exit with no stop request while an operation is still open, the task never told
+  its work was over, means the code ended its own training (a Core API loop that decides its
+  own length, as in the reference's 0.38): the trial is done, and closed.
 """
 
 from dataclasses import dataclass
@@ -22,7 +26,9 @@ TERMINAL = {"STOPPING_COMPLETED": "COMPLETED", "STOPPING_CANCELED": "CANCELED",
 
 @dataclass(frozen=True)
 class RunEnd:
-    """A terminated allocation of a trial, as the settle step sees it."""
+    """A terminated allocation of a trial, as the settle step sees it: ``open_op`` whether
+    the trial has a searcher operation open now, ``out_of_work`` whether the task was told
+    it had none left (``allocations.out_of_work``)."""
 
     trial_state: str
     restarts: int
@@ -31,6 +37,7 @@ class RunEnd:
     exit_reason: str | None
     stop_requested: bool = False
     open_op: bool = False
+    out_of_work: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,7 @@ def settle(run: RunEnd) -> Settlement:
     if run.trial_state in TERMINAL:
         return Settlement(TERMINAL[run.trial_state], run.restarts, run.exit_code != 0)
     if run.exit_code == 0:
-        done = run.open_op and not run.stop_requested
+        done = run.open_op and not run.stop_requested and not run.out_of_work
         return Settlement(run.trial_state, run.restarts, False, close=done)
     restarts = run.restarts + 1
     if restarts > run.max_restarts:

@@ -14,6 +14,9 @@ from det.reconciler.trials import RunEnd, Settlement, settle
      Settlement("ACTIVE", 0, False)),
     # a clean exit with work left and no stop request: the code ended its own training
     (RunEnd("ACTIVE", 0, 5, 0, None, open_op=True), Settlement("ACTIVE", 0, False, close=True)),
+    # ... unless the task was told its work was over: the op came later (a promotion)
+    (RunEnd("ACTIVE", 0, 5, 0, None, open_op=True, out_of_work=True),
+     Settlement("ACTIVE", 0, False)),
     # failures restart while restarts <= max_restarts
     (RunEnd("ACTIVE", 0, 5, 1, None), Settlement("ACTIVE", 1, True)),
     (RunEnd("ACTIVE", 4, 5, None, "agent lost"), Settlement("ACTIVE", 5, True)),

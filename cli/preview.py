@@ -3,7 +3,8 @@ the config alone (the reference's ``det preview-search``, reference-facts §1.3,
 
 ``single``, ``random`` and ``grid`` train every trial to ``max_length``; ``adaptive_asha``
 shows, per bracket and rung, the rung's length, how many trials train to it and how many stop
-there (``asha_preview``). Invalid-HP replacements and failures are not foreseen.
+there (``asha_preview``); so does ``tpe``, whose plan is one such bracket. Invalid-HP
+replacements and failures are not foreseen.
 """
 
 import math
@@ -16,6 +17,7 @@ from det.configs import (
     AdaptiveAshaSearcher,
     GridSearcher,
     RandomSearcher,
+    TPESearcher,
     iter_leaves,
     load_experiment_config,
 )
@@ -34,9 +36,10 @@ def preview_search(
         raise ConfigError("", f"cannot read config file: {e.strerror}", str(config_file)) from e
     config = load_experiment_config(text, source=str(config_file))
     searcher = config.searcher
-    if isinstance(searcher, AdaptiveAshaSearcher):
+    if isinstance(searcher, AdaptiveAshaSearcher | TPESearcher):
+        asha = searcher if isinstance(searcher, AdaptiveAshaSearcher) else searcher.as_asha()
         try:
-            brackets = asha_preview(searcher)
+            brackets = asha_preview(asha)
         except ValueError as e:  # max_time: valid, but not runnable yet
             raise ConfigError("searcher", str(e), str(config_file)) from None
         unit = searcher.max_length.unit if searcher.max_length else ""

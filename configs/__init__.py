@@ -43,6 +43,7 @@ from det.configs.searcher import (
     RandomSearcher,
     SearcherConfig,
     SingleSearcher,
+    TPESearcher,
 )
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "SearcherConfig",
     "SharedFSStorage",
     "SingleSearcher",
+    "TPESearcher",
     "entrypoint_argv",
     "env_for_device",
     "experiment_json_schema",

@@ -4,6 +4,8 @@
 det's harness trains to the searcher's ``ValidateAfter`` target); ``adaptive_asha`` trains
 trials to rung lengths up to ``max_length`` (``reconciler/searchers/asha.py``). Its
 ``max_time`` + ``time_metric`` (the reference's 0.38 length) are validated here but not run yet.
+``tpe`` (det's own, not in the reference) proposes hyperparameters from the results so far,
+with adaptive ASHA's early stopping optional (``reconciler/searchers/tpe.py``).
 """
 
 from typing import Annotated, Any, Literal
@@ -94,6 +96,38 @@ class AdaptiveAshaSearcher(_SearcherBase):
         return self
 
 
+class TPESearcher(_SearcherBase):
+    """Tree-structured Parzen Estimator (Bergstra et al., "Algorithms for Hyper-Parameter
+    Optimization", NeurIPS 2011) through Optuna's ``TPESampler``.
+
+    ``max_trials`` trials (``invalid_hp`` ones replaced), at most ``max_concurrent_trials``
+    training at once (0 = no cap). The first ``startup_trials`` with a result are sampled at
+    random, later ones from the TPE model of the results reported so far; a trial created while
+    others train does not see their results, hence a smaller default concurrency than the other
+    searchers. ``max_rungs`` 1 (the default) trains every trial to ``max_length``; above 1 it
+    adds adaptive ASHA's early stopping in one bracket of up to that many rungs, with
+    ``divisor`` and ``stop_once`` as in ``adaptive_asha``.
+    """
+
+    name: Literal["tpe"]
+    max_length: Length
+    max_trials: Annotated[int, Field(ge=1)]
+    max_concurrent_trials: Annotated[int, Field(ge=0)] = 4
+    startup_trials: Annotated[int, Field(ge=0)] = 10
+    divisor: Annotated[float, Field(gt=1)] = 4.0
+    max_rungs: Annotated[int, Field(ge=1)] = 1
+    stop_once: bool = False
+
+    def as_asha(self) -> AdaptiveAshaSearcher:
+        """The adaptive ASHA searcher whose rungs and decisions ``tpe`` uses: one bracket
+        (``aggressive``) of up to ``max_rungs`` rungs."""
+        return AdaptiveAshaSearcher(
+            name="adaptive_asha", metric=self.metric, smaller_is_better=self.smaller_is_better,
+            max_trials=self.max_trials, max_concurrent_trials=self.max_concurrent_trials,
+            divisor=self.divisor, max_rungs=self.max_rungs, mode="aggressive",
+            stop_once=self.stop_once, max_length=self.max_length)
+
+
 def _name(value: Any) -> Any:
     if isinstance(value, dict):
         return value.get("name")
@@ -104,11 +138,12 @@ SearcherConfig = Annotated[
     Annotated[SingleSearcher, Tag("single")]
     | Annotated[RandomSearcher, Tag("random")]
     | Annotated[GridSearcher, Tag("grid")]
-    | Annotated[AdaptiveAshaSearcher, Tag("adaptive_asha")],
+    | Annotated[AdaptiveAshaSearcher, Tag("adaptive_asha")]
+    | Annotated[TPESearcher, Tag("tpe")],
     Discriminator(
         _name,
         custom_error_type="bad_union_tag:name",
-        custom_error_message="expected one of single|random|grid|adaptive_asha",
+        custom_error_message="expected one of single|random|grid|adaptive_asha|tpe",
     ),
 ]
 """The ``searcher`` section, tagged by ``name``."""

@@ -32,6 +32,7 @@ from det.reconciler.searchers.asha import (
     rung_count,
     rung_lengths,
     split_by_weight,
+    trial_rungs,
 )
 
 HPS = {"lr": {"type": "double", "minval": 0.0, "maxval": 1.0}}
@@ -239,6 +240,42 @@ def test_errored_trials_count_as_done() -> None:
     assert actions == [ValidateAfter(b, 2)]
     state, actions = searcher_step(config, state, [TrialExitedEarly(b, "errored")])
     assert actions == [Shutdown(failure=True)]
+
+
+def test_trial_rungs_follow_the_search() -> None:
+    config = make_config(max_trials=4, divisor=2, mode="aggressive", smaller_is_better=False,
+                         max_length={"batches": 4})  # one bracket, rungs 1, 2, 4
+    assert trial_rungs(config, None) == {}
+    state, actions = searcher_step(config, None, [])
+    a, b, c, d = created(actions)
+
+    def rungs(state: dict[str, Any]) -> dict[str, tuple]:
+        return {rid: (r.rung, r.length, r.status, r.metric, r.exit)
+                for rid, r in trial_rungs(config, state).items()}
+
+    assert rungs(state) == {rid: (0, 1, "running", None, None) for rid in (a, b, c, d)}
+    # Of four results at rung 0 (d's errored run counts, last) the top two go on.
+    state, _ = searcher_step(config, state, [
+        ValidationCompleted(a, 1, 0.5), ValidationCompleted(b, 1, 0.7),
+        ValidationCompleted(c, 1, 0.1), TrialExitedEarly(d, "errored")])
+    assert rungs(state) == {a: (1, 2, "promoted", 0.5, None), b: (1, 2, "promoted", 0.7, None),
+                            c: (0, 1, "waiting", 0.1, None), d: (0, 1, "stopped", None, "errored")}
+    state, _ = searcher_step(config, state, [ValidationCompleted(b, 2, 0.8)])
+    assert rungs(state)[b] == (1, 2, "waiting", 0.8, None)
+    state, _ = searcher_step(config, state, [ValidationCompleted(a, 2, 0.4)])
+    assert rungs(state)[a] == (1, 2, "waiting", 0.4, None)
+    assert rungs(state)[b] == (2, 4, "promoted", 0.8, None)
+    # b reaches the top; nothing is left to promote, so the waiting trials are closed.
+    state, _ = searcher_step(config, state, [ValidationCompleted(b, 4, 0.9), TrialExited(b)])
+    assert rungs(state) == {a: (1, 2, "stopped", 0.4, None), b: (2, 4, "done", 0.9, "completed"),
+                            c: (0, 1, "stopped", 0.1, None), d: (0, 1, "stopped", None, "errored")}
+
+
+def test_trial_rungs_needs_adaptive_asha() -> None:
+    single = {"name": "single", "metric": "loss", "max_length": {"batches": 10}}
+    config = {**make_config(max_trials=1), "searcher": single}
+    with pytest.raises(ValueError, match="adaptive_asha"):
+        trial_rungs(config, None)
 
 
 # --- stopping (stop_once: true) -----------------------------------------------------------

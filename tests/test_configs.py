@@ -189,7 +189,7 @@ ASHA = ASHA_HEAD + "max_trials: 2, "
         (
             "entrypoint: x\nsearcher: {name: bayes, metric: l}",
             "searcher.name",
-            "expected one of single|random|grid|adaptive_asha, got 'bayes'",
+            "expected one of single|random|grid|adaptive_asha|tpe, got 'bayes'",
         ),
         ("entrypoint: x\nsearcher: {metric: l}", "searcher.name", "required key missing"),
         (

@@ -3,9 +3,12 @@
 ``searcher_step(config, state, events) -> (state, actions)`` and
 ``searcher_progress(config, state) -> float`` are the whole interface the reconciler uses;
 actions and events are the dataclasses of ``actions``. Implemented: ``single``, ``random``,
-``grid``, ``adaptive_asha``. New methods subclass ``SearchMethod`` and register in ``METHODS``.
+``grid``, ``adaptive_asha``, ``tpe``. New methods subclass ``SearchMethod`` and register in
+``METHODS``.
 ``asha_preview(searcher)`` gives adaptive ASHA's brackets, rung lengths and expected trials
-per rung without running anything (``det preview-search``).
+per rung without running anything (``det preview-search``); ``trial_rungs(config, state)``
+where each trial of a running or finished adaptive ASHA search stands (``det experiment
+describe``).
 """
 
 from det.reconciler.searchers.actions import (
@@ -19,7 +22,13 @@ from det.reconciler.searchers.actions import (
     ValidateAfter,
     ValidationCompleted,
 )
-from det.reconciler.searchers.asha import BracketPreview, RungPreview, asha_preview
+from det.reconciler.searchers.asha import (
+    BracketPreview,
+    RungPreview,
+    TrialRung,
+    asha_preview,
+    trial_rungs,
+)
 from det.reconciler.searchers.method import SearchMethod
 from det.reconciler.searchers.searcher import (
     METHODS,
@@ -41,9 +50,11 @@ __all__ = [
     "Shutdown",
     "TrialExited",
     "TrialExitedEarly",
+    "TrialRung",
     "ValidateAfter",
     "ValidationCompleted",
     "asha_preview",
     "searcher_progress",
     "searcher_step",
+    "trial_rungs",
 ]

@@ -45,11 +45,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from det.configs import AdaptiveAshaSearcher, ExperimentConfig
+from det.configs import AdaptiveAshaSearcher, ExperimentConfig, TPESearcher
 from det.reconciler.searchers.actions import Action, Close, ExitReason, ValidateAfter
 from det.reconciler.searchers.method import SearchMethod
 from det.reconciler.searchers.sampling import sample
-from det.reconciler.searchers.state import SearchState, TrialRecord
+from det.reconciler.searchers.state import COMPLETED, SearchState, TrialRecord
 
 
 @dataclass(frozen=True)
@@ -173,6 +173,70 @@ def asha_preview(searcher: AdaptiveAshaSearcher) -> list[BracketPreview]:
             n = going_on
         previews.append(BracketPreview(bracket, tuple(rungs)))
     return previews
+
+
+@dataclass(frozen=True)
+class TrialRung:
+    """Where a trial stands in an adaptive ASHA search (``trial_rungs``).
+
+    ``rung`` is the index (0 = lowest) of the rung it trains toward or last reported, in
+    bracket ``bracket``, and ``length`` that rung's absolute length (units of
+    ``max_length``). ``status``: ``running`` (toward its first rung), ``promoted`` (running
+    toward a higher rung it was promoted to), ``waiting`` (reported its rung; may yet be
+    promoted), ``stopped`` (closed or ended below the top rung), ``done`` (reported the top
+    rung). ``metric`` is the ``searcher.metric`` value that decided it, as reported (not
+    negated): for a promoted trial its result at the rung below, else its result at ``rung``;
+    None before it reports, or when it ended without a result. ``exit`` is the searcher's exit
+    record of the trial (``completed``, an early-exit reason, or None while it lives).
+    """
+
+    bracket: int
+    rung: int
+    length: int
+    status: str
+    metric: float | None
+    exit: str | None
+
+
+def trial_rungs(config: dict[str, Any], state: dict[str, Any] | None) -> dict[str, TrialRung]:
+    """Each trial's rung and status, by request id (``trials.request_id``), read from the
+    stored searcher state (``experiments.searcher_state``; the ``AdaptiveAsha`` docstring
+    gives its shape). ``config`` is the expanded experiment config. An unstarted search
+    (``state`` None) has no trials.
+
+    Raises ``ValueError`` when the config's searcher is neither ``adaptive_asha`` nor ``tpe``
+    (which keeps ASHA's state in one bracket).
+    """
+    searcher = ExperimentConfig.model_validate(config).searcher
+    if isinstance(searcher, TPESearcher):
+        searcher = searcher.as_asha()
+    if not isinstance(searcher, AdaptiveAshaSearcher):
+        raise ValueError(f"searcher {searcher.name!r} has no rungs; expected adaptive_asha")
+    if state is None:
+        return {}
+    brackets = asha_brackets(searcher)
+    sign = 1.0 if searcher.smaller_is_better else -1.0
+    method = state["method_state"]
+    out = {}
+    for trial in state["trials"]:
+        rid = trial["request_id"]
+        info = method["trials"][rid]
+        b, rung = info["bracket"], info["rung"]
+        lengths = brackets[b].rungs
+        results = method["brackets"][b]["rungs"]
+        decided_at = rung - 1 if info["running"] and rung > 0 else rung
+        entry = next((e for e in results[decided_at] if e["id"] == rid), None)
+        if info["running"]:
+            status = "promoted" if rung > 0 else "running"
+        elif rung == len(lengths) - 1 and entry is not None and trial["exit"] in (None, COMPLETED):
+            status = "done"
+        elif trial["closed"] or trial["exit"] is not None:
+            status = "stopped"
+        else:
+            status = "waiting"
+        metric = None if entry is None or entry["metric"] is None else sign * entry["metric"]
+        out[rid] = TrialRung(b, rung, lengths[rung], status, metric, trial["exit"])
+    return out
 
 
 def _rank_key(entry: dict[str, Any]) -> tuple[bool, float]:
@@ -340,8 +404,13 @@ class AdaptiveAsha(SearchMethod):
         info["running"] = True
         return [ValidateAfter(entry["id"], self.brackets[b].rungs[info["rung"]])]
 
+    def new_hparams(self, state: SearchState) -> dict[str, Any]:
+        """The hyperparameters of a new trial: a random sample. Called once per created trial,
+        just before it is appended to ``state.trials``; ``tpe`` overrides it."""
+        return sample(self.config.hyperparameters, state.rng)
+
     def _create(self, state: SearchState, b: int) -> list[Action]:
-        hparams = sample(self.config.hyperparameters, state.rng)
+        hparams = self.new_hparams(state)
         actions = state.create(hparams, self.brackets[b].rungs[0])
         state.method_state["trials"][state.trials[-1].request_id] = {
             "bracket": b,

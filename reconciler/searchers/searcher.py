@@ -28,12 +28,14 @@ from det.reconciler.searchers.method import SearchMethod
 from det.reconciler.searchers.random_search import RandomSearch
 from det.reconciler.searchers.rng import new_rng
 from det.reconciler.searchers.state import COMPLETED, SearchState
+from det.reconciler.searchers.tpe import TPE
 
 METHODS: dict[str, type[SearchMethod]] = {
     "single": RandomSearch,
     "random": RandomSearch,
     "grid": GridSearch,
     "adaptive_asha": AdaptiveAsha,
+    "tpe": TPE,
 }
 """``searcher.name`` -> its search method."""
 

@@ -9,7 +9,17 @@ import sys
 import psycopg
 import typer
 
-from det.cli import checkpoints, cluster, experiments, pools, preview, queue, simulate, trials
+from det.cli import (
+    agents,
+    checkpoints,
+    cluster,
+    experiments,
+    pools,
+    preview,
+    queue,
+    simulate,
+    trials,
+)
 from det.errors import DetError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -26,7 +36,11 @@ cluster.cluster_app.add_typer(pools.config_app, name="config",
 app.add_typer(pools.pool_app, name="resource-pool", help="Resource pools.")
 app.add_typer(queue.app, name="job", help="The job queue: order, priorities, why a job waits.")
 app.add_typer(cluster.db_app, name="db", help="Database schema.")
-app.add_typer(cluster.agent_app, name="agent", help="Run an agent on this host.")
+app.add_typer(cluster.agent_app, name="agent", help="Run, list and drain agents.")
+cluster.agent_app.command("list")(agents.list_agents)
+cluster.agent_app.command("enable")(agents.enable)
+cluster.agent_app.command("disable")(agents.disable)
+app.add_typer(agents.slot_app, name="slot", help="List and drain slots.")
 app.command("reconcile")(cluster.reconcile)
 queue.app.command("simulate")(simulate.simulate)
 app.command("preview-search")(preview.preview_search)

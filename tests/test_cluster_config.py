@@ -89,3 +89,30 @@ tasks:
     f.write_text("agents: [{id: a1}]\n")
     r = det("job", "simulate", "--scenario", str(f), check=False)
     assert r.returncode == 1 and "agents[0].slots" in r.stderr
+
+
+def test_drained_agents_and_slots_take_no_new_work(det, conn, tmp_path: Path) -> None:
+    conn.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', "
+                 "'[{\"slot_id\": 0, \"type\": \"cpu\"}, {\"slot_id\": 1, \"type\": \"cpu\"}]')")
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "model_def.py").write_text("class MyTrial:\n    pass\n")
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text("name: two\nentrypoint: model_def:MyTrial\nresources: {slots_per_trial: 2}\n"
+                   "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n")
+    det("slot", "disable", "a1", "1")
+    assert [s["enabled"] for s in json.loads(det("slot", "list", "--json").stdout)] == [True,
+                                                                                       False]
+    det("experiment", "create", str(cfg), str(ctx))
+    det("agent", "disable", "a1")
+    det("reconcile", "--once")
+    assert "pool has no agents" in det("job", "explain", "1").stdout
+    det("agent", "enable", "a1")
+    det("reconcile", "--once")
+    assert "needs 2 slots but the pool has 1" in det("job", "explain", "1").stdout
+    det("slot", "enable", "a1", "1")
+    det("reconcile", "--once")
+    assert conn.execute("SELECT state::text AS s FROM allocations").fetchone()["s"] == "ASSIGNED"
+    assert json.loads(det("agent", "list", "--json").stdout)[0]["used"] == 2
+    r = det("agent", "disable", "nope", check=False)
+    assert r.returncode == 1 and "agent nope not found" in r.stderr

@@ -1,0 +1,86 @@
+"""``det agent list | enable | disable`` and ``det slot list | enable | disable``.
+
+Disabling drains (spec: system-architecture, Agent): work already running finishes, the
+scheduler places nothing new there. Both go through SQL functions (migration 2).
+"""
+
+import typer
+
+from det.cli.cluster import AGENTS
+from det.cli.output import print_json, print_table
+from det.cli.session import db
+
+slot_app = typer.Typer(no_args_is_help=True)
+
+SLOTS = """
+SELECT agent_id, slot_id, type, device_name, enabled, resource_pool, agent_state::text,
+       allocation_id, trial_id
+  FROM reporting.slot_usage
+ WHERE %(agent)s::text IS NULL OR agent_id = %(agent)s
+ ORDER BY agent_id, slot_id
+"""
+
+
+def list_agents(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Agents: pool, state, runtime, slots and how many are in use."""
+    with db() as conn:
+        rows = conn.execute(AGENTS).fetchall()
+    if json_:
+        print_json(rows)
+        return
+    print_table(rows, ["id", "hostname", "resource_pool", "state", "runtime", "slots", "used",
+                       "last_heartbeat"],
+                ["Agent", "Host", "Pool", "State", "Runtime", "Slots", "Used", "Heartbeat"])
+
+
+def _set_agent(agent_id: str, enabled: bool) -> None:
+    with db() as conn:
+        state = conn.execute("SELECT det_agent_set_enabled(%s, %s)::text AS s",
+                             (agent_id, enabled)).fetchone()["s"]
+    typer.echo(f"Agent {agent_id}: {state}")
+
+
+def enable(agent_id: str = typer.Argument(..., metavar="AGENT_ID")) -> None:
+    """Let the scheduler place work on this agent again."""
+    _set_agent(agent_id, True)
+
+
+def disable(agent_id: str = typer.Argument(..., metavar="AGENT_ID")) -> None:
+    """Drain this agent: running work finishes, nothing new lands."""
+    _set_agent(agent_id, False)
+
+
+@slot_app.command("list")
+def list_slots(
+    agent_id: str = typer.Option(None, "--agent", help="Only this agent's slots."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Slots: device, enabled, and the allocation and trial holding each."""
+    with db() as conn:
+        rows = conn.execute(SLOTS, {"agent": agent_id}).fetchall()
+    if json_:
+        print_json(rows)
+        return
+    print_table(rows, ["agent_id", "slot_id", "type", "device_name", "enabled", "resource_pool",
+                       "allocation_id", "trial_id"],
+                ["Agent", "Slot", "Type", "Device", "Enabled", "Pool", "Allocation", "Trial"])
+
+
+def _set_slot(agent_id: str, slot_id: int, enabled: bool) -> None:
+    with db() as conn:
+        conn.execute("SELECT det_slot_set_enabled(%s, %s, %s)", (agent_id, slot_id, enabled))
+    typer.echo(f"Agent {agent_id} slot {slot_id}: {'enabled' if enabled else 'disabled'}")
+
+
+@slot_app.command("enable")
+def enable_slot(agent_id: str = typer.Argument(..., metavar="AGENT_ID"),
+                slot_id: int = typer.Argument(..., metavar="SLOT")) -> None:
+    """Let the scheduler use this slot again."""
+    _set_slot(agent_id, slot_id, True)
+
+
+@slot_app.command("disable")
+def disable_slot(agent_id: str = typer.Argument(..., metavar="AGENT_ID"),
+                 slot_id: int = typer.Argument(..., metavar="SLOT")) -> None:
+    """Drain one slot: work holding it runs on, nothing new lands on it."""
+    _set_slot(agent_id, slot_id, False)

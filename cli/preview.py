@@ -38,10 +38,7 @@ def preview_search(
     searcher = config.searcher
     if isinstance(searcher, AdaptiveAshaSearcher | TPESearcher):
         asha = searcher if isinstance(searcher, AdaptiveAshaSearcher) else searcher.as_asha()
-        try:
-            brackets = asha_preview(asha)
-        except ValueError as e:  # max_time: valid, but not runnable yet
-            raise ConfigError("searcher", str(e), str(config_file)) from None
+        brackets = asha_preview(asha)
         unit = searcher.max_length.unit if searcher.max_length else ""
         rows = [
             {

@@ -3,7 +3,8 @@
 ``single``, ``random`` and ``grid`` run every trial to ``max_length`` (required here, since
 det's harness trains to the searcher's ``ValidateAfter`` target); ``adaptive_asha`` trains
 trials to rung lengths up to ``max_length`` (``reconciler/searchers/asha.py``). Its
-``max_time`` + ``time_metric`` (the reference's 0.38 length) are validated here but not run yet.
+``max_time`` + ``time_metric`` (the reference's 0.38 length) become ``max_length`` when the
+time metric is batches, records or epochs.
 ``tpe`` (det's own, not in the reference) proposes hyperparameters from the results so far,
 with adaptive ASHA's early stopping optional (``reconciler/searchers/tpe.py``).
 """
@@ -13,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
-from det.configs.length import Length
+from det.configs.length import UNITS, Length
 
 
 class _SearcherBase(BaseModel):
@@ -79,6 +80,30 @@ class AdaptiveAshaSearcher(_SearcherBase):
     max_length: Length | None = None
     max_time: Annotated[int, Field(ge=1)] | None = None
     time_metric: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _time_as_length(cls, data: Any) -> Any:
+        """``max_time: N`` with ``time_metric`` batches, records or epochs is the length
+        ``{time_metric: N}`` (the reference's 0.38 form, §1.7): it fills ``max_length``, which
+        the searcher and the harness read. Other time metrics would need trials that train
+        toward a value of an arbitrary metric, which det's trainer does not do."""
+        if not isinstance(data, dict) or data.get("max_time") is None:
+            return data
+        metric = data.get("time_metric")
+        if metric is None:
+            return data  # the after-validator names the missing key
+        if metric not in UNITS:
+            raise PydanticCustomError(
+                "asha_time", "expected batches, records or epochs (det trains to lengths in "
+                "those units), got '{metric}'",
+                {"metric": metric, "dotted_path": "searcher.time_metric"})
+        length = {metric: data["max_time"]}
+        if data.get("max_length") not in (None, length):
+            raise PydanticCustomError(
+                "asha_time", "give max_length or max_time with time_metric, not both",
+                {"dotted_path": "searcher.max_length"})
+        return {**data, "max_length": length}
 
     @model_validator(mode="after")
     def _needs_a_length(self) -> "AdaptiveAshaSearcher":

@@ -17,7 +17,6 @@ from det.reconciler.searchers import (
     Close,
     Create,
     Event,
-    SearcherError,
     Shutdown,
     TrialExited,
     TrialExitedEarly,
@@ -126,12 +125,12 @@ def test_preview_counts_trials_per_rung_and_units() -> None:
     assert [p.units for p in previews] == [9 * 62 + 2 * 250 + 1000, 3 * 250 + 1000]
 
 
-def test_max_time_is_refused_by_the_searcher_and_the_preview() -> None:
-    config = make_config(max_trials=4, max_time=100, time_metric="batches")
-    with pytest.raises(SearcherError, match="max_time is not supported yet"):
-        searcher_step(config, None, [])
-    with pytest.raises(ValueError, match="max_time"):
-        asha_preview(searcher_of(config))
+def test_max_time_in_batches_is_the_same_search_as_max_length() -> None:
+    """§1.7: max_time with time_metric batches is the length {batches: max_time}."""
+    by_time = make_config(max_trials=4, max_time=100, time_metric="batches", max_length=None)
+    by_length = make_config(max_trials=4, max_length={"batches": 100})
+    assert searcher_step(by_time, None, [])[1] == searcher_step(by_length, None, [])[1]
+    assert by_time["searcher"]["max_length"] == {"batches": 100}
 
 
 # --- promotion (stop_once: false) ---------------------------------------------------------

@@ -215,6 +215,10 @@ ASHA = ASHA_HEAD + "max_trials: 2, "
             "searcher.max_time",
             "required when searcher.time_metric is set",
         ),
+        (ASHA_HEAD.replace("max_length: {batches: 8}, ", "")
+         + "max_trials: 2, max_time: 9, time_metric: loss_time}", "searcher.time_metric",
+         "expected batches, records or epochs"),
+        (ASHA + "max_time: 9, time_metric: batches}", "searcher.max_length", "not both"),
         (ASHA + "bracket_rungs: [2, 0]}", "searcher.bracket_rungs[1]", ">= 1"),
         (ASHA + "stop_once: maybe}", "searcher.stop_once", "expected true or false"),
         ("entrypoint: x\nresources: {priority: 100}\n" + SEARCHER, "resources.priority", "99"),

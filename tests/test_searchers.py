@@ -243,11 +243,10 @@ def test_event_for_unknown_trial_is_an_error() -> None:
         searcher_step(config, state, [TrialExited("no-such-trial")])
 
 
-def test_max_time_is_refused_until_supported() -> None:
-    config = make_config(
-        {"name": "adaptive_asha", "max_trials": 4, "max_time": 10, "time_metric": "batches"}
-    )
-    with pytest.raises(SearcherError, match="adaptive_asha"):
+def test_a_method_that_cannot_run_its_config_is_a_searcher_error() -> None:
+    config = make_config({"name": "tpe", "max_trials": 4, "max_length": {"batches": 10}})
+    config["hyperparameters"] = {"a.b": 1, "a": {"b": {"type": "int", "minval": 0, "maxval": 3}}}
+    with pytest.raises(SearcherError, match="tpe"):
         searcher_step(config, None, [])
 
 

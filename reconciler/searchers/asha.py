@@ -88,13 +88,9 @@ class BracketPreview:
 
 
 def max_length(searcher: AdaptiveAshaSearcher) -> int:
-    """The top rung length ``L``, in the unit of ``searcher.max_length``.
-
-    Raises ``ValueError`` for ``max_time``: det's trials count only batches, records or
-    epochs, in the unit of ``max_length``, so a length in an arbitrary metric cannot run yet.
-    """
-    if searcher.max_time is not None or searcher.max_length is None:
-        raise ValueError("max_time is not supported yet; set searcher.max_length instead")
+    """The top rung length ``L``, in the unit of ``searcher.max_length`` (which a
+    ``max_time`` in batches, records or epochs fills: ``configs/searcher.py``)."""
+    assert searcher.max_length is not None, "the config model always fills max_length"
     return searcher.max_length.value
 
 
@@ -159,8 +155,7 @@ def asha_preview(searcher: AdaptiveAshaSearcher) -> list[BracketPreview]:
     """Each bracket with, per rung, the trials that train to it and stop there.
 
     As the reference's ``Simulate`` (§1.7): of ``n`` trials at a rung below the top,
-    ``max(int(n / d), 1)`` continue; all stop at the top rung. Raises ``ValueError`` for
-    ``max_time`` (see ``max_length``).
+    ``max(int(n / d), 1)`` continue; all stop at the top rung.
     """
     previews = []
     for bracket in asha_brackets(searcher):

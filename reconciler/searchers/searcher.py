@@ -4,7 +4,8 @@ Common machinery of every method (reference-facts §1.2): bookkeeping of trials,
 repeated or late events, and the shutdown rule (when every requested trial has exited:
 ``Shutdown(failure=all errored, cancel=all canceled)``). Methods are looked up by
 ``searcher.name`` in ``METHODS``. A method's constructor raises ``ValueError`` for a valid
-config it cannot run (adaptive ASHA's ``max_time``); that becomes a ``SearcherError``.
+config it cannot run (``tpe`` hyperparameter names that collide once flattened); that
+becomes a ``SearcherError``.
 """
 
 import copy

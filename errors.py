@@ -39,3 +39,7 @@ class StateError(DetError):
 
 class DatabaseError(DetError):
     """The database cannot be reached or answered with an error a user should see."""
+
+
+class ImageError(DetError):
+    """The default task image cannot be built: no base image, no wheels, or a failed step."""

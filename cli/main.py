@@ -14,6 +14,7 @@ from det.cli import (
     checkpoints,
     cluster,
     experiments,
+    image,
     pools,
     preview,
     queue,
@@ -36,6 +37,7 @@ cluster.cluster_app.add_typer(pools.config_app, name="config",
 app.add_typer(pools.pool_app, name="resource-pool", help="Resource pools.")
 app.add_typer(queue.app, name="job", help="The job queue: order, priorities, why a job waits.")
 app.add_typer(cluster.db_app, name="db", help="Database schema.")
+app.add_typer(image.app, name="image", help="Build the default task image.")
 app.add_typer(cluster.agent_app, name="agent", help="Run, list and drain agents.")
 cluster.agent_app.command("list")(agents.list_agents)
 cluster.agent_app.command("enable")(agents.enable)

@@ -1,0 +1,86 @@
+"""The default task image: the commands and build args chosen (pure), and a real image built
+offline (debootstrap, no registry) that imports det and torch."""
+
+import os
+import shutil
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+import det
+from det.agent import image
+
+
+def test_offline_and_online_differ_only_in_base() -> None:
+    online, offline = image.build_args(offline=False), image.build_args(offline=True)
+    assert online == {"BASE": "python:3.11-slim", "DET_VERSION": det.__version__}
+    assert offline == {**online, "BASE": "det/base:bookworm"}
+    assert f"det/task:{det.__version__}-cpu" == image.DEFAULT_IMAGE
+
+
+def test_wheels_are_det_with_torch_from_its_source_tree_and_the_hosts_torch(
+        tmp_path: Path) -> None:
+    cmd = image.wheel_command(tmp_path / "ctx", tmp_path / "cache")
+    assert cmd[1:4] == ["-m", "pip", "wheel"]
+    assert cmd[cmd.index("--wheel-dir") + 1] == str(tmp_path / "ctx")
+    # The cache is a source, so a second build downloads nothing it already has.
+    assert cmd[cmd.index("--find-links") + 1] == str(tmp_path / "cache")
+    src = Path(det.__file__).resolve().parent
+    assert (src / "pyproject.toml").is_file()
+    torch = pytest.importorskip("torch")
+    # The host's torch build (here +cpu), not the index's newest.
+    assert cmd[-2:] == [f"{src}[torch]", f"torch=={torch.__version__}"]
+
+
+def test_debootstrap_command_mirror_from_argument_then_env(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DET_DEBIAN_MIRROR", raising=False)
+    cmd = image.debootstrap_command(tmp_path)
+    assert cmd == ["debootstrap", "--variant=minbase",
+                   "--include=python3,python3-venv,ca-certificates", "bookworm", str(tmp_path),
+                   "http://deb.debian.org/debian"]
+    monkeypatch.setenv("DET_DEBIAN_MIRROR", "http://mirror.example/debian")
+    assert image.debootstrap_command(tmp_path)[-1] == "http://mirror.example/debian"
+    assert image.debootstrap_command(tmp_path, "http://m/d")[-1] == "http://m/d"
+
+
+def test_dockerfile_is_package_data() -> None:
+    assert image.DOCKERFILE.is_file()
+    assert "ARG BASE" in image.DOCKERFILE.read_text()
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> docker.DockerClient:
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as e:
+        pytest.skip(f"no Docker engine answers: {e}")
+    return client
+
+
+@pytest.fixture(scope="session")
+def task_image(docker_client) -> str:
+    tarball = image.image_dir() / f"rootfs-{image.SUITE}.tar"
+    if not (docker_client.images.list(image.DEFAULT_IMAGE)
+            or docker_client.images.list(image.OFFLINE_BASE) or tarball.is_file()):
+        if shutil.which("debootstrap") is None:
+            pytest.skip("the task image is missing and debootstrap is not installed")
+        if os.geteuid() != 0:
+            pytest.skip("the task image is missing and building it offline needs root")
+    return image.ensure_default_image(docker_client)
+
+
+def test_task_image_imports_det_and_torch(docker_client, task_image: str) -> None:
+    out = docker_client.containers.run(
+        task_image, ["python3", "-c", "import det.harness, torch, psycopg, sys; "
+                     "print(sys.version_info[:2] == (3, 11), torch.__version__, sys.executable)"],
+        remove=True, network_mode="none").decode()
+    is_311, torch_version, executable = out.split()
+    assert is_311 == "True"
+    assert torch_version.startswith("2.")
+    assert executable == "/opt/det/venv/bin/python3"
+    labels = docker_client.images.get(task_image).labels
+    assert labels["ai.det.version"] == det.__version__

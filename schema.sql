@@ -998,3 +998,33 @@ BEGIN
     UPDATE allocations SET out_of_work = true WHERE id = a.id;
     RETURN NULL;
 END $$;
+
+-- migration: 5 allocation_running_time
+
+ALTER TABLE allocations ADD COLUMN running_at timestamptz;
+COMMENT ON COLUMN allocations.running_at IS
+    'When the agent reported the task running (its process or container started): with '
+    'started_at (the claim, before any image pull or container creation) it tells how long a '
+    'runtime took to start the task.';
+
+CREATE OR REPLACE FUNCTION det_agent_report(
+    p_agent text, p_allocation bigint, p_state allocation_state,
+    p_exit_code integer DEFAULT NULL, p_reason text DEFAULT NULL
+) RETURNS void LANGUAGE plpgsql AS $$
+-- The agent reports what it observed of an allocation it runs. TERMINATED releases the slots
+-- and records the exit code and reason; the reconciler settles the trial afterwards.
+BEGIN
+    UPDATE allocations
+       SET state = greatest(state, p_state),
+           exit_code = CASE WHEN p_state = 'TERMINATED' THEN p_exit_code ELSE exit_code END,
+           exit_reason = CASE WHEN p_state = 'TERMINATED' THEN p_reason ELSE exit_reason END,
+           ended_at = CASE WHEN p_state = 'TERMINATED' THEN coalesce(ended_at, now()) END,
+           running_at = CASE WHEN p_state = 'RUNNING' THEN coalesce(running_at, now())
+                             ELSE running_at END
+     WHERE id = p_allocation AND agent_id = p_agent AND state <> 'TERMINATED';
+    IF p_state = 'TERMINATED' THEN
+        UPDATE allocation_slots SET released = true
+         WHERE allocation_id = p_allocation AND NOT released;
+        PERFORM pg_notify('det_reconciler', 'allocation');
+    END IF;
+END $$;

@@ -1,20 +1,20 @@
 """The agent's loop: each wake-up is a small reconciliation of what the database assigns to
 this agent against the tasks it runs (DESIGN.md, "Agents").
 
-* assigned, desired RUNNING, not running here: claim a token, unpack the context, launch;
+* assigned, desired RUNNING, not running here: fetch what the task needs (its image; state
+  PULLING meanwhile), claim a token, unpack the context, launch through the runtime;
 * running here, desired KILLED: SIGTERM, grace period, SIGKILL (desired STOPPED is the task's
   own business: the harness sees it through ``should_preempt()``, checkpoints and exits);
-* assigned here but unknown to this process (the agent restarted; its tasks died with it):
-  report the run ended, so the reconciler restarts the trial from its checkpoint;
-* ended here: flush its logs, report TERMINATED with exit code and reason.
+* assigned here but unknown to this process and not adopted at start (the agent restarted and
+  its tasks died with it): report the run ended, so the reconciler restarts the trial from
+  its checkpoint;
+* ended here: flush its logs, report TERMINATED with exit code and reason, remove its remains.
 It wakes on NOTIFY ``agent_<id>`` and also polls, so a lost notification only delays work.
 """
 
 import logging
-import os
 import shutil
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +25,11 @@ from psycopg import sql
 from det import context
 from det.agent.devices import Slot
 from det.agent.logs import LogShipper
-from det.agent.process import ProcessTask, exit_reason
+from det.agent.process import ProcessRuntime
+from det.agent.runtime import Launch, Runtime, Task
 from det.configs import entrypoint_argv, env_for_device
 from det.db import connect
+from det.errors import DetError
 
 log = logging.getLogger("det.agent")
 
@@ -35,10 +37,20 @@ log = logging.getLogger("det.agent")
 KILL_GRACE = 10.0
 
 ASSIGNMENTS = """
-SELECT a.id, a.desired_state::text AS desired, a.state::text AS state, a.spec
+SELECT a.id, a.desired_state::text AS desired, a.state::text AS state, a.spec,
+       array(SELECT h.slot_id FROM allocation_slots h
+              WHERE h.allocation_id = a.id AND NOT h.released ORDER BY h.slot_id) AS slot_ids
   FROM allocations a
  WHERE a.agent_id = %(agent)s AND a.state <> 'TERMINATED'
  ORDER BY a.id
+"""
+
+# Live allocations of this agent with the time of their last shipped log line, for adoption.
+LIVE_HERE = """
+SELECT a.id, (SELECT l.ts FROM task_logs l WHERE l.allocation_id = a.id
+               ORDER BY l.id DESC LIMIT 1) AS last_log
+  FROM allocations a
+ WHERE a.agent_id = %(agent)s AND a.state <> 'TERMINATED'
 """
 
 CONTEXT_BLOB = "SELECT data FROM context_blobs WHERE id = %(id)s"
@@ -47,13 +59,32 @@ CONTEXT_BLOB = "SELECT data FROM context_blobs WHERE id = %(id)s"
 @dataclass
 class AgentSettings:
     """``agent_id``: unique name (default: the hostname); ``pool``: its resource pool;
-    ``work_dir``: where task directories live; ``heartbeat``/``poll``: seconds."""
+    ``work_dir``: where task directories live; ``runtime``: ``docker``, ``process``, or None
+    for docker when an engine answers, else process; ``heartbeat``/``poll``: seconds."""
 
     agent_id: str
     pool: str
     work_dir: Path
+    runtime: str | None = None
     heartbeat: float = 5.0
     poll: float = 1.0
+
+
+def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
+                   device_type: str) -> Runtime:
+    """The runtime ``name`` asks for; raises ``RuntimeUnavailable`` when docker is asked for
+    and no engine answers. With no name: docker if an engine answers, else process."""
+    if name == "process":
+        return ProcessRuntime(logs)
+    from det.agent.containers import DockerRuntime, RuntimeUnavailable
+
+    try:
+        return DockerRuntime.connect(logs, agent_id, url, device_type)
+    except RuntimeUnavailable as e:
+        if name == "docker":
+            raise
+        log.info("%s; running tasks as processes", e)
+        return ProcessRuntime(logs)
 
 
 class Agent:
@@ -64,23 +95,34 @@ class Agent:
         self.s = settings
         self.slots = slots
         self.device_type = slots[0].type if slots else "cpu"
-        self.tasks: dict[int, ProcessTask] = {}
+        self.tasks: dict[int, Task] = {}
         self.conn = connect(url, autocommit=True)
         self.logs = LogShipper(url)
+        self.runtime = choose_runtime(settings.runtime, self.logs, settings.agent_id, url,
+                                      self.device_type)
         self._last_heartbeat = 0.0
 
     def register(self) -> None:
         self.conn.execute(
-            "SELECT det_agent_register(%s, %s, %s, 'process', %s)",
-            (self.s.agent_id, socket.gethostname(), self.s.pool,
+            "SELECT det_agent_register(%s, %s, %s, %s, %s)",
+            (self.s.agent_id, socket.gethostname(), self.s.pool, self.runtime.name,
              psycopg.types.json.Jsonb([s.as_row() for s in self.slots])))
         self.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"agent_{self.s.agent_id}")))
-        log.info("agent %s registered %d %s slot(s) in pool %s", self.s.agent_id,
-                 len(self.slots), self.device_type, self.s.pool)
+        log.info("agent %s registered %d %s slot(s) in pool %s; runtime %s", self.s.agent_id,
+                 len(self.slots), self.device_type, self.s.pool, self.runtime.name)
+
+    def adopt(self) -> None:
+        """Take over the tasks a previous run of this agent left running (containers)."""
+        live = {r["id"]: r["last_log"]
+                for r in self.conn.execute(LIVE_HERE, {"agent": self.s.agent_id})}
+        for alloc_id, task in self.runtime.adopt(self.s.agent_id, live).items():
+            self.tasks[alloc_id] = task
+            self._report(alloc_id, "RUNNING")
 
     def run(self, stop_after: float | None = None) -> None:
         """Serve until interrupted (or for ``stop_after`` seconds, for tests)."""
         self.register()
+        self.adopt()
         end = None if stop_after is None else time.monotonic() + stop_after
         try:
             while end is None or time.monotonic() < end:
@@ -117,36 +159,52 @@ class Agent:
                 self._report(row["id"], "TERMINATED", None,
                              "agent restarted; the task was lost with it")
         for alloc_id, task in list(self.tasks.items()):
-            code = task.poll()
-            if code is not None:
+            end = task.poll()
+            if end is not None:
                 self.logs.flush()
-                self._report(alloc_id, "TERMINATED", code, exit_reason(code, task.killed))
+                self._report(alloc_id, "TERMINATED", end.code, end.reason)
                 del self.tasks[alloc_id]
+                task.remove()
                 shutil.rmtree(self._task_dir(alloc_id), ignore_errors=True)
 
     def _launch(self, row: dict) -> None:
         alloc_id, spec = row["id"], row["spec"]
+        try:
+            fetching = self.runtime.fetch(alloc_id, spec)
+        except Exception as e:  # the engine refused even to look
+            self._report(alloc_id, "TERMINATED", None, f"launch failed: {e}")
+            return
+        if fetching is not None:
+            if not fetching.done():
+                if row["state"] == "ASSIGNED":
+                    self._report(alloc_id, "PULLING")
+                return
+            if fetching.exception() is not None:
+                self._report(alloc_id, "TERMINATED", None, str(fetching.exception()))
+                return
         token = self.conn.execute("SELECT det_agent_claim(%s, %s) AS token",
                                   (self.s.agent_id, alloc_id)).fetchone()["token"]
         if token is None:
             return
         try:
-            workdir = self._prepare_dir(alloc_id, spec.get("context_id"))
-            env = {**os.environ,
-                   **env_for_device(spec.get("environment") or {}, self.device_type),
+            env = {**env_for_device(spec.get("environment") or {}, self.device_type),
                    "DET_DB_URL": self.url, "DET_ALLOCATION_ID": str(alloc_id),
                    "DET_ALLOCATION_TOKEN": token, "DET_AGENT_ID": self.s.agent_id,
                    "DET_TRIAL_ID": str(spec.get("trial_id", "")),
                    "DET_EXPERIMENT_ID": str(spec.get("experiment_id", "")),
                    "PYTHONUNBUFFERED": "1"}
-            argv = entrypoint_argv(spec["entrypoint"], sys.executable)
-            self.tasks[alloc_id] = ProcessTask(alloc_id, argv, env, workdir, self.logs)
+            by_id = {s.slot_id: s for s in self.slots}
+            launch = Launch(alloc_id, entrypoint_argv(spec["entrypoint"], self.runtime.python),
+                            env, self._prepare_dir(alloc_id, spec.get("context_id")), spec,
+                            [by_id[i] for i in row["slot_ids"] if i in by_id])
+            self.tasks[alloc_id] = self.runtime.launch(launch)
         except Exception as e:  # any launch failure ends the run with a readable reason
-            log.exception("allocation %s: launch failed", alloc_id)
+            log.error("allocation %s: launch failed", alloc_id,
+                      exc_info=not isinstance(e, DetError))
             self._report(alloc_id, "TERMINATED", None, f"launch failed: {e}")
             return
         self._report(alloc_id, "RUNNING")
-        log.info("allocation %s: started %s", alloc_id, " ".join(argv))
+        log.info("allocation %s: started %s", alloc_id, " ".join(launch.argv))
 
     def _task_dir(self, alloc_id: int) -> Path:
         return self.s.work_dir / "tasks" / str(alloc_id)
@@ -178,11 +236,12 @@ class Agent:
         for task in self.tasks.values():
             task.kill(0)
         for alloc_id, task in self.tasks.items():
-            while (code := task.poll()) is None:
+            while (end := task.poll()) is None:
                 time.sleep(0.05)
                 task.kill(0)
             self.logs.flush()
-            self._report(alloc_id, "TERMINATED", code, "agent shut down")
+            self._report(alloc_id, "TERMINATED", end.code, "agent shut down")
+            task.remove()
         self.tasks.clear()
         self.logs.close()
         self.conn.close()

@@ -11,11 +11,14 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from det.agent.logs import LogShipper
+from det.agent.runtime import Exit, Launch
 
 # The task's wrapper: runs the context's startup-hook.sh (sourced, so its exports reach the
 # task; spec: run-training-code, Get Ready), then the entrypoint as its child, and returns its
@@ -67,15 +70,15 @@ class ProcessTask:
     def killed(self) -> bool:
         return self._kill_deadline is not None
 
-    def poll(self) -> int | None:
-        """The exit code once the task has ended and its output is read, else None.
-        A task killed by signal N reports -N."""
+    def poll(self) -> Exit | None:
+        """The task's end once it has ended and its output is read, else None. A task
+        killed by signal N reports code -N."""
         code = self._proc.poll()
         if code is None:
             return None
         for t in self._readers:
             t.join()
-        return code
+        return Exit(code, exit_reason(code, self.killed))
 
     def kill(self, grace: float) -> None:
         """SIGTERM the task's process group now and SIGKILL it once ``grace`` seconds have
@@ -90,6 +93,33 @@ class ProcessTask:
     def _signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._proc.pid, sig)
+
+    def remove(self) -> None:
+        """Nothing outlives the process but its directory, which the agent removes."""
+
+
+class ProcessRuntime:
+    """Tasks as child processes of the agent, under the agent's own Python. CUDA slots are
+    handed over as ``CUDA_VISIBLE_DEVICES`` (by uuid), so a task sees only its devices."""
+
+    name = "process"
+    python = sys.executable
+
+    def __init__(self, logs: LogShipper) -> None:
+        self.logs = logs
+
+    def fetch(self, allocation_id: int, spec: dict[str, Any]) -> None:
+        return None  # a process needs nothing beyond the context
+
+    def launch(self, launch: Launch) -> ProcessTask:
+        env = {**os.environ, **launch.env}
+        gpus = [s.device_uuid for s in launch.slots if s.type == "cuda" and s.device_uuid]
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        return ProcessTask(launch.allocation_id, launch.argv, env, launch.workdir, self.logs)
+
+    def adopt(self, agent_id: str, live: dict[int, Any]) -> dict[int, ProcessTask]:
+        return {}  # processes die with the agent that started them (see _WRAPPER)
 
 
 def exit_reason(code: int, killed: bool) -> str | None:

@@ -155,6 +155,9 @@ def agent_run(
     slots: int = typer.Option(None, help="CPU slots to offer when no GPU is found "
                                          "(default: CPU count)."),
     work_dir: Path = typer.Option(None, help="Task directories (default: <det home>/agent)."),
+    runtime: str = typer.Option(None, envvar="DET_AGENT_RUNTIME",
+                                help="docker or process (default: docker when an engine "
+                                     "answers, else process)."),
 ) -> None:
     """Run an agent: register this host's slots and run the tasks assigned to it."""
     from det.agent.daemon import Agent, AgentSettings
@@ -162,11 +165,14 @@ def agent_run(
 
     if slots is not None and slots < 0:
         raise DetError("--slots: expected a number >= 0")
+    if runtime not in (None, "docker", "process"):
+        raise DetError(f"--runtime: expected docker or process, got {runtime!r}")
     agent_id = agent_id or socket.gethostname()
     with db():
         pass
     settings = AgentSettings(agent_id=agent_id, pool=resource_pool,
-                             work_dir=work_dir or det_home() / "agent" / agent_id)
+                             work_dir=work_dir or det_home() / "agent" / agent_id,
+                             runtime=runtime)
     _exit_on_sigterm()
     Agent(database_url(), settings, discover(slots)).run()
 

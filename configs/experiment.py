@@ -40,7 +40,8 @@ _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def _parse_size(value: Any) -> Any:
-    """``shm_size``: an int (bytes) or a string such as ``"1.5G"`` (1024-based) -> bytes."""
+    """``shm_size`` / ``memory_limit``: an int (bytes) or a string such as ``"1.5G"``
+    (1024-based) -> bytes."""
     if isinstance(value, str):
         match = _SIZE_RE.match(value)
         if match is None:
@@ -56,7 +57,8 @@ def _parse_size(value: Any) -> Any:
 class Resources(BaseModel):
     """``resources`` (§3.4). ``priority`` None means the pool's default (filled at creation).
     ``resource_pool`` may be a list (beyond the spec): each trial run goes to the first pool
-    of the list that can take it now, the first pool when none can."""
+    of the list that can take it now, the first pool when none can. ``memory_limit``
+    (beyond the spec; docker runtime): the task container's memory ceiling in bytes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     slots_per_trial: Annotated[int, Field(ge=0)] = 1
@@ -66,6 +68,10 @@ class Resources(BaseModel):
     max_slots: Annotated[int, Field(ge=0)] | None = None
     shm_size: Annotated[
         Annotated[int, Field(ge=0)] | None,
+        BeforeValidator(_parse_size, json_schema_input_type=int | str | None),
+    ] = None
+    memory_limit: Annotated[
+        Annotated[int, Field(gt=0)] | None,
         BeforeValidator(_parse_size, json_schema_input_type=int | str | None),
     ] = None
 

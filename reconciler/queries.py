@@ -211,6 +211,9 @@ SELECT e.job_id, b.id, b.runs, j.resource_pool,
        coalesce((e.config #>> '{resources,slots_per_trial}')::integer, 1),
        jsonb_build_object('kind', 'trial', 'entrypoint', e.config -> 'entrypoint',
                           'environment', coalesce(e.config -> 'environment', '{}'),
+                          'bind_mounts', coalesce(e.config -> 'bind_mounts', '[]'),
+                          'resources', coalesce(e.config -> 'resources', '{}'),
+                          'checkpoint_storage', e.config -> 'checkpoint_storage',
                           'context_id', e.context_id, 'experiment_id', e.id, 'trial_id', b.id)
   FROM bumped b JOIN experiments e ON e.id = b.experiment_id JOIN jobs j ON j.id = e.job_id
 """

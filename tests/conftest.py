@@ -6,6 +6,7 @@ database; each test gets a fresh database cloned from it (``CREATE DATABASE ... 
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,10 +14,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
+import docker.errors
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from det.agent import image
 from det.db import migrate
 from det.db.embedded import ensure_running
 
@@ -80,7 +84,9 @@ def conn(db_url: str) -> Iterator[psycopg.Connection]:
 def det_env(db_url: str, tmp_path: Path) -> dict[str, str]:
     """Environment for running det processes against the test's database."""
     return {**os.environ, "DET_DB_URL": db_url, "DET_HOME": str(tmp_path / "home"),
-            "DET_USER": "tester", "PYTHONUNBUFFERED": "1"}
+            "DET_USER": "tester", "PYTHONUNBUFFERED": "1",
+            # Agents run tasks as processes unless a test asks for containers.
+            "DET_AGENT_RUNTIME": "process"}
 
 
 class Det:
@@ -131,6 +137,30 @@ def det(det_env: dict[str, str], tmp_path: Path) -> Iterator[Det]:
     d = Det(det_env, tmp_path)
     yield d
     d.stop_all()
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> docker.DockerClient:
+    """A client of the Docker engine; the test is skipped, saying why, when none answers."""
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as e:
+        pytest.skip(f"no Docker engine answers: {e}")
+    return client
+
+
+@pytest.fixture(scope="session")
+def task_image(docker_client) -> str:
+    """det's default task image, built offline (debootstrap) once if the engine lacks it."""
+    tarball = image.image_dir() / f"rootfs-{image.SUITE}.tar"
+    if not (docker_client.images.list(image.DEFAULT_IMAGE)
+            or docker_client.images.list(image.OFFLINE_BASE) or tarball.is_file()):
+        if shutil.which("debootstrap") is None:
+            pytest.skip("the task image is missing and debootstrap is not installed")
+        if os.geteuid() != 0:
+            pytest.skip("the task image is missing and building it offline needs root")
+    return image.ensure_default_image(docker_client)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):

@@ -76,6 +76,7 @@ def test_expanded_fills_defaults_and_round_trips() -> None:
         "weight": 1.0,
         "max_slots": None,
         "shm_size": None,
+        "memory_limit": None,
     }
     assert expanded["searcher"]["max_length"] == {"records": 1000}
     assert expanded["searcher"]["smaller_is_better"] is True

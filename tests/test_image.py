@@ -1,12 +1,8 @@
 """The default task image: the commands and build args chosen (pure), and a real image built
 offline (debootstrap, no registry) that imports det and torch."""
 
-import os
-import shutil
 from pathlib import Path
 
-import docker
-import docker.errors
 import pytest
 
 import det
@@ -49,28 +45,6 @@ def test_debootstrap_command_mirror_from_argument_then_env(tmp_path: Path,
 def test_dockerfile_is_package_data() -> None:
     assert image.DOCKERFILE.is_file()
     assert "ARG BASE" in image.DOCKERFILE.read_text()
-
-
-@pytest.fixture(scope="session")
-def docker_client() -> docker.DockerClient:
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as e:
-        pytest.skip(f"no Docker engine answers: {e}")
-    return client
-
-
-@pytest.fixture(scope="session")
-def task_image(docker_client) -> str:
-    tarball = image.image_dir() / f"rootfs-{image.SUITE}.tar"
-    if not (docker_client.images.list(image.DEFAULT_IMAGE)
-            or docker_client.images.list(image.OFFLINE_BASE) or tarball.is_file()):
-        if shutil.which("debootstrap") is None:
-            pytest.skip("the task image is missing and debootstrap is not installed")
-        if os.geteuid() != 0:
-            pytest.skip("the task image is missing and building it offline needs root")
-    return image.ensure_default_image(docker_client)
 
 
 def test_task_image_imports_det_and_torch(docker_client, task_image: str) -> None:

@@ -1,0 +1,129 @@
+"""Submit -> task running -> first training batch, for the docker runtime vs. the process runtime.
+
+Brings up a private cluster (embedded PostgreSQL in a temporary DET_HOME, or the database
+DET_DB_URL names, and one reconciler), then for each runtime starts one agent with it and
+submits N one-trial digits experiments one after another through ``det experiment create``,
+each training one batch (``scheduling_unit: 1``), waiting for each to end before the next. From
+the database's own clock it reads, per submission:
+
+- submit -> running: the submitting transaction to the agent's RUNNING report (process or
+  container started);
+- submit -> first batch: to the first training metrics row (one batch trained);
+- start overhead: the agent's claim of the allocation to its RUNNING report, i.e. what the
+  runtime itself costs to start a task (container creation and start, or a fork and exec).
+
+It prints p50 / p95 in milliseconds. The docker runtime needs a Docker engine and det's task
+image (``det image build --offline``); without them only the process runtime is measured.
+Figures only, no assertions.
+
+    python bench/task_start.py [--n 20] [--runtimes process,docker]
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+import yaml
+from psycopg.rows import dict_row
+
+from det.db import database_url, migrate
+
+REPO = Path(__file__).resolve().parent.parent
+DIGITS = REPO / "examples" / "digits"
+
+TIMES = """
+SELECT extract(epoch FROM a.running_at - e.start_time) * 1000 AS running,
+       extract(epoch FROM m.reported_at - e.start_time) * 1000 AS first_batch,
+       extract(epoch FROM a.running_at - a.started_at) * 1000 AS overhead
+  FROM experiments e JOIN trials t ON t.experiment_id = e.id
+  JOIN allocations a ON a.trial_id = t.id AND a.run = 1
+  JOIN LATERAL (SELECT min(reported_at) AS reported_at FROM metrics
+                 WHERE trial_id = t.id AND "group" = 'training') m ON true
+ WHERE e.id = %s AND e.state IN ('COMPLETED', 'ERROR', 'CANCELED')
+"""
+
+
+def det(*args: str, env: dict[str, str], background: bool = False):
+    cmd = [sys.executable, "-m", "det.cli.main", *args]
+    if background:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    return subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[max(0, round(q * len(ordered)) - 1)]
+
+
+def measure(runtime: str, n: int, conn, env: dict[str, str], config: Path) -> dict[str, list]:
+    agent = det("agent", "run", "--id", f"bench-{runtime}", "--slots", "1", "--runtime",
+                runtime, env=env, background=True)
+    try:
+        while not conn.execute("SELECT 1 FROM agents WHERE id = %s AND state = 'ACTIVE'",
+                               (f"bench-{runtime}",)).fetchone():
+            if agent.poll() is not None:
+                raise SystemExit(f"the {runtime} agent exited with {agent.returncode}")
+            time.sleep(0.1)
+        samples: dict[str, list] = {"running": [], "first_batch": [], "overhead": []}
+        for _ in range(n):
+            det("experiment", "create", str(config), str(DIGITS), env=env)
+            eid = conn.execute("SELECT max(id) AS id FROM experiments").fetchone()["id"]
+            while (row := conn.execute(TIMES, (eid,)).fetchone()) is None:
+                time.sleep(0.05)
+            for key in samples:
+                samples[key].append(float(row[key]))
+        return samples
+    finally:
+        agent.terminate()
+        agent.wait()
+        det("agent", "disable", f"bench-{runtime}", env=env)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=20, help="submissions per runtime (default 20)")
+    ap.add_argument("--runtimes", default="process,docker")
+    args = ap.parse_args()
+    external = bool(os.environ.get("DET_DB_URL"))
+    home = tempfile.mkdtemp(prefix="det-bench-")
+    os.environ["DET_HOME"] = home
+    url = database_url()
+    env = {**os.environ, "DET_DB_URL": url}
+    cfg = yaml.safe_load((DIGITS / "const.yaml").read_text())
+    cfg.update(name="task-start", scheduling_unit=1, max_restarts=0,
+               min_validation_period={"batches": 1})
+    cfg["searcher"]["max_length"] = {"batches": 1}
+    config = Path(home) / "task-start.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    reconciler = det("reconcile", "--interval", "0.2", env=env, background=True)
+    results = {}
+    try:
+        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+            migrate(conn)
+            for runtime in args.runtimes.split(","):
+                results[runtime] = measure(runtime, args.n, conn, env, config)
+    finally:
+        reconciler.terminate()
+        reconciler.wait()
+        if not external:
+            from det.db.embedded import stop
+
+            stop(Path(home))
+    print(f"{args.n} one-batch digits trials per runtime, one at a time, milliseconds:")
+    print(f"{'runtime':<9} {'-> running p50/p95':>20} {'-> first batch p50/p95':>24} "
+          f"{'start overhead p50/p95':>24}")
+    for runtime, s in results.items():
+        cells = [f"{statistics.median(s[k]):8.0f} / {pct(s[k], 0.95):6.0f}"
+                 for k in ("running", "first_batch", "overhead")]
+        print(f"{runtime:<9} {cells[0]:>20} {cells[1]:>24} {cells[2]:>24}")
+
+
+if __name__ == "__main__":
+    main()

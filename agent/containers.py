@@ -235,16 +235,18 @@ class DockerRuntime:
     def _pull(self, allocation_id: int, image: str, auth: dict | None) -> None:
         repo, tag = parse_repository_tag(image)
         self.logs.add(allocation_id, "det", f"pulling image {image}")
+        # det's own image is built, not published: say how to get it.
+        hint = "; build it with `det image build [--offline]`" if image == DEFAULT_IMAGE else ""
         try:
             for event in self.client.api.pull(repo, tag or "latest", stream=True, decode=True,
                                               auth_config=auth):
                 if "error" in event:
-                    raise DetError(f"cannot pull image {image}: {event['error']}")
+                    raise DetError(f"cannot pull image {image}: {event['error']}{hint}")
                 if event.get("status") and "progress" not in event:
                     self.logs.add(allocation_id, "det",
                                   " ".join(filter(None, (event.get("id"), event["status"]))))
         except docker.errors.APIError as e:
-            raise DetError(f"cannot pull image {image}: {e.explanation or e}") from e
+            raise DetError(f"cannot pull image {image}: {e.explanation or e}{hint}") from e
 
     # -- tasks --------------------------------------------------------------------------------
 

@@ -60,6 +60,8 @@ def _pid(name: str) -> int | None:
 @cluster_app.command("up")
 def up(
     slots: int = typer.Option(None, help="CPU slots of the local agent (default: CPU count)."),
+    runtime: str = typer.Option(None, help="The local agent's runtime, docker or process "
+                                           "(default: docker when an engine answers)."),
 ) -> None:
     """Start the database (embedded unless DET_DB_URL is set), a reconciler and an agent."""
     url = database_url()
@@ -73,6 +75,8 @@ def up(
         args = [sys.executable, "-m", "det.cli.main", *cmd]
         if name == "agent" and slots is not None:
             args += ["--slots", str(slots)]
+        if name == "agent" and runtime is not None:
+            args += ["--runtime", runtime]
         logfile = open(_run_dir() / f"{name}.log", "ab")  # noqa: SIM115 (handed to the child)
         proc = subprocess.Popen(args, env=env, stdout=logfile, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)

@@ -104,6 +104,44 @@ def test_restarted_agent_adopts_its_running_container(
     assert "run ended with exit code 0" in det("trial", "logs", "1").stdout
 
 
+def sleeper(det, tmp_path, agent: str, *reconcile_args: str):
+    """A one-trial experiment whose container only sleeps, on agent ``agent``; returns the
+    agent's process once the container runs."""
+    cfg = digits_config(tmp_path, **{"entrypoint": "echo started; sleep 600", "max_restarts": 0})
+    det.start("reconciler", "reconcile", "--interval", "0.5", *reconcile_args)
+    first = det.start("agent1", "agent", "run", "--id", agent, "--slots", "1",
+                      "--runtime", "docker")
+    det("experiment", "create", str(cfg), str(DIGITS))
+    return first
+
+
+def test_kill_stops_the_container_and_removes_it(det, conn, tmp_path, docker_client,
+                                                 task_image) -> None:
+    agent = agent_id()
+    sleeper(det, tmp_path, agent)
+    wait_for(lambda: containers_of(docker_client, agent, status="running"), 60, "the container")
+    det("experiment", "kill", "1")
+    assert det("experiment", "wait", "1", check=False, timeout=60).returncode == 2
+    assert run_of(conn, 1)["exit_reason"] == "killed on request"
+    wait_for(lambda: not containers_of(docker_client, agent), 30, "the container's removal")
+
+
+def test_containers_of_runs_that_ended_while_the_agent_was_down_are_removed(
+        det, conn, tmp_path, docker_client, task_image) -> None:
+    agent = agent_id()
+    # Longer than the agent's heartbeat period (5 s), so only the killed agent is lost.
+    first = sleeper(det, tmp_path, agent, "--agent-timeout", "8")
+    wait_for(lambda: containers_of(docker_client, agent, status="running"), 60, "the container")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    wait_for(lambda: run_of(conn, 1)["exit_reason"] == "agent lost", 30,
+             "the reconciler to declare the agent lost")
+    assert containers_of(docker_client, agent, status="running")  # it outlived its agent
+    det.start("agent2", "agent", "run", "--id", agent, "--slots", "1", "--runtime", "docker")
+    wait_for(lambda: not containers_of(docker_client, agent), 30, "the leftover's removal")
+    assert "removing container" in det.log("agent2")
+
+
 def test_an_image_that_cannot_be_had_fails_the_run_with_that_reason(
         det, conn, tmp_path, docker_client, task_image) -> None:
     cfg = digits_config(tmp_path, **{"environment": {"image": "det/no-such-image:0"},

@@ -1028,3 +1028,12 @@ BEGIN
         PERFORM pg_notify('det_reconciler', 'allocation');
     END IF;
 END $$;
+
+CREATE OR REPLACE VIEW reporting.slot_usage AS
+SELECT s.agent_id, s.slot_id, s.type, s.device_name, s.enabled, ag.resource_pool,
+       ag.state AS agent_state, hs.allocation_id, a.trial_id, s.device_uuid, s.memory_mb
+FROM slots s
+JOIN agents ag ON ag.id = s.agent_id
+LEFT JOIN allocation_slots hs ON hs.agent_id = s.agent_id AND hs.slot_id = s.slot_id
+                             AND NOT hs.released
+LEFT JOIN allocations a ON a.id = hs.allocation_id;

@@ -13,8 +13,8 @@ from det.cli.session import db
 slot_app = typer.Typer(no_args_is_help=True)
 
 SLOTS = """
-SELECT agent_id, slot_id, type, device_name, enabled, resource_pool, agent_state::text,
-       allocation_id, trial_id
+SELECT agent_id, slot_id, type, device_name, device_uuid, memory_mb, enabled, resource_pool,
+       agent_state::text, allocation_id, trial_id
   FROM reporting.slot_usage
  WHERE %(agent)s::text IS NULL OR agent_id = %(agent)s
  ORDER BY agent_id, slot_id
@@ -55,15 +55,17 @@ def list_slots(
     agent_id: str = typer.Option(None, "--agent", help="Only this agent's slots."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Slots: device, enabled, and the allocation and trial holding each."""
+    """Slots: device (name, uuid, memory in MiB), enabled, and the allocation and trial
+    holding each."""
     with db() as conn:
         rows = conn.execute(SLOTS, {"agent": agent_id}).fetchall()
     if json_:
         print_json(rows)
         return
-    print_table(rows, ["agent_id", "slot_id", "type", "device_name", "enabled", "resource_pool",
-                       "allocation_id", "trial_id"],
-                ["Agent", "Slot", "Type", "Device", "Enabled", "Pool", "Allocation", "Trial"])
+    print_table(rows, ["agent_id", "slot_id", "type", "device_name", "device_uuid", "memory_mb",
+                       "enabled", "resource_pool", "allocation_id", "trial_id"],
+                ["Agent", "Slot", "Type", "Device", "UUID", "Memory (MiB)", "Enabled", "Pool",
+                 "Allocation", "Trial"])
 
 
 def _set_slot(agent_id: str, slot_id: int, enabled: bool) -> None:

@@ -4,8 +4,11 @@ GPU discovery runs against a stand-in for NVML at its boundary (the pynvml calls
 slots it yields go through the real container configuration.
 """
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
+
+from psycopg.types.json import Jsonb
 
 from det.agent.containers import (
     DEFAULT_SHM_BYTES,
@@ -134,3 +137,13 @@ def test_end_reasons_a_user_can_read() -> None:
     assert end_reason({"ExitCode": 137}, killed=True) == "killed on request"
     assert end_reason({"ExitCode": 127, "Error": "exec failed"}, killed=False) == (
         "container error: exec failed")
+
+
+def test_discovered_cuda_slots_are_listed_with_uuid_and_memory(det, conn) -> None:
+    slots = cuda_slots(FakeNVML(["GPU-aaa", "GPU-bbb"]))
+    conn.execute("SELECT det_agent_register('gpu-host', 'gpu-host', 'default', 'docker', %s)",
+                 (Jsonb([s.as_row() for s in slots]),))
+    listed = json.loads(det("slot", "list", "--json").stdout)
+    assert [(s["slot_id"], s["type"], s["device_uuid"], s["memory_mb"]) for s in listed] == [
+        (0, "cuda", "GPU-aaa", 81920), (1, "cuda", "GPU-bbb", 81920)]
+    assert "GPU-bbb" in det("slot", "list").stdout

@@ -218,8 +218,10 @@ class DockerRuntime:
     def fetch(self, allocation_id: int, spec: dict[str, Any]) -> "Future[None] | None":
         """Pull the task's image when it is missing (or always, with
         ``environment.force_pull_image``), progress going to the task's logs."""
-        if allocation_id in self._pulls:
-            return self._pulls[allocation_id]
+        if (pulling := self._pulls.get(allocation_id)) is not None:
+            if pulling.done():  # handed back once finished, whatever the outcome
+                del self._pulls[allocation_id]
+            return pulling
         image = image_for(spec, self.device_type)
         env = spec.get("environment") or {}
         if not env.get("force_pull_image"):
@@ -251,7 +253,6 @@ class DockerRuntime:
     # -- tasks --------------------------------------------------------------------------------
 
     def launch(self, launch: Launch) -> ContainerTask:
-        self._pulls.pop(launch.allocation_id, None)
         image = image_for(launch.spec, self.device_type)
         config = container_config(launch, agent_id=self.agent_id, image=image,
                                   db_url=self.db_url, harness_dir=self.harness_dir)

@@ -62,7 +62,8 @@ class Runtime(Protocol):
 
     def fetch(self, allocation_id: int, spec: dict[str, Any]) -> "Future[None] | None":
         """Start getting what the task needs before it can start (its image); None when
-        nothing is missing. Calling again for the same allocation returns the same future."""
+        nothing is missing. Calling again for the same allocation returns the same future,
+        for the last time once it is done."""
 
     def launch(self, launch: Launch) -> Task:
         """Start the task; raises on failure with a message a user can read."""

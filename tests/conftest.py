@@ -71,6 +71,42 @@ def db_url(pg_server: str, template_db: str) -> Iterator[str]:
         admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+class PrivateServer:
+    """A PostgreSQL server of one test's own, with det's schema in database ``det``, that the
+    test may stop, start and restart under running det processes (``url`` stays the same)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.url = ensure_running(home)
+        with psycopg.connect(self.url) as c:
+            migrate(c)
+
+    def stop(self) -> None:
+        """Fast shutdown: every session is disconnected, as in a restart or failover."""
+        from det.db.embedded import stop_fast
+
+        stop_fast(self.home)
+
+    def start(self) -> None:
+        ensure_running(self.home)
+
+    def restart(self, down: float = 0.5) -> None:
+        """Stop, stay down ``down`` seconds, start again."""
+        self.stop()
+        time.sleep(down)
+        self.start()
+
+
+@pytest.fixture
+def private_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateServer]:
+    """A restartable PostgreSQL server for this test alone (see :class:`PrivateServer`)."""
+    from det.db.embedded import stop
+
+    server = PrivateServer(tmp_path_factory.mktemp("private-pg"))
+    yield server
+    stop(server.home)
+
+
 @pytest.fixture
 def conn(db_url: str) -> Iterator[psycopg.Connection]:
     """An autocommit connection (dict rows) to the test's database."""

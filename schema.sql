@@ -1037,3 +1037,43 @@ JOIN agents ag ON ag.id = s.agent_id
 LEFT JOIN allocation_slots hs ON hs.agent_id = s.agent_id AND hs.slot_id = s.slot_id
                              AND NOT hs.released
 LEFT JOIN allocations a ON a.id = hs.allocation_id;
+
+-- migration: 6 core_path_faults
+
+CREATE FUNCTION det_stopped_state(p_state text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+-- The terminal state a STOPPING_* experiment or trial ends in (STOPPING_KILLED ends CANCELED);
+-- any other state is returned as it is. The one home of this rule: the transition trigger,
+-- the reconciler's finishing steps and reports all call it.
+    SELECT CASE WHEN p_state LIKE 'STOPPING\_%'
+                THEN replace(substr(p_state, 10), 'KILLED', 'CANCELED') ELSE p_state END;
+$$;
+
+CREATE OR REPLACE FUNCTION det_check_transition() RETURNS trigger LANGUAGE plpgsql AS $$
+-- Experiments and trials: terminal states are final, and a STOPPING_* state only moves on to
+-- its terminal state (det_stopped_state), or to a harsher STOPPING_* (a cancel may become a
+-- kill). Allocations: the observed state only moves forward.
+DECLARE
+    old_s text := OLD.state::text;
+    new_s text := NEW.state::text;
+BEGIN
+    IF old_s = new_s THEN
+        RETURN NEW;
+    END IF;
+    IF TG_TABLE_NAME = 'allocations' THEN
+        IF NEW.state < OLD.state THEN
+            RAISE EXCEPTION 'allocation %: illegal state change % -> %', OLD.id, old_s, new_s
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF old_s IN ('COMPLETED', 'CANCELED', 'ERROR')
+       OR (old_s LIKE 'STOPPING_%' AND new_s IN ('ACTIVE', 'PAUSED'))
+       OR (old_s = 'STOPPING_KILLED' AND new_s LIKE 'STOPPING_%')
+       OR (old_s = 'STOPPING_CANCELED' AND new_s IN ('STOPPING_COMPLETED', 'COMPLETED'))
+       OR (old_s LIKE 'STOPPING_%' AND new_s NOT LIKE 'STOPPING_%'
+           AND new_s <> det_stopped_state(old_s)) THEN
+        RAISE EXCEPTION '% %: illegal state change % -> %', TG_TABLE_NAME, OLD.id, old_s, new_s
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END $$;

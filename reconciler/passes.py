@@ -3,6 +3,9 @@
 The steps follow DESIGN.md ("The reconciler pass"); their SQL is in
 :mod:`det.reconciler.queries` and their decisions in pure modules (trials, searchers,
 scheduler). NOTIFYs are queued inside the transaction, so Postgres delivers them at commit.
+
+No single object may fail the whole pass: the work on each run, experiment, pool and wake-up
+is :func:`~det.reconciler.isolation.isolated`.
 """
 
 import logging
@@ -11,9 +14,10 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg.types.json import Jsonb
 
-from det.errors import DetError
+from det.db import channels
 from det.reconciler import queries as q
 from det.reconciler import searchers
+from det.reconciler.isolation import isolated
 from det.reconciler.placement import place
 from det.reconciler.trials import RunEnd, settle
 
@@ -51,13 +55,15 @@ def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassR
         _finish_closed_trials(conn, r)
         _search(conn, r)
         _finish_closed_trials(conn, r)
+        _finish_stopping_trials(conn, r)
         r.changes += conn.execute(q.FINISH_EXPERIMENTS).rowcount
         r.changes += conn.execute(q.CREATE_ALLOCATIONS).rowcount
         _place(conn, r)
-        for agent in sorted(r.agents):
-            conn.execute(q.NOTIFY, {"channel": f"agent_{agent}"})
-        for alloc in sorted(r.allocations):
-            conn.execute(q.NOTIFY, {"channel": f"alloc_{alloc}"})
+        wake = [channels.agent(a) for a in sorted(r.agents)]
+        wake += [channels.allocation(a) for a in sorted(r.allocations)]
+        for channel in wake:
+            isolated(conn, f"wake {channel}", lambda c=channel: conn.execute(
+                q.NOTIFY, {"channel": c}))
         conn.execute(q.RECORD_PASS, {"holder": holder})
     return r
 
@@ -72,29 +78,33 @@ def _agents(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None
 
 def _settle(conn: psycopg.Connection, r: PassResult) -> None:
     for run in conn.execute(q.UNSETTLED_RUNS).fetchall():
-        s = settle(RunEnd(run["trial_state"], run["restarts"], run["max_restarts"],
-                          run["exit_code"], run["exit_reason"], run["stop_requested"],
-                          run["open_op"], run["out_of_work"]))
-        conn.execute(q.UPDATE_SETTLED_TRIAL, {"state": s.state, "restarts": s.restarts,
-                                              "close": s.close, "trial_id": run["trial_id"]})
-        conn.execute(q.MARK_SETTLED, run)
-        how = f"exit code {run['exit_code']}" if run["exit_code"] is not None else "no exit code"
-        reason = f" ({run['exit_reason']})" if run["exit_reason"] else ""
-        then = ""
-        if s.state == "ERROR":
-            _event(conn, run, "trial_exited_early", {"reason": "errored"})
-            then = f"; trial failed after {s.restarts - 1} restarts"
-        elif s.state in ("COMPLETED", "CANCELED"):
-            _event(conn, run, "trial_exited", {})
-            then = f"; trial {s.state.lower()}"
-        elif s.close:
-            then = "; the trial's code finished its own training, so the trial is done"
-        elif s.failed:
-            then = f"; restarting from the latest checkpoint ({s.restarts}/{run['max_restarts']})"
-        elif run["open_op"] and not run["stop_requested"]:
-            then = "; the searcher has new work for it: a new run resumes from its checkpoint"
-        conn.execute(q.LOG_DECISION, {**run, "line": f"run ended with {how}{reason}{then}"})
+        isolated(conn, f"settling allocation {run['allocation_id']}",
+                 lambda run=run: _settle_one(conn, run),
+                 lambda msg, run=run: conn.execute(q.SETTLE_FAILED, {**run, "message": msg}))
         r.changes += 1
+
+
+def _settle_one(conn: psycopg.Connection, run: dict) -> None:
+    s = settle(RunEnd(run["trial_state"], run["restarts"], run["max_restarts"],
+                      run["exit_code"], run["exit_reason"], run["stop_requested"],
+                      run["open_op"], run["out_of_work"]))
+    conn.execute(q.UPDATE_SETTLED_TRIAL, {"state": s.state, "restarts": s.restarts,
+                                          "close": s.close, "trial_id": run["trial_id"]})
+    conn.execute(q.MARK_SETTLED, run)
+    how = f"exit code {run['exit_code']}" if run["exit_code"] is not None else "no exit code"
+    reason = f" ({run['exit_reason']})" if run["exit_reason"] else ""
+    then = ""
+    if s.state == "ERROR":
+        _event(conn, run, "trial_exited_early", {"reason": "errored"})
+        plural = "" if s.restarts == 1 else "s"
+        then = f"; trial failed after {s.restarts} restart{plural}"
+    elif s.close:
+        then = "; the trial's code finished its own training, so the trial is done"
+    elif s.failed and not s.state.startswith("STOPPING_"):
+        then = f"; restarting from the latest checkpoint ({s.restarts}/{run['max_restarts']})"
+    elif run["open_op"] and not run["stop_requested"]:
+        then = "; the searcher has new work for it: a new run resumes from its checkpoint"
+    conn.execute(q.LOG_DECISION, {**run, "line": f"run ended with {how}{reason}{then}"})
 
 
 def _event(conn: psycopg.Connection, row: dict, kind: str, payload: dict) -> None:
@@ -128,14 +138,22 @@ def _finish_closed_trials(conn: psycopg.Connection, r: PassResult) -> None:
 def _search(conn: psycopg.Connection, r: PassResult) -> None:
     for exp in conn.execute(q.EXPERIMENTS_TO_SEARCH).fetchall():
         events = conn.execute(q.PENDING_EVENTS, {"experiment_id": exp["id"]}).fetchall()
-        try:
-            with conn.transaction():
-                _search_one(conn, exp, events)
-        except (DetError, KeyError, ValueError, TypeError) as e:
-            # A searcher that cannot go on ends its experiment; other experiments carry on.
-            log.error("experiment %s: searcher failed: %s", exp["id"], e)
-            conn.execute(q.SHUTDOWN_EXPERIMENT,
-                         {"experiment_id": exp["id"], "state": "STOPPING_ERROR"})
+        # A searcher that cannot go on ends its experiment; other experiments carry on.
+        isolated(conn, f"experiment {exp['id']}: searcher",
+                 lambda exp=exp, events=events: _search_one(conn, exp, events),
+                 lambda _msg, exp=exp: conn.execute(q.SHUTDOWN_EXPERIMENT, {
+                     "experiment_id": exp["id"], "state": "STOPPING_ERROR"}))
+        r.changes += 1
+
+
+def _finish_stopping_trials(conn: psycopg.Connection, r: PassResult) -> None:
+    for row in conn.execute(q.FINISH_STOPPING_TRIALS).fetchall():
+        if row["state"] == "ERROR":
+            _event(conn, row, "trial_exited_early", {"reason": "errored"})
+        else:
+            _event(conn, row, "trial_exited", {})
+        if row["allocation_id"] is not None:
+            conn.execute(q.LOG_DECISION, {**row, "line": f"trial {row['state'].lower()}"})
         r.changes += 1
 
 

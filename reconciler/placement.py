@@ -11,6 +11,7 @@ import psycopg
 
 from det.configs.cluster import SchedulerConfig
 from det.reconciler import queries as q
+from det.reconciler.isolation import isolated
 from det.reconciler.schedulers import Agent, Decision, Task, schedule
 
 
@@ -39,12 +40,24 @@ def place(conn: psycopg.Connection) -> tuple[int, set[str], set[int]]:
     Returns (allocations started or preempted, agents to wake, allocations to wake).
     """
     changes = conn.execute(q.FALL_BACK).rowcount
-    agents_woken, allocs_woken = set(), set()
-    for row in conn.execute(q.POOLS_WITH_PENDING).fetchall():
+    agents_woken: set[str] = set()
+    allocs_woken: set[int] = set()
+
+    def place_pool(row: dict) -> None:
+        nonlocal changes
         config = SchedulerConfig.model_validate(row["scheduler"])
         agents, tasks = load_pool(conn, row["resource_pool"])
         decision = schedule(config, agents, tasks)
-        changes += apply(conn, decision, agents_woken, allocs_woken)
+        woken: tuple[set[str], set[int]] = (set(), set())
+        changes += apply(conn, decision, *woken)
+        agents_woken.update(woken[0])
+        allocs_woken.update(woken[1])
+
+    for row in conn.execute(q.POOLS_WITH_PENDING).fetchall():
+        # A pool whose scheduling fails says why on its waiting runs; other pools go on.
+        isolated(conn, f"scheduling pool {row['resource_pool']}", lambda row=row: place_pool(row),
+                 lambda msg, row=row: conn.execute(q.POOL_FAILED, {
+                     "pool": row["resource_pool"], "reason": f"scheduling failed: {msg}"}))
     return changes, agents_woken, allocs_woken
 
 

@@ -54,6 +54,23 @@ UPDATE trials SET state = %(state)s::trial_state, restarts = %(restarts)s,
 
 MARK_SETTLED = "UPDATE allocations SET settled = true WHERE id = %(allocation_id)s"
 
+# Settling a run raised: the run is marked settled and its trial ends in error with the reason
+# (a stopping trial in its terminal state), so one bad row cannot stall every later pass.
+SETTLE_FAILED = """
+WITH settled AS (
+    UPDATE allocations SET settled = true WHERE id = %(allocation_id)s
+), event AS (
+    INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
+    VALUES (%(experiment_id)s, %(trial_id)s, 'trial_exited_early', '{"reason": "errored"}')
+)
+UPDATE trials
+   SET state = CASE WHEN state::text LIKE 'STOPPING\\_%%' THEN det_stopped_state(state::text)
+                    ELSE 'ERROR' END::trial_state,
+       exit_reason = 'det could not settle run ' || %(allocation_id)s || ': ' || %(message)s,
+       end_time = now()
+ WHERE id = %(trial_id)s AND state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')
+"""
+
 INSERT_SEARCHER_EVENT = """
 INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
 VALUES (%(experiment_id)s, %(trial_id)s, %(kind)s, %(payload)s)
@@ -180,13 +197,23 @@ UPDATE experiments SET searcher_state = %(state)s, progress = %(progress)s
 
 CONSUME_EVENTS = "UPDATE searcher_events SET consumed = true WHERE id = ANY(%(ids)s)"
 
-# -- 6. Experiments whose trials have all ended ------------------------------------------------
+# -- 6. Trials and experiments whose stop is done ---------------------------------------------
+
+# A stopping trial ends once it has no run left to settle: its last run ended (settled above),
+# or it had none (a paused trial that is cancelled or killed).
+FINISH_STOPPING_TRIALS = """
+UPDATE trials t SET state = det_stopped_state(t.state::text)::trial_state, end_time = now()
+ WHERE t.state::text LIKE 'STOPPING\\_%%'
+   AND NOT EXISTS (SELECT 1 FROM allocations a
+                    WHERE a.trial_id = t.id AND (a.state <> 'TERMINATED' OR NOT a.settled))
+RETURNING t.id AS trial_id, t.experiment_id, t.state::text AS state,
+          (SELECT max(a.id) FROM allocations a WHERE a.trial_id = t.id) AS allocation_id
+"""
 
 FINISH_EXPERIMENTS = """
 UPDATE experiments e
-   SET state = replace(substr(e.state::text, 10), 'KILLED', 'CANCELED')::experiment_state,
-       end_time = now()
- WHERE e.state::text LIKE 'STOPPING_%%'
+   SET state = det_stopped_state(e.state::text)::experiment_state, end_time = now()
+ WHERE e.state::text LIKE 'STOPPING\\_%%'
    AND NOT EXISTS (SELECT 1 FROM trials t
                     WHERE t.experiment_id = e.id
                       AND t.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR'))
@@ -312,6 +339,12 @@ SET_PENDING_REASONS = """
 UPDATE allocations a SET pending_reason = r.reason
   FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS r(id, reason)
  WHERE a.id = r.id AND a.state = 'PENDING' AND a.pending_reason IS DISTINCT FROM r.reason
+"""
+
+POOL_FAILED = """
+UPDATE allocations SET pending_reason = %(reason)s
+ WHERE resource_pool = %(pool)s AND state = 'PENDING'
+   AND pending_reason IS DISTINCT FROM %(reason)s
 """
 
 # -- 9. Bookkeeping ----------------------------------------------------------------------------

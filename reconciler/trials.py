@@ -2,10 +2,12 @@
 
 Rules (spec: experiment-lifecycle, Pausing and Activating; notes §3.2 ``max_restarts``):
 
-* a trial that was being stopped (STOPPING_*) ends in the matching terminal state, whatever
-  the exit code;
+* a trial that was being stopped (STOPPING_*) stays so, whatever the exit code; the pass's
+  finishing step moves it to its terminal state (SQL ``det_stopped_state``) once no run of it
+  is left, which also covers a paused trial that had no run when it was stopped;
 * a failed run (non-zero exit, or its agent was lost) restarts the trial from its latest
-  checkpoint while its failures do not exceed ``max_restarts``; then the trial errors;
+  checkpoint while ``max_restarts`` allows one more restart; then the trial errors, and
+  ``restarts`` counts the restarts that were made (the failure that ends it is not one);
 * a clean exit (0) after a stop request (preemption, pause) leaves the trial to resume later;
 * a clean exit with no stop request and no open searcher operation leaves the trial to the
   searcher (it may promote it, or close it);
@@ -19,9 +21,6 @@ Rules (spec: experiment-lifecycle, Pausing and Activating; notes §3.2 ``max_res
 """
 
 from dataclasses import dataclass
-
-TERMINAL = {"STOPPING_COMPLETED": "COMPLETED", "STOPPING_CANCELED": "CANCELED",
-            "STOPPING_KILLED": "CANCELED", "STOPPING_ERROR": "ERROR"}
 
 
 @dataclass(frozen=True)
@@ -53,12 +52,11 @@ class Settlement:
 
 def settle(run: RunEnd) -> Settlement:
     """Decide the trial's state after one of its runs ended (see the module rules)."""
-    if run.trial_state in TERMINAL:
-        return Settlement(TERMINAL[run.trial_state], run.restarts, run.exit_code != 0)
+    if run.trial_state.startswith("STOPPING_"):
+        return Settlement(run.trial_state, run.restarts, run.exit_code != 0)
     if run.exit_code == 0:
         done = run.open_op and not run.stop_requested and not run.out_of_work
         return Settlement(run.trial_state, run.restarts, False, close=done)
-    restarts = run.restarts + 1
-    if restarts > run.max_restarts:
-        return Settlement("ERROR", restarts, True)
-    return Settlement(run.trial_state, restarts, True)
+    if run.restarts >= run.max_restarts:
+        return Settlement("ERROR", run.restarts, True)
+    return Settlement(run.trial_state, run.restarts + 1, True)

@@ -31,11 +31,12 @@ def test_failing_trial_restarts_then_errors(det, conn, tmp_path) -> None:
     r = det("experiment", "wait", "1", check=False, timeout=120)
     assert r.returncode == 1 and "ERROR" in r.stdout
     trial = conn.execute("SELECT state::text AS s, restarts FROM trials").fetchone()
-    assert trial == {"s": "ERROR", "restarts": 2}
+    # one restart was made (max_restarts: 1); the second failure ended the trial
+    assert trial == {"s": "ERROR", "restarts": 1}
     logs = det("trial", "logs", "1").stdout
     assert logs.count("run\n") == 2
     assert "restarting from the latest checkpoint (1/1)" in logs
-    assert "trial failed after 1 restarts" in logs
+    assert "trial failed after 1 restart" in logs
 
 
 def test_reconcile_once_is_idempotent(det, conn, tmp_path) -> None:

@@ -1,0 +1,70 @@
+"""The core path under the faults of issue 10: stops that must end, a pass no single object can
+break, leaders that die or freeze, and the truth in what det prints."""
+
+import signal
+
+import pytest
+from conftest import wait_for
+from test_reconciler import config, state
+
+
+def _run_until_paused(det, conn, tmp_path) -> None:
+    # A shell task never checkpoints: preemption_timeout ends it soon after the pause.
+    det("experiment", "create", str(config(tmp_path, "echo started; sleep 600",
+                                           preemption_timeout="1")), str(tmp_path / "ctx"))
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--slots", "1")
+    wait_for(lambda: state(conn, "allocations") == "RUNNING", 60, "the run to start")
+    det("experiment", "pause", "1")
+    wait_for(lambda: state(conn, "allocations") == "TERMINATED", 60, "the paused run to end")
+    wait_for(lambda: state(conn, "trials") == "PAUSED", 30, "the trial to be paused")
+
+
+@pytest.mark.parametrize(("action", "final"), [("kill", "CANCELED"), ("cancel", "CANCELED")])
+def test_stopping_a_paused_experiment_ends_it(det, conn, tmp_path, action, final) -> None:
+    """Issue 10, item 1: a trial with no live run reaches its terminal state in the next pass,
+    and the experiment's job leaves the queue."""
+    _run_until_paused(det, conn, tmp_path)
+    det("experiment", action, "1")
+    r = det("experiment", "wait", "1", check=False, timeout=60)
+    assert state(conn, "experiments") == final, r.stdout + r.stderr
+    assert state(conn, "trials") == final
+    assert conn.execute("SELECT count(*) AS n FROM reporting.job_queue").fetchone()["n"] == 0
+    assert "trial canceled" in det("trial", "logs", "1").stdout
+
+
+def test_a_paused_experiment_stopped_while_no_reconciler_runs_ends_on_the_next_pass(
+        det, conn, tmp_path) -> None:
+    _run_until_paused(det, conn, tmp_path)
+    det.stop_all()
+    det("experiment", "kill", "1")
+    det("reconcile", "--once")
+    assert (state(conn, "experiments"), state(conn, "trials")) == ("CANCELED", "CANCELED")
+
+
+def test_restarts_column_and_log_agree(det, conn, tmp_path) -> None:
+    """Issue 10, telling the truth: max_restarts 1 means one restart, then the error."""
+    det("experiment", "create", str(config(tmp_path, "exit 3", max_restarts="1")),
+        str(tmp_path / "ctx"))
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--slots", "1")
+    det("experiment", "wait", "1", check=False, timeout=120)
+    trial = conn.execute("SELECT state::text AS s, restarts, runs FROM trials").fetchone()
+    assert trial == {"s": "ERROR", "restarts": 1, "runs": 2}
+    logs = det("trial", "logs", "1").stdout
+    assert "trial failed after 1 restart" in logs and "after 2" not in logs
+
+
+def test_kill_during_a_run_leaves_no_checkpoint(det, conn, tmp_path) -> None:
+    """`det experiment kill` stops trials at once, without a checkpoint (its help says so)."""
+    det("experiment", "create", str(config(tmp_path, "trap 'echo term' TERM; sleep 600 & wait")),
+        str(tmp_path / "ctx"))
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--slots", "1")
+    wait_for(lambda: state(conn, "allocations") == "RUNNING", 60, "the run to start")
+    assert "without a checkpoint" in det("experiment", "kill", "--help").stdout
+    det("experiment", "kill", "1")
+    det("experiment", "wait", "1", check=False, timeout=60)
+    row = conn.execute("SELECT exit_reason, exit_code FROM allocations").fetchone()
+    assert row["exit_code"] == -signal.SIGKILL, row
+    assert "term" not in det("trial", "logs", "1").stdout

@@ -141,15 +141,20 @@ def reconcile(
     interval: float = typer.Option(2.0, help="Seconds between passes when nothing wakes it."),
     agent_timeout: float = typer.Option(30.0, help="Seconds without heartbeat before an agent "
                                                    "is lost."),
+    lease: float = typer.Option(10.0, help="Seconds a frozen leader keeps leadership before "
+                                           "the database ends its session.", min=1.0),
 ) -> None:
-    """Run the reconciler (one leader; others wait as standbys)."""
+    """Run the reconciler (one leader; others wait as standbys). It rides out database
+    restarts: it reconnects and leads again."""
+    from det.db import retry
     from det.reconciler.loop import run
     from det.reconciler.passes import Settings
 
-    with db():
-        pass
+    retry.call("reconciler: migrate", lambda: db().close(),
+               give_up_after=60.0 if once else None)
     _exit_on_sigterm()
-    run(database_url(), Settings(agent_timeout=agent_timeout, interval=interval), once=once)
+    run(database_url(), Settings(agent_timeout=agent_timeout, interval=interval, lease=lease),
+        once=once)
 
 
 @agent_app.command("run")

@@ -13,6 +13,8 @@ from typing import TypeVar
 import psycopg
 import tenacity
 
+from det.errors import DatabaseError
+
 log = logging.getLogger("det.db")
 
 T = TypeVar("T")
@@ -34,9 +36,12 @@ def is_connection_lost(e: BaseException) -> bool:
     """Whether ``e`` means the connection (or the server) is gone and a retry may succeed.
 
     True for psycopg's client-side connection failures (no SQLSTATE: refused, reset, closed
-    connection) and the server's shutdown / start-up / connection-class SQLSTATEs. False for
-    everything else, authentication failures included: those do not heal by waiting.
+    connection) and the server's shutdown / start-up / connection-class SQLSTATEs, also when
+    wrapped in det's ``DatabaseError`` (``det.db.connect``). False for everything else,
+    authentication failures included: those do not heal by waiting.
     """
+    if isinstance(e, DatabaseError) and e.__cause__ is not None:
+        return is_connection_lost(e.__cause__)
     if isinstance(e, psycopg.InterfaceError):
         return True
     if not isinstance(e, psycopg.OperationalError):

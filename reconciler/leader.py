@@ -1,9 +1,17 @@
 """Leadership: exactly one reconciler writes.
 
 The leader holds a session advisory lock on the very connection that runs every pass. If that
-connection dies (the process is killed, paused past TCP timeouts, or partitioned), Postgres
-drops the lock with it, and the dead connection can write nothing more: fencing comes free.
-A standby polls for the lock.
+connection dies (the process is killed, or the server restarts), Postgres drops the lock with
+it, and the dead connection can write nothing more: fencing comes free. A standby polls for the
+lock.
+
+A leader that is frozen but still connected (SIGSTOP, a long pause, a hung host) would keep
+the lock forever. So the leader's session carries a lease enforced by the server itself:
+``idle_session_timeout`` and ``idle_in_transaction_session_timeout`` of ``lease`` seconds end a
+session that stops talking, and with it the lock. A live leader talks at least every
+``lease / 3`` seconds (the loop's longest wait), so only a frozen one is cut off; a standby
+then leads within ``lease`` plus one poll. The frozen process, once it wakes, finds its
+connection gone and comes back as a standby.
 """
 
 import logging
@@ -14,6 +22,17 @@ import psycopg
 log = logging.getLogger("det.reconciler")
 
 LOCK_KEY = 0x6465745F726563  # "det_rec"
+
+DEFAULT_LEASE = 10.0
+"""Seconds a leader may stay silent before the server ends its session (and its lock)."""
+
+
+def hold_lease(conn: psycopg.Connection, lease: float) -> None:
+    """Make the server end ``conn``'s session after ``lease`` seconds without a statement,
+    idle or idle in a transaction (PostgreSQL >= 14)."""
+    ms = str(int(lease * 1000))
+    conn.execute("SELECT set_config('idle_session_timeout', %s, false), "
+                 "set_config('idle_in_transaction_session_timeout', %s, false)", (ms, ms))
 
 
 def try_lead(conn: psycopg.Connection) -> bool:
@@ -30,4 +49,3 @@ def wait_to_lead(conn: psycopg.Connection, poll: float = 1.0) -> None:
     while not try_lead(conn):
         time.sleep(poll)
     log.info("took over as leader")
-

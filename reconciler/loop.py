@@ -1,9 +1,13 @@
-"""The reconciler process: lead, then pass after pass.
+"""The reconciler process: lead, then pass after pass, through database restarts.
 
 ``det reconcile`` loops: a pass, then sleep until NOTIFY ``det_reconciler`` or ``interval``
 seconds; a pass that changed something is followed at once by another, so a chain of
 decisions (run ended -> searcher -> new trial -> placement) settles without waiting.
 ``det reconcile --once`` runs passes until nothing changes and exits (for cron).
+
+A lost connection (the server restarted, failed over, or ended a frozen leader's session) is
+weather: leadership died with the connection, so the loop reconnects with backoff, waits to
+lead again through the lock, re-LISTENs and carries on from the tables.
 """
 
 import logging
@@ -13,7 +17,7 @@ import time
 
 import psycopg
 
-from det.db import connect
+from det.db import channels, connect, retry
 from det.errors import DetError
 from det.reconciler import leader
 from det.reconciler.passes import Settings, run_pass
@@ -23,38 +27,53 @@ log = logging.getLogger("det.reconciler")
 # Bound on back-to-back passes, so a pass that keeps finding work cannot starve the timer.
 MAX_CHAINED_PASSES = 20
 
+# How long `--once` (cron) keeps trying to reach the database before it gives up.
+ONCE_GIVE_UP_AFTER = 60.0
+
 
 class NotLeaderError(DetError):
     """Another reconciler holds leadership (``--once`` does not wait for it)."""
 
 
 def run(url: str, settings: Settings, once: bool = False) -> None:
-    """Run the reconciler against the database at ``url``.
+    """Run the reconciler against the database at ``url``, reconnecting after connection
+    losses (forever; with ``once``, for ``ONCE_GIVE_UP_AFTER`` seconds).
 
     Raises:
         NotLeaderError: ``once`` and another reconciler leads.
+        det.errors.DatabaseError: ``once`` and the database stayed unreachable.
     """
     holder = f"{socket.gethostname()}:{os.getpid()}"
-    with connect(url, autocommit=True) as conn:
+    give_up = ONCE_GIVE_UP_AFTER if once else None
+    for attempt in retry.retrying("reconciler", give_up_after=give_up):
+        with attempt, connect(url, autocommit=True) as conn:
+            _lead_and_serve(conn, settings, holder, once)
+
+
+def _lead_and_serve(conn: psycopg.Connection, settings: Settings, holder: str,
+                    once: bool) -> None:
+    leader.hold_lease(conn, settings.lease)
+    if once:
+        if not leader.try_lead(conn):
+            raise NotLeaderError("another reconciler is running; nothing to do")
+    else:
+        leader.wait_to_lead(conn)
+    log.info("leading as %s", holder)
+    conn.execute(f"LISTEN {channels.RECONCILER}")
+    # A live leader must talk well within its lease (see det.reconciler.leader).
+    wait = min(settings.interval, settings.lease / 3)
+    while True:
+        try:
+            for _ in range(MAX_CHAINED_PASSES):
+                if run_pass(conn, settings, holder).changes == 0:
+                    break
+        except psycopg.Error as e:
+            if retry.is_connection_lost(e):
+                raise  # leadership is gone with the connection: reconnect, lead again
+            # The pass rolled back; log it and retry on the next tick (requeue).
+            log.exception("reconciler pass failed; retrying in %.1f s", wait)
+            time.sleep(wait)
         if once:
-            if not leader.try_lead(conn):
-                raise NotLeaderError("another reconciler is running; nothing to do")
-        else:
-            leader.wait_to_lead(conn)
-        log.info("leading as %s", holder)
-        conn.execute("LISTEN det_reconciler")
-        while True:
-            try:
-                for _ in range(MAX_CHAINED_PASSES):
-                    if run_pass(conn, settings, holder).changes == 0:
-                        break
-            except psycopg.OperationalError:
-                raise  # the connection, and with it leadership, is gone: fail-stop
-            except psycopg.Error:
-                # The pass rolled back; log it and retry on the next tick (requeue).
-                log.exception("reconciler pass failed; retrying in %.1f s", settings.interval)
-                time.sleep(settings.interval)
-            if once:
-                return
-            for _ in conn.notifies(timeout=settings.interval, stop_after=1):
-                pass
+            return
+        for _ in conn.notifies(timeout=wait, stop_after=1):
+            pass

@@ -27,10 +27,13 @@ log = logging.getLogger("det.reconciler")
 @dataclass
 class Settings:
     """Reconciler settings. ``agent_timeout``: seconds without a heartbeat before an agent is
-    lost; ``interval``: seconds between passes when nothing wakes the loop."""
+    lost; ``interval``: seconds between passes when nothing wakes the loop; ``lease``: seconds
+    a frozen leader keeps leadership before the server ends its session
+    (:mod:`det.reconciler.leader`)."""
 
     agent_timeout: float = 30.0
     interval: float = 2.0
+    lease: float = 10.0
 
 
 @dataclass

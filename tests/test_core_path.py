@@ -68,3 +68,59 @@ def test_kill_during_a_run_leaves_no_checkpoint(det, conn, tmp_path) -> None:
     row = conn.execute("SELECT exit_reason, exit_code FROM allocations").fetchone()
     assert row["exit_code"] == -signal.SIGKILL, row
     assert "term" not in det("trial", "logs", "1").stdout
+
+
+@pytest.fixture
+def det_private(private_pg, det_env, tmp_path):
+    """A :class:`conftest.Det` runner bound to the test's private, restartable server."""
+    from conftest import Det
+
+    d = Det({**det_env, "DET_DB_URL": private_pg.url}, tmp_path)
+    yield d
+    d.stop_all()
+
+
+def _count(url: str, sql: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url) as c:
+        return c.execute(sql).fetchone()[0]
+
+
+def test_reconciler_rides_out_a_database_restart(private_pg, det_private, tmp_path) -> None:
+    """Issue 10, item 4: the reconciler reconnects, leads again and carries on."""
+    det = det_private
+    rec = det.start("reconciler", "reconcile", "--interval", "0.5")
+    wait_for(lambda: "leading as" in det.log("reconciler"), 30, "the reconciler to lead")
+    private_pg.restart(down=1.0)
+    det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+    wait_for(lambda: _count(private_pg.url, "SELECT count(*) FROM allocations"), 60,
+             "the reconciler to create the run after the restart")
+    private_pg.restart(down=0.2)
+    det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+    wait_for(lambda: _count(private_pg.url, "SELECT count(*) FROM allocations") == 2, 60,
+             "the reconciler to carry on after a second restart")
+    assert rec.poll() is None, det.log("reconciler")
+    assert det.log("reconciler").count("leading as") == 3
+
+
+def test_a_frozen_leader_is_replaced(det, conn, tmp_path) -> None:
+    """Issue 10, item 5: a leader stopped with SIGSTOP loses its session after its lease, a
+    standby leads, and the old leader comes back as a standby when it wakes."""
+    frozen = det.start("first", "reconcile", "--interval", "0.5", "--lease", "3")
+    wait_for(lambda: "leading as" in det.log("first"), 30, "the first reconciler to lead")
+    standby = det.start("second", "reconcile", "--interval", "0.5", "--lease", "3")
+    wait_for(lambda: "standby" in det.log("second"), 30, "the second to wait as standby")
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        # lease (3 s) + one standby poll (1 s), with room for a slow machine
+        wait_for(lambda: "took over" in det.log("second"), 20, "the standby to take over")
+        det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+        wait_for(lambda: conn.execute("SELECT count(*) AS n FROM trials").fetchone()["n"], 30,
+                 "the new leader to act")
+        assert conn.execute("SELECT holder FROM reconciler_leader").fetchone()[
+            "holder"].endswith(f":{standby.pid}")
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    wait_for(lambda: "standby" in det.log("first"), 30, "the old leader to come back as standby")
+    assert frozen.poll() is None and standby.poll() is None

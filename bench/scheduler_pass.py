@@ -67,7 +67,7 @@ def main() -> None:
     os.environ.pop("DET_DB_URL", None)
     home = tempfile.mkdtemp(prefix="det-bench-")
     os.environ["DET_HOME"] = home
-    url = database_url()
+    url = database_url(start=True)
     print(f"{args.agents} agents x 8 slots; median of {args.repeats} steady-state passes (ms)")
     print(f"{'scheduler':<12} {'jobs':>6} {'first':>8} {'read':>8} {'decide':>8} {'write':>8}"
           f" {'total':>8}")

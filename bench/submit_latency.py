@@ -48,7 +48,7 @@ def main() -> None:
     external = bool(os.environ.get("DET_DB_URL"))
     home = tempfile.mkdtemp(prefix="det-bench-")
     os.environ["DET_HOME"] = home
-    url = database_url()
+    url = database_url(start=True)
     env = {**os.environ, "DET_DB_URL": url}
     procs = [subprocess.Popen([sys.executable, "-m", "det.cli.main", *cmd], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -94,7 +94,7 @@ def main() -> None:
     external = bool(os.environ.get("DET_DB_URL"))
     home = tempfile.mkdtemp(prefix="det-bench-")
     os.environ["DET_HOME"] = home
-    url = database_url()
+    url = database_url(start=True)
     env = {**os.environ, "DET_DB_URL": url}
     cfg = yaml.safe_load((DIGITS / "const.yaml").read_text())
     cfg.update(name="task-start", scheduling_unit=1, max_restarts=0,

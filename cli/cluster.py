@@ -1,8 +1,9 @@
 """``det cluster``, ``det db``, ``det agent``, ``det reconcile``: running det's processes.
 
-``det cluster up`` starts, in the background, the embedded PostgreSQL (unless ``DET_DB_URL``
-names one), a reconciler and one local agent; their pid files and logs live in
-``<det home>/run``. ``det cluster down`` stops them.
+``det cluster up`` starts the embedded PostgreSQL (unless ``DET_DB_URL`` names one) and, in the
+background, a supervisor (:mod:`det.cli.supervisor`) that runs a reconciler and one local
+agent, restarts whichever dies, and restarts a dead embedded database. Pid files and logs live
+in ``<det home>/run``. ``det cluster down`` stops them.
 """
 
 import os
@@ -15,20 +16,31 @@ from pathlib import Path
 
 import typer
 
-from det.cli.output import print_table
+from det.cli.output import print_json, print_table
 from det.cli.session import db
+from det.cli.supervisor import STOP_GRACE, Child, Supervisor, read_pid
 from det.db import database_url, det_home, embedded
 from det.errors import DetError
+from det.reconciler.leader import LOCK_KEY
 
 cluster_app = typer.Typer(no_args_is_help=True)
 db_app = typer.Typer(no_args_is_help=True)
 agent_app = typer.Typer(no_args_is_help=True)
 
-# Background processes of a local cluster: name -> det sub-command.
+# Processes the supervisor runs: name -> det sub-command.
 PROCESSES = {"reconciler": ["reconcile"], "agent": ["agent", "run"]}
-STOP_GRACE = 15.0
 
-LEADER = "SELECT holder, since, last_pass FROM reconciler_leader"
+# The recorded leader, and whether a session really holds the leader lock now (a leader that
+# died leaves its row behind).
+LEADER = """
+SELECT holder, since, last_pass,
+       EXISTS (SELECT 1 FROM pg_locks k
+                WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
+                  AND k.database = (SELECT oid FROM pg_database
+                                     WHERE datname = current_database())
+                  AND (k.classid::bigint << 32 | k.objid::bigint) = %(key)s) AS alive
+  FROM reconciler_leader
+"""
 AGENTS = """
 SELECT g.id, g.hostname, g.resource_pool, g.state::text AS state, g.runtime, g.last_heartbeat,
        count(s.slot_id) AS slots,
@@ -47,14 +59,9 @@ def _run_dir() -> Path:
     return d
 
 
-def _pid(name: str) -> int | None:
-    """The pid of the named background process if it is alive."""
-    try:
-        pid = int((_run_dir() / f"{name}.pid").read_text())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
-        return None
-    return pid
+def _embedded_home() -> Path | None:
+    """det home when det runs its embedded database, None when DET_DB_URL names one."""
+    return None if os.environ.get("DET_DB_URL") else det_home()
 
 
 @cluster_app.command("up")
@@ -63,63 +70,87 @@ def up(
     runtime: str = typer.Option(None, help="The local agent's runtime, docker or process "
                                            "(default: docker when an engine answers)."),
 ) -> None:
-    """Start the database (embedded unless DET_DB_URL is set), a reconciler and an agent."""
-    url = database_url()
+    """Start the database (embedded unless DET_DB_URL is set) and a supervisor that keeps a
+    reconciler and an agent running."""
+    url = database_url(start=True)
     with db():
         pass  # brings the schema up to date before the processes start
-    env = {**os.environ, "DET_DB_URL": url}
-    for name, cmd in PROCESSES.items():
-        if _pid(name):
-            typer.echo(f"{name}: already running (pid {_pid(name)})")
-            continue
-        args = [sys.executable, "-m", "det.cli.main", *cmd]
-        if name == "agent" and slots is not None:
-            args += ["--slots", str(slots)]
-        if name == "agent" and runtime is not None:
-            args += ["--runtime", runtime]
-        logfile = open(_run_dir() / f"{name}.log", "ab")  # noqa: SIM115 (handed to the child)
-        proc = subprocess.Popen(args, env=env, stdout=logfile, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        (_run_dir() / f"{name}.pid").write_text(str(proc.pid))
-        typer.echo(f"{name}: started (pid {proc.pid}, log {_run_dir() / f'{name}.log'})")
     typer.echo(f"database: {url}")
+    pid = read_pid(_run_dir(), "supervisor")
+    if pid:
+        typer.echo(f"supervisor: already running (pid {pid}); `det cluster down` stops it")
+        return
+    args = [sys.executable, "-m", "det.cli.main", "cluster", "supervise"]
+    args += ["--slots", str(slots)] if slots is not None else []
+    args += ["--runtime", runtime] if runtime is not None else []
+    args += ["--watch-embedded"] if _embedded_home() is not None else []
+    logfile = open(_run_dir() / "supervisor.log", "ab")  # noqa: SIM115 (handed to the child)
+    proc = subprocess.Popen(args, env={**os.environ, "DET_DB_URL": url}, stdout=logfile,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    typer.echo(f"supervisor: started (pid {proc.pid}), running a reconciler and an agent; "
+               f"logs in {_run_dir()}")
+
+
+@cluster_app.command("supervise", hidden=True)
+def supervise(slots: int = typer.Option(None), runtime: str = typer.Option(None),
+              watch_embedded: bool = typer.Option(False, "--watch-embedded")) -> None:
+    """Run the supervisor in the foreground (what `det cluster up` starts); its children find
+    the database through DET_DB_URL, which `up` sets."""
+    agent = [*PROCESSES["agent"]]
+    agent += ["--slots", str(slots)] if slots is not None else []
+    agent += ["--runtime", runtime] if runtime is not None else []
+    children = [Child("reconciler", PROCESSES["reconciler"]), Child("agent", agent)]
+    home = det_home() if watch_embedded else None
+    Supervisor(children, _run_dir(), dict(os.environ), home).run()
 
 
 @cluster_app.command("down")
 def down() -> None:
-    """Stop the agent and the reconciler, then the embedded database."""
-    for name in reversed(PROCESSES):
-        pid = _pid(name)
-        if pid is None:
-            typer.echo(f"{name}: not running")
-            continue
+    """Stop the supervisor with its reconciler and agent, then the embedded database."""
+    pid = read_pid(_run_dir(), "supervisor")
+    if pid is None:
+        typer.echo("supervisor: not running")
+    else:
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE
-        while _pid(name) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 2 * STOP_GRACE + 5
+        while read_pid(_run_dir(), "supervisor") and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _pid(name):
-            os.kill(pid, signal.SIGKILL)
-        (_run_dir() / f"{name}.pid").unlink(missing_ok=True)
-        typer.echo(f"{name}: stopped")
-    if not os.environ.get("DET_DB_URL"):
-        stopped = embedded.stop(det_home())
+        for name in ("supervisor", *PROCESSES):
+            left = read_pid(_run_dir(), name)
+            if left:
+                os.kill(left, signal.SIGKILL)
+            (_run_dir() / f"{name}.pid").unlink(missing_ok=True)
+        typer.echo("supervisor: stopped, with its reconciler and agent")
+    home = _embedded_home()
+    if home is not None:
+        stopped = embedded.stop(home)
         typer.echo("database: stopped" if stopped else "database: not running")
 
 
 @cluster_app.command("status")
-def status() -> None:
-    """The database, the leading reconciler, agents and their slots."""
-    url = database_url(start=False)
-    typer.echo(f"database: {url}")
-    for name in PROCESSES:
-        pid = _pid(name)
-        typer.echo(f"{name}: " + (f"running (pid {pid})" if pid else "not running here"))
+def status(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """The database, the local processes, the leading reconciler, agents and their slots."""
+    url = database_url()
+    processes = {name: read_pid(_run_dir(), name) for name in ("supervisor", *PROCESSES)}
     with db() as conn:
-        leader = conn.execute(LEADER).fetchone()
+        leader = conn.execute(LEADER, {"key": LOCK_KEY}).fetchone()
         agents = conn.execute(AGENTS).fetchall()
-    if leader:
+    if json_:
+        print_json({"database": url, "processes": processes, "leader": leader,
+                    "agents": agents})
+        return
+    typer.echo(f"database: {url}")
+    for name, pid in processes.items():
+        typer.echo(f"{name}: " + (f"running (pid {pid})" if pid else "not running here"))
+    if leader and leader["alive"]:
         typer.echo(f"leader: {leader['holder']} since {leader['since']:%Y-%m-%d %H:%M:%S}, "
                    f"last pass {leader['last_pass']:%H:%M:%S}")
+    elif leader:
+        typer.echo(f"leader: none; the last leader, {leader['holder']}, is gone "
+                   f"(its last pass at {leader['last_pass']:%Y-%m-%d %H:%M:%S})")
+    else:
+        typer.echo("leader: none; no reconciler has run against this database")
     typer.echo("")
     print_table(agents, ["id", "hostname", "resource_pool", "state", "runtime", "slots", "used",
                          "last_heartbeat"],

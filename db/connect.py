@@ -20,9 +20,14 @@ def det_home() -> Path:
     return Path(os.environ.get("DET_HOME") or Path.home() / ".local" / "share" / "det")
 
 
-def database_url(start: bool = True) -> str:
-    """The database URL: ``DET_DB_URL`` if set, else the embedded server's (started when
-    ``start`` is true).
+NO_CLUSTER = ("no det cluster is running: start one with `det cluster up`, or point "
+              "DET_DB_URL at a PostgreSQL that runs det")
+
+
+def database_url(start: bool = False) -> str:
+    """The database URL: ``DET_DB_URL`` if set, else the embedded server's. Only ``det cluster
+    up`` (and benchmarks) pass ``start``: any other command run before it says so instead of
+    silently starting a database no reconciler or agent serves.
 
     Raises:
         DatabaseError: no ``DET_DB_URL``, the embedded server is down and ``start`` is false.
@@ -35,7 +40,7 @@ def database_url(start: bool = True) -> str:
     if url is not None:
         return url
     if not start:
-        raise DatabaseError("the embedded database is not running (run `det cluster up`)")
+        raise DatabaseError(NO_CLUSTER)
     return embedded.ensure_running(home)
 
 

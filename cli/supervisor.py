@@ -1,0 +1,157 @@
+"""The local cluster's supervisor: what ``det cluster up`` leaves running in the background.
+
+It runs the reconciler and the local agent as its children and starts again any that dies
+(after an exponential backoff that resets once a child has run for ``STEADY_SECONDS``), and,
+with the embedded database, starts the server again when it is found dead. So nothing that
+crashed waits for a person to type ``det cluster up`` (issue 10, item 4). On SIGTERM it stops
+its children (SIGTERM, ``STOP_GRACE`` seconds, SIGKILL) and exits. Elsewhere systemd or
+Kubernetes plays this part.
+
+Its pid file and its children's pid files and logs live in ``<det home>/run``.
+"""
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import tenacity
+
+from det.db import embedded
+
+log = logging.getLogger("det.supervisor")
+
+CHECK_SECONDS = 1.0
+"""How often children and the embedded database are checked."""
+
+STEADY_SECONDS = 60.0
+"""A child that ran this long before dying is restarted at once (its backoff resets)."""
+
+STOP_GRACE = 15.0
+"""Seconds a child gets between SIGTERM and SIGKILL."""
+
+_BACKOFF = tenacity.wait_exponential(multiplier=0.5, max=30)
+
+
+def alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a running process (a zombie is not)."""
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def read_pid(run_dir: Path, name: str) -> int | None:
+    """The pid recorded in ``<run_dir>/<name>.pid`` if that process is alive, else None."""
+    try:
+        pid = int((run_dir / f"{name}.pid").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if alive(pid) else None
+
+
+@dataclass
+class Child:
+    """One supervised det process: ``argv`` after ``det``; its log is ``<run_dir>/<name>.log``."""
+
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    failures: int = 0
+    next_start: float = 0.0
+    log_path: Path = field(default=Path())
+
+
+class Supervisor:
+    """Keeps ``children`` (and, when ``home`` is given, the embedded database there) running.
+
+    ``env`` is the children's environment; ``run_dir`` holds pid files and logs."""
+
+    def __init__(self, children: list[Child], run_dir: Path, env: dict[str, str],
+                 home: Path | None) -> None:
+        self.children = children
+        self.run_dir = run_dir
+        self.env = env
+        self.home = home
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        """Supervise until SIGTERM or SIGINT."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._stop.set())
+        (self.run_dir / "supervisor.pid").write_text(str(os.getpid()))
+        try:
+            while not self._stop.is_set():
+                self._check_database()
+                for child in self.children:
+                    self._check(child)
+                self._stop.wait(CHECK_SECONDS)
+        finally:
+            self._stop_children()
+            (self.run_dir / "supervisor.pid").unlink(missing_ok=True)
+
+    def _check_database(self) -> None:
+        if self.home is None or embedded.running_url(self.home) is not None:
+            return
+        log.warning("the embedded database is not running; starting it")
+        try:
+            embedded.ensure_running(self.home)
+        except Exception as e:  # noqa: BLE001 -- any start failure: log, try on the next check
+            log.error("could not start the embedded database: %s", e)
+
+    def _check(self, child: Child) -> None:
+        now = time.monotonic()
+        if child.proc is not None:
+            code = child.proc.poll()
+            if code is None:
+                return
+            ran = now - child.started
+            child.failures = 0 if ran >= STEADY_SECONDS else child.failures + 1
+            delay = _BACKOFF(_attempt(child.failures)) if child.failures else 0.0
+            log.warning("%s exited with code %s after %.0f s; restarting in %.1f s",
+                        child.name, code, ran, delay)
+            child.proc = None
+            child.next_start = now + delay
+        if now < child.next_start:
+            return
+        logfile = open(self.run_dir / f"{child.name}.log", "ab")  # noqa: SIM115 (the child's)
+        child.proc = subprocess.Popen([sys.executable, "-m", "det.cli.main", *child.argv],
+                                      env=self.env, stdout=logfile, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL)
+        logfile.close()
+        child.started = now
+        (self.run_dir / f"{child.name}.pid").write_text(str(child.proc.pid))
+        log.info("%s started (pid %d)", child.name, child.proc.pid)
+
+    def _stop_children(self) -> None:
+        running = [c for c in reversed(self.children) if c.proc and c.proc.poll() is None]
+        for c in running:
+            c.proc.terminate()
+        deadline = time.monotonic() + STOP_GRACE
+        for c in running:
+            try:
+                c.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait()
+            log.info("%s stopped", c.name)
+        for c in self.children:
+            with contextlib.suppress(OSError):
+                (self.run_dir / f"{c.name}.pid").unlink()
+
+
+def _attempt(n: int) -> tenacity.RetryCallState:
+    """A retry state at attempt ``n``, to ask tenacity's wait strategy for its delay."""
+    state = tenacity.RetryCallState(None, None, (), {})
+    state.attempt_number = n
+    return state

@@ -1,0 +1,74 @@
+"""`det cluster up` as a user runs it: the embedded database, a supervisor that restarts a
+crashed reconciler, agent or database, and the truth in `det cluster status` (issue 10)."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import Det, wait_for
+from test_reconciler import config
+
+from det.cli.supervisor import read_pid
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Det:
+    """A Det runner with its own DET_HOME and no DET_DB_URL: det runs its embedded database."""
+    env = {k: v for k, v in os.environ.items() if k != "DET_DB_URL"}
+    env.update(DET_HOME=str(tmp_path / "home"), DET_USER="tester", PYTHONUNBUFFERED="1")
+    d = Det(env, tmp_path)
+    yield d
+    d("cluster", "down", check=False, timeout=120)
+
+
+def _status(det: Det) -> dict:
+    return json.loads(det("cluster", "status", "--json").stdout)
+
+
+def test_commands_before_cluster_up_say_how_to_start_one(local, tmp_path) -> None:
+    r = local("experiment", "list", check=False)
+    assert r.returncode == 1
+    assert r.stderr.strip().count("\n") == 0 and "det cluster up" in r.stderr
+    assert not (tmp_path / "home" / "postgres").exists()  # nothing was started
+
+
+def test_supervisor_restarts_what_dies(local, tmp_path) -> None:
+    run = tmp_path / "home" / "run"
+    out = local("cluster", "up", "--runtime", "process", "--slots", "1").stdout
+    assert "supervisor: started" in out
+    wait_for(lambda: _status(local)["leader"] and _status(local)["leader"]["alive"], 60,
+             "the reconciler to lead")
+    assert "already running" in local("cluster", "up").stdout
+
+    reconciler = read_pid(run, "reconciler")
+    os.kill(reconciler, signal.SIGKILL)
+    wait_for(lambda: read_pid(run, "reconciler") not in (None, reconciler), 30,
+             "the supervisor to start a new reconciler")
+
+    # The embedded server crashes: the supervisor starts it again, and everyone reconnects.
+    postmaster = int((tmp_path / "home" / "postgres" / "postmaster.pid").read_text().split()[0])
+    psutil.Process(postmaster).kill()
+    wait_for(lambda: local("cluster", "status", check=False).returncode == 0, 60,
+             "the embedded database to be back")
+    local("experiment", "create", str(config(tmp_path, "echo hello")), str(tmp_path / "ctx"))
+    assert local("experiment", "wait", "1", timeout=120).returncode == 0
+    assert "hello" in local("trial", "logs", "1").stdout
+
+    pids = [read_pid(run, n) for n in ("supervisor", "reconciler", "agent")]
+    local("cluster", "down", timeout=120)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                   for p in pids if p)
+    assert "det cluster up" in local("cluster", "status", check=False).stderr
+
+
+def test_status_tells_a_dead_leader_from_a_live_one(det, conn) -> None:
+    rec = det.start("reconciler", "reconcile", "--interval", "0.5")
+    wait_for(lambda: "leading as" in det.log("reconciler"), 30, "the reconciler to lead")
+    assert f"leader: {os.uname().nodename}:{rec.pid}" in det("cluster", "status").stdout
+    rec.send_signal(signal.SIGKILL)
+    rec.wait()
+    out = det("cluster", "status").stdout
+    assert "leader: none; the last leader" in out and "is gone" in out

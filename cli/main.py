@@ -21,6 +21,7 @@ from det.cli import (
     simulate,
     trials,
 )
+from det.db.sqlstate import translate
 from det.errors import DetError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -66,21 +67,20 @@ def main() -> None:
     except (DetError, psycopg.Error) as e:
         if _debug:
             raise
-        msg = e
-        if isinstance(e, psycopg.Error) and e.diag.message_primary:
-            msg = e.diag.message_primary
-        typer.echo(f"Error: {msg}", err=True)
+        error = translate(e) if isinstance(e, psycopg.Error) else e
+        typer.echo(f"Error: {error}", err=True)
         sys.exit(1)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("Aborted.", err=True)
         sys.exit(130)
-    except typer.TyperException as e:  # usage errors: typer prints them with the usage line
-        if hasattr(e, "show"):
-            e.show()
-        else:
-            typer.echo(f"Error: {e}", err=True)
+    except Exception as e:
+        # Usage errors of the click that typer vendors: they print themselves with the usage
+        # line. Anything else is a bug and keeps its traceback.
+        if not hasattr(e, "show"):
+            raise
+        e.show()
         sys.exit(getattr(e, "exit_code", 2))
     # In non-standalone mode click returns a command's exit code instead of exiting.
     sys.exit(code if isinstance(code, int) else 0)

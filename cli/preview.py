@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from det.cli.output import print_table
+from det.cli.output import print_json, print_table
 from det.configs import (
     AdaptiveAshaSearcher,
     GridSearcher,
@@ -27,7 +27,9 @@ from det.reconciler.searchers.sampling import grid_axis
 
 
 def preview_search(
-    config_file: Path = typer.Argument(..., help="Experiment config (YAML)."),
+    config_file: Path = typer.Argument(..., help="Experiment config (YAML).",
+                                       metavar="CONFIG_FILE"),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show the trials a search will create and the training it will run."""
     try:
@@ -52,11 +54,13 @@ def preview_search(
             for b, preview in enumerate(brackets)
             for i, rung in enumerate(preview.rungs)
         ]
-        print_table(
-            rows,
-            ["bracket", "rung", "length", "trials", "stopped", "units"],
-            ["Bracket", "Rung", f"Trains to ({unit})", "Trials", "Stop here", f"Units ({unit})"],
-        )
+        if not json_:
+            print_table(
+                rows,
+                ["bracket", "rung", "length", "trials", "stopped", "units"],
+                ["Bracket", "Rung", f"Trains to ({unit})", "Trials", "Stop here",
+                 f"Units ({unit})"],
+            )
         trials = sum(preview.bracket.max_trials for preview in brackets)
         units = sum(preview.units for preview in brackets)
     else:
@@ -68,10 +72,13 @@ def preview_search(
             trials = 1
         unit, length = searcher.max_length.unit, searcher.max_length.value
         units = trials * length
-        print_table(
-            [{"trials": trials, "length": length, "units": units}],
-            ["trials", "length", "units"],
-            ["Trials", f"Trains to ({unit})", f"Units ({unit})"],
-        )
+        rows = [{"trials": trials, "length": length, "units": units}]
+        if not json_:
+            print_table(rows, ["trials", "length", "units"],
+                        ["Trials", f"Trains to ({unit})", f"Units ({unit})"])
+    if json_:
+        print_json({"searcher": searcher.name, "unit": unit, "trials": trials, "units": units,
+                    "rungs" if "rung" in rows[0] else "plan": rows})
+        return
     plural = "" if trials == 1 else "s"
     typer.echo(f"{searcher.name}: {trials} trial{plural}, {units} {unit} of training in all")

@@ -64,7 +64,7 @@ def simulate(
     fitting_policy: Literal["best", "worst"] = typer.Option(None, "--fitting-policy"),
     resource_pool: str = typer.Option(None, "--resource-pool", help="Only this pool."),
     json_: bool = typer.Option(False, "--json",
-                               help='Print {"allocate": [ids], "release": [ids]}.'),
+                               help="Print JSON: the ids to allocate and to release."),
 ) -> None:
     """One scheduling pass, printed and not applied: what would start, what would be
     preempted, and why the rest would wait."""

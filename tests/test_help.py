@@ -1,0 +1,27 @@
+"""Every command's help reads as plain text: no reStructuredText markup, real metavars
+(issue 10, "Telling the truth")."""
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from det.cli.main import app
+
+
+def _commands(group, path: tuple[str, ...] = ()):
+    yield path
+    if hasattr(group, "commands"):
+        for name, cmd in group.commands.items():
+            if not cmd.hidden:
+                yield from _commands(cmd, (*path, name))
+
+
+COMMANDS = list(_commands(typer.main.get_command(app)))
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=[" ".join(p) or "det" for p in COMMANDS])
+def test_help_is_plain_text(path: tuple[str, ...]) -> None:
+    r = CliRunner().invoke(app, [*path, "--help"], terminal_width=100)
+    assert r.exit_code == 0, r.output
+    for bad in ("``", "<bool>", "<str>", "{", ":mod:", ":func:", "Raises:"):
+        assert bad not in r.output, f"det {' '.join(path)} --help shows {bad!r}:\n{r.output}"

@@ -1,0 +1,36 @@
+"""Database errors become det's error types, with messages a user can act on."""
+
+import psycopg
+import pytest
+
+from det.db.sqlstate import translate
+from det.errors import DatabaseError, NotFoundError, StateError
+
+
+def _error(conn, sql: str, *args) -> psycopg.Error:
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute(sql, args)
+    return info.value
+
+
+def test_missing_object_is_not_found(conn) -> None:
+    e = translate(_error(conn, "SELECT det_experiment_action(42, 'pause')"))
+    assert isinstance(e, NotFoundError) and str(e) == "experiment 42 not found"
+
+
+def test_illegal_transition_is_a_state_error(conn) -> None:
+    conn.execute("INSERT INTO jobs (type, resource_pool, queue_position, owner) "
+                 "VALUES ('EXPERIMENT', 'default', 1, 'me')")
+    conn.execute("INSERT INTO experiments (job_id, name, config, original_config, owner, state, "
+                 "end_time) VALUES (1, 'x', '{}', '', 'me', 'COMPLETED', now())")
+    e = translate(_error(conn, "UPDATE experiments SET state = 'ACTIVE', end_time = NULL"))
+    assert isinstance(e, StateError) and "illegal state change COMPLETED -> ACTIVE" in str(e)
+
+
+def test_a_lost_connection_says_the_database_is_unavailable(db_url) -> None:
+    c = psycopg.connect(db_url, autocommit=True)
+    pid = c.info.backend_pid
+    with psycopg.connect(db_url, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    e = translate(_error(c, "SELECT 1"))
+    assert isinstance(e, DatabaseError) and str(e).startswith("the database is unavailable")

@@ -1077,3 +1077,27 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
+
+CREATE TYPE early_exit_reason AS ENUM ('errored', 'invalid_hp', 'user_requested_stop');
+COMMENT ON TYPE early_exit_reason IS
+    'Why a trial ended early (Python: det.reasons.EarlyExitReason, kept equal by a test): '
+    'errored (failed past its restarts), invalid_hp (its code rejected its hyperparameters), '
+    'user_requested_stop (its code ended it on purpose).';
+
+CREATE OR REPLACE FUNCTION det_report_early_exit(p_token text, p_reason text) RETURNS void
+LANGUAGE plpgsql AS $$
+-- The trial ends itself, for one of the early_exit_reason labels.
+DECLARE
+    a allocations := det_auth(p_token);
+    v_reason early_exit_reason;
+BEGIN
+    BEGIN
+        v_reason := p_reason::early_exit_reason;
+    EXCEPTION WHEN invalid_text_representation THEN
+        RAISE EXCEPTION 'early exit reason must be one of %, not "%"',
+            array_to_string(enum_range(NULL::early_exit_reason)::text[], ', '), p_reason
+            USING ERRCODE = 'invalid_parameter_value';
+    END;
+    UPDATE trials SET closed = true, exit_reason = v_reason::text WHERE id = a.trial_id;
+    UPDATE searcher_ops SET completed = true WHERE trial_id = a.trial_id AND NOT completed;
+END $$;

@@ -460,7 +460,7 @@ def test_preview_search_command(tmp_path: Path, capsys: pytest.CaptureFixture[st
         "entrypoint: a:B\nsearcher: {name: adaptive_asha, metric: loss, max_trials: 16,"
         " max_length: {batches: 1000}}\n"
     )
-    preview_search(asha)
+    preview_search(asha, json_=False)
     out = capsys.readouterr().out
     assert "16 trials" in out and f"{2058 + 1750} batches" in out
     assert "62" in out and "250" in out
@@ -471,12 +471,12 @@ def test_preview_search_command(tmp_path: Path, capsys: pytest.CaptureFixture[st
         " b: {type: categorical, vals: [x, y]}}\n"
         "searcher: {name: grid, metric: loss, max_length: {epochs: 2}}\n"
     )
-    preview_search(grid)
+    preview_search(grid, json_=False)
     assert "6 trials" in capsys.readouterr().out
 
     single = tmp_path / "single.yaml"
     single.write_text(
         "entrypoint: a:B\nsearcher: {name: single, metric: l, max_length: {records: 5}}"
     )
-    preview_search(single)
+    preview_search(single, json_=False)
     assert "1 trial" in capsys.readouterr().out

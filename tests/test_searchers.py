@@ -218,9 +218,9 @@ def test_random_replaces_invalid_hp_but_single_does_not() -> None:
     ("reasons", "expected"),
     [
         (["errored", "errored"], Shutdown(failure=True)),
-        (["user_canceled", "user_canceled"], Shutdown(cancel=True)),
+        (["user_requested_stop", "user_requested_stop"], Shutdown(cancel=True)),
         (["errored", None], Shutdown()),
-        (["errored", "user_canceled"], Shutdown()),
+        (["errored", "user_requested_stop"], Shutdown()),
         ([None, None], Shutdown()),
     ],
 )
@@ -261,7 +261,7 @@ def test_input_state_is_not_modified() -> None:
 # --- properties -----------------------------------------------------------------------------
 
 # An event script: (which alive trial, as a fraction of the alive list; what happens to it).
-EVENT_KINDS = ["validate_half", "validate_full", "exited", "errored", "invalid_hp", "user_canceled"]
+EVENT_KINDS = ["validate_half", "validate_full", "exited", "errored", "invalid_hp", "user_requested_stop"]
 scripts = st.lists(
     st.tuples(st.floats(0, 0.999), st.sampled_from(EVENT_KINDS)), min_size=0, max_size=60
 )

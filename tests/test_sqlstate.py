@@ -34,3 +34,10 @@ def test_a_lost_connection_says_the_database_is_unavailable(db_url) -> None:
         other.execute("SELECT pg_terminate_backend(%s)", (pid,))
     e = translate(_error(c, "SELECT 1"))
     assert isinstance(e, DatabaseError) and str(e).startswith("the database is unavailable")
+
+
+def test_early_exit_reasons_are_one_vocabulary(conn) -> None:
+    from det.reasons import EarlyExitReason
+
+    labels = conn.execute("SELECT enum_range(NULL::early_exit_reason)::text[] AS l").fetchone()
+    assert labels["l"] == [r.value for r in EarlyExitReason]

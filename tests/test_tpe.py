@@ -334,7 +334,7 @@ def test_preview_search_shows_the_rungs(tmp_path: Path, capsys: pytest.CaptureFi
         "entrypoint: a:B\nsearcher: {name: tpe, metric: loss, max_trials: 9, divisor: 3,"
         " max_rungs: 3, max_length: {batches: 90}}\n"
     )
-    preview_search(config)
+    preview_search(config, json_=False)
     out = capsys.readouterr().out
     # 9 trials to 10 batches, 3 go on to 30, 1 to 90: 6*10 + 2*30 + 1*90 = 210.
     assert "tpe: 9 trials, 210 batches" in out

@@ -7,10 +7,9 @@ trial for work, end the search) and feeds back events from the trials. Mirrors t
 """
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-ExitReason = Literal["errored", "invalid_hp", "user_canceled"]
-EXIT_REASONS: tuple[ExitReason, ...] = ("errored", "invalid_hp", "user_canceled")
+from det.reasons import EarlyExitReason as ExitReason
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,7 @@ class TrialExited:
 @dataclass(frozen=True)
 class TrialExitedEarly:
     """The trial ended for good before finishing: ``errored`` (failed past its restarts),
-    ``invalid_hp`` (user code rejected its hyperparameters) or ``user_canceled``."""
+    ``invalid_hp`` (user code rejected its hyperparameters) or ``user_requested_stop``."""
 
     request_id: str
     reason: ExitReason

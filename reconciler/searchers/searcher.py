@@ -15,9 +15,9 @@ from typing import Any
 from det.configs import ExperimentConfig, parse_experiment_config
 from det.errors import DetError
 from det.reconciler.searchers.actions import (
-    EXIT_REASONS,
     Action,
     Event,
+    ExitReason,
     Shutdown,
     TrialExited,
     TrialExitedEarly,
@@ -95,7 +95,7 @@ def searcher_step(
             actions += method.on_validation(search, trial, event.length, event.metric)
             continue
         if isinstance(event, TrialExitedEarly):
-            if event.reason not in EXIT_REASONS:
+            if event.reason not in set(ExitReason):
                 raise SearcherError(f"unknown early-exit reason {event.reason!r}")
             trial.exit = event.reason
             actions += method.on_exit(search, trial, event.reason)
@@ -112,7 +112,7 @@ def _shutdown(search: SearchState) -> Shutdown:
     search.shutdown = True
     requested = len(search.trials)
     failures = sum(1 for t in search.trials if t.exit == "errored")
-    cancels = sum(1 for t in search.trials if t.exit == "user_canceled")
+    cancels = sum(1 for t in search.trials if t.exit == ExitReason.USER_REQUESTED_STOP)
     return Shutdown(failure=failures >= requested, cancel=cancels >= requested)
 
 

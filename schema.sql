@@ -1,20 +1,28 @@
--- det's schema: the whole control plane.
---
--- This file is read by `det db migrate` (det/db/migrate.py). It is a sequence of versioned
--- migrations, each opened by a line `-- migration: <N> <name>`. A database records the versions
--- it has applied in `det_migrations`; `migrate` applies the missing ones in order, each in its
--- own transaction. Never edit an applied migration: append a new one (functions are
--- CREATE OR REPLACE, so a later migration redefines them).
+-- det's schema as it is today: the whole control plane, and the contract every actor codes
+-- against. Read this file to learn det's states and rules.
 --
 -- Rules live here, next to the data:
 --   * states are enums and every transition is checked by a trigger (det_check_transition);
---   * a slot is held by at most one live allocation (partial unique index on allocation_slots);
+--   * a slot is held by at most one live allocation, a trial has at most one live allocation
+--     (partial unique indexes);
 --   * writes that carry rules go through det_* functions, called alike by the CLI, the
 --     reconciler, agents and the harness (the harness authenticates with an allocation token,
 --     stored here only as a SHA-256 hash);
 --   * the `reporting` schema holds stable views for users' own SQL.
+--
+-- Order: types; tables (each with its comments and indexes); the transition trigger; functions
+-- by actor (user actions, agents, tasks, reconciler helpers); reporting views.
+--
+-- How databases get here. This file is not executed by det: databases are built and upgraded
+-- by the migrations in db/migrations/ (NNNN_name.sql, applied in order, each in its own
+-- transaction, recorded in det_migrations; see db/migrate.py). tests/test_schema.py builds one
+-- database from the migrations and one from this file and asserts their catalogs are
+-- identical. To change the schema: add the next migration file, then fold the change in here
+-- where the object is defined (a new column goes last in its CREATE TABLE; a replaced function
+-- or view replaces its definition, verbatim), so that each object is still defined once.
 
--- migration: 1 initial
+-- =============================================================================================
+-- Types
 
 CREATE TYPE experiment_state AS ENUM (
     'ACTIVE', 'PAUSED',
@@ -24,6 +32,8 @@ CREATE TYPE experiment_state AS ENUM (
 COMMENT ON TYPE experiment_state IS
     'Experiment lifecycle (spec: experiment-lifecycle). STOPPING_* wait for the trials to end.';
 
+-- Trial lifecycle: the same states as an experiment's, with the same transition rules
+-- (det_check_transition). A trial's STOPPING_* waits for its live allocation to end.
 CREATE TYPE trial_state AS ENUM (
     'ACTIVE', 'PAUSED',
     'STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED', 'STOPPING_ERROR',
@@ -42,7 +52,12 @@ COMMENT ON TYPE allocation_state IS
     'Observed state of one run of a task. Only moves forward (enum order); any state may jump '
     'to TERMINATED.';
 
+-- An agent's state: ACTIVE takes new work; DISABLED (drained by `det agent disable`) finishes
+-- its running work and takes none; LOST (heartbeat timed out) until it registers again.
 CREATE TYPE agent_state AS ENUM ('ACTIVE', 'DISABLED', 'LOST');
+
+-- =============================================================================================
+-- Tables: the cluster
 
 CREATE TABLE reconciler_leader (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -54,11 +69,28 @@ COMMENT ON TABLE reconciler_leader IS
     'Who leads (for `det cluster status`). Leadership itself is a session advisory lock held by '
     'the connection that runs every pass, so a leader whose connection dies cannot write.';
 
+CREATE TABLE cluster_config (
+    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    config     jsonb NOT NULL,
+    original   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE cluster_config IS
+    'The applied cluster config (`det cluster config apply`), validated by det.configs.cluster: '
+    '{resource_manager: {scheduler, default_compute_resource_pool, default_aux_resource_pool}, '
+    'resource_pools: [...]}.';
+
 CREATE TABLE resource_pools (
     name        text PRIMARY KEY,
-    description text NOT NULL DEFAULT ''
+    description text NOT NULL DEFAULT '',
+    scheduler   jsonb,
+    max_aux_containers_per_agent integer NOT NULL DEFAULT 100
+        CHECK (max_aux_containers_per_agent >= 0)
 );
 COMMENT ON TABLE resource_pools IS 'Named groups of agents; every allocation targets one pool.';
+COMMENT ON COLUMN resource_pools.scheduler IS
+    'The pool''s own scheduler; NULL uses the cluster''s. A pool scheduler replaces the '
+    'cluster''s as a whole (spec: Resource Pools).';
 INSERT INTO resource_pools (name, description) VALUES ('default', 'The default compute pool');
 
 CREATE TABLE agents (
@@ -86,6 +118,9 @@ CREATE TABLE slots (
 );
 COMMENT ON TABLE slots IS 'Schedulable devices of an agent: CUDA GPUs, else CPU slots.';
 
+-- =============================================================================================
+-- Tables: experiments, trials and the searcher
+
 CREATE TABLE context_blobs (
     id         bigserial PRIMARY KEY,
     sha256     bytea NOT NULL UNIQUE,
@@ -105,12 +140,20 @@ CREATE TABLE jobs (
     weight         double precision NOT NULL DEFAULT 1 CHECK (weight > 0),
     queue_position numeric NOT NULL,
     owner          text NOT NULL,
-    submitted_at   timestamptz NOT NULL DEFAULT now()
+    submitted_at   timestamptz NOT NULL DEFAULT now(),
+    max_slots      integer CHECK (max_slots IS NULL OR max_slots >= 0),
+    fallback_pools text[] NOT NULL DEFAULT '{}'
 );
 COMMENT ON TABLE jobs IS
     'The job queue: one row per experiment or task. Scheduling order is (priority, '
     'queue_position); queue_position starts as the submission time in microseconds.';
+COMMENT ON COLUMN jobs.fallback_pools IS
+    'Pools to try, in order, after resource_pool when it cannot take a waiting run now '
+    '(resources.resource_pool given as a list).';
+COMMENT ON COLUMN jobs.max_slots IS 'Caps the job''s demand under fair share (resources.max_slots).';
 
+-- One row per submitted experiment: its expanded config, its state (experiment_state), and
+-- the searcher's saved state. end_time is set exactly when the state is terminal.
 CREATE TABLE experiments (
     id              serial PRIMARY KEY,
     job_id          bigint NOT NULL UNIQUE REFERENCES jobs (id),
@@ -133,6 +176,9 @@ COMMENT ON COLUMN experiments.searcher_state IS
     'The searcher''s state (JSON), written in the same transaction that consumed the events '
     'which changed it. NULL until the searcher has made its initial decisions.';
 
+-- One row per trial the searcher created: its hyperparameters and seed, its state
+-- (trial_state), how many runs and restarts it has had, and its restart point (the latest
+-- checkpoint and the batches trained as of it).
 CREATE TABLE trials (
     id                 serial PRIMARY KEY,
     experiment_id      integer NOT NULL REFERENCES experiments (id),
@@ -170,6 +216,7 @@ CREATE TABLE searcher_ops (
 COMMENT ON TABLE searcher_ops IS
     'Searcher operations: "train the trial to <length> units, then validate". Length is '
     'absolute, in the unit of searcher.max_length. A trial works on its oldest open op.';
+-- A trial's open ops in order: det_current_op reads the first.
 CREATE INDEX searcher_ops_open ON searcher_ops (trial_id, id) WHERE NOT completed;
 
 CREATE TABLE searcher_events (
@@ -185,7 +232,11 @@ CREATE TABLE searcher_events (
 COMMENT ON TABLE searcher_events IS
     'What the searcher has to learn about. The reconciler feeds unconsumed events to the '
     'experiment''s searcher and marks them consumed in the transaction that saves its state.';
+-- The events a searcher has still to read, per experiment in order.
 CREATE INDEX searcher_events_pending ON searcher_events (experiment_id, id) WHERE NOT consumed;
+
+-- =============================================================================================
+-- Tables: allocations (runs of tasks) and what they produce
 
 CREATE TABLE allocations (
     id             bigserial PRIMARY KEY,
@@ -208,6 +259,10 @@ CREATE TABLE allocations (
     assigned_at    timestamptz,
     started_at     timestamptz,
     ended_at       timestamptz,
+    preemptible    boolean NOT NULL DEFAULT true,
+    pending_reason text,
+    out_of_work    boolean NOT NULL DEFAULT false,
+    running_at     timestamptz,
     UNIQUE (trial_id, run),
     CHECK ((ended_at IS NULL) = (state <> 'TERMINATED')),
     CHECK (state = 'PENDING' OR state = 'TERMINATED' OR agent_id IS NOT NULL)
@@ -221,11 +276,29 @@ COMMENT ON COLUMN allocations.stop_requested_at IS
     'killed, so nothing hangs in STOPPED forever.';
 COMMENT ON COLUMN allocations.settled IS
     'The reconciler has folded this terminated allocation into its trial''s state.';
+COMMENT ON COLUMN allocations.pending_reason IS
+    'Why the allocation still waits, in the scheduler''s words from its latest pass.';
+COMMENT ON COLUMN allocations.out_of_work IS
+    'The task asked for its next searcher operation and was told there was none '
+    '(det_current_op returned NULL). A clean exit then means the run finished its work, even '
+    'if the searcher opened an op for the trial meanwhile (an adaptive ASHA promotion): the '
+    'trial''s next run takes that op. Without it, a clean exit with an op open means the code '
+    'ended its own training.';
+COMMENT ON COLUMN allocations.running_at IS
+    'When the agent reported the task running (its process or container started): with '
+    'started_at (the claim, before any image pull or container creation) it tells how long a '
+    'runtime took to start the task.';
+-- Each agent's live allocations (what an agent runs, what a lost agent leaves behind).
 CREATE INDEX allocations_live ON allocations (agent_id) WHERE state <> 'TERMINATED';
+-- The scheduler's input: waiting allocations per pool, oldest first.
 CREATE INDEX allocations_pending ON allocations (resource_pool, id) WHERE state = 'PENDING';
+-- Ended runs the reconciler has yet to fold into their trials' state.
 CREATE INDEX allocations_unsettled ON allocations (id) WHERE state = 'TERMINATED' AND NOT settled;
+-- Invariant: a trial has at most one live run.
 CREATE UNIQUE INDEX allocations_one_live_per_trial ON allocations (trial_id)
     WHERE state <> 'TERMINATED';
+-- det_auth: a task's token (its hash) to its allocation.
+CREATE INDEX allocations_token ON allocations (token_hash) WHERE token_hash IS NOT NULL;
 
 CREATE TABLE allocation_slots (
     allocation_id bigint NOT NULL REFERENCES allocations (id),
@@ -236,6 +309,7 @@ CREATE TABLE allocation_slots (
 );
 COMMENT ON TABLE allocation_slots IS
     'Which slots an allocation holds. A slot is held by at most one live allocation.';
+-- Invariant: a slot has at most one holder that has not released it.
 CREATE UNIQUE INDEX allocation_slots_one_holder ON allocation_slots (agent_id, slot_id)
     WHERE NOT released;
 CREATE INDEX allocation_slots_allocation ON allocation_slots (allocation_id);
@@ -254,6 +328,9 @@ COMMENT ON TABLE metrics IS
     '(trial, group, steps).';
 CREATE INDEX metrics_trial_group_steps ON metrics (trial_id, "group", steps_completed);
 
+-- Checkpoints the tasks finished writing (det_report_checkpoint): where they are stored (the
+-- experiment's checkpoint_storage) and their files. The one with the most steps is its trial's
+-- restart point (trials.latest_checkpoint).
 CREATE TABLE checkpoints (
     uuid            uuid PRIMARY KEY,
     trial_id        integer NOT NULL REFERENCES trials (id),
@@ -280,7 +357,7 @@ COMMENT ON TABLE task_logs IS 'Append-only task output, written by agents in bat
 CREATE INDEX task_logs_trial ON task_logs (trial_id, id);
 CREATE INDEX task_logs_allocation ON task_logs (allocation_id, id);
 
--- ---------------------------------------------------------------------------------------------
+-- =============================================================================================
 -- Transition rules
 
 CREATE FUNCTION det_check_transition() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -321,22 +398,30 @@ CREATE TRIGGER trials_transition BEFORE UPDATE OF state ON trials
 CREATE TRIGGER allocations_transition BEFORE UPDATE OF state ON allocations
     FOR EACH ROW EXECUTE FUNCTION det_check_transition();
 
--- ---------------------------------------------------------------------------------------------
+-- =============================================================================================
 -- User actions (the CLI). Each is one transaction; each wakes the reconciler.
 
 CREATE FUNCTION det_create_experiment(
     p_config jsonb, p_original_config text, p_context bytea, p_owner text
 ) RETURNS integer LANGUAGE plpgsql AS $$
 -- Submit an experiment. p_config is the expanded config (validated by det.configs);
--- p_context the packed model definition (tar.gz), stored once per distinct content.
+-- p_context the packed model definition (tar.gz), stored once per distinct content. The
+-- job's priority defaults to its pool scheduler's default_priority.
 DECLARE
-    v_pool text := coalesce(p_config #>> '{resources,resource_pool}', 'default');
+    v_pools text[] := CASE jsonb_typeof(p_config #> '{resources,resource_pool}')
+        WHEN 'array' THEN ARRAY(SELECT jsonb_array_elements_text(
+                                    p_config #> '{resources,resource_pool}'))
+        ELSE ARRAY[coalesce(p_config #>> '{resources,resource_pool}', 'default')] END;
+    v_pool text := v_pools[1];
+    v_missing text;
     v_ctx bigint;
     v_job bigint;
     v_id integer;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = v_pool) THEN
-        RAISE EXCEPTION 'resources.resource_pool: no resource pool named "%"', v_pool
+    SELECT p INTO v_missing FROM unnest(v_pools) p
+     WHERE NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p) LIMIT 1;
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'resources.resource_pool: no resource pool named "%"', v_missing
             USING ERRCODE = 'foreign_key_violation';
     END IF;
     IF p_context IS NOT NULL THEN
@@ -345,10 +430,13 @@ BEGIN
         ON CONFLICT (sha256) DO NOTHING;
         SELECT id INTO v_ctx FROM context_blobs WHERE sha256 = sha256(p_context);
     END IF;
-    INSERT INTO jobs (type, resource_pool, priority, weight, queue_position, owner)
-    VALUES ('EXPERIMENT', v_pool,
-            coalesce((p_config #>> '{resources,priority}')::integer, 42),
+    INSERT INTO jobs (type, resource_pool, fallback_pools, priority, weight, max_slots,
+                      queue_position, owner)
+    VALUES ('EXPERIMENT', v_pool, v_pools[2:],
+            coalesce((p_config #>> '{resources,priority}')::integer,
+                     (det_pool_scheduler(v_pool) ->> 'default_priority')::integer),
             coalesce((p_config #>> '{resources,weight}')::double precision, 1),
+            (p_config #>> '{resources,max_slots}')::integer,
             extract(epoch FROM clock_timestamp()) * 1000000, p_owner)
     RETURNING id INTO v_job;
     INSERT INTO experiments (job_id, name, description, config, original_config, context_id,
@@ -387,416 +475,6 @@ BEGIN
     UPDATE experiments SET state = v_new WHERE id = p_id;
     PERFORM pg_notify('det_reconciler', 'experiment');
     RETURN v_new;
-END $$;
-
--- ---------------------------------------------------------------------------------------------
--- Agents
-
-CREATE FUNCTION det_agent_register(
-    p_id text, p_hostname text, p_pool text, p_runtime text, p_slots jsonb
-) RETURNS void LANGUAGE plpgsql AS $$
--- An agent (re)registers its slots: [{slot_id, type, device_uuid, device_name, memory_mb}].
--- Slots it no longer has are removed; a LOST agent becomes ACTIVE again.
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p_pool) THEN
-        RAISE EXCEPTION 'agent %: no resource pool named "%"', p_id, p_pool
-            USING ERRCODE = 'foreign_key_violation';
-    END IF;
-    INSERT INTO agents (id, hostname, resource_pool, runtime)
-    VALUES (p_id, p_hostname, p_pool, p_runtime)
-    ON CONFLICT (id) DO UPDATE
-        SET hostname = excluded.hostname, resource_pool = excluded.resource_pool,
-            runtime = excluded.runtime, last_heartbeat = now(),
-            state = CASE WHEN agents.state = 'LOST' THEN 'ACTIVE' ELSE agents.state END;
-    DELETE FROM slots s WHERE s.agent_id = p_id
-        AND s.slot_id NOT IN (SELECT (e ->> 'slot_id')::integer
-                              FROM jsonb_array_elements(p_slots) e);
-    INSERT INTO slots (agent_id, slot_id, type, device_uuid, device_name, memory_mb)
-    SELECT p_id, (e ->> 'slot_id')::integer, e ->> 'type', e ->> 'device_uuid',
-           coalesce(e ->> 'device_name', ''), (e ->> 'memory_mb')::bigint
-    FROM jsonb_array_elements(p_slots) e
-    ON CONFLICT (agent_id, slot_id) DO UPDATE
-        SET type = excluded.type, device_uuid = excluded.device_uuid,
-            device_name = excluded.device_name, memory_mb = excluded.memory_mb;
-    PERFORM pg_notify('det_reconciler', 'agent');
-END $$;
-
-CREATE FUNCTION det_agent_heartbeat(p_id text) RETURNS agent_state LANGUAGE plpgsql AS $$
--- Returns the agent's state; LOST means the reconciler gave up on it and it must re-register.
-DECLARE
-    v_state agent_state;
-BEGIN
-    UPDATE agents SET last_heartbeat = now() WHERE id = p_id AND state <> 'LOST'
-    RETURNING state INTO v_state;
-    RETURN coalesce(v_state, 'LOST');
-END $$;
-
-CREATE FUNCTION det_agent_claim(p_agent text, p_allocation bigint) RETURNS text
-LANGUAGE plpgsql AS $$
--- The agent is about to launch an allocation assigned to it: mint the task's token (returned
--- once, stored hashed) and move the allocation to STARTING. Returns NULL when the allocation
--- is no longer this agent's to start (ended, or desired state is not RUNNING).
-DECLARE
-    v_token text := encode(gen_random_uuid()::text::bytea || gen_random_uuid()::text::bytea,
-                           'base64');
-BEGIN
-    v_token := translate(v_token, E'+/=\n', '-_');
-    UPDATE allocations
-       SET token_hash = sha256(convert_to(v_token, 'UTF8')), state = 'STARTING',
-           started_at = coalesce(started_at, now())
-     WHERE id = p_allocation AND agent_id = p_agent
-       AND state IN ('ASSIGNED', 'PULLING', 'STARTING') AND desired_state = 'RUNNING';
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    RETURN v_token;
-END $$;
-
-CREATE FUNCTION det_agent_report(
-    p_agent text, p_allocation bigint, p_state allocation_state,
-    p_exit_code integer DEFAULT NULL, p_reason text DEFAULT NULL
-) RETURNS void LANGUAGE plpgsql AS $$
--- The agent reports what it observed of an allocation it runs. TERMINATED releases the slots
--- and records the exit code and reason; the reconciler settles the trial afterwards.
-BEGIN
-    UPDATE allocations
-       SET state = greatest(state, p_state),
-           exit_code = CASE WHEN p_state = 'TERMINATED' THEN p_exit_code ELSE exit_code END,
-           exit_reason = CASE WHEN p_state = 'TERMINATED' THEN p_reason ELSE exit_reason END,
-           ended_at = CASE WHEN p_state = 'TERMINATED' THEN coalesce(ended_at, now()) END
-     WHERE id = p_allocation AND agent_id = p_agent AND state <> 'TERMINATED';
-    IF p_state = 'TERMINATED' THEN
-        UPDATE allocation_slots SET released = true
-         WHERE allocation_id = p_allocation AND NOT released;
-        PERFORM pg_notify('det_reconciler', 'allocation');
-    END IF;
-END $$;
-
-CREATE FUNCTION det_append_logs(
-    p_allocation bigint, p_streams text[], p_lines text[]
-) RETURNS void LANGUAGE sql AS $$
--- Append a batch of task output lines (one call per batch, never per line).
-    INSERT INTO task_logs (allocation_id, trial_id, stream, line)
-    SELECT p_allocation, a.trial_id, s, l
-    FROM allocations a, unnest(p_streams, p_lines) AS u (s, l)
-    WHERE a.id = p_allocation;
-$$;
-
--- ---------------------------------------------------------------------------------------------
--- The task's API (the harness). Every call names its allocation by token.
-
-CREATE FUNCTION det_auth(p_token text) RETURNS allocations LANGUAGE plpgsql STABLE AS $$
--- The live allocation holding this token, or an error (SQLSTATE 28000).
-DECLARE
-    v allocations;
-BEGIN
-    SELECT * INTO v FROM allocations
-     WHERE token_hash = sha256(convert_to(p_token, 'UTF8')) AND state <> 'TERMINATED';
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'invalid or expired allocation token'
-            USING ERRCODE = 'invalid_authorization_specification';
-    END IF;
-    RETURN v;
-END $$;
-CREATE INDEX allocations_token ON allocations (token_hash) WHERE token_hash IS NOT NULL;
-
-CREATE FUNCTION det_task_info(p_token text) RETURNS jsonb LANGUAGE plpgsql AS $$
--- Identity and starting point of the task; also marks the allocation RUNNING.
-DECLARE
-    a allocations := det_auth(p_token);
-BEGIN
-    UPDATE allocations SET state = 'RUNNING' WHERE id = a.id AND state < 'RUNNING';
-    RETURN (
-        SELECT jsonb_build_object(
-            'allocation_id', a.id, 'trial_id', t.id, 'experiment_id', e.id,
-            'config', e.config, 'hparams', t.hparams, 'trial_seed', t.seed,
-            'latest_checkpoint', t.latest_checkpoint, 'steps_completed', t.steps_completed,
-            'slots', a.slots_needed)
-        FROM trials t JOIN experiments e ON e.id = t.experiment_id
-        WHERE t.id = a.trial_id);
-END $$;
-
-CREATE FUNCTION det_report_metrics(
-    p_token text, p_group text, p_steps_completed bigint, p_metrics jsonb
-) RETURNS void LANGUAGE plpgsql AS $$
--- Append one metrics row. A validation report also updates the trial's best value of the
--- searcher metric (searcher.smaller_is_better decides "best").
-DECLARE
-    a allocations := det_auth(p_token);
-    v_cfg jsonb;
-    v_val double precision;
-BEGIN
-    IF p_group IS NULL OR p_group = '' THEN
-        RAISE EXCEPTION 'metrics group must be a non-empty name' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    INSERT INTO metrics (trial_id, allocation_id, "group", steps_completed, "values")
-    VALUES (a.trial_id, a.id, p_group, p_steps_completed, p_metrics);
-    IF p_group = 'validation' THEN
-        SELECT e.config INTO v_cfg FROM trials t JOIN experiments e ON e.id = t.experiment_id
-         WHERE t.id = a.trial_id;
-        IF jsonb_typeof(p_metrics -> (v_cfg #>> '{searcher,metric}')) = 'number' THEN
-            v_val := (p_metrics ->> (v_cfg #>> '{searcher,metric}'))::double precision;
-            UPDATE trials SET best_validation = CASE
-                WHEN best_validation IS NULL THEN v_val
-                WHEN coalesce((v_cfg #>> '{searcher,smaller_is_better}')::boolean, true)
-                    THEN least(best_validation, v_val)
-                ELSE greatest(best_validation, v_val) END
-             WHERE id = a.trial_id;
-        END IF;
-    END IF;
-END $$;
-
-CREATE FUNCTION det_report_checkpoint(
-    p_token text, p_uuid uuid, p_steps_completed bigint, p_resources jsonb, p_metadata jsonb
-) RETURNS void LANGUAGE plpgsql AS $$
--- Record a checkpoint the task has finished writing; it becomes the trial's restart point.
-DECLARE
-    a allocations := det_auth(p_token);
-BEGIN
-    INSERT INTO checkpoints (uuid, trial_id, allocation_id, steps_completed, storage, resources,
-                             metadata)
-    SELECT p_uuid, a.trial_id, a.id, p_steps_completed, e.config -> 'checkpoint_storage',
-           coalesce(p_resources, '{}'), coalesce(p_metadata, '{}')
-    FROM trials t JOIN experiments e ON e.id = t.experiment_id WHERE t.id = a.trial_id;
-    UPDATE trials SET latest_checkpoint = p_uuid, steps_completed = p_steps_completed
-     WHERE id = a.trial_id AND steps_completed <= p_steps_completed;
-END $$;
-
-CREATE FUNCTION det_current_op(p_token text) RETURNS jsonb LANGUAGE plpgsql AS $$
--- The trial's oldest open searcher operation as {id, length}, or NULL when the searcher wants
--- nothing more from it (the task then checkpoints and exits so its slots go back).
-DECLARE
-    a allocations := det_auth(p_token);
-BEGIN
-    RETURN (SELECT jsonb_build_object('id', o.id, 'length', o.length)
-              FROM searcher_ops o WHERE o.trial_id = a.trial_id AND NOT o.completed
-             ORDER BY o.id LIMIT 1);
-END $$;
-
-CREATE FUNCTION det_report_progress(p_token text, p_op_id bigint, p_units double precision)
-RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    a allocations := det_auth(p_token);
-BEGIN
-    UPDATE searcher_ops SET progress = p_units WHERE id = p_op_id AND trial_id = a.trial_id;
-END $$;
-
-CREATE FUNCTION det_complete_op(p_token text, p_op_id bigint, p_metric double precision)
-RETURNS void LANGUAGE plpgsql AS $$
--- The trial trained to the op's length and validated: record the searcher metric and queue a
--- validation_completed event for the searcher. Completing an op twice is a no-op.
-DECLARE
-    a allocations := det_auth(p_token);
-    o searcher_ops;
-BEGIN
-    UPDATE searcher_ops SET completed = true, metric = p_metric, progress = length
-     WHERE id = p_op_id AND trial_id = a.trial_id AND NOT completed
-    RETURNING * INTO o;
-    IF FOUND THEN
-        INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
-        SELECT t.experiment_id, t.id, 'validation_completed',
-               jsonb_build_object('length', o.length, 'metric', p_metric)
-        FROM trials t WHERE t.id = a.trial_id;
-        PERFORM pg_notify('det_reconciler', 'searcher');
-    END IF;
-END $$;
-
-CREATE FUNCTION det_should_preempt(p_token text) RETURNS boolean LANGUAGE sql AS $$
-    SELECT (det_auth(p_token)).desired_state <> 'RUNNING';
-$$;
-
-CREATE FUNCTION det_ack_preemption(p_token text) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    a allocations := det_auth(p_token);
-BEGIN
-    UPDATE allocations SET preempt_acked = true WHERE id = a.id;
-END $$;
-
-CREATE FUNCTION det_report_early_exit(p_token text, p_reason text) RETURNS void
-LANGUAGE plpgsql AS $$
--- The trial ends itself: invalid_hp (bad hyperparameters; replaced by the searcher),
--- user_requested_stop, or errored.
-DECLARE
-    a allocations := det_auth(p_token);
-BEGIN
-    IF p_reason NOT IN ('invalid_hp', 'user_requested_stop', 'errored') THEN
-        RAISE EXCEPTION 'early exit reason must be invalid_hp, user_requested_stop or errored, not "%"',
-            p_reason USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    UPDATE trials SET closed = true, exit_reason = p_reason WHERE id = a.trial_id;
-    UPDATE searcher_ops SET completed = true WHERE trial_id = a.trial_id AND NOT completed;
-END $$;
-
-CREATE FUNCTION det_experiment_best_validation(p_token text) RETURNS double precision
-LANGUAGE sql AS $$
-    SELECT CASE WHEN coalesce((e.config #>> '{searcher,smaller_is_better}')::boolean, true)
-                THEN min(t.best_validation) ELSE max(t.best_validation) END
-    FROM allocations a
-    JOIN trials me ON me.id = a.trial_id
-    JOIN experiments e ON e.id = me.experiment_id
-    JOIN trials t ON t.experiment_id = e.id
-    WHERE a.id = (det_auth(p_token)).id
-    GROUP BY e.config;
-$$;
-
--- ---------------------------------------------------------------------------------------------
--- Reporting views: a stable read model for users' own SQL.
-
-CREATE SCHEMA reporting;
-
-CREATE VIEW reporting.experiments AS
-SELECT e.id, e.name, e.state, e.owner, e.progress, e.start_time, e.end_time, e.archived,
-       e.config #>> '{searcher,name}' AS searcher,
-       e.config #>> '{searcher,metric}' AS metric,
-       (SELECT count(*) FROM trials t WHERE t.experiment_id = e.id) AS trials,
-       (SELECT CASE WHEN coalesce((e.config #>> '{searcher,smaller_is_better}')::boolean, true)
-                    THEN min(t.best_validation) ELSE max(t.best_validation) END
-          FROM trials t WHERE t.experiment_id = e.id) AS best_validation,
-       j.resource_pool, j.priority, j.weight
-FROM experiments e JOIN jobs j ON j.id = e.job_id;
-
-CREATE VIEW reporting.trials AS
-SELECT t.id, t.experiment_id, t.state, t.hparams, t.restarts, t.steps_completed,
-       t.best_validation, t.latest_checkpoint, t.start_time, t.end_time, t.exit_reason,
-       (SELECT m."values" FROM metrics m
-         WHERE m.trial_id = t.id AND m."group" = 'validation'
-         ORDER BY m.steps_completed DESC, m.id DESC LIMIT 1) AS latest_validation
-FROM trials t;
-
-CREATE VIEW reporting.job_queue AS
-SELECT j.id AS job_id, j.type, j.resource_pool, j.priority, j.weight, j.owner, j.submitted_at,
-       e.id AS experiment_id, e.name,
-       coalesce(sum(a.slots_needed) FILTER (WHERE a.state > 'PENDING'), 0) AS slots_acquired,
-       coalesce(sum(a.slots_needed), 0) AS slots_needed,
-       CASE WHEN bool_or(a.state > 'PENDING') THEN 'STATE_SCHEDULED'
-            ELSE 'STATE_QUEUED' END AS status,
-       rank() OVER (PARTITION BY j.resource_pool ORDER BY j.priority, j.queue_position)
-           AS queue_order
-FROM jobs j
-JOIN experiments e ON e.job_id = j.id
-LEFT JOIN allocations a ON a.job_id = j.id AND a.state <> 'TERMINATED'
-WHERE e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')
-GROUP BY j.id, e.id;
-
-CREATE VIEW reporting.slot_usage AS
-SELECT s.agent_id, s.slot_id, s.type, s.device_name, s.enabled, ag.resource_pool,
-       ag.state AS agent_state, hs.allocation_id, a.trial_id
-FROM slots s
-JOIN agents ag ON ag.id = s.agent_id
-LEFT JOIN allocation_slots hs ON hs.agent_id = s.agent_id AND hs.slot_id = s.slot_id
-                             AND NOT hs.released
-LEFT JOIN allocations a ON a.id = hs.allocation_id;
-
--- migration: 2 agent_and_slot_draining
-
-CREATE FUNCTION det_agent_set_enabled(p_id text, p_enabled boolean) RETURNS agent_state
-LANGUAGE plpgsql AS $$
--- Disable (drain) or enable an agent: a disabled agent's running work finishes, nothing new
--- is placed on it (spec: agents; issue 5). Returns the agent's new state.
-DECLARE
-    v_state agent_state;
-BEGIN
-    UPDATE agents
-       SET state = CASE WHEN p_enabled THEN 'ACTIVE' ELSE 'DISABLED' END::agent_state
-     WHERE id = p_id AND state <> 'LOST'
-    RETURNING state INTO v_state;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'agent % not found (or lost)', p_id USING ERRCODE = 'no_data_found';
-    END IF;
-    PERFORM pg_notify('det_reconciler', 'agent');
-    RETURN v_state;
-END $$;
-
-CREATE FUNCTION det_slot_set_enabled(p_agent text, p_slot integer, p_enabled boolean)
-RETURNS void LANGUAGE plpgsql AS $$
--- Disable (drain) or enable one slot of an agent; work holding it runs on.
-BEGIN
-    UPDATE slots SET enabled = p_enabled WHERE agent_id = p_agent AND slot_id = p_slot;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'agent % has no slot %', p_agent, p_slot USING ERRCODE = 'no_data_found';
-    END IF;
-    PERFORM pg_notify('det_reconciler', 'agent');
-END $$;
-
--- migration: 3 job_queue_and_cluster_config
-
-CREATE TABLE cluster_config (
-    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    config     jsonb NOT NULL,
-    original   text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-);
-COMMENT ON TABLE cluster_config IS
-    'The applied cluster config (`det cluster config apply`), validated by det.configs.cluster: '
-    '{resource_manager: {scheduler, default_compute_resource_pool, default_aux_resource_pool}, '
-    'resource_pools: [...]}.';
-
-ALTER TABLE resource_pools
-    ADD COLUMN scheduler jsonb,
-    ADD COLUMN max_aux_containers_per_agent integer NOT NULL DEFAULT 100
-        CHECK (max_aux_containers_per_agent >= 0);
-COMMENT ON COLUMN resource_pools.scheduler IS
-    'The pool''s own scheduler; NULL uses the cluster''s. A pool scheduler replaces the '
-    'cluster''s as a whole (spec: Resource Pools).';
-
-ALTER TABLE jobs
-    ADD COLUMN max_slots integer CHECK (max_slots IS NULL OR max_slots >= 0),
-    ADD COLUMN fallback_pools text[] NOT NULL DEFAULT '{}';
-COMMENT ON COLUMN jobs.fallback_pools IS
-    'Pools to try, in order, after resource_pool when it cannot take a waiting run now '
-    '(resources.resource_pool given as a list).';
-COMMENT ON COLUMN jobs.max_slots IS 'Caps the job''s demand under fair share (resources.max_slots).';
-
-ALTER TABLE allocations
-    ADD COLUMN preemptible boolean NOT NULL DEFAULT true,
-    ADD COLUMN pending_reason text;
-COMMENT ON COLUMN allocations.pending_reason IS
-    'Why the allocation still waits, in the scheduler''s words from its latest pass.';
-
-CREATE FUNCTION det_pool_scheduler(p_pool text) RETURNS jsonb LANGUAGE sql STABLE AS $$
--- The scheduler a pool really uses, every default filled in: the pool's own, else the
--- cluster's, else fair_share (the spec's default for a blank type: Resource Pools).
-    SELECT jsonb_build_object('type', 'fair_share', 'preemption', false, 'fitting_policy', 'best',
-                              'default_priority', 42)
-           || coalesce((SELECT nullif(scheduler, 'null') FROM resource_pools WHERE name = p_pool),
-                       (SELECT config #> '{resource_manager,scheduler}' FROM cluster_config),
-                       '{}');
-$$;
-
-CREATE FUNCTION det_apply_cluster_config(p_config jsonb, p_original text) RETURNS void
-LANGUAGE plpgsql AS $$
--- Store a validated cluster config and make resource_pools match it. A pool the config drops
--- is deleted only if nothing uses it; otherwise the whole apply is refused.
-DECLARE
-    v_gone text;
-BEGIN
-    INSERT INTO resource_pools (name, description, scheduler, max_aux_containers_per_agent)
-    SELECT p ->> 'name', coalesce(p ->> 'description', ''), nullif(p -> 'scheduler', 'null'),
-           coalesce((p ->> 'max_aux_containers_per_agent')::integer, 100)
-    FROM jsonb_array_elements(p_config -> 'resource_pools') p
-    ON CONFLICT (name) DO UPDATE
-        SET description = excluded.description, scheduler = excluded.scheduler,
-            max_aux_containers_per_agent = excluded.max_aux_containers_per_agent;
-    SELECT name INTO v_gone FROM resource_pools r
-     WHERE name NOT IN (SELECT p ->> 'name' FROM jsonb_array_elements(p_config -> 'resource_pools') p)
-       AND (EXISTS (SELECT 1 FROM agents g WHERE g.resource_pool = r.name AND g.state <> 'LOST')
-            OR EXISTS (SELECT 1 FROM jobs j JOIN experiments e ON e.job_id = j.id
-                        WHERE j.resource_pool = r.name
-                          AND e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')))
-     LIMIT 1;
-    IF v_gone IS NOT NULL THEN
-        RAISE EXCEPTION 'resource_pools: pool "%" still has agents or active jobs; keep it in the config or drain it first', v_gone
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    DELETE FROM resource_pools r
-     WHERE name NOT IN (SELECT p ->> 'name' FROM jsonb_array_elements(p_config -> 'resource_pools') p)
-       AND NOT EXISTS (SELECT 1 FROM agents g WHERE g.resource_pool = r.name)
-       AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.resource_pool = r.name)
-       AND NOT EXISTS (SELECT 1 FROM allocations a WHERE a.resource_pool = r.name);
-    INSERT INTO cluster_config (config, original) VALUES (p_config, p_original)
-    ON CONFLICT (singleton) DO UPDATE
-        SET config = excluded.config, original = excluded.original, applied_at = now();
-    PERFORM pg_notify('det_reconciler', 'cluster');
 END $$;
 
 CREATE FUNCTION det_job_update(p_job bigint, p_field text, p_value text) RETURNS void
@@ -899,84 +577,246 @@ EXCEPTION
             USING ERRCODE = 'invalid_parameter_value';
 END $$;
 
-DROP VIEW reporting.job_queue;
-CREATE VIEW reporting.job_queue AS
--- Active jobs in scheduling order per pool, with slots acquired / needed and the scheduler's
--- reasons for what still waits.
-SELECT j.id AS job_id, j.type, j.resource_pool, j.priority, j.weight, j.owner, j.submitted_at,
-       j.queue_position, e.id AS experiment_id, e.name, e.state::text AS experiment_state,
-       coalesce(sum(a.slots_needed) FILTER (WHERE a.state > 'PENDING'), 0) AS slots_acquired,
-       coalesce(sum(a.slots_needed), 0) AS slots_needed,
-       CASE WHEN bool_or(a.state > 'PENDING') THEN 'STATE_SCHEDULED'
-            ELSE 'STATE_QUEUED' END AS status,
-       string_agg(DISTINCT a.pending_reason, ' | ') FILTER (WHERE a.state = 'PENDING')
-           AS pending_reason,
-       row_number() OVER (PARTITION BY j.resource_pool
-                          ORDER BY j.priority, j.queue_position, j.id) - 1 AS queue_order
-FROM jobs j
-JOIN experiments e ON e.job_id = j.id
-LEFT JOIN allocations a ON a.job_id = j.id AND a.state <> 'TERMINATED'
-WHERE e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')
-GROUP BY j.id, e.id;
-
-CREATE OR REPLACE FUNCTION det_create_experiment(
-    p_config jsonb, p_original_config text, p_context bytea, p_owner text
-) RETURNS integer LANGUAGE plpgsql AS $$
--- Submit an experiment. p_config is the expanded config (validated by det.configs);
--- p_context the packed model definition (tar.gz), stored once per distinct content. The
--- job's priority defaults to its pool scheduler's default_priority.
+CREATE FUNCTION det_apply_cluster_config(p_config jsonb, p_original text) RETURNS void
+LANGUAGE plpgsql AS $$
+-- Store a validated cluster config and make resource_pools match it. A pool the config drops
+-- is deleted only if nothing uses it; otherwise the whole apply is refused.
 DECLARE
-    v_pools text[] := CASE jsonb_typeof(p_config #> '{resources,resource_pool}')
-        WHEN 'array' THEN ARRAY(SELECT jsonb_array_elements_text(
-                                    p_config #> '{resources,resource_pool}'))
-        ELSE ARRAY[coalesce(p_config #>> '{resources,resource_pool}', 'default')] END;
-    v_pool text := v_pools[1];
-    v_missing text;
-    v_ctx bigint;
-    v_job bigint;
-    v_id integer;
+    v_gone text;
 BEGIN
-    SELECT p INTO v_missing FROM unnest(v_pools) p
-     WHERE NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p) LIMIT 1;
-    IF v_missing IS NOT NULL THEN
-        RAISE EXCEPTION 'resources.resource_pool: no resource pool named "%"', v_missing
-            USING ERRCODE = 'foreign_key_violation';
+    INSERT INTO resource_pools (name, description, scheduler, max_aux_containers_per_agent)
+    SELECT p ->> 'name', coalesce(p ->> 'description', ''), nullif(p -> 'scheduler', 'null'),
+           coalesce((p ->> 'max_aux_containers_per_agent')::integer, 100)
+    FROM jsonb_array_elements(p_config -> 'resource_pools') p
+    ON CONFLICT (name) DO UPDATE
+        SET description = excluded.description, scheduler = excluded.scheduler,
+            max_aux_containers_per_agent = excluded.max_aux_containers_per_agent;
+    SELECT name INTO v_gone FROM resource_pools r
+     WHERE name NOT IN (SELECT p ->> 'name' FROM jsonb_array_elements(p_config -> 'resource_pools') p)
+       AND (EXISTS (SELECT 1 FROM agents g WHERE g.resource_pool = r.name AND g.state <> 'LOST')
+            OR EXISTS (SELECT 1 FROM jobs j JOIN experiments e ON e.job_id = j.id
+                        WHERE j.resource_pool = r.name
+                          AND e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')))
+     LIMIT 1;
+    IF v_gone IS NOT NULL THEN
+        RAISE EXCEPTION 'resource_pools: pool "%" still has agents or active jobs; keep it in the config or drain it first', v_gone
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF p_context IS NOT NULL THEN
-        INSERT INTO context_blobs (sha256, size_bytes, data)
-        VALUES (sha256(p_context), length(p_context), p_context)
-        ON CONFLICT (sha256) DO NOTHING;
-        SELECT id INTO v_ctx FROM context_blobs WHERE sha256 = sha256(p_context);
-    END IF;
-    INSERT INTO jobs (type, resource_pool, fallback_pools, priority, weight, max_slots,
-                      queue_position, owner)
-    VALUES ('EXPERIMENT', v_pool, v_pools[2:],
-            coalesce((p_config #>> '{resources,priority}')::integer,
-                     (det_pool_scheduler(v_pool) ->> 'default_priority')::integer),
-            coalesce((p_config #>> '{resources,weight}')::double precision, 1),
-            (p_config #>> '{resources,max_slots}')::integer,
-            extract(epoch FROM clock_timestamp()) * 1000000, p_owner)
-    RETURNING id INTO v_job;
-    INSERT INTO experiments (job_id, name, description, config, original_config, context_id,
-                             owner)
-    VALUES (v_job, p_config ->> 'name', coalesce(p_config ->> 'description', ''), p_config,
-            p_original_config, v_ctx, p_owner)
-    RETURNING id INTO v_id;
-    PERFORM pg_notify('det_reconciler', 'experiment');
-    RETURN v_id;
+    DELETE FROM resource_pools r
+     WHERE name NOT IN (SELECT p ->> 'name' FROM jsonb_array_elements(p_config -> 'resource_pools') p)
+       AND NOT EXISTS (SELECT 1 FROM agents g WHERE g.resource_pool = r.name)
+       AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.resource_pool = r.name)
+       AND NOT EXISTS (SELECT 1 FROM allocations a WHERE a.resource_pool = r.name);
+    INSERT INTO cluster_config (config, original) VALUES (p_config, p_original)
+    ON CONFLICT (singleton) DO UPDATE
+        SET config = excluded.config, original = excluded.original, applied_at = now();
+    PERFORM pg_notify('det_reconciler', 'cluster');
 END $$;
 
--- migration: 4 searcher_ops_after_a_clean_exit
+CREATE FUNCTION det_agent_set_enabled(p_id text, p_enabled boolean) RETURNS agent_state
+LANGUAGE plpgsql AS $$
+-- Disable (drain) or enable an agent: a disabled agent's running work finishes, nothing new
+-- is placed on it (spec: agents; issue 5). Returns the agent's new state.
+DECLARE
+    v_state agent_state;
+BEGIN
+    UPDATE agents
+       SET state = CASE WHEN p_enabled THEN 'ACTIVE' ELSE 'DISABLED' END::agent_state
+     WHERE id = p_id AND state <> 'LOST'
+    RETURNING state INTO v_state;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'agent % not found (or lost)', p_id USING ERRCODE = 'no_data_found';
+    END IF;
+    PERFORM pg_notify('det_reconciler', 'agent');
+    RETURN v_state;
+END $$;
 
-ALTER TABLE allocations ADD COLUMN out_of_work boolean NOT NULL DEFAULT false;
-COMMENT ON COLUMN allocations.out_of_work IS
-    'The task asked for its next searcher operation and was told there was none '
-    '(det_current_op returned NULL). A clean exit then means the run finished its work, even '
-    'if the searcher opened an op for the trial meanwhile (an adaptive ASHA promotion): the '
-    'trial''s next run takes that op. Without it, a clean exit with an op open means the code '
-    'ended its own training.';
+CREATE FUNCTION det_slot_set_enabled(p_agent text, p_slot integer, p_enabled boolean)
+RETURNS void LANGUAGE plpgsql AS $$
+-- Disable (drain) or enable one slot of an agent; work holding it runs on.
+BEGIN
+    UPDATE slots SET enabled = p_enabled WHERE agent_id = p_agent AND slot_id = p_slot;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'agent % has no slot %', p_agent, p_slot USING ERRCODE = 'no_data_found';
+    END IF;
+    PERFORM pg_notify('det_reconciler', 'agent');
+END $$;
 
-CREATE OR REPLACE FUNCTION det_current_op(p_token text) RETURNS jsonb LANGUAGE plpgsql AS $$
+-- =============================================================================================
+-- Agents
+
+CREATE FUNCTION det_agent_register(
+    p_id text, p_hostname text, p_pool text, p_runtime text, p_slots jsonb
+) RETURNS void LANGUAGE plpgsql AS $$
+-- An agent (re)registers its slots: [{slot_id, type, device_uuid, device_name, memory_mb}].
+-- Slots it no longer has are removed; a LOST agent becomes ACTIVE again.
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p_pool) THEN
+        RAISE EXCEPTION 'agent %: no resource pool named "%"', p_id, p_pool
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    INSERT INTO agents (id, hostname, resource_pool, runtime)
+    VALUES (p_id, p_hostname, p_pool, p_runtime)
+    ON CONFLICT (id) DO UPDATE
+        SET hostname = excluded.hostname, resource_pool = excluded.resource_pool,
+            runtime = excluded.runtime, last_heartbeat = now(),
+            state = CASE WHEN agents.state = 'LOST' THEN 'ACTIVE' ELSE agents.state END;
+    DELETE FROM slots s WHERE s.agent_id = p_id
+        AND s.slot_id NOT IN (SELECT (e ->> 'slot_id')::integer
+                              FROM jsonb_array_elements(p_slots) e);
+    INSERT INTO slots (agent_id, slot_id, type, device_uuid, device_name, memory_mb)
+    SELECT p_id, (e ->> 'slot_id')::integer, e ->> 'type', e ->> 'device_uuid',
+           coalesce(e ->> 'device_name', ''), (e ->> 'memory_mb')::bigint
+    FROM jsonb_array_elements(p_slots) e
+    ON CONFLICT (agent_id, slot_id) DO UPDATE
+        SET type = excluded.type, device_uuid = excluded.device_uuid,
+            device_name = excluded.device_name, memory_mb = excluded.memory_mb;
+    PERFORM pg_notify('det_reconciler', 'agent');
+END $$;
+
+CREATE FUNCTION det_agent_heartbeat(p_id text) RETURNS agent_state LANGUAGE plpgsql AS $$
+-- Returns the agent's state; LOST means the reconciler gave up on it and it must re-register.
+DECLARE
+    v_state agent_state;
+BEGIN
+    UPDATE agents SET last_heartbeat = now() WHERE id = p_id AND state <> 'LOST'
+    RETURNING state INTO v_state;
+    RETURN coalesce(v_state, 'LOST');
+END $$;
+
+CREATE FUNCTION det_agent_claim(p_agent text, p_allocation bigint) RETURNS text
+LANGUAGE plpgsql AS $$
+-- The agent is about to launch an allocation assigned to it: mint the task's token (returned
+-- once, stored hashed) and move the allocation to STARTING. Returns NULL when the allocation
+-- is no longer this agent's to start (ended, or desired state is not RUNNING).
+DECLARE
+    v_token text := encode(gen_random_uuid()::text::bytea || gen_random_uuid()::text::bytea,
+                           'base64');
+BEGIN
+    v_token := translate(v_token, E'+/=\n', '-_');
+    UPDATE allocations
+       SET token_hash = sha256(convert_to(v_token, 'UTF8')), state = 'STARTING',
+           started_at = coalesce(started_at, now())
+     WHERE id = p_allocation AND agent_id = p_agent
+       AND state IN ('ASSIGNED', 'PULLING', 'STARTING') AND desired_state = 'RUNNING';
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    RETURN v_token;
+END $$;
+
+CREATE FUNCTION det_agent_report(
+    p_agent text, p_allocation bigint, p_state allocation_state,
+    p_exit_code integer DEFAULT NULL, p_reason text DEFAULT NULL
+) RETURNS void LANGUAGE plpgsql AS $$
+-- The agent reports what it observed of an allocation it runs. TERMINATED releases the slots
+-- and records the exit code and reason; the reconciler settles the trial afterwards.
+BEGIN
+    UPDATE allocations
+       SET state = greatest(state, p_state),
+           exit_code = CASE WHEN p_state = 'TERMINATED' THEN p_exit_code ELSE exit_code END,
+           exit_reason = CASE WHEN p_state = 'TERMINATED' THEN p_reason ELSE exit_reason END,
+           ended_at = CASE WHEN p_state = 'TERMINATED' THEN coalesce(ended_at, now()) END,
+           running_at = CASE WHEN p_state = 'RUNNING' THEN coalesce(running_at, now())
+                             ELSE running_at END
+     WHERE id = p_allocation AND agent_id = p_agent AND state <> 'TERMINATED';
+    IF p_state = 'TERMINATED' THEN
+        UPDATE allocation_slots SET released = true
+         WHERE allocation_id = p_allocation AND NOT released;
+        PERFORM pg_notify('det_reconciler', 'allocation');
+    END IF;
+END $$;
+
+CREATE FUNCTION det_append_logs(
+    p_allocation bigint, p_streams text[], p_lines text[]
+) RETURNS void LANGUAGE sql AS $$
+-- Append a batch of task output lines (one call per batch, never per line).
+    INSERT INTO task_logs (allocation_id, trial_id, stream, line)
+    SELECT p_allocation, a.trial_id, s, l
+    FROM allocations a, unnest(p_streams, p_lines) AS u (s, l)
+    WHERE a.id = p_allocation;
+$$;
+
+-- =============================================================================================
+-- The task's API (the harness). Every call names its allocation by token.
+
+CREATE FUNCTION det_auth(p_token text) RETURNS allocations LANGUAGE plpgsql STABLE AS $$
+-- The live allocation holding this token, or an error (SQLSTATE 28000).
+DECLARE
+    v allocations;
+BEGIN
+    SELECT * INTO v FROM allocations
+     WHERE token_hash = sha256(convert_to(p_token, 'UTF8')) AND state <> 'TERMINATED';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'invalid or expired allocation token'
+            USING ERRCODE = 'invalid_authorization_specification';
+    END IF;
+    RETURN v;
+END $$;
+
+CREATE FUNCTION det_task_info(p_token text) RETURNS jsonb LANGUAGE plpgsql AS $$
+-- Identity and starting point of the task; also marks the allocation RUNNING.
+DECLARE
+    a allocations := det_auth(p_token);
+BEGIN
+    UPDATE allocations SET state = 'RUNNING' WHERE id = a.id AND state < 'RUNNING';
+    RETURN (
+        SELECT jsonb_build_object(
+            'allocation_id', a.id, 'trial_id', t.id, 'experiment_id', e.id,
+            'config', e.config, 'hparams', t.hparams, 'trial_seed', t.seed,
+            'latest_checkpoint', t.latest_checkpoint, 'steps_completed', t.steps_completed,
+            'slots', a.slots_needed)
+        FROM trials t JOIN experiments e ON e.id = t.experiment_id
+        WHERE t.id = a.trial_id);
+END $$;
+
+CREATE FUNCTION det_report_metrics(
+    p_token text, p_group text, p_steps_completed bigint, p_metrics jsonb
+) RETURNS void LANGUAGE plpgsql AS $$
+-- Append one metrics row. A validation report also updates the trial's best value of the
+-- searcher metric (searcher.smaller_is_better decides "best").
+DECLARE
+    a allocations := det_auth(p_token);
+    v_cfg jsonb;
+    v_val double precision;
+BEGIN
+    IF p_group IS NULL OR p_group = '' THEN
+        RAISE EXCEPTION 'metrics group must be a non-empty name' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO metrics (trial_id, allocation_id, "group", steps_completed, "values")
+    VALUES (a.trial_id, a.id, p_group, p_steps_completed, p_metrics);
+    IF p_group = 'validation' THEN
+        SELECT e.config INTO v_cfg FROM trials t JOIN experiments e ON e.id = t.experiment_id
+         WHERE t.id = a.trial_id;
+        IF jsonb_typeof(p_metrics -> (v_cfg #>> '{searcher,metric}')) = 'number' THEN
+            v_val := (p_metrics ->> (v_cfg #>> '{searcher,metric}'))::double precision;
+            UPDATE trials SET best_validation = CASE
+                WHEN best_validation IS NULL THEN v_val
+                WHEN coalesce((v_cfg #>> '{searcher,smaller_is_better}')::boolean, true)
+                    THEN least(best_validation, v_val)
+                ELSE greatest(best_validation, v_val) END
+             WHERE id = a.trial_id;
+        END IF;
+    END IF;
+END $$;
+
+CREATE FUNCTION det_report_checkpoint(
+    p_token text, p_uuid uuid, p_steps_completed bigint, p_resources jsonb, p_metadata jsonb
+) RETURNS void LANGUAGE plpgsql AS $$
+-- Record a checkpoint the task has finished writing; it becomes the trial's restart point.
+DECLARE
+    a allocations := det_auth(p_token);
+BEGIN
+    INSERT INTO checkpoints (uuid, trial_id, allocation_id, steps_completed, storage, resources,
+                             metadata)
+    SELECT p_uuid, a.trial_id, a.id, p_steps_completed, e.config -> 'checkpoint_storage',
+           coalesce(p_resources, '{}'), coalesce(p_metadata, '{}')
+    FROM trials t JOIN experiments e ON e.id = t.experiment_id WHERE t.id = a.trial_id;
+    UPDATE trials SET latest_checkpoint = p_uuid, steps_completed = p_steps_completed
+     WHERE id = a.trial_id AND steps_completed <= p_steps_completed;
+END $$;
+
+CREATE FUNCTION det_current_op(p_token text) RETURNS jsonb LANGUAGE plpgsql AS $$
 -- The trial's oldest open searcher operation as {id, length}; {"wait": true} while the
 -- searcher has not yet read the trial's events (its next op is not decided yet: ask again);
 -- NULL when the searcher wants nothing more from it, which marks the allocation out_of_work
@@ -999,37 +839,129 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- migration: 5 allocation_running_time
-
-ALTER TABLE allocations ADD COLUMN running_at timestamptz;
-COMMENT ON COLUMN allocations.running_at IS
-    'When the agent reported the task running (its process or container started): with '
-    'started_at (the claim, before any image pull or container creation) it tells how long a '
-    'runtime took to start the task.';
-
-CREATE OR REPLACE FUNCTION det_agent_report(
-    p_agent text, p_allocation bigint, p_state allocation_state,
-    p_exit_code integer DEFAULT NULL, p_reason text DEFAULT NULL
-) RETURNS void LANGUAGE plpgsql AS $$
--- The agent reports what it observed of an allocation it runs. TERMINATED releases the slots
--- and records the exit code and reason; the reconciler settles the trial afterwards.
+CREATE FUNCTION det_report_progress(p_token text, p_op_id bigint, p_units double precision)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    a allocations := det_auth(p_token);
 BEGIN
-    UPDATE allocations
-       SET state = greatest(state, p_state),
-           exit_code = CASE WHEN p_state = 'TERMINATED' THEN p_exit_code ELSE exit_code END,
-           exit_reason = CASE WHEN p_state = 'TERMINATED' THEN p_reason ELSE exit_reason END,
-           ended_at = CASE WHEN p_state = 'TERMINATED' THEN coalesce(ended_at, now()) END,
-           running_at = CASE WHEN p_state = 'RUNNING' THEN coalesce(running_at, now())
-                             ELSE running_at END
-     WHERE id = p_allocation AND agent_id = p_agent AND state <> 'TERMINATED';
-    IF p_state = 'TERMINATED' THEN
-        UPDATE allocation_slots SET released = true
-         WHERE allocation_id = p_allocation AND NOT released;
-        PERFORM pg_notify('det_reconciler', 'allocation');
+    UPDATE searcher_ops SET progress = p_units WHERE id = p_op_id AND trial_id = a.trial_id;
+END $$;
+
+CREATE FUNCTION det_complete_op(p_token text, p_op_id bigint, p_metric double precision)
+RETURNS void LANGUAGE plpgsql AS $$
+-- The trial trained to the op's length and validated: record the searcher metric and queue a
+-- validation_completed event for the searcher. Completing an op twice is a no-op.
+DECLARE
+    a allocations := det_auth(p_token);
+    o searcher_ops;
+BEGIN
+    UPDATE searcher_ops SET completed = true, metric = p_metric, progress = length
+     WHERE id = p_op_id AND trial_id = a.trial_id AND NOT completed
+    RETURNING * INTO o;
+    IF FOUND THEN
+        INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
+        SELECT t.experiment_id, t.id, 'validation_completed',
+               jsonb_build_object('length', o.length, 'metric', p_metric)
+        FROM trials t WHERE t.id = a.trial_id;
+        PERFORM pg_notify('det_reconciler', 'searcher');
     END IF;
 END $$;
 
-CREATE OR REPLACE VIEW reporting.slot_usage AS
+CREATE FUNCTION det_should_preempt(p_token text) RETURNS boolean LANGUAGE sql AS $$
+    SELECT (det_auth(p_token)).desired_state <> 'RUNNING';
+$$;
+
+CREATE FUNCTION det_ack_preemption(p_token text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    a allocations := det_auth(p_token);
+BEGIN
+    UPDATE allocations SET preempt_acked = true WHERE id = a.id;
+END $$;
+
+CREATE FUNCTION det_report_early_exit(p_token text, p_reason text) RETURNS void
+LANGUAGE plpgsql AS $$
+-- The trial ends itself: invalid_hp (bad hyperparameters; replaced by the searcher),
+-- user_requested_stop, or errored.
+DECLARE
+    a allocations := det_auth(p_token);
+BEGIN
+    IF p_reason NOT IN ('invalid_hp', 'user_requested_stop', 'errored') THEN
+        RAISE EXCEPTION 'early exit reason must be invalid_hp, user_requested_stop or errored, not "%"',
+            p_reason USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE trials SET closed = true, exit_reason = p_reason WHERE id = a.trial_id;
+    UPDATE searcher_ops SET completed = true WHERE trial_id = a.trial_id AND NOT completed;
+END $$;
+
+CREATE FUNCTION det_experiment_best_validation(p_token text) RETURNS double precision
+LANGUAGE sql AS $$
+    SELECT CASE WHEN coalesce((e.config #>> '{searcher,smaller_is_better}')::boolean, true)
+                THEN min(t.best_validation) ELSE max(t.best_validation) END
+    FROM allocations a
+    JOIN trials me ON me.id = a.trial_id
+    JOIN experiments e ON e.id = me.experiment_id
+    JOIN trials t ON t.experiment_id = e.id
+    WHERE a.id = (det_auth(p_token)).id
+    GROUP BY e.config;
+$$;
+
+-- =============================================================================================
+-- Reconciler helpers (also read by user actions: a job's default priority, `det job update`)
+
+CREATE FUNCTION det_pool_scheduler(p_pool text) RETURNS jsonb LANGUAGE sql STABLE AS $$
+-- The scheduler a pool really uses, every default filled in: the pool's own, else the
+-- cluster's, else fair_share (the spec's default for a blank type: Resource Pools).
+    SELECT jsonb_build_object('type', 'fair_share', 'preemption', false, 'fitting_policy', 'best',
+                              'default_priority', 42)
+           || coalesce((SELECT nullif(scheduler, 'null') FROM resource_pools WHERE name = p_pool),
+                       (SELECT config #> '{resource_manager,scheduler}' FROM cluster_config),
+                       '{}');
+$$;
+
+-- =============================================================================================
+-- Reporting views: a stable read model for users' own SQL.
+
+CREATE SCHEMA reporting;
+
+CREATE VIEW reporting.experiments AS
+SELECT e.id, e.name, e.state, e.owner, e.progress, e.start_time, e.end_time, e.archived,
+       e.config #>> '{searcher,name}' AS searcher,
+       e.config #>> '{searcher,metric}' AS metric,
+       (SELECT count(*) FROM trials t WHERE t.experiment_id = e.id) AS trials,
+       (SELECT CASE WHEN coalesce((e.config #>> '{searcher,smaller_is_better}')::boolean, true)
+                    THEN min(t.best_validation) ELSE max(t.best_validation) END
+          FROM trials t WHERE t.experiment_id = e.id) AS best_validation,
+       j.resource_pool, j.priority, j.weight
+FROM experiments e JOIN jobs j ON j.id = e.job_id;
+
+CREATE VIEW reporting.trials AS
+SELECT t.id, t.experiment_id, t.state, t.hparams, t.restarts, t.steps_completed,
+       t.best_validation, t.latest_checkpoint, t.start_time, t.end_time, t.exit_reason,
+       (SELECT m."values" FROM metrics m
+         WHERE m.trial_id = t.id AND m."group" = 'validation'
+         ORDER BY m.steps_completed DESC, m.id DESC LIMIT 1) AS latest_validation
+FROM trials t;
+
+CREATE VIEW reporting.job_queue AS
+-- Active jobs in scheduling order per pool, with slots acquired / needed and the scheduler's
+-- reasons for what still waits.
+SELECT j.id AS job_id, j.type, j.resource_pool, j.priority, j.weight, j.owner, j.submitted_at,
+       j.queue_position, e.id AS experiment_id, e.name, e.state::text AS experiment_state,
+       coalesce(sum(a.slots_needed) FILTER (WHERE a.state > 'PENDING'), 0) AS slots_acquired,
+       coalesce(sum(a.slots_needed), 0) AS slots_needed,
+       CASE WHEN bool_or(a.state > 'PENDING') THEN 'STATE_SCHEDULED'
+            ELSE 'STATE_QUEUED' END AS status,
+       string_agg(DISTINCT a.pending_reason, ' | ') FILTER (WHERE a.state = 'PENDING')
+           AS pending_reason,
+       row_number() OVER (PARTITION BY j.resource_pool
+                          ORDER BY j.priority, j.queue_position, j.id) - 1 AS queue_order
+FROM jobs j
+JOIN experiments e ON e.job_id = j.id
+LEFT JOIN allocations a ON a.job_id = j.id AND a.state <> 'TERMINATED'
+WHERE e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')
+GROUP BY j.id, e.id;
+
+CREATE VIEW reporting.slot_usage AS
 SELECT s.agent_id, s.slot_id, s.type, s.device_name, s.enabled, ag.resource_pool,
        ag.state AS agent_state, hs.allocation_id, a.trial_id, s.device_uuid, s.memory_mb
 FROM slots s

@@ -1,5 +1,5 @@
 """Database access: where the database is (``DET_DB_URL`` or the embedded server), connections,
-and migrations from ``schema.sql``."""
+and the migrations (``db/migrations``) that bring a database to ``schema.sql``."""
 
 from det.db.connect import connect, database_url, det_home
 from det.db.migrate import migrate

@@ -1,82 +1,136 @@
-"""Versioned migrations from ``schema.sql``.
+"""Versioned migrations: the steps that bring a database to the schema of ``schema.sql``.
 
-``schema.sql`` is a sequence of sections, each opened by ``-- migration: <N> <name>``. A
-database records applied versions in ``det_migrations``; :func:`migrate` applies the missing
-sections in order, each in one transaction, under an advisory lock so concurrent callers
-(``det cluster up`` and a test, two agents) apply each version once.
+``schema.sql`` (at the package root) is det's schema as it is today, each object defined once
+in its final form: the contract to read. ``db/migrations/NNNN_name.sql`` are the steps that
+reach it, applied in version order. A database records the versions it has applied in
+``det_migrations``; :func:`migrate` applies the missing ones, each in its own transaction, so a
+migration that fails rolls back whole and leaves the earlier ones applied and recorded. Every
+database, a fresh one included, is built by applying the migrations (one code path);
+tests/test_schema.py asserts that the result has the same catalog as ``schema.sql`` alone.
+
+Each migration's transaction takes an advisory transaction lock and re-reads
+``det_migrations`` before applying, so concurrent callers (``det cluster up``, an agent, a
+test, each migrating on start) apply each version once.
+
+To change the schema:
+
+1. Add ``db/migrations/NNNN_name.sql`` with the next version (four digits) and a lower-case
+   name: ``ALTER TABLE ...``, ``CREATE OR REPLACE FUNCTION ...``, ``DROP VIEW`` and
+   ``CREATE VIEW ...``. Never edit a migration that has been released: databases that applied
+   it will not apply it again.
+2. Fold the change into ``schema.sql`` where the object is defined: a new column goes last in
+   its ``CREATE TABLE`` (``ADD COLUMN`` appends, and the catalogs are compared column order
+   included), a replaced function or view replaces its definition there, verbatim.
+3. Run ``pytest tests/test_schema.py``: it fails with a diff of the two catalogs if they differ.
 """
 
 import re
 from dataclasses import dataclass
 from importlib import resources
+from importlib.resources.abc import Traversable
 
 import pglast
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
+from det.db.retry import is_connection_lost
 from det.errors import DatabaseError
 
-_MARKER = re.compile(r"^-- migration: (\d+) (\S+)\s*$", re.MULTILINE)
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _LOCK_KEY = 0x6465745F6D6967  # "det_mig"
+
+
+def migrations_dir() -> Traversable:
+    """The migrations shipped with det (``det/db/migrations``)."""
+    return resources.files("det.db").joinpath("migrations")
 
 
 @dataclass(frozen=True)
 class Migration:
+    """One migration file: its version, name and SQL statements in order."""
+
     version: int
     name: str
     statements: list[str]
 
+    @property
+    def file(self) -> str:
+        return f"{self.version:04d}_{self.name}.sql"
 
-def load_migrations(text: str | None = None) -> list[Migration]:
-    """Split ``schema.sql`` (or ``text``) into migrations of single statements.
 
-    pglast parses each section, so a syntax error is reported with its migration before any
-    statement runs.
+def load_migrations(directory: Traversable | None = None) -> list[Migration]:
+    """The migrations of ``directory`` (default :func:`migrations_dir`), in version order.
+
+    Every ``.sql`` file of the directory is a migration; pglast splits each into statements,
+    so a syntax error in any of them is reported before any statement runs.
 
     Raises:
-        DatabaseError: versions not strictly increasing, or a section that does not parse.
+        DatabaseError: a ``.sql`` file not named ``NNNN_name.sql``, two files of one version,
+            or a file that does not parse.
     """
-    if text is None:
-        text = resources.files("det").joinpath("schema.sql").read_text()
-    marks = list(_MARKER.finditer(text))
+    directory = directory if directory is not None else migrations_dir()
     out: list[Migration] = []
-    for i, m in enumerate(marks):
+    for f in sorted(directory.iterdir(), key=lambda f: f.name):
+        if not f.name.endswith(".sql"):
+            continue
+        m = _FILE.match(f.name)
+        if m is None:
+            raise DatabaseError(f"migration {f.name}: expected a name like 0007_add_things.sql "
+                                "(four-digit version, lower-case name)")
         version, name = int(m.group(1)), m.group(2)
-        if out and version <= out[-1].version:
-            raise DatabaseError(
-                f"schema.sql: migration {version} does not follow {out[-1].version}")
-        body = text[m.end() : marks[i + 1].start() if i + 1 < len(marks) else len(text)]
+        if out and out[-1].version == version:
+            raise DatabaseError(f"migration {f.name}: version {version} is also {out[-1].file}")
         try:
-            statements = [s for s in pglast.split(body) if s.strip()]
+            statements = [s for s in pglast.split(f.read_text()) if s.strip()]
         except pglast.parser.ParseError as e:
-            raise DatabaseError(f"schema.sql: migration {version} {name}: {e}") from e
+            raise DatabaseError(f"migration {f.name}: {e}") from e
         out.append(Migration(version, name, statements))
     return out
 
 
-def migrate(conn: psycopg.Connection) -> list[int]:
-    """Apply the migrations this database lacks; returns the versions applied (idempotent).
+def migrate(conn: psycopg.Connection, directory: Traversable | None = None) -> list[int]:
+    """Apply the migrations this database lacks, each in its own transaction; returns the
+    versions applied, in order (``[]`` when the schema is current: idempotent).
 
-    ``conn`` must not be in a transaction; it is used with autocommit off.
+    ``conn`` must not be inside a transaction (autocommit on or off); it is left idle.
+    ``directory`` replaces the shipped migrations (tests).
+
+    Raises:
+        ValueError: ``conn`` is inside a transaction (its migrations would become savepoints).
+        DatabaseError: a migration file is malformed (nothing applied), or a migration failed
+            (it is rolled back; the earlier ones stay applied). A lost connection is raised as
+            psycopg's error, for ``det.db.retry`` to recognise.
     """
-    applied: list[int] = []
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        raise ValueError("migrate() needs a connection outside any transaction")
+    migrations = load_migrations(directory)
+    cur = conn.cursor(row_factory=tuple_row)
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        conn.execute(
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        cur.execute(
             "CREATE TABLE IF NOT EXISTS det_migrations (version integer PRIMARY KEY, "
             "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        cur = conn.cursor(row_factory=tuple_row)
         done = {v for (v,) in cur.execute("SELECT version FROM det_migrations").fetchall()}
-        for mig in load_migrations():
-            if mig.version in done:
-                continue
+    applied: list[int] = []
+    for mig in migrations:
+        if mig.version in done:
+            continue
+        try:
             with conn.transaction():
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+                # Another process may have applied it between our read and this lock.
+                if cur.execute("SELECT 1 FROM det_migrations WHERE version = %s",
+                               (mig.version,)).fetchone():
+                    continue
                 for stmt in mig.statements:
-                    conn.execute(stmt)
-                conn.execute(
-                    "INSERT INTO det_migrations (version, name) VALUES (%s, %s)",
-                    (mig.version, mig.name),
-                )
-            applied.append(mig.version)
+                    cur.execute(stmt)
+                cur.execute("INSERT INTO det_migrations (version, name) VALUES (%s, %s)",
+                            (mig.version, mig.name))
+        except psycopg.Error as e:
+            if is_connection_lost(e):
+                raise
+            raise DatabaseError(f"migration {mig.file}: {e.diag.message_primary or e}") from e
+        applied.append(mig.version)
     return applied

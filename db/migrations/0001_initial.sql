@@ -1,0 +1,670 @@
+CREATE TYPE experiment_state AS ENUM (
+    'ACTIVE', 'PAUSED',
+    'STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED', 'STOPPING_ERROR',
+    'COMPLETED', 'CANCELED', 'ERROR'
+);
+COMMENT ON TYPE experiment_state IS
+    'Experiment lifecycle (spec: experiment-lifecycle). STOPPING_* wait for the trials to end.';
+
+CREATE TYPE trial_state AS ENUM (
+    'ACTIVE', 'PAUSED',
+    'STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED', 'STOPPING_ERROR',
+    'COMPLETED', 'CANCELED', 'ERROR'
+);
+
+CREATE TYPE desired_state AS ENUM ('RUNNING', 'STOPPED', 'KILLED');
+COMMENT ON TYPE desired_state IS
+    'What the reconciler wants of an allocation: RUNNING; STOPPED = checkpoint and exit '
+    '(preemption, pause, cancel); KILLED = terminate now.';
+
+CREATE TYPE allocation_state AS ENUM (
+    'PENDING', 'ASSIGNED', 'PULLING', 'STARTING', 'RUNNING', 'TERMINATING', 'TERMINATED'
+);
+COMMENT ON TYPE allocation_state IS
+    'Observed state of one run of a task. Only moves forward (enum order); any state may jump '
+    'to TERMINATED.';
+
+CREATE TYPE agent_state AS ENUM ('ACTIVE', 'DISABLED', 'LOST');
+
+CREATE TABLE reconciler_leader (
+    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    holder     text NOT NULL,
+    since      timestamptz NOT NULL,
+    last_pass  timestamptz
+);
+COMMENT ON TABLE reconciler_leader IS
+    'Who leads (for `det cluster status`). Leadership itself is a session advisory lock held by '
+    'the connection that runs every pass, so a leader whose connection dies cannot write.';
+
+CREATE TABLE resource_pools (
+    name        text PRIMARY KEY,
+    description text NOT NULL DEFAULT ''
+);
+COMMENT ON TABLE resource_pools IS 'Named groups of agents; every allocation targets one pool.';
+INSERT INTO resource_pools (name, description) VALUES ('default', 'The default compute pool');
+
+CREATE TABLE agents (
+    id             text PRIMARY KEY,
+    hostname       text NOT NULL,
+    resource_pool  text NOT NULL REFERENCES resource_pools (name),
+    state          agent_state NOT NULL DEFAULT 'ACTIVE',
+    runtime        text NOT NULL CHECK (runtime IN ('process', 'docker')),
+    registered_at  timestamptz NOT NULL DEFAULT now(),
+    last_heartbeat timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE agents IS
+    'One row per host daemon. The reconciler marks an agent LOST when its heartbeat is older '
+    'than the timeout, and ends its allocations.';
+
+CREATE TABLE slots (
+    agent_id    text NOT NULL REFERENCES agents (id) ON DELETE CASCADE,
+    slot_id     integer NOT NULL CHECK (slot_id >= 0),
+    type        text NOT NULL CHECK (type IN ('cpu', 'cuda')),
+    device_uuid text,
+    device_name text NOT NULL DEFAULT '',
+    memory_mb   bigint,
+    enabled     boolean NOT NULL DEFAULT true,
+    PRIMARY KEY (agent_id, slot_id)
+);
+COMMENT ON TABLE slots IS 'Schedulable devices of an agent: CUDA GPUs, else CPU slots.';
+
+CREATE TABLE context_blobs (
+    id         bigserial PRIMARY KEY,
+    sha256     bytea NOT NULL UNIQUE,
+    size_bytes bigint NOT NULL CHECK (size_bytes <= 95 * 1024 * 1024),
+    data       bytea NOT NULL
+);
+COMMENT ON TABLE context_blobs IS
+    'Packed model-definition directories (tar.gz), deduplicated by hash. The spec caps a context '
+    'at 95 MiB.';
+
+CREATE TABLE jobs (
+    id             bigserial PRIMARY KEY,
+    type           text NOT NULL CHECK (type IN ('EXPERIMENT', 'COMMAND', 'NOTEBOOK', 'SHELL',
+                                                 'TENSORBOARD')),
+    resource_pool  text NOT NULL REFERENCES resource_pools (name),
+    priority       integer NOT NULL DEFAULT 42 CHECK (priority BETWEEN 1 AND 99),
+    weight         double precision NOT NULL DEFAULT 1 CHECK (weight > 0),
+    queue_position numeric NOT NULL,
+    owner          text NOT NULL,
+    submitted_at   timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE jobs IS
+    'The job queue: one row per experiment or task. Scheduling order is (priority, '
+    'queue_position); queue_position starts as the submission time in microseconds.';
+
+CREATE TABLE experiments (
+    id              serial PRIMARY KEY,
+    job_id          bigint NOT NULL UNIQUE REFERENCES jobs (id),
+    name            text NOT NULL,
+    description     text NOT NULL DEFAULT '',
+    config          jsonb NOT NULL,
+    original_config text NOT NULL,
+    context_id      bigint REFERENCES context_blobs (id),
+    state           experiment_state NOT NULL DEFAULT 'ACTIVE',
+    owner           text NOT NULL,
+    archived        boolean NOT NULL DEFAULT false,
+    searcher_state  jsonb,
+    progress        double precision NOT NULL DEFAULT 0 CHECK (progress BETWEEN 0 AND 1),
+    start_time      timestamptz NOT NULL DEFAULT now(),
+    end_time        timestamptz,
+    CHECK ((end_time IS NULL) = (state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')))
+);
+COMMENT ON COLUMN experiments.config IS 'The expanded config: every default filled in.';
+COMMENT ON COLUMN experiments.searcher_state IS
+    'The searcher''s state (JSON), written in the same transaction that consumed the events '
+    'which changed it. NULL until the searcher has made its initial decisions.';
+
+CREATE TABLE trials (
+    id                 serial PRIMARY KEY,
+    experiment_id      integer NOT NULL REFERENCES experiments (id),
+    request_id         uuid NOT NULL,
+    hparams            jsonb NOT NULL,
+    seed               bigint NOT NULL CHECK (seed >= 0),
+    state              trial_state NOT NULL DEFAULT 'ACTIVE',
+    closed             boolean NOT NULL DEFAULT false,
+    restarts           integer NOT NULL DEFAULT 0 CHECK (restarts >= 0),
+    runs               integer NOT NULL DEFAULT 0,
+    steps_completed    bigint NOT NULL DEFAULT 0,
+    latest_checkpoint  uuid,
+    best_validation    double precision,
+    exit_reason        text,
+    start_time         timestamptz NOT NULL DEFAULT now(),
+    end_time           timestamptz,
+    UNIQUE (experiment_id, request_id)
+);
+COMMENT ON COLUMN trials.request_id IS
+    'The searcher''s id for the trial; unique per experiment, so replaying a searcher decision '
+    'cannot create a trial twice.';
+COMMENT ON COLUMN trials.closed IS 'The searcher wants no more work from this trial.';
+COMMENT ON COLUMN trials.steps_completed IS 'Batches trained as of the latest checkpoint.';
+CREATE INDEX trials_experiment ON trials (experiment_id);
+
+CREATE TABLE searcher_ops (
+    id         bigserial PRIMARY KEY,
+    trial_id   integer NOT NULL REFERENCES trials (id),
+    length     bigint NOT NULL CHECK (length > 0),
+    progress   double precision NOT NULL DEFAULT 0,
+    completed  boolean NOT NULL DEFAULT false,
+    metric     double precision,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE searcher_ops IS
+    'Searcher operations: "train the trial to <length> units, then validate". Length is '
+    'absolute, in the unit of searcher.max_length. A trial works on its oldest open op.';
+CREATE INDEX searcher_ops_open ON searcher_ops (trial_id, id) WHERE NOT completed;
+
+CREATE TABLE searcher_events (
+    id            bigserial PRIMARY KEY,
+    experiment_id integer NOT NULL REFERENCES experiments (id),
+    trial_id      integer NOT NULL REFERENCES trials (id),
+    kind          text NOT NULL CHECK (kind IN ('validation_completed', 'trial_exited',
+                                                'trial_exited_early')),
+    payload       jsonb NOT NULL DEFAULT '{}',
+    consumed      boolean NOT NULL DEFAULT false,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE searcher_events IS
+    'What the searcher has to learn about. The reconciler feeds unconsumed events to the '
+    'experiment''s searcher and marks them consumed in the transaction that saves its state.';
+CREATE INDEX searcher_events_pending ON searcher_events (experiment_id, id) WHERE NOT consumed;
+
+CREATE TABLE allocations (
+    id             bigserial PRIMARY KEY,
+    job_id         bigint NOT NULL REFERENCES jobs (id),
+    trial_id       integer REFERENCES trials (id),
+    run            integer NOT NULL,
+    resource_pool  text NOT NULL REFERENCES resource_pools (name),
+    slots_needed   integer NOT NULL CHECK (slots_needed >= 0),
+    spec           jsonb NOT NULL,
+    desired_state  desired_state NOT NULL DEFAULT 'RUNNING',
+    state          allocation_state NOT NULL DEFAULT 'PENDING',
+    agent_id       text REFERENCES agents (id),
+    token_hash     bytea,
+    exit_code      integer,
+    exit_reason    text,
+    stop_requested_at timestamptz,
+    preempt_acked  boolean NOT NULL DEFAULT false,
+    settled        boolean NOT NULL DEFAULT false,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    assigned_at    timestamptz,
+    started_at     timestamptz,
+    ended_at       timestamptz,
+    UNIQUE (trial_id, run),
+    CHECK ((ended_at IS NULL) = (state <> 'TERMINATED')),
+    CHECK (state = 'PENDING' OR state = 'TERMINATED' OR agent_id IS NOT NULL)
+);
+COMMENT ON TABLE allocations IS
+    'One row per run of a task. The reconciler writes desired_state and the assignment; the '
+    'agent writes the observed state. (trial_id, run) is unique, so a replayed pass cannot '
+    'start a trial twice. spec holds what the agent needs to launch it (argv, env, context).';
+COMMENT ON COLUMN allocations.stop_requested_at IS
+    'When desired_state left RUNNING; a task still running preemption_timeout seconds later is '
+    'killed, so nothing hangs in STOPPED forever.';
+COMMENT ON COLUMN allocations.settled IS
+    'The reconciler has folded this terminated allocation into its trial''s state.';
+CREATE INDEX allocations_live ON allocations (agent_id) WHERE state <> 'TERMINATED';
+CREATE INDEX allocations_pending ON allocations (resource_pool, id) WHERE state = 'PENDING';
+CREATE INDEX allocations_unsettled ON allocations (id) WHERE state = 'TERMINATED' AND NOT settled;
+CREATE UNIQUE INDEX allocations_one_live_per_trial ON allocations (trial_id)
+    WHERE state <> 'TERMINATED';
+
+CREATE TABLE allocation_slots (
+    allocation_id bigint NOT NULL REFERENCES allocations (id),
+    agent_id      text NOT NULL,
+    slot_id       integer NOT NULL,
+    released      boolean NOT NULL DEFAULT false,
+    FOREIGN KEY (agent_id, slot_id) REFERENCES slots (agent_id, slot_id) ON DELETE CASCADE
+);
+COMMENT ON TABLE allocation_slots IS
+    'Which slots an allocation holds. A slot is held by at most one live allocation.';
+CREATE UNIQUE INDEX allocation_slots_one_holder ON allocation_slots (agent_id, slot_id)
+    WHERE NOT released;
+CREATE INDEX allocation_slots_allocation ON allocation_slots (allocation_id);
+
+CREATE TABLE metrics (
+    id              bigserial PRIMARY KEY,
+    trial_id        integer NOT NULL REFERENCES trials (id),
+    allocation_id   bigint NOT NULL REFERENCES allocations (id),
+    "group"         text NOT NULL,
+    steps_completed bigint NOT NULL CHECK (steps_completed >= 0),
+    "values"        jsonb NOT NULL,
+    reported_at     timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE metrics IS
+    'Append-only metrics (training, validation, or any other group), read by range on '
+    '(trial, group, steps).';
+CREATE INDEX metrics_trial_group_steps ON metrics (trial_id, "group", steps_completed);
+
+CREATE TABLE checkpoints (
+    uuid            uuid PRIMARY KEY,
+    trial_id        integer NOT NULL REFERENCES trials (id),
+    allocation_id   bigint NOT NULL REFERENCES allocations (id),
+    steps_completed bigint NOT NULL CHECK (steps_completed >= 0),
+    state           text NOT NULL DEFAULT 'COMPLETED' CHECK (state IN ('COMPLETED', 'DELETED')),
+    storage         jsonb NOT NULL,
+    resources       jsonb NOT NULL DEFAULT '{}',
+    metadata        jsonb NOT NULL DEFAULT '{}',
+    reported_at     timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON COLUMN checkpoints.resources IS 'Files of the checkpoint: {relative path: bytes}.';
+CREATE INDEX checkpoints_trial ON checkpoints (trial_id, steps_completed);
+
+CREATE TABLE task_logs (
+    id            bigserial PRIMARY KEY,
+    allocation_id bigint NOT NULL REFERENCES allocations (id),
+    trial_id      integer REFERENCES trials (id),
+    stream        text NOT NULL CHECK (stream IN ('stdout', 'stderr', 'det')),
+    ts            timestamptz NOT NULL DEFAULT now(),
+    line          text NOT NULL
+);
+COMMENT ON TABLE task_logs IS 'Append-only task output, written by agents in batches.';
+CREATE INDEX task_logs_trial ON task_logs (trial_id, id);
+CREATE INDEX task_logs_allocation ON task_logs (allocation_id, id);
+
+-- ---------------------------------------------------------------------------------------------
+-- Transition rules
+
+CREATE FUNCTION det_check_transition() RETURNS trigger LANGUAGE plpgsql AS $$
+-- Experiments and trials: terminal states are final, and a STOPPING_* state only moves on to
+-- its terminal state (STOPPING_KILLED ends CANCELED), or to a harsher STOPPING_* (a cancel
+-- may become a kill). Allocations: the
+-- observed state only moves forward.
+DECLARE
+    old_s text := OLD.state::text;
+    new_s text := NEW.state::text;
+BEGIN
+    IF old_s = new_s THEN
+        RETURN NEW;
+    END IF;
+    IF TG_TABLE_NAME = 'allocations' THEN
+        IF NEW.state < OLD.state THEN
+            RAISE EXCEPTION 'allocation %: illegal state change % -> %', OLD.id, old_s, new_s
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF old_s IN ('COMPLETED', 'CANCELED', 'ERROR')
+       OR (old_s LIKE 'STOPPING_%' AND new_s IN ('ACTIVE', 'PAUSED'))
+       OR (old_s = 'STOPPING_KILLED' AND new_s LIKE 'STOPPING_%')
+       OR (old_s = 'STOPPING_CANCELED' AND new_s IN ('STOPPING_COMPLETED', 'COMPLETED'))
+       OR (old_s LIKE 'STOPPING_%' AND new_s NOT LIKE 'STOPPING_%'
+           AND new_s <> replace(substr(old_s, 10), 'KILLED', 'CANCELED')) THEN
+        RAISE EXCEPTION '% %: illegal state change % -> %', TG_TABLE_NAME, OLD.id, old_s, new_s
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER experiments_transition BEFORE UPDATE OF state ON experiments
+    FOR EACH ROW EXECUTE FUNCTION det_check_transition();
+CREATE TRIGGER trials_transition BEFORE UPDATE OF state ON trials
+    FOR EACH ROW EXECUTE FUNCTION det_check_transition();
+CREATE TRIGGER allocations_transition BEFORE UPDATE OF state ON allocations
+    FOR EACH ROW EXECUTE FUNCTION det_check_transition();
+
+-- ---------------------------------------------------------------------------------------------
+-- User actions (the CLI). Each is one transaction; each wakes the reconciler.
+
+CREATE FUNCTION det_create_experiment(
+    p_config jsonb, p_original_config text, p_context bytea, p_owner text
+) RETURNS integer LANGUAGE plpgsql AS $$
+-- Submit an experiment. p_config is the expanded config (validated by det.configs);
+-- p_context the packed model definition (tar.gz), stored once per distinct content.
+DECLARE
+    v_pool text := coalesce(p_config #>> '{resources,resource_pool}', 'default');
+    v_ctx bigint;
+    v_job bigint;
+    v_id integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = v_pool) THEN
+        RAISE EXCEPTION 'resources.resource_pool: no resource pool named "%"', v_pool
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    IF p_context IS NOT NULL THEN
+        INSERT INTO context_blobs (sha256, size_bytes, data)
+        VALUES (sha256(p_context), length(p_context), p_context)
+        ON CONFLICT (sha256) DO NOTHING;
+        SELECT id INTO v_ctx FROM context_blobs WHERE sha256 = sha256(p_context);
+    END IF;
+    INSERT INTO jobs (type, resource_pool, priority, weight, queue_position, owner)
+    VALUES ('EXPERIMENT', v_pool,
+            coalesce((p_config #>> '{resources,priority}')::integer, 42),
+            coalesce((p_config #>> '{resources,weight}')::double precision, 1),
+            extract(epoch FROM clock_timestamp()) * 1000000, p_owner)
+    RETURNING id INTO v_job;
+    INSERT INTO experiments (job_id, name, description, config, original_config, context_id,
+                             owner)
+    VALUES (v_job, p_config ->> 'name', coalesce(p_config ->> 'description', ''), p_config,
+            p_original_config, v_ctx, p_owner)
+    RETURNING id INTO v_id;
+    PERFORM pg_notify('det_reconciler', 'experiment');
+    RETURN v_id;
+END $$;
+
+CREATE FUNCTION det_experiment_action(p_id integer, p_action text) RETURNS experiment_state
+LANGUAGE plpgsql AS $$
+-- pause | activate | cancel | kill (spec: run-training-code, Pause and Activate). Returns the
+-- new state. The reconciler turns the state into desired states of the trials' allocations.
+DECLARE
+    v_state experiment_state;
+    v_new experiment_state;
+BEGIN
+    SELECT state INTO v_state FROM experiments WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'experiment % not found', p_id USING ERRCODE = 'no_data_found';
+    END IF;
+    v_new := CASE
+        WHEN p_action = 'pause' AND v_state IN ('ACTIVE', 'PAUSED') THEN 'PAUSED'
+        WHEN p_action = 'activate' AND v_state IN ('ACTIVE', 'PAUSED') THEN 'ACTIVE'
+        WHEN p_action = 'cancel' AND v_state IN ('ACTIVE', 'PAUSED') THEN 'STOPPING_CANCELED'
+        WHEN p_action = 'cancel' AND v_state::text LIKE 'STOPPING_%' THEN v_state
+        WHEN p_action = 'kill' AND (v_state IN ('ACTIVE', 'PAUSED')
+                                    OR v_state::text LIKE 'STOPPING_%') THEN 'STOPPING_KILLED'
+    END::experiment_state;
+    IF v_new IS NULL THEN
+        RAISE EXCEPTION 'experiment %: cannot % an experiment in state %', p_id, p_action, v_state
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE experiments SET state = v_new WHERE id = p_id;
+    PERFORM pg_notify('det_reconciler', 'experiment');
+    RETURN v_new;
+END $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Agents
+
+CREATE FUNCTION det_agent_register(
+    p_id text, p_hostname text, p_pool text, p_runtime text, p_slots jsonb
+) RETURNS void LANGUAGE plpgsql AS $$
+-- An agent (re)registers its slots: [{slot_id, type, device_uuid, device_name, memory_mb}].
+-- Slots it no longer has are removed; a LOST agent becomes ACTIVE again.
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p_pool) THEN
+        RAISE EXCEPTION 'agent %: no resource pool named "%"', p_id, p_pool
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    INSERT INTO agents (id, hostname, resource_pool, runtime)
+    VALUES (p_id, p_hostname, p_pool, p_runtime)
+    ON CONFLICT (id) DO UPDATE
+        SET hostname = excluded.hostname, resource_pool = excluded.resource_pool,
+            runtime = excluded.runtime, last_heartbeat = now(),
+            state = CASE WHEN agents.state = 'LOST' THEN 'ACTIVE' ELSE agents.state END;
+    DELETE FROM slots s WHERE s.agent_id = p_id
+        AND s.slot_id NOT IN (SELECT (e ->> 'slot_id')::integer
+                              FROM jsonb_array_elements(p_slots) e);
+    INSERT INTO slots (agent_id, slot_id, type, device_uuid, device_name, memory_mb)
+    SELECT p_id, (e ->> 'slot_id')::integer, e ->> 'type', e ->> 'device_uuid',
+           coalesce(e ->> 'device_name', ''), (e ->> 'memory_mb')::bigint
+    FROM jsonb_array_elements(p_slots) e
+    ON CONFLICT (agent_id, slot_id) DO UPDATE
+        SET type = excluded.type, device_uuid = excluded.device_uuid,
+            device_name = excluded.device_name, memory_mb = excluded.memory_mb;
+    PERFORM pg_notify('det_reconciler', 'agent');
+END $$;
+
+CREATE FUNCTION det_agent_heartbeat(p_id text) RETURNS agent_state LANGUAGE plpgsql AS $$
+-- Returns the agent's state; LOST means the reconciler gave up on it and it must re-register.
+DECLARE
+    v_state agent_state;
+BEGIN
+    UPDATE agents SET last_heartbeat = now() WHERE id = p_id AND state <> 'LOST'
+    RETURNING state INTO v_state;
+    RETURN coalesce(v_state, 'LOST');
+END $$;
+
+CREATE FUNCTION det_agent_claim(p_agent text, p_allocation bigint) RETURNS text
+LANGUAGE plpgsql AS $$
+-- The agent is about to launch an allocation assigned to it: mint the task's token (returned
+-- once, stored hashed) and move the allocation to STARTING. Returns NULL when the allocation
+-- is no longer this agent's to start (ended, or desired state is not RUNNING).
+DECLARE
+    v_token text := encode(gen_random_uuid()::text::bytea || gen_random_uuid()::text::bytea,
+                           'base64');
+BEGIN
+    v_token := translate(v_token, E'+/=\n', '-_');
+    UPDATE allocations
+       SET token_hash = sha256(convert_to(v_token, 'UTF8')), state = 'STARTING',
+           started_at = coalesce(started_at, now())
+     WHERE id = p_allocation AND agent_id = p_agent
+       AND state IN ('ASSIGNED', 'PULLING', 'STARTING') AND desired_state = 'RUNNING';
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    RETURN v_token;
+END $$;
+
+CREATE FUNCTION det_agent_report(
+    p_agent text, p_allocation bigint, p_state allocation_state,
+    p_exit_code integer DEFAULT NULL, p_reason text DEFAULT NULL
+) RETURNS void LANGUAGE plpgsql AS $$
+-- The agent reports what it observed of an allocation it runs. TERMINATED releases the slots
+-- and records the exit code and reason; the reconciler settles the trial afterwards.
+BEGIN
+    UPDATE allocations
+       SET state = greatest(state, p_state),
+           exit_code = CASE WHEN p_state = 'TERMINATED' THEN p_exit_code ELSE exit_code END,
+           exit_reason = CASE WHEN p_state = 'TERMINATED' THEN p_reason ELSE exit_reason END,
+           ended_at = CASE WHEN p_state = 'TERMINATED' THEN coalesce(ended_at, now()) END
+     WHERE id = p_allocation AND agent_id = p_agent AND state <> 'TERMINATED';
+    IF p_state = 'TERMINATED' THEN
+        UPDATE allocation_slots SET released = true
+         WHERE allocation_id = p_allocation AND NOT released;
+        PERFORM pg_notify('det_reconciler', 'allocation');
+    END IF;
+END $$;
+
+CREATE FUNCTION det_append_logs(
+    p_allocation bigint, p_streams text[], p_lines text[]
+) RETURNS void LANGUAGE sql AS $$
+-- Append a batch of task output lines (one call per batch, never per line).
+    INSERT INTO task_logs (allocation_id, trial_id, stream, line)
+    SELECT p_allocation, a.trial_id, s, l
+    FROM allocations a, unnest(p_streams, p_lines) AS u (s, l)
+    WHERE a.id = p_allocation;
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- The task's API (the harness). Every call names its allocation by token.
+
+CREATE FUNCTION det_auth(p_token text) RETURNS allocations LANGUAGE plpgsql STABLE AS $$
+-- The live allocation holding this token, or an error (SQLSTATE 28000).
+DECLARE
+    v allocations;
+BEGIN
+    SELECT * INTO v FROM allocations
+     WHERE token_hash = sha256(convert_to(p_token, 'UTF8')) AND state <> 'TERMINATED';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'invalid or expired allocation token'
+            USING ERRCODE = 'invalid_authorization_specification';
+    END IF;
+    RETURN v;
+END $$;
+CREATE INDEX allocations_token ON allocations (token_hash) WHERE token_hash IS NOT NULL;
+
+CREATE FUNCTION det_task_info(p_token text) RETURNS jsonb LANGUAGE plpgsql AS $$
+-- Identity and starting point of the task; also marks the allocation RUNNING.
+DECLARE
+    a allocations := det_auth(p_token);
+BEGIN
+    UPDATE allocations SET state = 'RUNNING' WHERE id = a.id AND state < 'RUNNING';
+    RETURN (
+        SELECT jsonb_build_object(
+            'allocation_id', a.id, 'trial_id', t.id, 'experiment_id', e.id,
+            'config', e.config, 'hparams', t.hparams, 'trial_seed', t.seed,
+            'latest_checkpoint', t.latest_checkpoint, 'steps_completed', t.steps_completed,
+            'slots', a.slots_needed)
+        FROM trials t JOIN experiments e ON e.id = t.experiment_id
+        WHERE t.id = a.trial_id);
+END $$;
+
+CREATE FUNCTION det_report_metrics(
+    p_token text, p_group text, p_steps_completed bigint, p_metrics jsonb
+) RETURNS void LANGUAGE plpgsql AS $$
+-- Append one metrics row. A validation report also updates the trial's best value of the
+-- searcher metric (searcher.smaller_is_better decides "best").
+DECLARE
+    a allocations := det_auth(p_token);
+    v_cfg jsonb;
+    v_val double precision;
+BEGIN
+    IF p_group IS NULL OR p_group = '' THEN
+        RAISE EXCEPTION 'metrics group must be a non-empty name' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO metrics (trial_id, allocation_id, "group", steps_completed, "values")
+    VALUES (a.trial_id, a.id, p_group, p_steps_completed, p_metrics);
+    IF p_group = 'validation' THEN
+        SELECT e.config INTO v_cfg FROM trials t JOIN experiments e ON e.id = t.experiment_id
+         WHERE t.id = a.trial_id;
+        IF jsonb_typeof(p_metrics -> (v_cfg #>> '{searcher,metric}')) = 'number' THEN
+            v_val := (p_metrics ->> (v_cfg #>> '{searcher,metric}'))::double precision;
+            UPDATE trials SET best_validation = CASE
+                WHEN best_validation IS NULL THEN v_val
+                WHEN coalesce((v_cfg #>> '{searcher,smaller_is_better}')::boolean, true)
+                    THEN least(best_validation, v_val)
+                ELSE greatest(best_validation, v_val) END
+             WHERE id = a.trial_id;
+        END IF;
+    END IF;
+END $$;
+
+CREATE FUNCTION det_report_checkpoint(
+    p_token text, p_uuid uuid, p_steps_completed bigint, p_resources jsonb, p_metadata jsonb
+) RETURNS void LANGUAGE plpgsql AS $$
+-- Record a checkpoint the task has finished writing; it becomes the trial's restart point.
+DECLARE
+    a allocations := det_auth(p_token);
+BEGIN
+    INSERT INTO checkpoints (uuid, trial_id, allocation_id, steps_completed, storage, resources,
+                             metadata)
+    SELECT p_uuid, a.trial_id, a.id, p_steps_completed, e.config -> 'checkpoint_storage',
+           coalesce(p_resources, '{}'), coalesce(p_metadata, '{}')
+    FROM trials t JOIN experiments e ON e.id = t.experiment_id WHERE t.id = a.trial_id;
+    UPDATE trials SET latest_checkpoint = p_uuid, steps_completed = p_steps_completed
+     WHERE id = a.trial_id AND steps_completed <= p_steps_completed;
+END $$;
+
+CREATE FUNCTION det_current_op(p_token text) RETURNS jsonb LANGUAGE plpgsql AS $$
+-- The trial's oldest open searcher operation as {id, length}, or NULL when the searcher wants
+-- nothing more from it (the task then checkpoints and exits so its slots go back).
+DECLARE
+    a allocations := det_auth(p_token);
+BEGIN
+    RETURN (SELECT jsonb_build_object('id', o.id, 'length', o.length)
+              FROM searcher_ops o WHERE o.trial_id = a.trial_id AND NOT o.completed
+             ORDER BY o.id LIMIT 1);
+END $$;
+
+CREATE FUNCTION det_report_progress(p_token text, p_op_id bigint, p_units double precision)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    a allocations := det_auth(p_token);
+BEGIN
+    UPDATE searcher_ops SET progress = p_units WHERE id = p_op_id AND trial_id = a.trial_id;
+END $$;
+
+CREATE FUNCTION det_complete_op(p_token text, p_op_id bigint, p_metric double precision)
+RETURNS void LANGUAGE plpgsql AS $$
+-- The trial trained to the op's length and validated: record the searcher metric and queue a
+-- validation_completed event for the searcher. Completing an op twice is a no-op.
+DECLARE
+    a allocations := det_auth(p_token);
+    o searcher_ops;
+BEGIN
+    UPDATE searcher_ops SET completed = true, metric = p_metric, progress = length
+     WHERE id = p_op_id AND trial_id = a.trial_id AND NOT completed
+    RETURNING * INTO o;
+    IF FOUND THEN
+        INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
+        SELECT t.experiment_id, t.id, 'validation_completed',
+               jsonb_build_object('length', o.length, 'metric', p_metric)
+        FROM trials t WHERE t.id = a.trial_id;
+        PERFORM pg_notify('det_reconciler', 'searcher');
+    END IF;
+END $$;
+
+CREATE FUNCTION det_should_preempt(p_token text) RETURNS boolean LANGUAGE sql AS $$
+    SELECT (det_auth(p_token)).desired_state <> 'RUNNING';
+$$;
+
+CREATE FUNCTION det_ack_preemption(p_token text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    a allocations := det_auth(p_token);
+BEGIN
+    UPDATE allocations SET preempt_acked = true WHERE id = a.id;
+END $$;
+
+CREATE FUNCTION det_report_early_exit(p_token text, p_reason text) RETURNS void
+LANGUAGE plpgsql AS $$
+-- The trial ends itself: invalid_hp (bad hyperparameters; replaced by the searcher),
+-- user_requested_stop, or errored.
+DECLARE
+    a allocations := det_auth(p_token);
+BEGIN
+    IF p_reason NOT IN ('invalid_hp', 'user_requested_stop', 'errored') THEN
+        RAISE EXCEPTION 'early exit reason must be invalid_hp, user_requested_stop or errored, not "%"',
+            p_reason USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE trials SET closed = true, exit_reason = p_reason WHERE id = a.trial_id;
+    UPDATE searcher_ops SET completed = true WHERE trial_id = a.trial_id AND NOT completed;
+END $$;
+
+CREATE FUNCTION det_experiment_best_validation(p_token text) RETURNS double precision
+LANGUAGE sql AS $$
+    SELECT CASE WHEN coalesce((e.config #>> '{searcher,smaller_is_better}')::boolean, true)
+                THEN min(t.best_validation) ELSE max(t.best_validation) END
+    FROM allocations a
+    JOIN trials me ON me.id = a.trial_id
+    JOIN experiments e ON e.id = me.experiment_id
+    JOIN trials t ON t.experiment_id = e.id
+    WHERE a.id = (det_auth(p_token)).id
+    GROUP BY e.config;
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Reporting views: a stable read model for users' own SQL.
+
+CREATE SCHEMA reporting;
+
+CREATE VIEW reporting.experiments AS
+SELECT e.id, e.name, e.state, e.owner, e.progress, e.start_time, e.end_time, e.archived,
+       e.config #>> '{searcher,name}' AS searcher,
+       e.config #>> '{searcher,metric}' AS metric,
+       (SELECT count(*) FROM trials t WHERE t.experiment_id = e.id) AS trials,
+       (SELECT CASE WHEN coalesce((e.config #>> '{searcher,smaller_is_better}')::boolean, true)
+                    THEN min(t.best_validation) ELSE max(t.best_validation) END
+          FROM trials t WHERE t.experiment_id = e.id) AS best_validation,
+       j.resource_pool, j.priority, j.weight
+FROM experiments e JOIN jobs j ON j.id = e.job_id;
+
+CREATE VIEW reporting.trials AS
+SELECT t.id, t.experiment_id, t.state, t.hparams, t.restarts, t.steps_completed,
+       t.best_validation, t.latest_checkpoint, t.start_time, t.end_time, t.exit_reason,
+       (SELECT m."values" FROM metrics m
+         WHERE m.trial_id = t.id AND m."group" = 'validation'
+         ORDER BY m.steps_completed DESC, m.id DESC LIMIT 1) AS latest_validation
+FROM trials t;
+
+CREATE VIEW reporting.job_queue AS
+SELECT j.id AS job_id, j.type, j.resource_pool, j.priority, j.weight, j.owner, j.submitted_at,
+       e.id AS experiment_id, e.name,
+       coalesce(sum(a.slots_needed) FILTER (WHERE a.state > 'PENDING'), 0) AS slots_acquired,
+       coalesce(sum(a.slots_needed), 0) AS slots_needed,
+       CASE WHEN bool_or(a.state > 'PENDING') THEN 'STATE_SCHEDULED'
+            ELSE 'STATE_QUEUED' END AS status,
+       rank() OVER (PARTITION BY j.resource_pool ORDER BY j.priority, j.queue_position)
+           AS queue_order
+FROM jobs j
+JOIN experiments e ON e.job_id = j.id
+LEFT JOIN allocations a ON a.job_id = j.id AND a.state <> 'TERMINATED'
+WHERE e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')
+GROUP BY j.id, e.id;
+
+CREATE VIEW reporting.slot_usage AS
+SELECT s.agent_id, s.slot_id, s.type, s.device_name, s.enabled, ag.resource_pool,
+       ag.state AS agent_state, hs.allocation_id, a.trial_id
+FROM slots s
+JOIN agents ag ON ag.id = s.agent_id
+LEFT JOIN allocation_slots hs ON hs.agent_id = s.agent_id AND hs.slot_id = s.slot_id
+                             AND NOT hs.released
+LEFT JOIN allocations a ON a.id = hs.allocation_id;

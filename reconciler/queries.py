@@ -1,7 +1,9 @@
 """Named SQL statements of the reconciler pass, in pass order.
 
 Each statement is level-triggered: it selects rows by their current state, so running it
-again after it succeeded changes nothing. Parameters are named (``%(name)s``).
+again after it succeeded changes nothing. Parameters are named (``%(name)s``). Config values
+are read from the expanded config (``experiments.config``), where det.configs filled every
+default once; nothing here supplies a default again.
 """
 
 # -- 1. Agents ---------------------------------------------------------------------------------
@@ -36,7 +38,7 @@ SELECT a.id AS allocation_id, a.exit_code, a.exit_reason, t.id AS trial_id,
        a.out_of_work,
        EXISTS (SELECT 1 FROM searcher_ops o WHERE o.trial_id = t.id AND NOT o.completed)
            AS open_op,
-       coalesce((e.config ->> 'max_restarts')::integer, 5) AS max_restarts
+       (e.config ->> 'max_restarts')::integer AS max_restarts
   FROM allocations a
   JOIN trials t ON t.id = a.trial_id
   JOIN experiments e ON e.id = t.experiment_id
@@ -133,7 +135,7 @@ UPDATE allocations a SET desired_state = 'KILLED'
   FROM trials t JOIN experiments e ON e.id = t.experiment_id
  WHERE t.id = a.trial_id AND a.desired_state = 'STOPPED' AND a.state <> 'TERMINATED'
    AND a.stop_requested_at < now() - make_interval(
-           secs => coalesce((e.config ->> 'preemption_timeout')::integer, 3600))
+           secs => (e.config ->> 'preemption_timeout')::integer)
 RETURNING a.id, a.agent_id
 """
 
@@ -235,11 +237,11 @@ WITH runnable AS (
 )
 INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec)
 SELECT e.job_id, b.id, b.runs, j.resource_pool,
-       coalesce((e.config #>> '{resources,slots_per_trial}')::integer, 1),
+       (e.config #>> '{resources,slots_per_trial}')::integer,
        jsonb_build_object('kind', 'trial', 'entrypoint', e.config -> 'entrypoint',
-                          'environment', coalesce(e.config -> 'environment', '{}'),
-                          'bind_mounts', coalesce(e.config -> 'bind_mounts', '[]'),
-                          'resources', coalesce(e.config -> 'resources', '{}'),
+                          'environment', e.config -> 'environment',
+                          'bind_mounts', e.config -> 'bind_mounts',
+                          'resources', e.config -> 'resources',
                           'checkpoint_storage', e.config -> 'checkpoint_storage',
                           'context_id', e.context_id, 'experiment_id', e.id, 'trial_id', b.id)
   FROM bumped b JOIN experiments e ON e.id = b.experiment_id JOIN jobs j ON j.id = e.job_id

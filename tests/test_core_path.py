@@ -124,3 +124,36 @@ def test_a_frozen_leader_is_replaced(det, conn, tmp_path) -> None:
         frozen.send_signal(signal.SIGCONT)
     wait_for(lambda: "standby" in det.log("first"), 30, "the old leader to come back as standby")
     assert frozen.poll() is None and standby.poll() is None
+
+
+def test_a_digits_run_completes_through_two_database_restarts(
+        private_pg, det_private, tmp_path) -> None:
+    """Issue 10, item 4, the proof: PostgreSQL restarts twice while the digits example trains;
+    the run completes with no restart counted and every metric row present, once."""
+    from test_e2e_digits import DIGITS, digits_config
+
+    det = det_private
+    cfg = digits_config(tmp_path, **{"searcher.max_length": {"batches": 3000},
+                                     "scheduling_unit": 50,
+                                     "min_validation_period": {"batches": 500},
+                                     "min_checkpoint_period": {"batches": 1000}})
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    agent = det.start("agent", "agent", "run", "--slots", "1")
+    det("experiment", "create", str(cfg), str(DIGITS))
+    training = "SELECT count(*) FROM metrics WHERE \"group\" = 'training'"
+    wait_for(lambda: _count(private_pg.url, training) >= 2, 120, "training to start")
+    private_pg.restart(down=1.0)
+    wait_for(lambda: _count(private_pg.url, training) >= 20, 120, "training to go on")
+    private_pg.restart(down=1.0)
+    assert det("experiment", "wait", "1", timeout=300).returncode == 0
+    assert agent.poll() is None, det.log("agent")
+    import psycopg
+
+    with psycopg.connect(private_pg.url) as c:
+        trial = c.execute("SELECT state::text, restarts, runs FROM trials").fetchone()
+        assert trial == ("COMPLETED", 0, 1)
+        steps = {g: [s for (s,) in c.execute(
+            "SELECT steps_completed FROM metrics WHERE \"group\" = %s ORDER BY id", (g,))]
+            for g in ("training", "validation")}
+    assert steps["training"] == list(range(50, 3001, 50))
+    assert steps["validation"] == list(range(500, 3001, 500))

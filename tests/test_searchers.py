@@ -261,7 +261,8 @@ def test_input_state_is_not_modified() -> None:
 # --- properties -----------------------------------------------------------------------------
 
 # An event script: (which alive trial, as a fraction of the alive list; what happens to it).
-EVENT_KINDS = ["validate_half", "validate_full", "exited", "errored", "invalid_hp", "user_requested_stop"]
+EVENT_KINDS = ["validate_half", "validate_full", "exited", "errored", "invalid_hp",
+               "user_requested_stop"]
 scripts = st.lists(
     st.tuples(st.floats(0, 0.999), st.sampled_from(EVENT_KINDS)), min_size=0, max_size=60
 )

@@ -100,7 +100,8 @@ COMMENT ON COLUMN resource_pools.scheduler IS
 INSERT INTO resource_pools (name, description) VALUES ('default', 'The default compute pool');
 
 CREATE TABLE agents (
-    id             text PRIMARY KEY,
+    -- 1-63 plain characters: ids become NOTIFY channel names and log keys (det.db.channels)
+    id             text PRIMARY KEY CHECK (id ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$'),
     hostname       text NOT NULL,
     resource_pool  text NOT NULL REFERENCES resource_pools (name),
     state          agent_state NOT NULL DEFAULT 'ACTIVE',
@@ -143,7 +144,7 @@ CREATE TABLE jobs (
                                                  'TENSORBOARD')),
     resource_pool  text NOT NULL REFERENCES resource_pools (name),
     priority       integer NOT NULL DEFAULT 42 CHECK (priority BETWEEN 1 AND 99),
-    weight         double precision NOT NULL DEFAULT 1 CHECK (weight > 0),
+    weight         double precision NOT NULL DEFAULT 1 CHECK (weight > 0 AND weight < 'Infinity'),
     queue_position numeric NOT NULL,
     owner          text NOT NULL,
     submitted_at   timestamptz NOT NULL DEFAULT now(),

@@ -14,6 +14,8 @@ from det.errors import DatabaseError, DetError, NotFoundError, StateError
 # defaults: <table>_<column>_check).
 CONSTRAINTS = {
     "jobs_weight_check": "weight: expected a finite number > 0",
+    "agents_id_check": ("agent id: expected 1 to 63 letters, digits, '.', '_' or '-', "
+                        "starting with a letter or digit"),
     "jobs_priority_check": "priority: expected a whole number from 1 to 99",
 }
 

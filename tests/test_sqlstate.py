@@ -41,3 +41,19 @@ def test_early_exit_reasons_are_one_vocabulary(conn) -> None:
 
     labels = conn.execute("SELECT enum_range(NULL::early_exit_reason)::text[] AS l").fetchone()
     assert labels["l"] == [r.value for r in EarlyExitReason]
+
+
+@pytest.mark.parametrize("agent_id", ["a" * 64, "", "-x", "has space", "semi;colon"])
+def test_agent_ids_are_bounded_and_plain(conn, agent_id) -> None:
+    e = translate(_error(conn, "SELECT det_agent_register(%s, 'h', 'default', 'process', "
+                               "'[]'::jsonb)", agent_id))
+    assert str(e).startswith("agent id: expected 1 to 63 letters")
+    assert conn.execute("SELECT count(*) AS n FROM agents").fetchone()["n"] == 0
+
+
+@pytest.mark.parametrize("weight", ["NaN", "Infinity", "-Infinity", "0"])
+def test_a_job_weight_is_finite_and_positive(conn, weight) -> None:
+    conn.execute("INSERT INTO jobs (type, resource_pool, queue_position, owner) "
+                 "VALUES ('EXPERIMENT', 'default', 1, 'me')")
+    e = translate(_error(conn, "UPDATE jobs SET weight = %s::double precision", weight))
+    assert str(e) == "weight: expected a finite number > 0"

@@ -61,3 +61,11 @@ BEGIN
     UPDATE trials SET closed = true, exit_reason = v_reason::text WHERE id = a.trial_id;
     UPDATE searcher_ops SET completed = true WHERE trial_id = a.trial_id AND NOT completed;
 END $$;
+
+-- Agent ids become NOTIFY channel names and log keys: bounded and plain (det.db.channels).
+ALTER TABLE agents ADD CONSTRAINT agents_id_check
+    CHECK (id ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$');
+
+-- A weight of NaN or infinity starves every other job (or the job itself) forever.
+ALTER TABLE jobs DROP CONSTRAINT jobs_weight_check,
+    ADD CONSTRAINT jobs_weight_check CHECK (weight > 0 AND weight < 'Infinity');

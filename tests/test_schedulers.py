@@ -12,6 +12,7 @@ from det.errors import ConfigError
 from det.reconciler.schedulers import Agent, Task, schedule
 from det.reconciler.schedulers.fair_share import shares
 from det.reconciler.schedulers.fitting import Pool, never_fits
+from det.reconciler.schedulers.priority import plan
 from det.reconciler.schedulers.scenario import load_scenario
 
 FAIR = SchedulerConfig(type="fair_share")
@@ -98,6 +99,35 @@ def test_priority_without_preemption_waits_in_order() -> None:
     d = schedule(cfg, [agent("g", 4, used=4)], tasks)
     assert not d.allocate and not d.release
     assert d.reasons["later.0"].startswith("behind 1 job(s) of higher priority")
+
+
+def test_preemption_reuses_slots_freed_earlier_in_the_pass() -> None:
+    """Two 1-slot priority-10 tasks, a full 4-slot agent of two 2-slot priority-50 tasks:
+    evicting the last one frees room for both, so the first keeps running (issue 10, item 6)."""
+    low = [replace(t, running=True, on={"g": (2 * i, 2 * i + 1)}, priority=50)
+           for i, t in enumerate(job("low", 2, slots=2))]
+    tasks = low + job("high", 2, priority=10)
+    d = schedule(PRIO, [agent("g", 4, used=4)], tasks)
+    assert d.release == ["low.1"] and not d.allocate
+    assert d.reasons == {"high.0": "preempting lower-priority tasks to make room",
+                         "high.1": "waiting for preempted tasks to give their slots back"}
+
+
+def test_preemption_leaves_out_a_victim_the_next_one_makes_unneeded() -> None:
+    """A 2-slot task on a full pool: the lowest-priority task (1 slot) does not make room
+    alone, the next one (2 slots) does without it: only that one is evicted, whether the two
+    share an agent or not."""
+    tasks = [Task("x", "x", 1, 90, running=True, on={"a": (0,)}),
+             Task("y", "y", 2, 80, running=True, on={"b": (0, 1)}),
+             Task("z", "z", 1, 70, running=True, on={"a": (1,)}),
+             Task("hi", "hi", 2, 10)]
+    d = schedule(PRIO, [agent("a", 2, used=2), agent("b", 2, used=2)], tasks)
+    assert d.release == ["y"]
+    one_agent = [Task("x", "x", 1, 90, running=True, on={"a": (0,)}),
+                 Task("y", "y", 2, 80, running=True, on={"a": (1, 2)}),
+                 Task("z", "z", 1, 70, running=True, on={"a": (3,)}),
+                 Task("hi", "hi", 2, 10)]
+    assert schedule(PRIO, [agent("a", 4, used=4)], one_agent).release == ["y"]
 
 
 def test_round_robin_takes_turns() -> None:
@@ -209,8 +239,10 @@ CONFIGS = [FAIR, SchedulerConfig(type="priority"), PRIO, RR,
 
 
 @st.composite
-def clusters(draw):
-    sizes = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=0, max_size=5))
+def clusters(draw, max_agents: int = 5, runs: st.SearchStrategy = st.booleans(),
+             priorities: st.SearchStrategy = st.integers(1, 99)):
+    """(agents, tasks in queue order): a task runs, where it fits, when ``runs`` draws True."""
+    sizes = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=0, max_size=max_agents))
     agents = [Agent(f"g{i}", tuple(range(n)), tuple(range(n)), 0, draw(st.integers(0, 3)))
               for i, n in enumerate(sizes)]
     free = {a.id: list(a.slots) for a in agents}
@@ -218,19 +250,21 @@ def clusters(draw):
     tasks = []
     for i in range(draw(st.integers(0, 14))):
         slots = draw(st.sampled_from([0, 1, 1, 2, 4, 8]))
-        t = Task(f"t{i}", f"j{draw(st.integers(0, 3))}", slots, draw(st.integers(1, 99)),
+        t = Task(f"t{i}", f"j{draw(st.integers(0, 3))}", slots, draw(priorities),
                  draw(st.sampled_from([0.5, 1.0, 3.0])), draw(st.booleans()))
         fit = Pool([Agent(a, tuple(range(len(s))), tuple(s), 0, 100) for a, s in free.items()]
                    ).fit(slots) if slots else None
-        if slots == 0 and agents and draw(st.booleans()):
+        if slots == 0 and agents and draw(runs):
             a = agents[0]
             if aux[a.id] < a.max_aux:
                 aux[a.id] += 1
                 t = replace(t, running=True, on={a.id: ()})
-        elif fit and draw(st.booleans()):
+        elif fit and draw(runs):
             for a, s in fit.items():
                 free[a] = [x for x in free[a] if x not in s]
             t = replace(t, running=True, on={a: tuple(s) for a, s in fit.items()})
+        if t.running:
+            t = replace(t, stopping=draw(st.sampled_from([False, False, False, True])))
         tasks.append(t)
     agents = [Agent(a.id, a.slots, tuple(free[a.id]), aux[a.id], a.max_aux) for a in agents]
     return agents, tasks
@@ -292,3 +326,76 @@ def test_fair_share_is_proportional_within_one_slot(capacity, demand, data) -> N
         open_ -= full
     for j in demand:
         assert abs(got[j] - exact[j]) < 1 + 1e-9
+
+
+def _outranks(t: Task, e: Task, order: dict) -> bool:
+    return (t.priority, order[t.id]) < (e.priority, order[e.id])
+
+
+@settings(max_examples=400, deadline=None)
+@given(clusters(max_agents=3, runs=st.sampled_from([True, True, True, False]),
+                priorities=st.integers(1, 6)),
+       st.sampled_from(["best", "worst"]))
+def test_preemption_evicts_only_what_a_higher_priority_task_needs(cluster, policy) -> None:
+    """Every eviction of a priority pass (preemption on) is needed by the task it is for.
+
+    Replay the pass's steps (``priority.plan``) on a copy of the pool, slots and aux places.
+    A step first gives back the resources of its ``evict`` tasks, then its task takes its
+    ``fit``, which must lie in what is then free. For every step S and every task E in
+    ``S.evict``: E is running and preemptible, evicted once in the pass, and either already
+    stopping or outranked by S's task (a lower priority number, or the same and earlier in
+    the queue); and with the resources of ``S.evict`` minus E given back (nothing else of
+    the pass's state changed), S's task does not fit the pool by fitting's rules. So removing
+    any single evicted task from the eviction set leaves the higher-priority task it was
+    chosen for without room; in particular a step evicts nothing while the slots freed by
+    earlier evictions of the pass suffice. The decision releases exactly the evicted tasks
+    not already stopping, and, per part (slot and zero-slot tasks), nothing starts after the
+    first eviction.
+    """
+    agents, tasks = cluster
+    steps = plan(agents, tasks, preemption=True, fitting_policy=policy)
+    order = {t.id: i for i, t in enumerate(tasks)}
+    free = {a.id: set(a.free) for a in agents}
+    aux = {a.id: a.max_aux - a.aux_running for a in agents}
+
+    def pool() -> Pool:
+        return Pool([Agent(a.id, a.slots, tuple(sorted(free[a.id])), a.max_aux - aux[a.id],
+                           a.max_aux) for a in agents], policy)
+
+    def give_back(e: Task, sign: int = 1) -> None:
+        for a, s in e.on.items():
+            if a in free:
+                if e.slots == 0:
+                    aux[a] += sign
+                else:
+                    free[a] = free[a] | set(s) if sign > 0 else free[a] - set(s)
+
+    evicted: set = set()
+    started_after_eviction = {True: False, False: False}  # per part: slots > 0
+    for step in steps:
+        t = step.task
+        for e in step.evict:
+            assert e.running and e.preemptible and e.id not in evicted
+            assert e.stopping or _outranks(t, e, order), f"{e.id} outranks {t.id}"
+            evicted.add(e.id)
+            give_back(e)
+        for e in step.evict:
+            give_back(e, -1)
+            assert pool().fit(t.slots) is None, f"{t.id} fits without evicting {e.id}"
+            give_back(e)
+        if step.evict:
+            started_after_eviction[t.slots > 0] = True
+        if step.reason is None:
+            assert not started_after_eviction[t.slots > 0], f"{t.id} starts after a preemption"
+        if step.fit is not None:
+            for a, s in step.fit.items():
+                if t.slots == 0:
+                    aux[a] -= 1
+                    assert aux[a] >= 0
+                else:
+                    assert set(s) <= free[a], f"{t.id} takes slots that are not free"
+                    free[a] -= set(s)
+    d = schedule(PRIO if policy == "best" else PRIO.model_copy(update={"fitting_policy": policy}),
+                 agents, tasks)
+    assert d.release == [e.id for s in steps for e in s.evict if not e.stopping]
+    assert d.allocate == {s.task.id: s.fit for s in steps if s.reason is None}

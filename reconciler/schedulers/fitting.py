@@ -50,6 +50,7 @@ class Pool:
         self.slots = _Buckets()
         self.aux = _Buckets()
         self.idle: dict[int, SortedList] = {}  # size -> agents with every slot free
+        self.sizes = sorted({len(a.slots) for a in self.agents}, reverse=True)  # for gangs
         for i, a in enumerate(self.agents):
             self.slots.move(i, None, len(self.free[i]))
             self.aux.move(i, None, self.aux_free[i])
@@ -93,7 +94,7 @@ class Pool:
             sign = 1 if self.best else -1
             i = min(single, key=lambda i: (sign * len(free[i]), i))
             return {self.agents[i].id: free[i][:slots]}
-        for size in sorted({len(a.slots) for a in self.agents}, reverse=True):
+        for size in self.sizes:
             if slots % size:
                 continue
             now_idle = [i for i in ranks if len(self.agents[i].slots) == size

@@ -3,62 +3,103 @@
 Lower number = higher priority; equal priorities run in queue order. Per priority level, from
 the highest: fit the level's pending tasks in order. Once a level has a task that does not
 fit, lower levels are frozen: they may only *backfill* idle slots, and only with preemptible
-tasks, only when preemption is on. With preemption, a task that does not fit evicts running
-preemptible tasks, lowest priority first and, within a priority, the last in the queue first
-(never one ahead of it at its own priority), but only if that makes it fit; nothing starts in
-a pass after something was preempted. Slot tasks and zero-slot tasks are scheduled apart.
+tasks, only when preemption is on. With preemption, a task that does not fit first takes
+slots that this pass's evictions will free; failing that, it evicts running preemptible
+tasks, lowest priority first and, within a priority, the last in the queue first (never one
+ahead of it at its own priority), but only if that makes it fit, and only those it needs: no
+evicted task could be left running and the task still fit. Nothing starts in a pass after
+something was preempted. Slot tasks and zero-slot tasks are scheduled apart.
+
+A pass is a list of :class:`Step` (:func:`plan`), the pass's scratch copy of the pool task by
+task; :func:`schedule` turns it into a :class:`~.model.Decision`.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import groupby
+from typing import NamedTuple
 
-from det.reconciler.schedulers.fitting import Holders, Pool, split
-from det.reconciler.schedulers.model import Agent, Decision, Task
+from sortedcontainers import SortedKeyList
+
+from det.reconciler.schedulers.fitting import Fit, Holders, Pool, split
+from det.reconciler.schedulers.model import Agent, Decision, Id, Task
+
+PREEMPTING = "preempting lower-priority tasks to make room"
+FREED = "waiting for preempted tasks to give their slots back"
+
+
+class Step(NamedTuple):
+    """One pending task's turn in a pass, in the order the pass takes them.
+
+    ``fit``: its place in the pass's scratch copy of the pool (``{agent id: slot ids}``;
+    ``{agent id: []}`` for a zero-slot task), None if it got none; ``reason``: why it waits,
+    None if it starts now on ``fit``; ``evict``: the running tasks chosen to make room for it,
+    in the order chosen (ones already stopping are not preempted again: their resources come
+    back anyway). Its ``fit`` lies in what was free once ``evict`` gave its resources back.
+    """
+
+    task: Task
+    fit: Fit | None
+    reason: str | None
+    evict: tuple[Task, ...] = ()
 
 
 def schedule(agents: Sequence[Agent], tasks: Sequence[Task], *, preemption: bool = False,
              fitting_policy: str = "best") -> Decision:
     """One pass over ``tasks`` (queue order) on ``agents``; see the module rules."""
     out = Decision()
-    for part in split(tasks):
-        _schedule(part, preemption, Pool(agents, fitting_policy), out)
+    for s in plan(agents, tasks, preemption=preemption, fitting_policy=fitting_policy):
+        if s.reason is None:
+            out.allocate[s.task.id] = s.fit
+        else:
+            out.reasons[s.task.id] = s.reason
+        if s.evict:
+            out.release += [t.id for t in s.evict if not t.stopping]
     return out
 
 
-def _schedule(tasks: Sequence[Task], preemption: bool, pool: Pool, out: Decision) -> None:
+def plan(agents: Sequence[Agent], tasks: Sequence[Task], *, preemption: bool = False,
+         fitting_policy: str = "best") -> list[Step]:
+    """The steps of one pass: every pending task of ``tasks`` once, slot tasks first, each
+    part in the order its scratch pool was changed."""
+    steps: list[Step] = []
+    for part in split(tasks):
+        steps += _plan(part, preemption, Pool(agents, fitting_policy))
+    return steps
+
+
+def _plan(tasks: Sequence[Task], preemption: bool, pool: Pool) -> Iterator[Step]:
     order = {t.id: i for i, t in enumerate(tasks)}
     ranked = sorted(tasks, key=lambda t: (t.priority, order[t.id]))
-    running = [t for t in ranked if t.running]
     holders = Holders(tasks)
-    evicting = _Evictions(running, order)
+    evicting = _Evictions([t for t in tasks if t.running], order)
     blocked_by: set = set()  # jobs of higher priority with a task that did not fit
     for _, level in groupby([t for t in ranked if not t.running], key=lambda t: t.priority):
         failed = []
         for t in level:
             reason = pool.never_fits(t.slots)
             if reason:
-                out.reasons[t.id] = reason
+                yield Step(t, None, reason)
                 continue
             fit = pool.fit(t.slots)
             if fit is None:
                 failed.append(t)
                 continue
             pool.reserve(fit)
-            if evicting.started:
-                out.reasons[t.id] = "waiting for preempted tasks to give their slots back"
+            if evicting.chosen:  # slots in the pool may still be held: start nothing
+                yield Step(t, fit, FREED)
             elif not blocked_by or (preemption and t.preemptible):
-                out.allocate[t.id] = fit
+                yield Step(t, fit, None)
             else:
-                out.reasons[t.id] = _behind(blocked_by)
+                yield Step(t, fit, _behind(blocked_by))
         for t in failed:
-            if preemption and evicting.make_room(t, pool):
-                out.reasons[t.id] = "preempting lower-priority tasks to make room"
+            step = evicting.make_room(t, pool) if preemption else None
+            if step is not None:
+                yield step
             elif blocked_by:
-                out.reasons[t.id] = _behind(blocked_by) + "; " + holders.waiting(t)
+                yield Step(t, None, _behind(blocked_by) + "; " + holders.waiting(t))
             else:
-                out.reasons[t.id] = holders.waiting(t)
+                yield Step(t, None, holders.waiting(t))
         blocked_by |= {t.job for t in failed}
-    out.release.extend(evicting.release)
 
 
 def _behind(jobs: set) -> str:
@@ -66,42 +107,79 @@ def _behind(jobs: set) -> str:
 
 
 class _Evictions:
-    """The running tasks chosen for eviction in one pass."""
+    """The running tasks chosen for eviction in one pass; their resources are back in the
+    pass's pool (they will be once the tasks exit)."""
 
     def __init__(self, running: list[Task], order: dict) -> None:
-        self.running, self.order = running, order
+        self.order = order
         self.stopping = [t for t in running if t.stopping and t.preemptible]
+        # preemptible tasks not stopping and not chosen yet, by rank: a walk skips no one
+        self.left = SortedKeyList((t for t in running if t.preemptible and not t.stopping),
+                                  key=self._rank)
         self.chosen: set = set()
-        self.release: list = []
-        self.started = False  # once set, slots in the pool may still be held: start nothing
 
-    def _candidates(self, task: Task):
+    def _rank(self, t: Task) -> tuple[int, int]:
+        return t.priority, self.order[t.id]
+
+    def _candidates(self, task: Task) -> Iterator[Task]:
         yield from (t for t in self.stopping if t.id not in self.chosen)
-        for t in reversed(self.running):  # lowest priority, last in queue first
-            if t.priority < task.priority or (
-                    t.priority == task.priority and self.order[t.id] < self.order[task.id]):
-                return
-            if t.preemptible and not t.stopping and t.id not in self.chosen:
-                yield t
+        # lowest priority, last in queue first; never one ahead of ``task`` at its priority
+        rank = self._rank(task)
+        if self.left and self._rank(self.left[-1]) > rank:  # the walk costs a bisection
+            yield from self.left.irange_key(min_key=rank, reverse=True)
 
-    def make_room(self, task: Task, pool: Pool) -> bool:
-        """Choose running tasks whose eviction lets ``task`` fit; on success give their
-        resources back to ``pool``, reserve ``task``'s fit there and return True. Tasks
-        already stopping go first: their slots come back anyway."""
-        extra: dict = {}
-        removed = []
-        for t in self._candidates(task):
-            for agent, slot_ids in t.on.items():
-                extra.setdefault(agent, []).extend(slot_ids)
-            removed.append(t)
-            fit = pool.fit(task.slots, extra)
+    def make_room(self, task: Task, pool: Pool) -> Step | None:
+        """``task``'s step if it can be placed, reserved in ``pool``, or None (nothing
+        changed). It takes slots already freed by this pass's evictions if they suffice;
+        otherwise candidates (tasks already stopping first: their slots come back anyway,
+        then notes §2.4's order) are added until it fits, and those it does not need are
+        dropped again (:func:`_needed`)."""
+        if self.chosen:
+            fit = pool.fit(task.slots)
             if fit is not None:
-                for r in removed:
+                pool.reserve(fit)
+                return Step(task, fit, FREED)
+        removed: list[Task] = []
+        extra: dict[Id, list[int]] = {}
+        for t in self._candidates(task):
+            removed.append(t)
+            fit = pool.fit(task.slots, _held([t], extra))
+            if fit is not None:
+                evict = _needed(task.slots, removed, fit, pool)
+                for r in evict:
                     pool.give_back(r)
                     self.chosen.add(r.id)
                     if not r.stopping:
-                        self.release.append(r.id)
+                        self.left.remove(r)
+                fit = pool.fit(task.slots)
                 pool.reserve(fit)
-                self.started = True
-                return True
-        return False
+                return Step(task, fit, PREEMPTING, tuple(evict))
+        return None
+
+
+def _held(tasks: Iterable[Task], into: dict[Id, list[int]] | None = None
+          ) -> dict[Id, list[int]]:
+    """``{agent id: slot ids}`` that ``tasks`` hold, added to ``into`` (changed) if given."""
+    out = {} if into is None else into
+    for t in tasks:
+        for agent, slot_ids in t.on.items():
+            out.setdefault(agent, []).extend(slot_ids)
+    return out
+
+
+def _needed(slots: int, removed: list[Task], fit: Fit, pool: Pool) -> list[Task]:
+    """The tasks of ``removed`` that ``slots`` needs: a minimal subset that still makes room.
+
+    ``removed`` is in the order chosen, ``slots`` fits in ``pool`` once all are gone (as
+    ``fit``) and not without the last, so the last stays. Tasks holding nothing on ``fit``'s
+    agents go; then, from the last but one back (sparing the higher priorities first), each
+    goes if the rest still make room. Fitting only gets easier with more free slots, so what
+    is left is minimal: without any one of them, ``slots`` does not fit. Costs one fit per
+    task left after the first cut: at most the slots of ``fit``'s agents.
+    """
+    keep = [t for t in removed if not fit.keys().isdisjoint(t.on)]
+    for t in reversed(keep[:-1]):
+        rest = [r for r in keep if r is not t]
+        if pool.fit(slots, _held(rest)) is not None:
+            keep = rest
+    return keep

@@ -1,4 +1,4 @@
-"""The ``det`` command. Each command is one SQL-function call or query (DESIGN.md, "cli/").
+"""The ``det`` command. Each command is one SQL-function call or query (docs/architecture.md).
 
 Errors a user caused print as one line and exit 1; ``det --debug ...`` shows the traceback.
 """

@@ -1,6 +1,6 @@
 """NOTIFY channel names: the one place they are built.
 
-NOTIFY is a wake-up hint only (DESIGN.md, principle 4): every listener also polls. A
+NOTIFY is a wake-up hint only (docs/architecture.md): every listener also polls. A
 PostgreSQL channel name is an identifier of at most 63 bytes (NAMEDATALEN - 1); ``pg_notify``
 refuses a longer one and ``LISTEN`` silently truncates it, so a name built from an unbounded id
 would fail a whole reconciler pass. Names that would be too long are replaced by a digest of

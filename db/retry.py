@@ -1,4 +1,4 @@
-"""Riding out the database (DESIGN.md, "Riding out the database").
+"""Riding out the database (docs/architecture.md, "Riding out the database").
 
 PostgreSQL restarts, fails over and drops connections. Every det process treats a lost
 connection as weather: it waits with exponential backoff (tenacity), reconnects and carries on

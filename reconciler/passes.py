@@ -1,6 +1,6 @@
 """One reconciler pass: read the tables, decide, write the difference, in one transaction.
 
-The steps follow DESIGN.md ("The reconciler pass"); their SQL is in
+The steps follow docs/architecture.md ("The reconciler pass"); their SQL is in
 :mod:`det.reconciler.queries` and their decisions in pure modules (trials, searchers,
 scheduler). NOTIFYs are queued inside the transaction, so Postgres delivers them at commit.
 

@@ -8,7 +8,7 @@ default once; nothing here supplies a default again.
 
 # -- 1. Agents ---------------------------------------------------------------------------------
 
-# Agents silent for longer than the timeout are lost (DESIGN.md, pass step 1).
+# Agents silent for longer than the timeout are lost (docs/architecture.md, "The reconciler pass").
 EXPIRE_AGENTS = """
 UPDATE agents SET state = 'LOST'
  WHERE state <> 'LOST' AND last_heartbeat < now() - make_interval(secs => %(timeout)s)

@@ -30,7 +30,7 @@ from psycopg.conninfo import conninfo_to_dict
 import det
 from det.agent.image import DEFAULT_IMAGE
 from det.agent.logs import LogShipper
-from det.agent.runtime import Exit, Launch
+from det.agent.runtime import DRAIN_SECONDS, Exit, Launch
 from det.errors import DetError
 
 log = logging.getLogger("det.agent")
@@ -132,6 +132,7 @@ class ContainerTask:
         self.container = container
         self.allocation_id = int(container.labels[LABEL_ALLOCATION])
         self._kill_deadline: float | None = None
+        self._exited_at: float | None = None
         self._readers = [threading.Thread(target=self._follow, args=(stream, logs, since),
                                           daemon=True, name=f"logs-{self.allocation_id}")
                          for stream in ("stdout", "stderr")]
@@ -154,15 +155,19 @@ class ContainerTask:
         return self._kill_deadline is not None
 
     def poll(self) -> Exit | None:
-        """The container's end once it has exited and its output is read, else None."""
+        """The container's end once it has exited and its output is read, else None; never
+        blocks on the output (followed for at most ``DRAIN_SECONDS`` after the exit)."""
         try:
             self.container.reload()
         except docker.errors.NotFound:
             return Exit(None, "the container vanished (removed outside det)")
         if self.container.status not in ("exited", "dead"):
             return None
-        for t in self._readers:
-            t.join()
+        now = time.monotonic()
+        if self._exited_at is None:
+            self._exited_at = now
+        if any(t.is_alive() for t in self._readers) and now < self._exited_at + DRAIN_SECONDS:
+            return None
         state = self.container.attrs["State"]
         return Exit(state.get("ExitCode"), end_reason(state, self.killed))
 

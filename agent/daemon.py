@@ -8,33 +8,60 @@ this agent against the tasks it runs (DESIGN.md, "Agents").
 * assigned here but unknown to this process and not adopted at start (the agent restarted and
   its tasks died with it): report the run ended, so the reconciler restarts the trial from
   its checkpoint;
-* ended here: flush its logs, report TERMINATED with exit code and reason, remove its remains.
-It wakes on NOTIFY ``agent_<id>`` and also polls, so a lost notification only delays work.
+* running here but no longer assigned here (the reconciler declared this agent lost and ended
+  its runs): kill it, as for desired KILLED;
+* ended here (its main process exited; see the runtimes): flush its logs, report TERMINATED
+  with exit code and reason, remove its remains;
+* running here, state not yet RUNNING (the report was lost with the connection): report it.
+It wakes on NOTIFY on its channel (:func:`det.db.channels.agent`) and also polls, so a lost
+notification only delays work.
+
+Watching the tasks never waits on the database, and the database never waits on the tasks:
+the heartbeat has a thread and a connection of its own (:mod:`det.agent.heartbeat`), output is
+read by threads of the runtimes and shipped by :class:`det.agent.logs.LogShipper`, and a lost
+connection is reopened with backoff (:mod:`det.db.retry`) while the tasks keep running; ends
+that happen meanwhile are kept and reported once the database is back
+(DESIGN.md, "Riding out the database").
 """
 
 import logging
+import re
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row
 
 from det import context
 from det.agent.devices import Slot
+from det.agent.heartbeat import Heartbeat
 from det.agent.logs import LogShipper
 from det.agent.process import ProcessRuntime
-from det.agent.runtime import Launch, Runtime, Task
+from det.agent.runtime import Exit, Launch, Runtime, Task
 from det.configs import entrypoint_argv, env_for_device
-from det.db import connect
+from det.db import channels, retry
 from det.errors import DetError
 
 log = logging.getLogger("det.agent")
 
+T = TypeVar("T")
+
 # Seconds a killed task gets between SIGTERM and SIGKILL.
 KILL_GRACE = 10.0
+# Seconds between two looks at the tasks while the database is away.
+TEND_SECONDS = 0.2
+# Seconds a stopping agent keeps trying to report its tasks' ends while the database is away.
+SHUTDOWN_RETRY_SECONDS = 10.0
+
+AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+AGENT_ID_RULE = ("1 to 63 ASCII letters, digits, '.', '_' or '-', starting with a letter or "
+                 "digit")
 
 ASSIGNMENTS = """
 SELECT a.id, a.desired_state::text AS desired, a.state::text AS state, a.spec,
@@ -70,6 +97,17 @@ class AgentSettings:
     poll: float = 1.0
 
 
+def check_agent_id(agent_id: str, field: str = "agent id") -> None:
+    """Check ``agent_id`` against ``AGENT_ID_RULE`` (it names the agent's rows, containers and
+    NOTIFY channel).
+
+    Raises:
+        DetError: ``{field}: expected <rule>, got <id>``.
+    """
+    if not AGENT_ID.fullmatch(agent_id):
+        raise DetError(f"{field}: expected {AGENT_ID_RULE}, got {agent_id!r}")
+
+
 def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
                    device_type: str) -> Runtime:
     """The runtime ``name`` asks for; raises ``RuntimeUnavailable`` when docker is asked for
@@ -88,91 +126,147 @@ def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
 
 
 class Agent:
-    """One agent process. ``url``: the database URL, also handed to its tasks."""
+    """One agent process. ``url``: the database URL, also handed to its tasks.
+
+    Raises:
+        DetError: the agent id breaks the rule of :func:`check_agent_id`.
+    """
 
     def __init__(self, url: str, settings: AgentSettings, slots: list[Slot]) -> None:
+        check_agent_id(settings.agent_id)
         self.url = url
         self.s = settings
         self.slots = slots
         self.device_type = slots[0].type if slots else "cpu"
         self.tasks: dict[int, Task] = {}
-        self.conn = connect(url, autocommit=True)
+        self.ended: dict[int, Exit] = {}  # ends not yet reported, in the order they happened
+        self.killing: set[int] = set()  # tasks being killed (SIGTERM sent, SIGKILL due)
+        self.claimed: set[int] = set()  # claims made by this process, not yet launched
+        self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
         self.runtime = choose_runtime(settings.runtime, self.logs, settings.agent_id, url,
                                       self.device_type)
-        self._last_heartbeat = 0.0
+        self.heartbeat = Heartbeat(url, settings.agent_id, settings.heartbeat, self._register)
+        # A lost connection's backoff is spent watching the tasks (see _tend_for).
+        self._retrying = retry.retrying("agent").copy(sleep=self._tend_for)
 
-    def register(self) -> None:
-        self.conn.execute(
+    # -- the database side --------------------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection:
+        """The main connection, opened (and LISTENing) again after it was lost."""
+        if self.conn is None or self.conn.closed:
+            self.conn = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+            self.conn.execute(sql.SQL("LISTEN {}").format(
+                sql.Identifier(channels.agent(self.s.agent_id))))
+        return self.conn
+
+    def _with_db(self, fn: Callable[[], T]) -> T:
+        """``fn()``, tried again after connection losses (with backoff, tending the tasks
+        meanwhile) until it succeeds; other errors are raised."""
+        for attempt in self._retrying:
+            with attempt:
+                return self._closing_if_lost(fn)
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def _closing_if_lost(self, fn: Callable[[], T]) -> T:
+        """``fn()``; a connection it lost is closed, to be opened again by the next try."""
+        try:
+            return fn()
+        except psycopg.Error as e:
+            if retry.is_connection_lost(e) and self.conn is not None:
+                self.conn.close()
+            raise
+
+    def _register(self, conn: psycopg.Connection) -> None:
+        conn.execute(
             "SELECT det_agent_register(%s, %s, %s, %s, %s)",
             (self.s.agent_id, socket.gethostname(), self.s.pool, self.runtime.name,
              psycopg.types.json.Jsonb([s.as_row() for s in self.slots])))
-        self.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"agent_{self.s.agent_id}")))
+
+    def _start(self) -> dict[int, Any]:
+        """Register, and return the live allocations of this agent (for adoption)."""
+        conn = self._connect()
+        self._register(conn)
         log.info("agent %s registered %d %s slot(s) in pool %s; runtime %s", self.s.agent_id,
                  len(self.slots), self.device_type, self.s.pool, self.runtime.name)
+        return {r["id"]: r["last_log"] for r in conn.execute(LIVE_HERE,
+                                                             {"agent": self.s.agent_id})}
 
-    def adopt(self) -> None:
-        """Take over the tasks a previous run of this agent left running (containers)."""
-        live = {r["id"]: r["last_log"]
-                for r in self.conn.execute(LIVE_HERE, {"agent": self.s.agent_id})}
-        for alloc_id, task in self.runtime.adopt(self.s.agent_id, live).items():
-            self.tasks[alloc_id] = task
-            self._report(alloc_id, "RUNNING")
+    def adopt(self, live: dict[int, Any]) -> None:
+        """Take over the tasks a previous run of this agent left running (containers); the
+        next pass reports them RUNNING."""
+        self.tasks.update(self.runtime.adopt(self.s.agent_id, live))
 
     def run(self, stop_after: float | None = None) -> None:
-        """Serve until interrupted (or for ``stop_after`` seconds, for tests)."""
-        self.register()
-        self.adopt()
+        """Serve until interrupted (or for ``stop_after`` seconds, for tests). A lost database
+        connection is waited out: tasks keep running and their ends are reported once the
+        database is back (DESIGN.md, "Riding out the database")."""
         end = None if stop_after is None else time.monotonic() + stop_after
         try:
+            self.adopt(self._with_db(self._start))
+            self.heartbeat.start()
             while end is None or time.monotonic() < end:
-                self._heartbeat()
-                self.reconcile()
-                for _ in self.conn.notifies(timeout=self.s.poll, stop_after=1):
-                    pass
+                self.heartbeat.check()
+                self._tend()
+                self._with_db(self._sync)
         finally:
             self.shutdown()
 
-    def _heartbeat(self) -> None:
-        if time.monotonic() - self._last_heartbeat < self.s.heartbeat:
-            return
-        row = self.conn.execute("SELECT det_agent_heartbeat(%s) AS state",
-                                (self.s.agent_id,)).fetchone()
-        self._last_heartbeat = time.monotonic()
-        if row["state"] == "LOST":
-            log.warning("the reconciler declared this agent lost; registering again")
-            self.register()
+    def _sync(self) -> None:
+        """Report what ended, reconcile the assignments, then wait for a NOTIFY or ``poll``
+        seconds."""
+        conn = self._connect()
+        self._report_ends()
+        self.reconcile()
+        for _ in conn.notifies(timeout=self.s.poll, stop_after=1):
+            pass
 
     def reconcile(self) -> None:
         """One pass over this agent's assignments (see the module rules)."""
-        assigned = self.conn.execute(ASSIGNMENTS, {"agent": self.s.agent_id}).fetchall()
+        assigned = self._connect().execute(ASSIGNMENTS, {"agent": self.s.agent_id}).fetchall()
         for row in assigned:
-            task = self.tasks.get(row["id"])
+            alloc_id = row["id"]
+            task = self.tasks.get(alloc_id)
+            if alloc_id in self.ended:
+                continue  # reported before the next pass
             if task is not None:
                 if row["desired"] == "KILLED":
-                    task.kill(KILL_GRACE)
+                    self._kill(alloc_id)
+                elif row["state"] in ("ASSIGNED", "PULLING", "STARTING"):
+                    self._report(alloc_id, "RUNNING")  # the first report was lost
             elif row["desired"] != "RUNNING":
-                self._report(row["id"], "TERMINATED", 0, "stopped before it started")
-            elif row["state"] in ("ASSIGNED", "PULLING"):
+                self._end(alloc_id, Exit(0, "stopped before it started"))
+            elif row["state"] in ("ASSIGNED", "PULLING") or alloc_id in self.claimed:
                 self._launch(row)
             else:
-                self._report(row["id"], "TERMINATED", None,
-                             "agent restarted; the task was lost with it")
-        for alloc_id, task in list(self.tasks.items()):
-            end = task.poll()
-            if end is not None:
-                self.logs.flush()
-                self._report(alloc_id, "TERMINATED", end.code, end.reason)
-                del self.tasks[alloc_id]
-                task.remove()
-                shutil.rmtree(self._task_dir(alloc_id), ignore_errors=True)
+                self._end(alloc_id, Exit(None, "agent restarted; the task was lost with it"))
+        # Ended without this agent (it was declared lost meanwhile): the run is over.
+        for alloc_id in self.tasks.keys() - {row["id"] for row in assigned}:
+            if alloc_id not in self.killing:
+                log.warning("allocation %s ended without this agent; killing its task",
+                            alloc_id)
+            self._kill(alloc_id)
+
+    def _report_ends(self) -> None:
+        """Report the ends not yet reported, once the task logs are written."""
+        if not self.ended:
+            return
+        self.logs.flush()
+        for alloc_id, end in list(self.ended.items()):
+            self._report(alloc_id, "TERMINATED", end.code, end.reason)
+            del self.ended[alloc_id]
+
+    def _end(self, alloc_id: int, end: Exit) -> None:
+        """A run that ends here: its end is reported now, or once the database is back."""
+        self.ended[alloc_id] = end
+        self._report_ends()
 
     def _launch(self, row: dict) -> None:
         alloc_id, spec = row["id"], row["spec"]
         try:
             fetching = self.runtime.fetch(alloc_id, spec)
         except Exception as e:  # the engine refused even to look
-            self._report(alloc_id, "TERMINATED", None, f"launch failed: {e}")
+            self._end(alloc_id, Exit(None, f"launch failed: {e}"))
             return
         if fetching is not None:
             if not fetching.done():
@@ -180,11 +274,15 @@ class Agent:
                     self._report(alloc_id, "PULLING")
                 return
             if fetching.exception() is not None:
-                self._report(alloc_id, "TERMINATED", None, str(fetching.exception()))
+                self._end(alloc_id, Exit(None, str(fetching.exception())))
                 return
-        token = self.conn.execute("SELECT det_agent_claim(%s, %s) AS token",
-                                  (self.s.agent_id, alloc_id)).fetchone()["token"]
+        # Recorded before the claim: its answer may be lost with the connection after the
+        # claim committed (STARTING), and the next pass claims again rather than give up.
+        self.claimed.add(alloc_id)
+        token = self._connect().execute("SELECT det_agent_claim(%s, %s) AS token",
+                                        (self.s.agent_id, alloc_id)).fetchone()["token"]
         if token is None:
+            self.claimed.discard(alloc_id)
             return
         try:
             env = {**env_for_device(spec.get("environment") or {}, self.device_type),
@@ -199,15 +297,16 @@ class Agent:
                             [by_id[i] for i in row["slot_ids"] if i in by_id])
             self.tasks[alloc_id] = self.runtime.launch(launch)
         except Exception as e:  # any launch failure ends the run with a readable reason
+            if retry.is_connection_lost(e):
+                raise  # the context could not be read: launched again once the database is back
             log.error("allocation %s: launch failed", alloc_id,
                       exc_info=not isinstance(e, DetError))
-            self._report(alloc_id, "TERMINATED", None, f"launch failed: {e}")
+            self.claimed.discard(alloc_id)
+            self._end(alloc_id, Exit(None, f"launch failed: {e}"))
             return
-        self._report(alloc_id, "RUNNING")
+        self.claimed.discard(alloc_id)
         log.info("allocation %s: started %s", alloc_id, " ".join(launch.argv))
-
-    def _task_dir(self, alloc_id: int) -> Path:
-        return self.s.work_dir / "tasks" / str(alloc_id)
+        self._report(alloc_id, "RUNNING")
 
     def _prepare_dir(self, alloc_id: int, context_id: int | None) -> Path:
         """A fresh copy of the context for this run; contexts are unpacked once per agent."""
@@ -218,7 +317,7 @@ class Agent:
             return dest
         cached = self.s.work_dir / "contexts" / str(context_id)
         if not cached.is_dir():
-            blob = self.conn.execute(CONTEXT_BLOB, {"id": context_id}).fetchone()["data"]
+            blob = self._connect().execute(CONTEXT_BLOB, {"id": context_id}).fetchone()["data"]
             partial = cached.with_suffix(".partial")
             shutil.rmtree(partial, ignore_errors=True)
             context.unpack(blob, partial)
@@ -228,20 +327,60 @@ class Agent:
 
     def _report(self, alloc_id: int, state: str, code: int | None = None,
                 reason: str | None = None) -> None:
-        self.conn.execute("SELECT det_agent_report(%s, %s, %s, %s, %s)",
-                          (self.s.agent_id, alloc_id, state, code, reason))
+        self._connect().execute("SELECT det_agent_report(%s, %s, %s, %s, %s)",
+                                (self.s.agent_id, alloc_id, state, code, reason))
+
+    # -- the host side: never touches the database ------------------------------------------
+
+    def _task_dir(self, alloc_id: int) -> Path:
+        return self.s.work_dir / "tasks" / str(alloc_id)
+
+    def _kill(self, alloc_id: int) -> None:
+        self.killing.add(alloc_id)
+        self.tasks[alloc_id].kill(KILL_GRACE)
+
+    def _tend(self) -> None:
+        """Watch the tasks: carry kills on (SIGKILL once the grace is over) and collect ends
+        (to be reported), freeing what each ended task left on this host."""
+        for alloc_id, task in list(self.tasks.items()):
+            if alloc_id in self.killing:
+                task.kill(KILL_GRACE)
+            end = task.poll()
+            if end is not None:
+                self.ended[alloc_id] = end
+                del self.tasks[alloc_id]
+                self.killing.discard(alloc_id)
+                task.remove()
+                shutil.rmtree(self._task_dir(alloc_id), ignore_errors=True)
+
+    def _tend_for(self, seconds: float) -> None:
+        """Wait ``seconds`` (a backoff while the database is away), tending the tasks."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self._tend()
+            time.sleep(min(left, TEND_SECONDS))
 
     def shutdown(self) -> None:
-        """Kill the tasks (they cannot outlive the agent anyway) and report them ended."""
-        for task in self.tasks.values():
-            task.kill(0)
+        """Kill the tasks (they cannot outlive the agent anyway) and report them ended,
+        trying for ``SHUTDOWN_RETRY_SECONDS`` while the database is away."""
         for alloc_id, task in self.tasks.items():
-            while (end := task.poll()) is None:
-                time.sleep(0.05)
-                task.kill(0)
-            self.logs.flush()
-            self._report(alloc_id, "TERMINATED", end.code, "agent shut down")
-            task.remove()
-        self.tasks.clear()
+            task.kill(0)
+            self.killing.add(alloc_id)
+        stopped = set(self.tasks)
+        while self.tasks:
+            self._tend()
+            time.sleep(TEND_SECONDS / 2)
+        for alloc_id in stopped:
+            self.ended[alloc_id] = Exit(self.ended[alloc_id].code, "agent shut down")
+        if self.conn is not None:  # possibly interrupted mid-statement by the signal
+            self.conn.close()
+        try:
+            retry.call("agent shutdown", lambda: self._closing_if_lost(self._report_ends),
+                       give_up_after=SHUTDOWN_RETRY_SECONDS)
+        except psycopg.Error as e:
+            log.error("could not report the end of allocation(s) %s: %s; they are settled "
+                      "when this agent is declared lost", sorted(self.ended), e)
+        self.heartbeat.stop()
         self.logs.close()
-        self.conn.close()
+        if self.conn is not None:
+            self.conn.close()

@@ -2,50 +2,130 @@
 
 Lines are buffered and written by one background thread with one ``det_append_logs`` call per
 allocation per flush, never a statement per line (logs are a hot, append-only table).
+
+While the database is away (a restart, a failover) lines stay buffered and the thread
+reconnects with backoff (:mod:`det.db.retry`). The buffer is bounded per allocation: once an
+allocation's buffered lines cost ``max_buffered_bytes``, its further lines are dropped and
+counted, and one line saying how many were dropped follows its buffered lines once they are
+written (DESIGN.md, "Riding out the database").
 """
 
+import logging
 import threading
 from collections import defaultdict
 
 import psycopg
 
+from det.db import retry
+
+log = logging.getLogger("det.agent")
+
 FLUSH_SECONDS = 0.5
 MAX_LINE_CHARS = 16_384
+MAX_BUFFERED_BYTES = 16 * 2**20
+"""Default bound of one allocation's buffered output, in bytes as :meth:`LogShipper.cost`
+counts them."""
+
+CLOSE_RETRY_SECONDS = 10.0
+"""How long :meth:`LogShipper.close` keeps trying to write what is left, in seconds."""
 
 
 class LogShipper:
     """Buffers ``(allocation, stream, line)`` and flushes every ``FLUSH_SECONDS`` on its own
-    connection to ``url``."""
+    connection to ``url`` (opened on first use, and again after it was lost).
 
-    def __init__(self, url: str) -> None:
-        self._conn = psycopg.connect(url, autocommit=True)
+    ``max_buffered_bytes``: the bound of one allocation's buffer (see :meth:`cost`)."""
+
+    LINE_OVERHEAD = 100
+    """Bytes a buffered line costs beyond its characters (Python's str and tuple objects)."""
+
+    def __init__(self, url: str, max_buffered_bytes: int = MAX_BUFFERED_BYTES) -> None:
+        self._url = url
+        self._max_bytes = max_buffered_bytes
+        self._conn: psycopg.Connection | None = None
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()  # keeps batches in order across threads
         self._buf: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        self._bytes: dict[int, int] = defaultdict(int)
+        self._dropped: dict[int, int] = defaultdict(int)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def cost(cls, line: str) -> int:
+        """Approximate bytes ``line`` holds while buffered: its characters plus
+        ``LINE_OVERHEAD``."""
+        return len(line) + cls.LINE_OVERHEAD
+
     def add(self, allocation_id: int, stream: str, line: str) -> None:
+        """Buffer one line (cut to ``MAX_LINE_CHARS``; NUL, which a text column cannot hold,
+        shown as U+FFFD), or count it as dropped when the allocation's buffer is full."""
+        line = line[:MAX_LINE_CHARS].replace("\x00", "\ufffd")
         with self._lock:
-            self._buf[allocation_id].append((stream, line[:MAX_LINE_CHARS]))
+            if self._bytes[allocation_id] + self.cost(line) > self._max_bytes:
+                self._dropped[allocation_id] += 1
+                return
+            self._buf[allocation_id].append((stream, line))
+            self._bytes[allocation_id] += self.cost(line)
 
     def flush(self) -> None:
         """Write everything buffered so far (called before an exit is reported, so a task's
-        logs are complete when its end becomes visible)."""
+        logs are complete when its end becomes visible). Lines leave the buffer only once
+        written.
+
+        Raises:
+            psycopg.OperationalError: the database is away (the lines stay buffered).
+        """
         with self._flush_lock:
             with self._lock:
-                batches, self._buf = self._buf, defaultdict(list)
+                batches = {a: list(lines) for a, lines in self._buf.items() if lines}
+                dropped = {a: n for a, n in self._dropped.items() if n}
+                for alloc in dropped.keys() - batches.keys():
+                    batches[alloc] = []
             for alloc, lines in batches.items():
-                self._conn.execute("SELECT det_append_logs(%s, %s, %s)",
-                                   (alloc, [s for s, _ in lines], [ln for _, ln in lines]))
+                written = lines
+                if dropped.get(alloc):
+                    written = [*lines, ("det", f"{dropped[alloc]} lines of output were dropped "
+                                               "while the database was unavailable")]
+                self._write(alloc, written)
+                with self._lock:
+                    del self._buf[alloc][:len(lines)]
+                    self._bytes[alloc] -= sum(self.cost(ln) for _, ln in lines)
+                    self._dropped[alloc] -= dropped.get(alloc, 0)
+                    if not self._buf[alloc] and not self._dropped[alloc]:
+                        del self._buf[alloc], self._bytes[alloc], self._dropped[alloc]
+
+    def _write(self, alloc: int, lines: list[tuple[str, str]]) -> None:
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self._url, autocommit=True)
+            self._conn.execute("SELECT det_append_logs(%s, %s, %s)",
+                               (alloc, [s for s, _ in lines], [ln for _, ln in lines]))
+        except psycopg.Error as e:
+            if retry.is_connection_lost(e) and self._conn is not None:
+                self._conn.close()
+            raise
 
     def _run(self) -> None:
+        # Retries wait on the stop event, so close() is never delayed by a backoff.
+        retrying = retry.retrying("task log shipping").copy(sleep=self._stop.wait)
         while not self._stop.wait(FLUSH_SECONDS):
-            self.flush()
+            for attempt in retrying:
+                with attempt:
+                    if not self._stop.is_set():
+                        self.flush()
 
     def close(self) -> None:
+        """Stop the thread and write what is left, trying for up to ``CLOSE_RETRY_SECONDS``
+        while the database is away (then the rest is lost, and logged as such)."""
         self._stop.set()
         self._thread.join()
-        self.flush()
-        self._conn.close()
+        try:
+            retry.call("task log shipping", self.flush, give_up_after=CLOSE_RETRY_SECONDS)
+        except psycopg.Error as e:
+            with self._lock:
+                left = sum(map(len, self._buf.values())) + sum(self._dropped.values())
+            log.error("%d task output lines could not be written: %s", left, e)
+        if self._conn is not None:
+            self._conn.close()

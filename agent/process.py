@@ -3,12 +3,13 @@ container engine.
 
 The task runs in its own directory (the unpacked context), in its own session so the whole
 process group can be signalled, and dies with the agent (see ``_WRAPPER``), so no task
-outlives the agent that watches it.
+outlives the agent that watches it. It ends with its main process: whatever it left running
+in its group is killed then (:meth:`ProcessTask.poll`).
 """
 
-import contextlib
 import ctypes
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from det.agent.logs import LogShipper
-from det.agent.runtime import Exit, Launch
+from det.agent.runtime import DRAIN_SECONDS, Exit, Launch
 
 # The task's wrapper: runs the context's startup-hook.sh (sourced, so its exports reach the
 # task; spec: run-training-code, Get Ready), then the entrypoint as its child, and returns its
@@ -34,6 +35,8 @@ while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done
 exit "$rc"
 """
 _PR_SET_PDEATHSIG = 1
+_READ_TICK = 0.1  # seconds between two looks whether reading a task's output is to stop
+_READ_BYTES = 65_536
 
 
 def _die_with_parent() -> None:
@@ -42,42 +45,81 @@ def _die_with_parent() -> None:
 
 class ProcessTask:
     """One running task. ``argv``: the entrypoint command; ``env``: its whole environment;
-    ``workdir``: its working directory. Output lines go to ``logs`` under ``allocation_id``."""
+    ``workdir``: its working directory. Output lines go to ``logs`` under ``allocation_id``,
+    read by a thread of its own that never blocks the agent (see :meth:`poll`)."""
 
     def __init__(self, allocation_id: int, argv: list[str], env: dict[str, str], workdir: Path,
                  logs: LogShipper) -> None:
         self.allocation_id = allocation_id
+        self._logs = logs
         self._kill_deadline: float | None = None
+        self._exited_at: float | None = None
+        self._left_behind = False
         self._proc = subprocess.Popen(
             ["sh", "-c", _WRAPPER, "det-task", *argv], cwd=workdir, env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True, preexec_fn=_die_with_parent)
-        self._readers = [
-            threading.Thread(target=self._pump, args=(self._proc.stdout, "stdout", logs),
-                             daemon=True),
-            threading.Thread(target=self._pump, args=(self._proc.stderr, "stderr", logs),
-                             daemon=True),
-        ]
-        for t in self._readers:
-            t.start()
+        self._stop_reading = threading.Event()
+        self._reader = threading.Thread(target=self._pump, daemon=True,
+                                        name=f"output-{allocation_id}")
+        self._reader.start()
 
-    def _pump(self, pipe, stream: str, logs: LogShipper) -> None:
-        for raw in iter(pipe.readline, b""):
-            logs.add(self.allocation_id, stream, raw.decode(errors="replace").rstrip("\n"))
-        pipe.close()
+    def _pump(self) -> None:
+        """Read stdout and stderr into the logs until both are closed by every process that
+        holds them, or until reading is stopped (checked every ``_READ_TICK`` seconds)."""
+        pipes = {p.fileno(): (p, stream)
+                 for p, stream in ((self._proc.stdout, "stdout"), (self._proc.stderr, "stderr"))}
+        partial = dict.fromkeys(pipes, b"")
+        with selectors.DefaultSelector() as sel:
+            for fd in pipes:
+                os.set_blocking(fd, False)
+                sel.register(fd, selectors.EVENT_READ)
+            while sel.get_map() and not self._stop_reading.is_set():
+                for key, _ in sel.select(timeout=_READ_TICK):
+                    data = os.read(key.fd, _READ_BYTES)
+                    if not data:
+                        sel.unregister(key.fd)
+                        continue
+                    *lines, partial[key.fd] = (partial[key.fd] + data).split(b"\n")
+                    if len(partial[key.fd]) > _READ_BYTES:  # a line without end: ship it
+                        lines.append(partial[key.fd])
+                        partial[key.fd] = b""
+                    for raw in lines:
+                        self._add(pipes[key.fd][1], raw)
+        for fd, rest in partial.items():
+            if rest:
+                self._add(pipes[fd][1], rest)
+        for pipe, _ in pipes.values():
+            pipe.close()
+
+    def _add(self, stream: str, raw: bytes) -> None:
+        self._logs.add(self.allocation_id, stream, raw.decode(errors="replace"))
 
     @property
     def killed(self) -> bool:
         return self._kill_deadline is not None
 
     def poll(self) -> Exit | None:
-        """The task's end once it has ended and its output is read, else None. A task
-        killed by signal N reports code -N."""
+        """The task's end once it has ended, else None; never blocks for long.
+
+        The task is over when its main process exits: what it left behind in its process
+        group (a background child, one that ignored SIGTERM) is SIGKILLed at once, and its
+        output is read for at most ``DRAIN_SECONDS`` more (a process that left the group may
+        still hold it open). A task killed by signal N reports code -N."""
         code = self._proc.poll()
         if code is None:
             return None
-        for t in self._readers:
-            t.join()
+        if self._exited_at is None:
+            self._exited_at = time.monotonic()
+            self._left_behind = self._signal(signal.SIGKILL)
+        if self._reader.is_alive():
+            if time.monotonic() < self._exited_at + DRAIN_SECONDS:
+                return None
+            self._stop_reading.set()
+            self._reader.join(2 * _READ_TICK)
+        if self._left_behind:
+            self._logs.add(self.allocation_id, "det", "the task's main process exited; "
+                           "the processes it left behind were killed")
         return Exit(code, exit_reason(code, self.killed))
 
     def kill(self, grace: float) -> None:
@@ -90,12 +132,17 @@ class ProcessTask:
         elif now >= self._kill_deadline and self._proc.poll() is None:
             self._signal(signal.SIGKILL)
 
-    def _signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
+    def _signal(self, sig: int) -> bool:
+        """Signal the task's process group; False when no process is left in it."""
+        try:
             os.killpg(self._proc.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
 
     def remove(self) -> None:
-        """Nothing outlives the process but its directory, which the agent removes."""
+        """Nothing outlives the task's end (see :meth:`poll`) but its directory, which the
+        agent removes."""
 
 
 class ProcessRuntime:

@@ -12,6 +12,11 @@ from typing import Any, Protocol
 
 from det.agent.devices import Slot
 
+DRAIN_SECONDS = 2.0
+"""After a task's main process (or container) has exited, how long its output is still read
+before the task is reported ended, in seconds: a process it left behind may hold the output
+open, and must never keep the agent waiting."""
+
 
 @dataclass(frozen=True)
 class Launch:
@@ -43,7 +48,8 @@ class Task(Protocol):
     """A task a runtime started or adopted."""
 
     def poll(self) -> Exit | None:
-        """The task's end once it has ended and all its output is shipped, else None."""
+        """The task's end once it has ended and its output is read, else None; never blocks.
+        Output still open ``DRAIN_SECONDS`` after the end is no longer read."""
 
     def kill(self, grace: float) -> None:
         """SIGTERM now, SIGKILL once ``grace`` seconds have passed (checked on each call;

@@ -190,7 +190,9 @@ def reconcile(
 
 @agent_app.command("run")
 def agent_run(
-    agent_id: str = typer.Option(None, "--id", help="Agent id (default: the hostname)."),
+    agent_id: str = typer.Option(None, "--id", help="Agent id: 1 to 63 letters, digits, '.', "
+                                 "'_' or '-', starting with a letter or digit (default: the "
+                                 "hostname)."),
     resource_pool: str = typer.Option("default", "--resource-pool"),
     slots: int = typer.Option(None, help="CPU slots to offer when no GPU is found "
                                          "(default: CPU count)."),
@@ -200,14 +202,17 @@ def agent_run(
                                      "answers, else process)."),
 ) -> None:
     """Run an agent: register this host's slots and run the tasks assigned to it."""
-    from det.agent.daemon import Agent, AgentSettings
+    from det.agent.daemon import Agent, AgentSettings, check_agent_id
     from det.agent.devices import discover
 
     if slots is not None and slots < 0:
         raise DetError("--slots: expected a number >= 0")
     if runtime not in (None, "docker", "process"):
         raise DetError(f"--runtime: expected docker or process, got {runtime!r}")
-    agent_id = agent_id or socket.gethostname()
+    if agent_id is None:
+        agent_id = socket.gethostname()
+        check_agent_id(agent_id, "--id (default: this host's name)")
+    check_agent_id(agent_id, "--id")
     with db():
         pass
     settings = AgentSettings(agent_id=agent_id, pool=resource_pool,

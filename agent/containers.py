@@ -131,7 +131,7 @@ class ContainerTask:
     def __init__(self, container, logs: LogShipper, since: float | None = None) -> None:
         self.container = container
         self.allocation_id = int(container.labels[LABEL_ALLOCATION])
-        self._kill_deadline: float | None = None
+        self._killed = False
         self._exited_at: float | None = None
         self._readers = [threading.Thread(target=self._follow, args=(stream, logs, since),
                                           daemon=True, name=f"logs-{self.allocation_id}")
@@ -152,7 +152,7 @@ class ContainerTask:
 
     @property
     def killed(self) -> bool:
-        return self._kill_deadline is not None
+        return self._killed
 
     def poll(self) -> Exit | None:
         """The container's end once it has exited and its output is read, else None; never
@@ -171,13 +171,10 @@ class ContainerTask:
         state = self.container.attrs["State"]
         return Exit(state.get("ExitCode"), end_reason(state, self.killed))
 
-    def kill(self, grace: float) -> None:
-        now = time.monotonic()
-        if self._kill_deadline is None:
-            self._kill_deadline = now + grace
-            self._signal("SIGTERM")
-        elif now >= self._kill_deadline:
-            self._signal("SIGKILL")
+    def kill(self) -> None:
+        """SIGKILL the container (see ``Task.kill``)."""
+        self._killed = True
+        self._signal("SIGKILL")
 
     def _signal(self, sig: str) -> None:
         # The container may have exited since the last look; that is what was wanted.

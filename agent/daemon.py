@@ -3,7 +3,7 @@ this agent against the tasks it runs (DESIGN.md, "Agents").
 
 * assigned, desired RUNNING, not running here: fetch what the task needs (its image; state
   PULLING meanwhile), claim a token, unpack the context, launch through the runtime;
-* running here, desired KILLED: SIGTERM, grace period, SIGKILL (desired STOPPED is the task's
+* running here, desired KILLED: SIGKILL now, no checkpoint (desired STOPPED is the task's
   own business: the harness sees it through ``should_preempt()``, checkpoints and exits);
 * assigned here but unknown to this process and not adopted at start (the agent restarted and
   its tasks died with it): report the run ended, so the reconciler restarts the trial from
@@ -52,8 +52,6 @@ log = logging.getLogger("det.agent")
 
 T = TypeVar("T")
 
-# Seconds a killed task gets between SIGTERM and SIGKILL.
-KILL_GRACE = 10.0
 # Seconds between two looks at the tasks while the database is away.
 TEND_SECONDS = 0.2
 # Seconds a stopping agent keeps trying to report its tasks' ends while the database is away.
@@ -140,7 +138,7 @@ class Agent:
         self.device_type = slots[0].type if slots else "cpu"
         self.tasks: dict[int, Task] = {}
         self.ended: dict[int, Exit] = {}  # ends not yet reported, in the order they happened
-        self.killing: set[int] = set()  # tasks being killed (SIGTERM sent, SIGKILL due)
+        self.killing: set[int] = set()  # tasks being killed (SIGKILL sent)
         self.claimed: set[int] = set()  # claims made by this process, not yet launched
         self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
@@ -337,14 +335,14 @@ class Agent:
 
     def _kill(self, alloc_id: int) -> None:
         self.killing.add(alloc_id)
-        self.tasks[alloc_id].kill(KILL_GRACE)
+        self.tasks[alloc_id].kill()
 
     def _tend(self) -> None:
-        """Watch the tasks: carry kills on (SIGKILL once the grace is over) and collect ends
+        """Watch the tasks: carry kills on (repeat a SIGKILL the engine refused) and collect ends
         (to be reported), freeing what each ended task left on this host."""
         for alloc_id, task in list(self.tasks.items()):
             if alloc_id in self.killing:
-                task.kill(KILL_GRACE)
+                task.kill()  # again: a kill the engine refused is retried
             end = task.poll()
             if end is not None:
                 self.ended[alloc_id] = end
@@ -364,7 +362,7 @@ class Agent:
         """Kill the tasks (they cannot outlive the agent anyway) and report them ended,
         trying for ``SHUTDOWN_RETRY_SECONDS`` while the database is away."""
         for alloc_id, task in self.tasks.items():
-            task.kill(0)
+            task.kill()
             self.killing.add(alloc_id)
         stopped = set(self.tasks)
         while self.tasks:

@@ -52,7 +52,7 @@ class ProcessTask:
                  logs: LogShipper) -> None:
         self.allocation_id = allocation_id
         self._logs = logs
-        self._kill_deadline: float | None = None
+        self._killed = False
         self._exited_at: float | None = None
         self._left_behind = False
         self._proc = subprocess.Popen(
@@ -97,7 +97,7 @@ class ProcessTask:
 
     @property
     def killed(self) -> bool:
-        return self._kill_deadline is not None
+        return self._killed
 
     def poll(self) -> Exit | None:
         """The task's end once it has ended, else None; never blocks for long.
@@ -122,14 +122,10 @@ class ProcessTask:
                            "the processes it left behind were killed")
         return Exit(code, exit_reason(code, self.killed))
 
-    def kill(self, grace: float) -> None:
-        """SIGTERM the task's process group now and SIGKILL it once ``grace`` seconds have
-        passed (checked on each call; never blocks)."""
-        now = time.monotonic()
-        if self._kill_deadline is None:
-            self._kill_deadline = now + grace
-            self._signal(signal.SIGTERM)
-        elif now >= self._kill_deadline and self._proc.poll() is None:
+    def kill(self) -> None:
+        """SIGKILL the task's whole process group (see ``Task.kill``)."""
+        self._killed = True
+        if self._proc.poll() is None:
             self._signal(signal.SIGKILL)
 
     def _signal(self, sig: int) -> bool:

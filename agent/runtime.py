@@ -51,9 +51,9 @@ class Task(Protocol):
         """The task's end once it has ended and its output is read, else None; never blocks.
         Output still open ``DRAIN_SECONDS`` after the end is no longer read."""
 
-    def kill(self, grace: float) -> None:
-        """SIGTERM now, SIGKILL once ``grace`` seconds have passed (checked on each call;
-        never blocks)."""
+    def kill(self) -> None:
+        """SIGKILL the task now: no checkpoint, no grace (``det experiment kill``; a stop
+        ignored past ``preemption_timeout``). Idempotent; never blocks."""
 
     def remove(self) -> None:
         """Free what the task left behind on this host (called after its end is reported)."""

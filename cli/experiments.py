@@ -6,13 +6,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 import typer
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from det import context
 from det.cli.output import print_json, print_table
 from det.cli.session import db, user
 from det.configs import is_trial_class, load_experiment_config
-from det.db import det_home
+from det.db import database_url, det_home
+from det.db.reconnect import Reconnecting
 from det.errors import ConfigError, NotFoundError
 from det.reconciler.schedulers import Agent, Task
 from det.reconciler.schedulers.fitting import never_fits
@@ -267,11 +269,16 @@ def wait(
     exp_id: int = typer.Argument(..., metavar="ID"),
     interval: float = typer.Option(1.0, help="Seconds between checks."),
 ) -> None:
-    """Block until the experiment ends. Exit code: 0 COMPLETED, 1 ERROR, 2 CANCELED."""
+    """Block until the experiment ends. Exit code: 0 COMPLETED, 1 ERROR, 2 CANCELED.
+    Rides out database restarts: it reconnects and goes on waiting."""
     with db() as conn:
-        conn.autocommit = True
         get_experiment(conn, exp_id)
-        while (state := conn.execute(STATE, {"id": exp_id}).fetchone()["state"]) not in WAIT_EXIT:
+
+    def read_state(conn) -> str:
+        return conn.execute(STATE, {"id": exp_id}).fetchone()["state"]
+
+    with Reconnecting(database_url(), row_factory=dict_row) as session:
+        while (state := session.run(f"det experiment wait {exp_id}", read_state)) not in WAIT_EXIT:
             time.sleep(interval)
     typer.echo(f"Experiment {exp_id}: {state}")
     raise typer.Exit(WAIT_EXIT[state])

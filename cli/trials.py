@@ -3,9 +3,12 @@
 import time
 
 import typer
+from psycopg.rows import dict_row
 
 from det.cli.output import print_json, print_table
 from det.cli.session import db
+from det.db import database_url
+from det.db.reconnect import Reconnecting
 from det.errors import NotFoundError
 
 app = typer.Typer(no_args_is_help=True)
@@ -40,32 +43,43 @@ def _trial(conn, trial_id: int) -> dict:
 
 
 def stream_logs(trial_id: int, follow: bool, interval: float = 0.5) -> None:
-    """Print the trial's logs; with ``follow``, keep printing until the trial ends."""
+    """Print the trial's logs; with ``follow``, keep printing until the trial ends.
+
+    Rides out database restarts: it reconnects and goes on after the last line printed
+    (lines are read by id, so none is printed twice or skipped).
+    """
     with db() as conn:
-        conn.autocommit = True
         _trial(conn, trial_id)
-        after = 0
+    what = f"det trial logs {trial_id}"
+    after = 0
+
+    def lines(conn) -> list[dict]:
+        return conn.execute(LOGS_AFTER, {"trial": trial_id, "after": after}).fetchall()
+
+    with Reconnecting(database_url(), row_factory=dict_row) as session:
         while True:
-            rows = conn.execute(LOGS_AFTER, {"trial": trial_id, "after": after}).fetchall()
+            rows = session.run(what, lines)
             for r in rows:
                 prefix = "[det] " if r["stream"] == "det" else ""
                 typer.echo(f"{prefix}{r['line']}", err=r["stream"] == "stderr")
                 after = r["id"]
             if rows:
                 continue
-            if not follow or _trial(conn, trial_id)["state"] in TERMINAL:
+            if not follow or session.run(what, lambda c: _trial(c, trial_id))["state"] in TERMINAL:
                 # One more read: lines flushed between the last read and the state check.
-                if not conn.execute(LOGS_AFTER, {"trial": trial_id, "after": after}).fetchone():
+                if not session.run(what, lines):
                     return
                 continue
             time.sleep(interval)
 
 
 def follow_experiment(exp_id: int) -> None:
-    """Stream the logs of the experiment's first trial once it exists."""
-    with db() as conn:
-        conn.autocommit = True
-        while (row := conn.execute(FIRST_TRIAL, {"id": exp_id}).fetchone())["id"] is None:
+    """Stream the logs of the experiment's first trial once it exists; rides out database
+    restarts."""
+    with Reconnecting(database_url(), row_factory=dict_row) as session:
+        while (row := session.run(
+                f"det experiment {exp_id}: first trial",
+                lambda c: c.execute(FIRST_TRIAL, {"id": exp_id}).fetchone()))["id"] is None:
             time.sleep(0.5)
     stream_logs(row["id"], follow=True)
 

@@ -56,7 +56,13 @@ class EarlyExitReason:
 
 
 class TrainContext:
-    """Metrics and trial-level reports."""
+    """Metrics and trial-level reports.
+
+    On a cluster, metrics reports return at once: ``DbTransport`` buffers them and writes
+    them in order from a background thread (blocking a report only when its buffer is full),
+    and a checkpoint, op completion, preemption acknowledgement or early exit is recorded only
+    after every metric reported before it.
+    """
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport

@@ -1,27 +1,50 @@
 """How a task talks to the platform: a small ``Transport`` protocol and its two implementations.
 
 * ``DbTransport`` calls the task's SQL functions in ``schema.sql`` (``det_task_info``,
-  ``det_report_metrics``, ...) over one autocommit psycopg connection, authenticated by the
-  allocation token (DESIGN.md, "Harness"). A background thread LISTENs on ``alloc_<id>`` and
-  polls ``det_should_preempt`` so that ``should_preempt()`` only reads a flag.
+  ``det_report_metrics_batch``, ...) over one autocommit psycopg connection, authenticated by
+  the allocation token (DESIGN.md, "Harness"), reopened after a loss ("Riding out the
+  database"). Metrics are buffered and written by a background thread
+  (``det.harness.report_writer``); another LISTENs on the allocation's channel and polls
+  ``det_should_preempt`` so that ``should_preempt()`` only reads a flag.
 * ``LocalTransport`` needs no database: for ``det experiment create --local`` and off-cluster
   use. Metrics are printed and kept in memory; one searcher op (or a given list of ops).
 """
 
+import atexit
 import json
-import math
 import os
 import sys
 import threading
 import time
+import uuid as uuidlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import psycopg
+import tenacity
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from det.db import channels, retry
+from det.db.reconnect import Reconnecting, open_connection
 from det.harness.errors import TaskEnvironmentError
+from det.harness.report_writer import (
+    BUFFER_BYTES,
+    MetricsRow,
+    ReportWriter,
+    encode_metrics,
+    json_safe,
+)
+
+__all__ = ["DbTransport", "LocalTransport", "SearcherOp", "TaskInfo", "Transport", "json_safe"]
 
 PREEMPT_POLL_SECONDS = 5.0
 """How often the preemption watcher asks ``det_should_preempt`` even without a NOTIFY."""
+
+WATCH_SLICE_SECONDS = 0.25
+"""How often the preemption watcher, while it waits for a NOTIFY, looks whether ``close()``
+wants it to end."""
 
 OP_POLL_SECONDS = 0.05
 """First pause between ``det_current_op`` calls while the searcher decides (doubles)."""
@@ -111,38 +134,43 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def json_safe(value: Any) -> Any:
-    """Metrics -> JSON that PostgreSQL's jsonb accepts.
-
-    Tensors and numpy scalars become Python numbers (one-element) or lists; NaN and +-inf,
-    which JSON cannot carry, become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
-    """
-    if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if hasattr(value, "tolist"):  # torch tensors, numpy arrays and scalars
-        return json_safe(value.tolist())
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    return value
-
-
 class DbTransport:
-    """``Transport`` over the SQL functions of ``schema.sql``.
+    """``Transport`` over the SQL functions of ``schema.sql``, riding out database restarts.
 
     ``db_url`` is a libpq connection string, ``token`` the allocation token every function
-    checks (each raises a PostgreSQL error for a bad token; psycopg raises it here).
-    Starts the preemption watcher thread on construction; ``close()`` stops it.
+    checks (a bad or expired token raises psycopg's ``InvalidAuthorizationSpecification``).
+
+    Calls share one connection that is reopened after a loss; each call is retried with
+    backoff (``det.db.retry``) until the database answers, so no call fails because the
+    database restarted or failed over. Every function called is safe to run again after an
+    attempt whose outcome is unknown (the commit may have happened, its answer was lost):
+    ``det_task_info``, ``det_current_op``, ``det_report_progress``, ``det_complete_op``,
+    ``det_ack_preemption``, ``det_report_early_exit`` set values or read (a second run
+    changes nothing); ``det_report_checkpoint`` inserts by uuid, so a unique violation on a
+    retry means the lost attempt recorded it (success); ``det_report_metrics_batch`` skips a
+    batch its writer already recorded (``metric_batches``).
+
+    Metrics and op progress are buffered (``ReportWriter``, at most ``buffer_bytes``; a full
+    buffer blocks ``report_metrics``) and written in order by a background thread, so
+    training goes on while the database is away. The buffer is flushed (waiting until
+    written) before every checkpoint report, op completion, preemption acknowledgement,
+    early exit, best-validation read, and at ``close()`` and interpreter exit: nothing
+    reported before a checkpoint can be lost, and a crash loses only what was reported since
+    the writer's last batch. A second thread LISTENs for preemption.
     """
 
-    def __init__(self, db_url: str, allocation_id: int, token: str) -> None:
-        import psycopg
-
+    def __init__(self, db_url: str, allocation_id: int, token: str, *,
+                 buffer_bytes: int = BUFFER_BYTES) -> None:
         self._db_url = db_url
         self._token = token
         self.allocation_id = allocation_id
-        self._conn = psycopg.connect(db_url, autocommit=True)
+        self._what = f"allocation {allocation_id}"
+        self._session = Reconnecting(db_url)
+        # Names this transport's metrics batches (metric_batches.writer).
+        self._writer_id = uuidlib.uuid4()
+        self._writer = ReportWriter(self._write_reports, max_bytes=buffer_bytes,
+                                    name=f"det-reports-{allocation_id}")
+        atexit.register(self._writer.flush)
         self._preempt = threading.Event()
         self._stop = threading.Event()
         self._watcher = threading.Thread(
@@ -166,22 +194,24 @@ class DbTransport:
             )
         return cls(env["DET_DB_URL"], int(env["DET_ALLOCATION_ID"]), env["DET_ALLOCATION_TOKEN"])
 
-    def _call(self, sql: str, *args: Any) -> Any:
-        row = self._conn.execute(sql, (self._token, *args)).fetchone()
-        return row[0] if row else None
+    def _call(self, what: str, sql: str, *args: Any) -> Any:
+        """``sql`` with the token and ``args``, retried after connection losses; the first
+        column of the first row (or ``None``)."""
+        def attempt(conn: psycopg.Connection[Any]) -> Any:
+            row = conn.execute(sql, (self._token, *args)).fetchone()
+            return row[0] if row else None
+
+        return self._session.run(f"{self._what}: {what}", attempt)
 
     def task_info(self) -> TaskInfo:
         """``det_task_info(token)``."""
-        return TaskInfo.from_json(self._call("SELECT det_task_info(%s)"))
+        return TaskInfo.from_json(self._call("task info", "SELECT det_task_info(%s)"))
 
     def report_metrics(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
-        """``det_report_metrics(token, group, steps_completed, metrics)``."""
-        from psycopg.types.json import Jsonb
-
-        self._call(
-            "SELECT det_report_metrics(%s, %s, %s, %s)",
-            group, steps_completed, Jsonb(json_safe(metrics)),
-        )
+        """Buffer one metrics row for ``det_report_metrics_batch``; blocks while the buffer is
+        full. Raises ``DetError`` for a report the database could not store (see
+        ``encode_metrics``), and a write error of the background thread."""
+        self._writer.put_metrics(encode_metrics(group, steps_completed, metrics))
 
     def report_checkpoint(
         self,
@@ -190,13 +220,26 @@ class DbTransport:
         resources: Mapping[str, int],
         metadata: Mapping[str, Any],
     ) -> None:
-        """``det_report_checkpoint(token, uuid, steps_completed, resources, metadata)``."""
-        from psycopg.types.json import Jsonb
+        """Flush the metrics, then ``det_report_checkpoint(token, uuid, steps_completed,
+        resources, metadata)``."""
+        self._writer.flush()
+        args = (self._token, uuid, steps_completed, Jsonb(dict(resources)),
+                Jsonb(json_safe(metadata)))
+        unknown = False  # whether an earlier attempt was sent and its outcome lost
 
-        self._call(
-            "SELECT det_report_checkpoint(%s, %s::uuid, %s, %s, %s)",
-            uuid, steps_completed, Jsonb(dict(resources)), Jsonb(json_safe(metadata)),
-        )
+        def attempt(conn: psycopg.Connection[Any]) -> None:
+            nonlocal unknown
+            try:
+                conn.execute("SELECT det_report_checkpoint(%s, %s::uuid, %s, %s, %s)", args)
+            except psycopg.errors.UniqueViolation as e:
+                # The earlier attempt committed and lost its answer: the row is ours.
+                if not (unknown and e.diag.constraint_name == "checkpoints_pkey"):
+                    raise
+            except Exception as e:
+                unknown = unknown or retry.is_connection_lost(e)
+                raise
+
+        self._session.run(f"{self._what}: report checkpoint {uuid}", attempt)
 
     def current_op(self) -> SearcherOp | None:
         """``det_current_op(token)``: ``{"id", "length"}``, or NULL (-> ``None``).
@@ -207,7 +250,8 @@ class DbTransport:
         ends the wait with ``None``, so a stopping task never hangs here.
         """
         delay = OP_POLL_SECONDS
-        while (op := self._call("SELECT det_current_op(%s)")) is not None and "id" not in op:
+        while (op := self._call("current op", "SELECT det_current_op(%s)")) is not None \
+                and "id" not in op:
             if self.should_preempt():
                 return None
             time.sleep(delay)
@@ -215,12 +259,14 @@ class DbTransport:
         return None if op is None else SearcherOp(int(op["id"]), int(op["length"]))
 
     def report_progress(self, op_id: int, units: float) -> None:
-        """``det_report_progress(token, op_id, units)``."""
-        self._call("SELECT det_report_progress(%s, %s, %s)", op_id, float(units))
+        """Buffer ``det_report_progress(token, op_id, units)`` (written with the metrics)."""
+        self._writer.put_progress(op_id, units)
 
     def complete_op(self, op_id: int, metric: float) -> None:
-        """``det_complete_op(token, op_id, metric)``."""
-        self._call("SELECT det_complete_op(%s, %s, %s)", op_id, float(metric))
+        """Flush, then ``det_complete_op(token, op_id, metric)``."""
+        self._writer.flush()
+        self._call(f"complete op {op_id}", "SELECT det_complete_op(%s, %s, %s)",
+                   op_id, float(metric))
 
     def should_preempt(self) -> bool:
         """Reads the flag the watcher thread sets; no I/O. Once true it stays true."""
@@ -231,46 +277,95 @@ class DbTransport:
         self._preempt.set()
 
     def acknowledge_preemption(self) -> None:
-        """``det_ack_preemption(token)``: the coming exit 0 means "preempted, resume me"."""
-        self._call("SELECT det_ack_preemption(%s)")
+        """Flush, then ``det_ack_preemption(token)``: the coming exit 0 means "preempted,
+        resume me"."""
+        self._writer.flush()
+        self._call("acknowledge preemption", "SELECT det_ack_preemption(%s)")
 
     def report_early_exit(self, reason: str) -> None:
-        """``det_report_early_exit(token, reason)``; ``reason`` in ``EARLY_EXIT_REASONS``."""
-        self._call("SELECT det_report_early_exit(%s, %s)", reason)
+        """Flush, then ``det_report_early_exit(token, reason)``; ``reason`` in
+        ``EARLY_EXIT_REASONS``."""
+        self._writer.flush()
+        self._call("report early exit", "SELECT det_report_early_exit(%s, %s)", reason)
 
     def experiment_best_validation(self) -> float | None:
-        """``det_experiment_best_validation(token)`` (NULL -> ``None``)."""
-        value = self._call("SELECT det_experiment_best_validation(%s)")
+        """Flush (this trial's validations count), then
+        ``det_experiment_best_validation(token)`` (NULL -> ``None``)."""
+        self._writer.flush()
+        value = self._call("best validation", "SELECT det_experiment_best_validation(%s)")
         return None if value is None else float(value)
 
     def close(self) -> None:
-        """Stop the watcher thread and close the connection."""
-        self._stop.set()
-        self._watcher.join(timeout=PREEMPT_POLL_SECONDS + 1)
-        self._conn.close()
+        """Flush the buffered reports (waiting for the database if it is away), stop both
+        threads and close the connections. Raises the writer's error if it stopped."""
+        atexit.unregister(self._writer.flush)
+        try:
+            self._writer.close()
+        finally:
+            self._stop.set()
+            # Bounded: a watcher stuck on a dead network connection is a daemon, left behind.
+            self._watcher.join(timeout=PREEMPT_POLL_SECONDS)
+            self._session.close()
+
+    def _write_reports(self, seq: int, rows: list[MetricsRow], progress: dict[int, float]) -> None:
+        """The writer thread's ``WriteBatch``: the batch's metrics rows in one
+        ``det_report_metrics_batch`` call, then the latest progress of each op."""
+        if rows:
+            self._call(
+                f"report metrics (batch {seq}, {len(rows)} rows)",
+                "SELECT det_report_metrics_batch(%s, %s, %s, %s, %s, %s::jsonb[])",
+                self._writer_id, seq, [r.group for r in rows],
+                [r.steps_completed for r in rows], [r.values for r in rows],
+            )
+        for op_id, units in progress.items():
+            self._call(f"report progress of op {op_id}", "SELECT det_report_progress(%s, %s, %s)",
+                       op_id, units)
 
     def _watch_preemption(self) -> None:
-        """LISTEN ``alloc_<id>`` on a connection of its own; on each NOTIFY, and at least every
-        ``PREEMPT_POLL_SECONDS``, ask ``det_should_preempt``. NOTIFY is only a hint (DESIGN.md
-        principle 4); connection errors are printed and retried after one poll period."""
-        import psycopg
-
+        """LISTEN on the allocation's channel (``det.db.channels``) on a connection of its own;
+        on each NOTIFY, and at least every ``PREEMPT_POLL_SECONDS``, ask
+        ``det_should_preempt``. NOTIFY is only a hint (DESIGN.md principle 4). A lost
+        connection is reopened with backoff (``det.db.retry``) and LISTENed again; another
+        error is printed and the watch starts again after one poll period."""
+        retrying = retry.retrying(f"{self._what}: preemption watcher").copy(
+            stop=tenacity.stop_when_event_set(self._stop), sleep=self._stop.wait)
         while not self._stop.is_set() and not self._preempt.is_set():
             try:
-                with psycopg.connect(self._db_url, autocommit=True) as conn:
-                    conn.execute(f"LISTEN alloc_{int(self.allocation_id)}")
-                    while not self._stop.is_set():
-                        row = conn.execute(
-                            "SELECT det_should_preempt(%s)", (self._token,)
-                        ).fetchone()
-                        if row and row[0]:
-                            self._preempt.set()
-                            return
-                        for _ in conn.notifies(timeout=PREEMPT_POLL_SECONDS, stop_after=1):
-                            pass
-            except psycopg.Error as e:
-                print(f"det.harness: preemption watcher: {e}", file=sys.stderr)
-                self._stop.wait(PREEMPT_POLL_SECONDS)
+                conn = retrying(self._listen)
+                try:
+                    self._wait_for_preemption(conn)
+                finally:
+                    conn.close()
+            except Exception as e:
+                if self._stop.is_set():
+                    return
+                if not retry.is_connection_lost(e):
+                    print(f"det.harness: preemption watcher: {e}", file=sys.stderr)
+                    self._stop.wait(PREEMPT_POLL_SECONDS)
+
+    def _listen(self) -> psycopg.Connection[Any]:
+        conn = open_connection(self._db_url)
+        try:
+            conn.execute(sql.SQL("LISTEN {}").format(
+                sql.Identifier(channels.allocation(self.allocation_id))))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _wait_for_preemption(self, conn: psycopg.Connection[Any]) -> None:
+        """Until preempted or stopped: ask, then wait for a NOTIFY or the poll period, looking
+        at the stop flag every ``WATCH_SLICE_SECONDS``."""
+        while not self._stop.is_set():
+            row = conn.execute("SELECT det_should_preempt(%s)", (self._token,)).fetchone()
+            if row and row[0]:
+                self._preempt.set()
+                return
+            deadline = time.monotonic() + PREEMPT_POLL_SECONDS
+            while not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
+                if any(True for _ in conn.notifies(timeout=min(left, WATCH_SLICE_SECONDS),
+                                                   stop_after=1)):
+                    break
 
 
 @dataclass

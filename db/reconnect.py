@@ -1,0 +1,92 @@
+"""A connection that comes back: reopened after a loss, calls retried (DESIGN.md, "Riding out
+the database").
+
+For processes that keep one connection for a long time and must carry on through a database
+restart or failover: the harness inside a task, the CLI's followers (``det experiment wait``,
+``det trial logs -f``). Which errors count as a loss, and the backoff, are
+:mod:`det.db.retry`'s.
+"""
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import RowFactory, tuple_row
+
+from det.db import retry
+from det.errors import DatabaseError
+
+T = TypeVar("T")
+
+CONNECT_TIMEOUT_SECONDS = 10
+"""libpq ``connect_timeout`` unless the URL sets one: an unreachable host (a failover in
+progress) fails the attempt, which is then retried, instead of hanging it."""
+
+
+def open_connection(url: str, row_factory: RowFactory[Any] = tuple_row) -> psycopg.Connection[Any]:
+    """An autocommit connection to ``url``, with ``CONNECT_TIMEOUT_SECONDS`` unless the URL sets
+    ``connect_timeout``. Raises psycopg's ``OperationalError`` when the server cannot be
+    reached (``det.db.retry.is_connection_lost`` is true for it)."""
+    kwargs: dict[str, Any] = {}
+    if "connect_timeout" not in conninfo_to_dict(url):
+        kwargs["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
+    return psycopg.connect(url, autocommit=True, row_factory=row_factory, **kwargs)
+
+
+class Reconnecting:
+    """One autocommit connection to ``url``, opened on first use and reopened after a loss.
+
+    ``run(what, fn)`` calls ``fn(connection)``; when the connection is lost (before or during
+    ``fn``) the connection is dropped and ``fn`` runs again on a new one, with backoff, until
+    it succeeds (or ``give_up_after`` seconds). ``fn`` must therefore be safe to run twice:
+    a statement whose commit was acknowledged to nobody may have taken effect. Thread-safe:
+    calls are serialized by a lock, which is held while ``fn`` runs but not during the backoff
+    pauses. ``row_factory`` shapes the rows (tuples by default).
+    """
+
+    def __init__(self, url: str, row_factory: RowFactory[Any] = tuple_row) -> None:
+        self._url = url
+        self._row_factory = row_factory
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._closed = False
+
+    def run(self, what: str, fn: Callable[[psycopg.Connection[Any]], T],
+            give_up_after: float | None = None) -> T:
+        """``fn(connection)``, retried after connection losses; ``what`` names the work in the
+        warnings logged while the database is away. Any other error is raised at once.
+
+        Raises ``DatabaseError`` after :meth:`close`, and the last connection error when
+        ``give_up_after`` seconds have passed.
+        """
+        return retry.call(what, lambda: self._attempt(fn), give_up_after)
+
+    def _attempt(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        with self._lock:
+            if self._closed:
+                raise DatabaseError("the database connection was closed")
+            if self._conn is None or self._conn.closed:
+                self._conn = open_connection(self._url, self._row_factory)
+            try:
+                return fn(self._conn)
+            except Exception as e:
+                if retry.is_connection_lost(e):
+                    self._conn.close()
+                    self._conn = None
+                raise
+
+    def close(self) -> None:
+        """Close the connection; later calls raise ``DatabaseError``."""
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> "Reconnecting":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

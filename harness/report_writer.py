@@ -1,0 +1,231 @@
+"""The task's buffered reports: metrics rows and searcher-op progress, written in order by one
+background thread.
+
+A training loop reports far more often than a database round trip allows, and must go on
+training while the database is away (DESIGN.md, "Riding out the database"). ``ReportWriter``
+keeps the reports in a bounded FIFO buffer; its thread takes whatever has accumulated (up to
+``batch_rows`` items) and hands it to a ``write`` function as one numbered batch, so the rate
+of batches adapts to the database's speed and a report waits at most one batch's round trip
+while the database is there.
+
+The buffer is bounded in bytes. When it is full, ``put_metrics`` blocks until the writer
+catches up (backpressure) rather than drop reports: a dropped metrics row is silent, permanent
+data loss, while a blocked reporter is visible and ends when the database is back. A task
+blocked this way has reported ``max_bytes`` of metrics the database has not taken yet;
+it would block at its next checkpoint anyway, since a checkpoint must not be recorded before
+the metrics reported ahead of it (see ``flush``).
+"""
+
+import json
+import math
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from det.errors import DetError
+
+BUFFER_BYTES = 8 * 2**20
+"""Default bound of the buffer: JSON bytes of the metrics not yet written, plus
+``ITEM_OVERHEAD_BYTES`` per report."""
+
+BATCH_ROWS = 5000
+"""Most reports in one batch (one statement for its metrics rows)."""
+
+ITEM_OVERHEAD_BYTES = 100
+"""What a buffered report costs besides its JSON text (the Python objects), in bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsRow:
+    """One metrics report: ``values`` is the JSON text of the metrics (jsonb-safe)."""
+
+    group: str
+    steps_completed: int
+    values: str
+
+    @property
+    def size(self) -> int:
+        """Bytes this report holds in the buffer (approximate)."""
+        return len(self.values) + len(self.group) + ITEM_OVERHEAD_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Units done towards searcher op ``op_id`` (absolute, in ``searcher.max_length``'s unit).
+    Only the latest value per op in a batch is written."""
+
+    op_id: int
+    units: float
+
+    @property
+    def size(self) -> int:
+        return ITEM_OVERHEAD_BYTES
+
+
+def json_safe(value: Any) -> Any:
+    """Metrics -> JSON that PostgreSQL's jsonb accepts.
+
+    Tensors and numpy scalars become Python numbers (one-element) or lists; NaN and +-inf,
+    which JSON cannot carry, become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
+    """
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "tolist"):  # torch tensors, numpy arrays and scalars
+        return json_safe(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+WriteBatch = Callable[[int, list[MetricsRow], dict[int, float]], None]
+"""``write(seq, rows, progress)``: store one batch (``seq`` counts batches from 1; ``rows`` in
+report order; ``progress`` op id -> latest units) or raise. It must be safe to call again with
+the same batch (the writer never does, but ``write`` retries internally after connection
+losses, when a batch's first attempt may have been committed)."""
+
+
+def encode_metrics(group: str, steps_completed: int, metrics: Mapping[str, Any]) -> MetricsRow:
+    """Check and encode one metrics report for the buffer.
+
+    Values go through ``json_safe`` (tensors, numpy values, non-finite floats). Refused here,
+    with a ``DetError`` naming the report, rather than by the database later in a batch with
+    other reports: a ``steps_completed`` that is not a non-negative integer, an empty
+    ``group``, values that are not JSON, strings holding NUL (jsonb cannot store it) or lone
+    surrogates (not UTF-8).
+    """
+    where = f"{group!r} metrics at batch {steps_completed}"
+    if not isinstance(group, str) or not group:
+        raise DetError(f"metrics group must be a non-empty name, got {group!r}")
+    if isinstance(steps_completed, bool) or not isinstance(steps_completed, int) \
+            or steps_completed < 0:
+        raise DetError(f"{where}: steps_completed must be a non-negative integer (batches)")
+    try:
+        text = json.dumps(json_safe(metrics), ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise DetError(f"{where}: values must be JSON: {e}") from e
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DetError(f"{where}: a string is not valid UTF-8 (lone surrogate)") from e
+    # json.dumps writes NUL as the escape \u0000: a cheap first test, which a string holding
+    # a backslash followed by "u0000" also passes, hence the walk.
+    if "\\u0000" in text and _has_nul(metrics):
+        raise DetError(f"{where}: a string holds NUL (\\x00), which jsonb cannot store")
+    return MetricsRow(group, steps_completed, text)
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+class ReportWriter:
+    """A bounded buffer of reports and the thread that writes them (see the module's doc).
+
+    ``write`` stores one batch (``WriteBatch``); it is called from the writer thread only,
+    one batch at a time, in order. When it raises, the writer stops: the error is raised again
+    by every later ``put_*``, ``flush`` and ``close``, and reports still buffered are dropped
+    (the database refused them or their allocation; a connection loss never gets here, since
+    ``write`` retries those itself). ``max_bytes`` bounds the buffer, ``batch_rows`` a batch.
+    """
+
+    def __init__(self, write: WriteBatch, *, max_bytes: int = BUFFER_BYTES,
+                 batch_rows: int = BATCH_ROWS, name: str = "det-report-writer") -> None:
+        if max_bytes <= 0 or batch_rows <= 0:
+            raise ValueError("max_bytes and batch_rows must be positive")
+        self._write = write
+        self._max_bytes = max_bytes
+        self._batch_rows = batch_rows
+        self._cv = threading.Condition()
+        self._items: deque[MetricsRow | Progress] = deque()
+        self._bytes = 0          # of buffered and in-flight reports
+        self._enqueued = 0       # reports ever put
+        self._written = 0        # reports written (always a prefix of those put)
+        self._batches = 0
+        self._error: BaseException | None = None
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put_metrics(self, row: MetricsRow) -> None:
+        """Buffer one metrics row; blocks while the buffer is full. Raises the writer's
+        error if it stopped."""
+        self._put(row)
+
+    def put_progress(self, op_id: int, units: float) -> None:
+        """Buffer a progress report for op ``op_id``."""
+        self._put(Progress(op_id, float(units)))
+
+    def _put(self, item: MetricsRow | Progress) -> None:
+        size = item.size
+        with self._cv:
+            # A report larger than the whole buffer still goes through, alone.
+            while self._error is None and self._bytes and self._bytes + size > self._max_bytes:
+                self._cv.wait()
+            self._raise_error()
+            if self._closing:
+                raise DetError("reports after the transport was closed")
+            self._items.append(item)
+            self._bytes += size
+            self._enqueued += 1
+            self._cv.notify_all()
+
+    def flush(self) -> None:
+        """Wait until every report put before this call is written. Raises the writer's
+        error if it stopped."""
+        with self._cv:
+            target = self._enqueued
+            while self._error is None and self._written < target:
+                self._cv.wait()
+            self._raise_error()
+
+    def close(self) -> None:
+        """Flush, then stop the thread. Raises the writer's error if it stopped."""
+        try:
+            self.flush()
+        finally:
+            with self._cv:
+                self._closing = True
+                self._cv.notify_all()
+            self._thread.join()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._items and not self._closing:
+                    self._cv.wait()
+                if not self._items:
+                    return
+                n = min(len(self._items), self._batch_rows)
+                batch = [self._items.popleft() for _ in range(n)]
+                self._batches += 1
+                seq = self._batches
+            rows = [item for item in batch if isinstance(item, MetricsRow)]
+            progress = {item.op_id: item.units for item in batch if isinstance(item, Progress)}
+            try:
+                self._write(seq, rows, progress)
+            except BaseException as e:
+                with self._cv:
+                    self._error = e
+                    self._items.clear()
+                    self._bytes = 0
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                self._written += n
+                self._bytes -= sum(item.size for item in batch)
+                self._cv.notify_all()

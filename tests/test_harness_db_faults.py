@@ -2,9 +2,6 @@
 (issue 10, item 4): PostgreSQL restarts, lost commit acknowledgements, a task killed right
 after a checkpoint. Every metric row arrives exactly once and in order; nothing reported
 before a checkpoint is lost.
-
-``det_report_metrics_batch`` is not in schema.sql yet: the fixtures apply SQL_NEEDED.sql
-(idempotent) to each database until it is folded into the schema.
 """
 
 import os
@@ -31,12 +28,8 @@ from det.harness.report_writer import MetricsRow, ReportWriter, encode_metrics
 from det.harness.transport import DbTransport
 
 CONFIG = {"name": "faults", "entrypoint": "true", "resources": {"slots_per_trial": 1},
-          "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 10**6}}}
-
-
-def apply_needed_sql(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute((REPO / "SQL_NEEDED.sql").read_text())
+          "searcher": {"name": "single", "metric": "loss", "smaller_is_better": True,
+                       "max_length": {"batches": 10**6}}}
 
 
 @dataclass
@@ -56,7 +49,6 @@ class Allocation:
 
 def claim_allocation(url: str, storage: Path) -> Allocation:
     """``storage``: the experiment's shared_fs checkpoint directory."""
-    apply_needed_sql(url)
     config = {**CONFIG, "checkpoint_storage": {"type": "shared_fs", "host_path": str(storage)}}
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as c:
         c.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",

@@ -206,6 +206,12 @@ class SearcherContext:
         """``batches``, ``records`` or ``epochs``: the unit of op lengths."""
         return self._unit
 
+    @property
+    def out_of_work(self) -> bool:
+        """Whether the searcher said it wants nothing more from this trial (rather than the
+        wait for the next op ending because the task is being preempted)."""
+        return self._transport.out_of_work
+
     def operations(self) -> Iterator[SearcherOperation]:
         """Yield the trial's open ops until the searcher wants nothing more (the transport
         answers ``None``). Each op must be completed before the next is fetched; raises

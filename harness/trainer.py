@@ -150,7 +150,9 @@ class Trainer:
             op.report_completed(self._searcher_value(metrics))
         if self.last_checkpoint != self.batches_trained:
             self.checkpoint()
-        return "preempted" if self.core.preempt.should_preempt() else "completed"
+        # A trial the searcher is done with is also told to stop (closed trials' runs are
+        # desired STOPPED): that is completion, not preemption.
+        return "completed" if self.core.searcher.out_of_work else "preempted"
 
     def _train_to(self, target: int, op: core.SearcherOperation) -> str | None:
         """Train until ``target`` batches, doing the periodic workloads on the way; returns

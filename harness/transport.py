@@ -119,6 +119,10 @@ class Transport(Protocol):
 
     def current_op(self) -> SearcherOp | None: ...
 
+    out_of_work: bool
+    """Set once ``current_op`` answered ``None`` because the searcher wants nothing more from
+    the trial (not because a preemption ended the wait)."""
+
     def report_progress(self, op_id: int, units: float) -> None: ...
 
     def complete_op(self, op_id: int, metric: float) -> None: ...
@@ -163,6 +167,7 @@ class DbTransport:
                  buffer_bytes: int = BUFFER_BYTES) -> None:
         self._db_url = db_url
         self._token = token
+        self.out_of_work = False
         self.allocation_id = allocation_id
         self._what = f"allocation {allocation_id}"
         self._session = Reconnecting(db_url)
@@ -256,7 +261,10 @@ class DbTransport:
                 return None
             time.sleep(delay)
             delay = min(2 * delay, OP_POLL_MAX_SECONDS)
-        return None if op is None else SearcherOp(int(op["id"]), int(op["length"]))
+        if op is None:
+            self.out_of_work = True
+            return None
+        return SearcherOp(int(op["id"]), int(op["length"]))
 
     def report_progress(self, op_id: int, units: float) -> None:
         """Buffer ``det_report_progress(token, op_id, units)`` (written with the metrics)."""
@@ -394,6 +402,7 @@ class LocalTransport:
     completed_ops: list[tuple[int, float]] = field(default_factory=list)
     progress: list[tuple[int, float]] = field(default_factory=list)
     early_exit: str | None = None
+    out_of_work: bool = False
     preemption_acknowledged: bool = False
     _preempt: bool = False
 
@@ -438,7 +447,10 @@ class LocalTransport:
         """The first op not yet completed, ids counting from 1."""
         assert self.ops is not None
         done = len(self.completed_ops)
-        return SearcherOp(done + 1, self.ops[done]) if done < len(self.ops) else None
+        if done < len(self.ops):
+            return SearcherOp(done + 1, self.ops[done])
+        self.out_of_work = True
+        return None
 
     def report_progress(self, op_id: int, units: float) -> None:
         """Keep the progress report."""

@@ -13,7 +13,8 @@ where the text enters (``det.configs.load``) and every value must survive Postgr
   adding text. pydantic validates 100,000 values in well under a second.
 * ``MAX_CONFIG_DEPTH`` (64): nesting of mappings and lists. det's own sections nest four deep;
   parsers and validators recurse once per level, and Python's stack ends near 1,000.
-* ``MAX_NAME_CHARS`` (255) for names, labels and metric names, shown in one table column;
+* ``MAX_NAME_CHARS`` (255) for names, labels and metric names, shown in one table cell (and
+  printable for the same reason);
   ``MAX_DESCRIPTION_CHARS`` (4,096) for the free-text description.
 * ``INT32_MAX`` / ``INT64_MAX``: integers stored in PostgreSQL ``integer`` / ``bigint`` columns.
 * ``MAX_TRIALS`` (10,000): trials one search may create (``max_trials``, grid points). The
@@ -47,13 +48,22 @@ Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 def _non_blank(text: str) -> str:
     if not text.strip():
-        raise PydanticCustomError("blank", "expected a non-blank string, got {text!r}",
-                                  {"text": text})
+        raise PydanticCustomError("blank", "expected a non-blank string, got {text}",
+                                  {"text": repr(text)})
     return text
 
 
-Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
-"""A name or label: at most ``MAX_NAME_CHARS`` characters."""
+def _printable(text: str) -> str:
+    if not text.isprintable():
+        raise PydanticCustomError(
+            "printable", "expected printable text (no line breaks or control characters), "
+            "got {text}", {"text": repr(text)})
+    return text
+
+
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(_printable)]
+"""A name or label: printable text (it is shown in one table cell), at most ``MAX_NAME_CHARS``
+characters."""
 
 MetricName = Annotated[Name, AfterValidator(_non_blank)]
 """The name of a reported metric: non-blank, at most ``MAX_NAME_CHARS`` characters."""
@@ -70,12 +80,13 @@ def _text_problem(text: str) -> str | None:
     return None
 
 
-def check_text(text: str) -> None:
-    """Raise ``PydanticCustomError`` ("storable_text") if ``text`` holds a NUL character or a
-    lone surrogate, which neither PostgreSQL text nor JSON can hold."""
+def check_text(text: str) -> str:
+    """``text``, unless it holds a NUL character or a lone surrogate, which neither PostgreSQL
+    text nor JSON can hold: then ``PydanticCustomError`` ("storable_text")."""
     problem = _text_problem(text)
     if problem is not None:
         raise PydanticCustomError("storable_text", problem)
+    return text
 
 
 def _kind(value: Any) -> str:

@@ -212,14 +212,13 @@ def _message(error: ErrorDetails) -> str:
     if kind in _BOUNDS:
         op, key = _BOUNDS[kind]
         return f"expected a value {op} {ctx[key]}, got {_describe(error['input'])}"
-    if kind in ("string_too_long", "too_long"):
-        unit = "characters" if kind == "string_too_long" else "items"
-        return f"expected at most {ctx['max_length']} {unit}, got {len(error['input'])}"
-    if kind in ("string_too_short", "too_short"):
-        what = "string" if kind == "string_too_short" else "list"
+    if kind in ("string_too_long", "too_long", "string_too_short", "too_short"):
+        text = isinstance(error["input"], str)
+        unit = "characters" if text else "items"
+        if kind.endswith("too_long"):
+            return f"expected at most {ctx['max_length']} {unit}, got {len(error['input'])}"
         if ctx["min_length"] == 1:
-            return f"expected a non-empty {what}"
-        unit = "characters" if kind == "string_too_short" else "items"
+            return f"expected a non-empty {'string' if text else 'list'}"
         return f"expected at least {ctx['min_length']} {unit}, got {len(error['input'])}"
     if kind in _EXPECTED:
         return f"{_EXPECTED[kind]}, got {_describe(error['input'])}"
@@ -308,8 +307,12 @@ def parse_yaml(text: str, source: str | None = None) -> Any:
         raise ConfigError(
             "", f"{where}invalid YAML: {exc.problem or exc.context}", source
         ) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML forbids (NUL, most controls)
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise ConfigError("", f"invalid YAML: character {exc.position + 1} is U+{char:04X}, "
+                          f"which YAML does not allow", source) from None
     except yaml.YAMLError as exc:
-        raise ConfigError("", f"invalid YAML: {exc}", source) from None
+        raise ConfigError("", f"invalid YAML: {' '.join(str(exc).split())}", source) from None
     problem = json_value_problem(data)
     if problem is not None:
         raise ConfigError(*problem, source)

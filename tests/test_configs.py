@@ -15,6 +15,7 @@ from det.configs import (
     is_trial_class,
     load_experiment_config,
 )
+from det.configs.job import job_change, parse_job_id
 from det.errors import ConfigError
 
 GOOD = """
@@ -339,6 +340,8 @@ def test_env_for_device() -> None:
         ("entrypoint: x\ndata: {x: !!binary aGVsbG8=}\n" + SEARCHER, "data.x", "got bytes"),
         ("entrypoint: x\ndata: {x: 2001-01-01}\n" + SEARCHER, "data.x", "got date"),
         ("entrypoint: x\nname: " + "n" * 256 + "\n" + SEARCHER, "name", "at most 255 characters"),
+        ('entrypoint: x\nname: "two\\nlines"\n' + SEARCHER, "name",
+         "expected printable text (no line breaks or control characters), got 'two\\nlines'"),
         ("entrypoint: x\ndescription: " + "d" * 5000 + "\n" + SEARCHER, "description",
          "at most 4096 characters"),
         ("entrypoint: x\nlabels: [" + "l" * 256 + "]\n" + SEARCHER, "labels[0]", "at most 255"),
@@ -397,14 +400,15 @@ def _alias_chain(links: int) -> str:
         ("entrypoint: x\n" + SEARCHER + "data: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n",
          "nested deeper than 64 levels"),
         ("entrypoint: x\n" + SEARCHER + "data: &d {x: *d}\n", "recursive alias"),
+        ("entrypoint: x\0\n" + SEARCHER, "invalid YAML: character 14 is U+0000"),
         ("entrypoint: x\n" + SEARCHER + "data: {s: &s " + "s" * 200_000 + ", l: ["
          + ", ".join(["*s"] * 10) + "]}\n",
          "more than 1 MiB of text once its aliases are expanded"),
         ("entrypoint: x\n" + SEARCHER + "data: {x: " + "x" * (1 << 20) + "}\n",
          "config is 1048664 bytes; the limit is 1 MiB"),
     ],
-    ids=["alias-bomb", "alias-chain", "deep-flow-list", "deep-flow-map", "recursive", "big-alias",
-         "big-file"],
+    ids=["alias-bomb", "alias-chain", "deep-flow-list", "deep-flow-map", "recursive", "nul",
+         "big-alias", "big-file"],
 )
 def test_oversized_yaml_is_refused_naming_the_file(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -433,3 +437,35 @@ def test_bounds_hold_at_their_limits() -> None:
         + "data: {x: " + "[" * 60 + "]" * 60 + "}\n"
     )
     assert len(cfg.name) == 255 and cfg.max_restarts == 2**31 - 1
+
+
+def test_errors_quoting_input_stay_one_line() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_experiment_config('entrypoint: x\ndata: {"a\\x85b": {"\\0": 1}}\n' + SEARCHER,
+                               "exp\n.yaml")
+    assert info.value.path == "data.a\x85b"
+    assert str(info.value) == ("exp\\n.yaml: data.a\\x85b: key '\\x00': expected text "
+                               "without NUL characters")
+
+
+def test_job_change_values() -> None:
+    assert job_change("resource-pool", "gpu") == "gpu"
+    assert job_change("weight", "2.5") == "2.5"
+    assert job_change("priority", "7") == "7"
+    assert job_change("ahead-of", "12") == "12"
+    assert parse_job_id("12") == 12
+    for field, value, message in [
+        ("weight", "nan", "weight: expected a finite number, got 'nan'"),
+        ("weight", "-inf", "weight: expected a finite number, got '-inf'"),
+        ("weight", "1e7", "weight: expected a value <= 1000000.0, got '1e7'"),
+        ("priority", "100", "priority: expected a value <= 99, got '100'"),
+        ("resource-pool", "", "resource-pool: expected a non-empty string"),
+        ("resource-pool", "\udcff", "resource-pool: expected valid Unicode text"),
+        ("behind-of", "0", "behind-of: expected a value >= 1, got '0'"),
+        ("slots", "1", "slots: unknown job field 'slots'"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            job_change(field, value)
+        assert str(info.value).startswith(message)
+    with pytest.raises(ConfigError, match="12x: expected a job id, got '12x'"):
+        parse_job_id("12x", "12x")

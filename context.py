@@ -45,10 +45,17 @@ def context_files(root: Path) -> Iterator[tuple[Path, int]]:
     patterns = list(_ALWAYS_IGNORED)
     ignore_file = root / ".detignore"
     if ignore_file.is_file():
-        patterns += ignore_file.read_text().splitlines()
+        try:
+            patterns += ignore_file.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ContextError(f"context directory {root}: cannot read .detignore: {e}") from None
     spec = pathspec.GitIgnoreSpec.from_lines(patterns)
+
+    def unreadable(e: OSError) -> None:  # os.walk would skip the directory silently
+        raise ContextError(f"context directory {root}: cannot read {e.filename}: {e.strerror}")
+
     # os.walk lists links to directories among ``dirnames`` but does not descend into them.
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
         rel_dir = Path(dirpath).relative_to(root)
         links = [d for d in dirnames if (root / rel_dir / d).is_symlink()]
         dirnames[:] = sorted(d for d in dirnames if d not in links

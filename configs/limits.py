@@ -6,16 +6,20 @@ where the text enters (``det.configs.load``) and every value must survive Postgr
 * ``MAX_CONFIG_BYTES`` (1 MiB): a config file, and the text of all its values once YAML aliases
   are expanded. Configs are hand-written settings; the largest real ones (long categorical
   lists, a ``data`` section) are tens of KiB, so 1 MiB leaves ample room while keeping each
-  parse, each stored copy and each read by a pass cheap.
+  parse (PyYAML's pure-Python parser: seconds for the densest 1 MiB), each stored copy and
+  each read by a pass cheap.
 * ``MAX_CONFIG_NODES`` (100,000): values (mappings, lists, scalars, keys) once aliases are
-  expanded. A 1 MiB file without aliases holds a few hundred thousand values at most; the
-  bound exists for alias expansion ("billion laughs"), which multiplies values without
-  adding text. pydantic validates 100,000 values in well under a second.
+  expanded. The bound exists for alias expansion ("billion laughs"), which multiplies values
+  without adding text; it is checked on the parsed graph, before anything is expanded. No
+  real config holds that many values (a list of 100,000 numbers would be better data than
+  settings); pydantic validates them in milliseconds.
 * ``MAX_CONFIG_DEPTH`` (64): nesting of mappings and lists. det's own sections nest four deep;
-  parsers and validators recurse once per level, and Python's stack ends near 1,000.
+  parsers and validators recurse once per level, and Python's stack ends near 1,000 (so det
+  keeps PyYAML's pure-Python loader, whose composer it can stop: the C loader crashes the
+  process on deep nesting).
 * ``MAX_NAME_CHARS`` (255) for names, labels and metric names, shown in one table cell (and
-  printable for the same reason);
-  ``MAX_DESCRIPTION_CHARS`` (4,096) for the free-text description.
+  printable for the same reason); ``MAX_DESCRIPTION_CHARS`` (4,096) for the free-text
+  description.
 * ``INT32_MAX`` / ``INT64_MAX``: integers stored in PostgreSQL ``integer`` / ``bigint`` columns.
 * ``MAX_TRIALS`` (10,000): trials one search may create (``max_trials``, grid points). The
   searcher creates up to this many rows in one pass and keeps a grid's remaining points in

@@ -84,7 +84,7 @@ def _check_expansion(root: yaml.Node) -> None:
             else:
                 if depth >= MAX_CONFIG_DEPTH:
                     raise _LimitError(f"nested deeper than {MAX_CONFIG_DEPTH} levels once its "
-                                      "aliases are expanded")
+                                      "aliases are expanded", node.start_mark)
                 visiting.add(id(node))
                 children = (node.value if isinstance(node, yaml.SequenceNode)
                             else [n for pair in node.value for n in pair])
@@ -102,9 +102,9 @@ def _check_expansion(root: yaml.Node) -> None:
                 visiting.discard(id(node))
                 known = (values, chars, nesting + 1)
             sizes[id(node)] = known
-        if depth + known[2] > MAX_CONFIG_DEPTH:
-            raise _LimitError(
-                f"nested deeper than {MAX_CONFIG_DEPTH} levels once its aliases are expanded")
+        if depth + known[2] > MAX_CONFIG_DEPTH:  # an alias of a deep value, placed deep
+            raise _LimitError(f"nested deeper than {MAX_CONFIG_DEPTH} levels once its aliases "
+                              "are expanded", node.start_mark)
         return known
 
     visit(root, 0)

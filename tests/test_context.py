@@ -98,3 +98,15 @@ def test_special_files_are_refused(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(ContextError, match="pipe is not a regular file, directory or symbolic"):
         context.pack(tmp_path)
+
+
+def test_unreadable_directory_is_refused_not_skipped(tmp_path: Path) -> None:
+    (tmp_path / "model.py").write_text("x = 1\n")
+    (tmp_path / "locked").mkdir(mode=0)
+    try:
+        if os.access(tmp_path / "locked", os.R_OK):
+            pytest.skip("running as a user who can read a mode-000 directory (root)")
+        with pytest.raises(ContextError, match="cannot read .*locked: Permission denied"):
+            context.pack(tmp_path)
+    finally:
+        (tmp_path / "locked").chmod(0o700)

@@ -10,6 +10,7 @@ import time
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -17,6 +18,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -56,7 +58,16 @@ def _parse_size(value: Any) -> Any:
     return value
 
 
-Priority = Annotated[int, Field(ge=1, le=99)]
+def _priority_range(value: int) -> int:
+    if not 1 <= value <= 99:
+        raise PydanticCustomError(
+            "priority", "expected an integer between 1 and 99 (lower runs first), got {value}",
+            {"value": value})
+    return value
+
+
+Priority = Annotated[int, AfterValidator(_priority_range),
+                     WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 99})]
 """A job priority (priority scheduler): 1 to 99, lower runs first."""
 
 MAX_WEIGHT = 1e6

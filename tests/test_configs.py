@@ -458,7 +458,8 @@ def test_job_change_values() -> None:
         ("weight", "nan", "weight: expected a finite number, got 'nan'"),
         ("weight", "-inf", "weight: expected a finite number, got '-inf'"),
         ("weight", "1e7", "weight: expected a value <= 1000000.0, got '1e7'"),
-        ("priority", "100", "priority: expected a value <= 99, got '100'"),
+        ("priority", "100", "priority: expected an integer between 1 and 99 (lower runs "
+         "first), got 100"),
         ("resource-pool", "", "resource-pool: expected a non-empty string"),
         ("resource-pool", "\udcff", "resource-pool: expected valid Unicode text"),
         ("behind-of", "0", "behind-of: expected a value >= 1, got '0'"),

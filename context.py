@@ -4,10 +4,19 @@ Rules (spec: run-training-code, Create an Experiment): files matched by a top-le
 ``.detignore`` (gitignore syntax) are left out; ``.pyc`` files and ``__pycache__`` directories
 always are; a context whose files add up to more than 95 MiB is refused before anything is
 written.
+
+Symbolic links are packed as links, not as copies of what they point to: the task sees the
+tree the user has, a file reached through several links is stored once, and a link to an
+ancestor directory cannot make packing loop. So each link must still work once unpacked: a link
+that is absolute, leads outside the context (itself or through other links), dangles, or points
+to something ``.detignore`` leaves out is refused at packing time, naming the link (unpacking
+would refuse or break it in every task). Entries other than files, directories and links
+(pipes, sockets, devices) are refused too.
 """
 
 import io
 import os
+import stat
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,34 +33,77 @@ _ALWAYS_IGNORED = ["__pycache__/", "*.pyc"]
 
 
 def context_files(root: Path) -> Iterator[tuple[Path, int]]:
-    """Yield ``(relative path, size in bytes)`` of the files to pack, sorted, with ignores
-    applied.
+    """Yield ``(relative path, size in bytes)`` of the entries to pack, sorted, with ignores
+    applied: regular files, and symbolic links (size 0; never followed).
 
     Raises:
-        ContextError: ``root`` is not a directory.
+        ContextError: ``root`` is not a directory, or an entry cannot be packed (a link that
+            would not work once unpacked, a pipe, socket or device), naming it.
     """
     if not root.is_dir():
         raise ContextError(f"context directory {root}: not a directory")
     patterns = list(_ALWAYS_IGNORED)
     ignore_file = root / ".detignore"
     if ignore_file.is_file():
-        patterns += ignore_file.read_text().splitlines()
+        try:
+            patterns += ignore_file.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ContextError(f"context directory {root}: cannot read .detignore: {e}") from None
     spec = pathspec.GitIgnoreSpec.from_lines(patterns)
-    for dirpath, dirnames, filenames in os.walk(root):
+
+    def unreadable(e: OSError) -> None:  # os.walk would skip the directory silently
+        raise ContextError(f"context directory {root}: cannot read {e.filename}: {e.strerror}")
+
+    # os.walk lists links to directories among ``dirnames`` but does not descend into them.
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
         rel_dir = Path(dirpath).relative_to(root)
-        dirnames[:] = sorted(d for d in dirnames
-                             if not spec.match_file(f"{(rel_dir / d).as_posix()}/"))
-        for name in sorted(filenames):
+        links = [d for d in dirnames if (root / rel_dir / d).is_symlink()]
+        dirnames[:] = sorted(d for d in dirnames if d not in links
+                             and not spec.match_file(f"{(rel_dir / d).as_posix()}/"))
+        for name in sorted([*filenames, *links]):
             rel = rel_dir / name
-            if not spec.match_file(rel.as_posix()):
-                yield rel, (root / rel).stat().st_size
+            if spec.match_file(rel.as_posix()):
+                continue
+            info = (root / rel).lstat()
+            if stat.S_ISLNK(info.st_mode):
+                _check_link(root, rel, spec)
+                yield rel, 0
+            elif stat.S_ISREG(info.st_mode):
+                yield rel, info.st_size
+            else:
+                raise ContextError(f"context directory {root}: {rel} is not a regular file, "
+                                   "directory or symbolic link")
+
+
+def _check_link(root: Path, rel: Path, spec: pathspec.GitIgnoreSpec) -> None:
+    """Raise ``ContextError`` naming the link ``root/rel`` unless it works once unpacked: a
+    relative link whose target, and whatever that resolves to, is packed in the context."""
+    target = os.readlink(root / rel)
+    where = f"context directory {root}: {rel} is a symbolic link to {target}"
+    if os.path.isabs(target):
+        raise ContextError(f"{where}, an absolute path; use a relative link inside the "
+                           "context, or copy the file in")
+    # The target as written, relative to the context (the link's own directory joined with it).
+    lexical = os.path.normpath(os.path.join(rel.parent, target))
+    real_root = os.path.realpath(root)
+    resolved = os.path.realpath(root / rel)
+    if (lexical == ".." or lexical.startswith("../")
+            or os.path.commonpath([real_root, resolved]) != real_root):
+        raise ContextError(f"{where}, outside the context; copy the file in instead")
+    if not os.path.exists(resolved):
+        raise ContextError(f"{where}, which does not exist")
+    for path in (lexical, os.path.relpath(resolved, real_root)):
+        suffix = "/" if os.path.isdir(os.path.join(real_root, path)) else ""
+        if path != "." and spec.match_file(Path(path).as_posix() + suffix):
+            raise ContextError(f"{where}, which .detignore leaves out")
 
 
 def pack(root: Path) -> bytes:
     """Pack the context directory ``root`` into tar.gz bytes.
 
     Raises:
-        ContextError: not a directory, or its files exceed 95 MiB (the message gives the size).
+        ContextError: not a directory, its files exceed 95 MiB (the message gives the size),
+            an unreadable file or an entry that cannot be packed (``context_files``).
     """
     files = list(context_files(root))
     total = sum(size for _, size in files)
@@ -65,7 +117,11 @@ def pack(root: Path) -> bytes:
         disable=total < PROGRESS_BAR_BYTES,
     ) as bar:
         for rel, size in files:
-            tar.add(root / rel, arcname=rel.as_posix(), recursive=False)
+            try:
+                tar.add(root / rel, arcname=rel.as_posix(), recursive=False)
+            except OSError as e:
+                raise ContextError(f"context directory {root}: cannot read {rel}: "
+                                   f"{e.strerror}") from None
             bar.update(size)
     return buf.getvalue()
 

@@ -6,8 +6,22 @@ traceback).
 """
 
 
+def one_line(text: str) -> str:
+    """``text`` with each character that is not printable (line breaks, other control
+    characters, lone surrogates) escaped as Python writes it (``\\n``, ``\\x85``,
+    ``\\ud800``), so that a message quoting user input stays one printable line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 class DetError(Exception):
-    """Base of every error det reports to a user as one line."""
+    """Base of every error det reports to a user as one line: ``str(error)`` escapes what
+    would break the line (``one_line``)."""
+
+    def __str__(self) -> str:
+        return one_line(super().__str__())
 
 
 class ConfigError(DetError):

@@ -12,10 +12,11 @@ from psycopg.types.json import Jsonb
 from det import context
 from det.cli.output import print_json, print_table
 from det.cli.session import db, user
-from det.configs import is_trial_class, load_experiment_config
+from det.configs import is_trial_class, load_experiment_config, read_config_file
+from det.configs.job import job_change
 from det.db import database_url, det_home
 from det.db.reconnect import Reconnecting
-from det.errors import ConfigError, NotFoundError
+from det.errors import ConfigError, DetError, NotFoundError
 from det.reconciler.schedulers import Agent, Task
 from det.reconciler.schedulers.fitting import never_fits
 from det.reconciler.searchers import trial_rungs
@@ -85,12 +86,10 @@ def expanded_config(config_file: Path, ctx: Path) -> tuple[dict, str]:
     The default checkpoint storage is a shared_fs directory under det's home.
 
     Raises:
-        ConfigError: unreadable file, invalid config, or an entrypoint the context lacks.
+        ConfigError: unreadable or oversized file, invalid config, or an entrypoint the
+            context lacks.
     """
-    try:
-        text = config_file.read_text()
-    except OSError as e:
-        raise ConfigError("", f"cannot read config file: {e.strerror}", str(config_file)) from e
+    text = read_config_file(config_file)
     cfg = load_experiment_config(text, source=str(config_file))
     check_entrypoint(cfg.entrypoint, ctx)
     expanded = cfg.expanded()
@@ -107,8 +106,10 @@ def create(
     config_file: Path = typer.Argument(..., help="Experiment config (YAML)."),
     context_dir: Path = typer.Argument(..., help="Model-definition directory to upload."),
     local: bool = typer.Option(False, "--local", help="Run in this process, without a cluster."),
-    test_mode: bool = typer.Option(False, "--test-mode",
-                                   help="With --local: a few batches of each workload."),
+    test_mode: bool = typer.Option(
+        False, "--test-mode",
+        help="Only with --local: a few batches of training, validation, a checkpoint and a "
+             "restore, in this process."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Stream the first trial's logs."),
     force: bool = typer.Option(False, "--force",
                                help="Submit even if no agent of the pool could ever run it."),
@@ -117,6 +118,12 @@ def create(
 
     Refused, unless ``--force``, when the pool's agents could never hold one trial's slots
     (more slots than the pool has, or a pool without slots for a slot trial)."""
+    if test_mode and not local:
+        # Determined submits a small test experiment to the cluster for --test-mode alone;
+        # det does not (yet), and must not run the full experiment in its place.
+        raise DetError("--test-mode needs --local: det experiment create --local --test-mode "
+                       "CONFIG CONTEXT runs the test in this process; a test experiment on the "
+                       "cluster is not supported yet")
     expanded, original = expanded_config(config_file, context_dir)
     if local:
         from det.harness.local import run_local
@@ -291,6 +298,7 @@ JOB_OF = "SELECT job_id FROM experiments WHERE id = %(id)s"
 
 
 def _set_job(exp_id: int, field: str, value: str) -> None:
+    value = job_change(field, value)  # checked before the transaction: a bad value changes nothing
     with db() as conn, conn.transaction():
         row = conn.execute(JOB_OF, {"id": exp_id}).fetchone()
         if row is None:
@@ -301,13 +309,16 @@ def _set_job(exp_id: int, field: str, value: str) -> None:
 
 @set_app.command("priority")
 def set_priority(exp_id: int = typer.Argument(..., metavar="ID"),
-                 priority: int = typer.Argument(..., help="1-99; lower runs first.")) -> None:
+                 priority: str = typer.Argument(..., metavar="N",
+                                                help="1-99; lower runs first.")) -> None:
     """Set the experiment's priority (priority scheduler)."""
-    _set_job(exp_id, "priority", str(priority))
+    _set_job(exp_id, "priority", priority)
 
 
 @set_app.command("weight")
 def set_weight(exp_id: int = typer.Argument(..., metavar="ID"),
-               weight: float = typer.Argument(..., help="Fair-share weight, > 0.")) -> None:
+               weight: str = typer.Argument(..., metavar="W",
+                                            help="Fair-share weight: a number > 0, at most 1e6.")
+               ) -> None:
     """Set the experiment's weight (fair-share scheduler)."""
-    _set_job(exp_id, "weight", str(weight))
+    _set_job(exp_id, "weight", weight)

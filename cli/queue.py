@@ -5,6 +5,7 @@ import typer
 
 from det.cli.output import print_json, print_table
 from det.cli.session import db
+from det.configs.job import JOB_FIELDS, job_change, parse_job_id
 from det.errors import DetError, NotFoundError
 
 app = typer.Typer(no_args_is_help=True)
@@ -31,8 +32,6 @@ SELECT q.*, det_pool_scheduler(q.resource_pool) ->> 'type' AS scheduler,
   FROM reporting.job_queue q JOIN experiments e ON e.id = q.experiment_id
  WHERE q.job_id = %(id)s
 """
-
-FIELDS = ("priority", "weight", "resource-pool", "ahead-of", "behind-of")
 
 
 @app.command("list")
@@ -68,30 +67,33 @@ app.command("ls", hidden=True)(list_jobs)
 
 
 def _update(conn, job_id: int, field: str, value: str) -> None:
-    if field not in FIELDS:
-        raise DetError(f"unknown job field {field!r}; expected one of {', '.join(FIELDS)}")
+    """Apply one checked change (``value`` is what ``job_change`` returned)."""
     conn.execute("SELECT det_job_update(%s, %s, %s)", (job_id, field, value))
 
 
 @app.command("update")
 def update(
     job_id: int = typer.Argument(..., metavar="JOB_ID"),
-    priority: int = typer.Option(None, "--priority", help="1-99; lower runs first."),
-    weight: float = typer.Option(None, "--weight", help="Fair-share weight, > 0."),
-    resource_pool: str = typer.Option(None, "--resource-pool", help="Experiments only."),
-    ahead_of: int = typer.Option(None, "--ahead-of", metavar="JOB_ID"),
-    behind_of: int = typer.Option(None, "--behind-of", metavar="JOB_ID"),
+    priority: str = typer.Option(None, "--priority", metavar="N", help="1-99; lower runs first."),
+    weight: str = typer.Option(None, "--weight", metavar="W",
+                               help="Fair-share weight: a number > 0, at most 1e6."),
+    resource_pool: str = typer.Option(None, "--resource-pool", metavar="POOL",
+                                      help="Experiments only."),
+    ahead_of: str = typer.Option(None, "--ahead-of", metavar="JOB_ID"),
+    behind_of: str = typer.Option(None, "--behind-of", metavar="JOB_ID"),
 ) -> None:
     """Change one job: each option is checked against its pool's scheduler."""
-    changes = {"priority": priority, "weight": weight, "resource-pool": resource_pool,
-               "ahead-of": ahead_of, "behind-of": behind_of}
-    changes = {k: v for k, v in changes.items() if v is not None}
+    given = {"priority": priority, "weight": weight, "resource-pool": resource_pool,
+             "ahead-of": ahead_of, "behind-of": behind_of}
+    # Every value is checked before the transaction starts: a bad one changes nothing.
+    job_id = parse_job_id(job_id)
+    changes = {k: job_change(k, v, f"--{k}") for k, v in given.items() if v is not None}
     if not changes:
         raise DetError("nothing to update: give --priority, --weight, --resource-pool, "
                        "--ahead-of or --behind-of")
     with db() as conn, conn.transaction():
         for field, value in changes.items():
-            _update(conn, job_id, field, str(value))
+            _update(conn, job_id, field, value)
     typer.echo(f"Updated job {job_id}")
 
 
@@ -105,9 +107,13 @@ def update_batch(
     for change in changes:
         target, sep, value = change.partition("=")
         job, dot, field = target.partition(".")
-        if not (sep and dot and job.isdigit() and value):
+        if not (sep and dot and value):
             raise DetError(f"{change!r}: expected JOB_ID.FIELD=VALUE, e.g. 12.priority=1")
-        parsed.append((int(job), field, value.strip('"')))
+        if field not in JOB_FIELDS:
+            raise DetError(f"{change!r}: unknown job field {field!r}; expected one of "
+                           f"{', '.join(JOB_FIELDS)}")
+        value = job_change(field, value.strip('"'), target)
+        parsed.append((parse_job_id(job, target), field, value))
     with db() as conn, conn.transaction():
         for job, field, value in parsed:
             _update(conn, job, field, value)

@@ -2,8 +2,10 @@
 
 Public API:
 
-* ``load_experiment_config(text, source=None) -> ExperimentConfig`` (YAML text) and
-  ``parse_experiment_config(data, source=None)`` (a dict, e.g. a stored expanded config);
+* ``read_config_file(path) -> str`` (at most 1 MiB of UTF-8), ``load_experiment_config(text,
+  source=None) -> ExperimentConfig`` (YAML text) and ``parse_experiment_config(data,
+  source=None)`` (a dict, e.g. a stored expanded config); the bounds are in
+  ``det.configs.limits``;
 * ``ExperimentConfig`` and ``ExperimentConfig.expanded() -> dict`` (every default filled in);
 * ``experiment_json_schema() -> dict``;
 * ``Length``, the hyperparameter and searcher models;
@@ -36,6 +38,7 @@ from det.configs.load import (
     experiment_json_schema,
     load_experiment_config,
     parse_experiment_config,
+    read_config_file,
 )
 from det.configs.searcher import (
     AdaptiveAshaSearcher,
@@ -77,4 +80,5 @@ __all__ = [
     "iter_leaves",
     "load_experiment_config",
     "parse_experiment_config",
+    "read_config_file",
 ]

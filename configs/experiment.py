@@ -10,6 +10,7 @@ import time
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -17,6 +18,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -30,9 +32,11 @@ from det.configs.hyperparameters import (
     IntHP,
     LogHP,
     NestedHP,
+    grid_axis_size,
     iter_leaves,
 )
 from det.configs.length import Length
+from det.configs.limits import MAX_DESCRIPTION_CHARS, MAX_TRIALS, Int32, Name
 from det.configs.searcher import SearcherConfig
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -54,6 +58,25 @@ def _parse_size(value: Any) -> Any:
     return value
 
 
+def _priority_range(value: int) -> int:
+    if not 1 <= value <= 99:
+        raise PydanticCustomError(
+            "priority", "expected an integer between 1 and 99 (lower runs first), got {value}",
+            {"value": value})
+    return value
+
+
+Priority = Annotated[int, AfterValidator(_priority_range),
+                     WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 99})]
+"""A job priority (priority scheduler): 1 to 99, lower runs first."""
+
+MAX_WEIGHT = 1e6
+Weight = Annotated[float, Field(gt=0, le=MAX_WEIGHT, allow_inf_nan=False)]
+"""A fair-share weight: a finite number > 0 and at most ``MAX_WEIGHT``. A weight is a ratio
+between jobs; a million to one is past any useful share, and the bound keeps the scheduler's
+sums of demand x weight finite. The same rule is the ``jobs.weight`` CHECK in ``schema.sql``."""
+
+
 class Resources(BaseModel):
     """``resources`` (§3.4). ``priority`` None means the pool's default (filled at creation).
     ``resource_pool`` may be a list (beyond the spec): each trial run goes to the first pool
@@ -61,11 +84,11 @@ class Resources(BaseModel):
     (beyond the spec; docker runtime): the task container's memory ceiling in bytes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    slots_per_trial: Annotated[int, Field(ge=0)] = 1
-    resource_pool: str | Annotated[list[str], Field(min_length=1)] = "default"
-    priority: Annotated[int, Field(ge=1, le=99)] | None = None
-    weight: Annotated[float, Field(gt=0)] = 1.0
-    max_slots: Annotated[int, Field(ge=0)] | None = None
+    slots_per_trial: Int32 = 1
+    resource_pool: Name | Annotated[list[Name], Field(min_length=1)] = "default"
+    priority: Priority | None = None
+    weight: Weight = 1.0
+    max_slots: Int32 | None = None
     shm_size: Annotated[
         Annotated[int, Field(ge=0)] | None,
         BeforeValidator(_parse_size, json_schema_input_type=int | str | None),
@@ -140,11 +163,11 @@ class ExperimentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = "Experiment"
-    description: str | None = None
-    labels: list[str] = Field(default_factory=list)
-    workspace: str | None = None
-    project: str | None = None
+    name: Name = "Experiment"
+    description: Annotated[str, Field(max_length=MAX_DESCRIPTION_CHARS)] | None = None
+    labels: list[Name] = Field(default_factory=list)
+    workspace: Name | None = None
+    project: Name | None = None
     entrypoint: Entrypoint
     hyperparameters: Hyperparameters = Field(default_factory=lambda: NestedHP({}))
     searcher: SearcherConfig
@@ -153,7 +176,7 @@ class ExperimentConfig(BaseModel):
     min_checkpoint_period: Length | None = None
     checkpoint_storage: CheckpointStorage | None = None
     checkpoint_policy: Literal["best", "all", "none"] = "best"
-    max_restarts: Annotated[int, Field(ge=0)] = 5
+    max_restarts: Int32 = 5
     environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
     bind_mounts: list[BindMount] = Field(default_factory=list)
     data: dict[str, Any] = Field(default_factory=dict)
@@ -161,7 +184,7 @@ class ExperimentConfig(BaseModel):
     scheduling_unit: Annotated[int, Field(ge=1)] = 100
     perform_initial_validation: bool = False
     reproducibility: Reproducibility = Field(default_factory=Reproducibility)
-    preemption_timeout: Annotated[int, Field(ge=0)] = 3600
+    preemption_timeout: Int32 = 3600
     debug: bool = False
 
     @model_validator(mode="before")
@@ -174,15 +197,25 @@ class ExperimentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _grid_needs_counts(self) -> "ExperimentConfig":
-        """Grid search needs ``count`` on every int/double/log hyperparameter (§3.1)."""
-        if self.searcher.name == "grid":
-            for route, hp in iter_leaves(self.hyperparameters):
-                if isinstance(hp, (IntHP, DoubleHP, LogHP)) and hp.count is None:
-                    raise PydanticCustomError(
-                        "grid_count",
-                        "required when searcher.name is grid",
-                        {"dotted_path": "hyperparameters." + ".".join(route) + ".count"},
-                    )
+        """Grid search needs ``count`` on every int/double/log hyperparameter (§3.1), and a
+        grid of at most ``MAX_TRIALS`` points."""
+        if self.searcher.name != "grid":
+            return self
+        points = 1
+        for route, hp in iter_leaves(self.hyperparameters):
+            if isinstance(hp, (IntHP, DoubleHP, LogHP)) and hp.count is None:
+                raise PydanticCustomError(
+                    "grid_count",
+                    "required when searcher.name is grid",
+                    {"dotted_path": "hyperparameters." + ".".join(route) + ".count"},
+                )
+            points *= grid_axis_size(hp)
+        if points > MAX_TRIALS:
+            raise PydanticCustomError(
+                "grid_size",
+                "the grid has {points} points; the limit is {limit} (one trial each)",
+                {"points": points, "limit": MAX_TRIALS, "dotted_path": "hyperparameters"},
+            )
         return self
 
     def expanded(self, now: float | None = None) -> dict[str, Any]:

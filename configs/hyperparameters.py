@@ -14,6 +14,7 @@ The ``hyperparameters`` map of an experiment config holds, per name, one of:
 int/double/log hyperparameter (checked in ``det.configs.experiment``).
 """
 
+import math
 from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Literal
 
@@ -31,6 +32,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from det.configs.limits import Int64
+
 
 def _check_maxval(maxval: float, info: ValidationInfo) -> float:
     minval = info.data.get("minval")
@@ -38,6 +41,17 @@ def _check_maxval(maxval: float, info: ValidationInfo) -> float:
         raise PydanticCustomError(
             "hp_range",
             "expected maxval >= minval ({minval}), got {maxval}",
+            {"minval": minval, "maxval": maxval},
+        )
+    return maxval
+
+
+def _finite_range(maxval: float, info: ValidationInfo) -> float:
+    """Samples are ``minval + (maxval - minval) * u``: the span must be a finite number."""
+    minval = info.data.get("minval")
+    if minval is not None and not math.isfinite(maxval - minval):
+        raise PydanticCustomError(
+            "hp_range", "maxval - minval is not a finite number ({maxval} - {minval})",
             {"minval": minval, "maxval": maxval},
         )
     return maxval
@@ -61,8 +75,8 @@ class IntHP(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     type: Literal["int"]
-    minval: int
-    maxval: int
+    minval: Int64
+    maxval: Int64
     count: Annotated[int, Field(ge=1)] | None = None
 
     _maxval = field_validator("maxval")(_check_maxval)
@@ -78,10 +92,15 @@ class DoubleHP(BaseModel):
     count: Annotated[int, Field(ge=1)] | None = None
 
     _maxval = field_validator("maxval")(_check_maxval)
+    _span = field_validator("maxval")(_finite_range)
 
 
 class LogHP(BaseModel):
-    """``{type: log, minval, maxval, base, count?}``: values ``base ** x``, x in the range."""
+    """``{type: log, minval, maxval, base, count?}``: values ``base ** x``, x in the range.
+
+    ``base`` is > 0 and not 1 (every value would be 1); ``base ** minval`` and
+    ``base ** maxval`` must be finite numbers (the values lie between them).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     type: Literal["log"]
@@ -91,6 +110,28 @@ class LogHP(BaseModel):
     count: Annotated[int, Field(ge=1)] | None = None
 
     _maxval = field_validator("maxval")(_check_maxval)
+    _span = field_validator("maxval")(_finite_range)
+
+    @field_validator("base")
+    @classmethod
+    def _not_one(cls, base: float) -> float:
+        if base == 1:
+            raise PydanticCustomError("log_base", "expected a number > 0 other than 1, got 1")
+        return base
+
+    @model_validator(mode="after")
+    def _finite_values(self) -> "LogHP":
+        for key in ("minval", "maxval"):
+            exponent = getattr(self, key)
+            try:
+                value = self.base**exponent
+            except OverflowError:
+                value = math.inf
+            if not math.isfinite(value):
+                raise PydanticCustomError(
+                    "log_range", "{base} ** {exponent} is not a finite number",
+                    {"base": self.base, "exponent": exponent, "field": key})
+        return self
 
 
 class CategoricalHP(BaseModel):
@@ -155,6 +196,19 @@ Hyperparameters = NestedHP
 """The ``hyperparameters`` section: a map name -> definition (``.root`` is the dict)."""
 
 Leaf = ConstHP | IntHP | DoubleHP | LogHP | CategoricalHP
+
+
+def grid_axis_size(hp: Leaf | None) -> int:
+    """The number of values of ``hp``'s grid axis (reference-facts §1.5): int
+    ``min(count, maxval - minval + 1)``, double and log ``count``, categorical its values, a
+    constant or an empty nested map 1. ``count`` must be set on int/double/log."""
+    if isinstance(hp, IntHP):
+        return min(hp.count or 1, hp.maxval - hp.minval + 1)
+    if isinstance(hp, (DoubleHP, LogHP)):
+        return hp.count or 1
+    if isinstance(hp, CategoricalHP):
+        return len(hp.vals)
+    return 1
 
 
 def iter_leaves(

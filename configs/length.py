@@ -2,7 +2,8 @@
 
 Used by ``searcher.max_length``, ``min_validation_period`` and ``min_checkpoint_period``
 (reference-facts §1.1, §3.2). det accepts only the unit form with an integer >= 1; the
-reference's bare "unitless" integer is not accepted.
+reference's bare "unitless" integer is not accepted. Values are at most 2**63 - 1: lengths are
+stored as PostgreSQL ``bigint``.
 """
 
 from dataclasses import dataclass
@@ -11,6 +12,8 @@ from typing import Any, Literal
 from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
+
+from det.configs.limits import INT64_MAX
 
 Unit = Literal["batches", "records", "epochs"]
 UNITS: tuple[Unit, ...] = ("batches", "records", "epochs")
@@ -31,7 +34,8 @@ class Length:
 
     @classmethod
     def parse(cls, data: Any) -> "Length":
-        """Accept a ``Length`` or a one-key mapping ``{batches|records|epochs: int >= 1}``.
+        """Accept a ``Length`` or a one-key mapping ``{batches|records|epochs: int}``, the int
+        from 1 to 2**63 - 1.
 
         Raises ``PydanticCustomError`` ("expected {batches|records|epochs: int}") otherwise, so
         the error carries the field's location when used inside a model.
@@ -44,7 +48,7 @@ class Length:
                 unit in UNITS
                 and isinstance(value, int)
                 and not isinstance(value, bool)
-                and value >= 1
+                and 1 <= value <= INT64_MAX
             ):
                 return cls(unit, value)
         raise PydanticCustomError("length", LENGTH_EXPECTED)
@@ -65,7 +69,8 @@ class Length:
         return {
             "type": "object",
             "description": "exactly one of batches, records, epochs",
-            "properties": {unit: {"type": "integer", "minimum": 1} for unit in UNITS},
+            "properties": {unit: {"type": "integer", "minimum": 1, "maximum": INT64_MAX}
+                           for unit in UNITS},
             "additionalProperties": False,
             "minProperties": 1,
             "maxProperties": 1,

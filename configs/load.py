@@ -5,23 +5,119 @@ Every failure is a ``det.errors.ConfigError`` whose message is
 """
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
 from det.configs.experiment import ExperimentConfig
+from det.configs.limits import (
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_DEPTH,
+    MAX_CONFIG_NODES,
+    json_value_problem,
+)
 from det.errors import ConfigError
 
 
+class _LimitError(yaml.YAMLError):
+    """A document beyond det's bounds (``det.configs.limits``); ``mark`` locates it, if known."""
+
+    def __init__(self, message: str, mark: yaml.Mark | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.mark = mark
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that rejects duplicate keys instead of keeping the last one."""
+    """A SafeLoader that rejects duplicate keys, nesting deeper than ``MAX_CONFIG_DEPTH`` and
+    documents whose aliases would expand past ``MAX_CONFIG_NODES`` values, ``MAX_CONFIG_BYTES``
+    of text or ``MAX_CONFIG_DEPTH`` levels (checked on the composed graph, before anything is
+    expanded)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        # PyYAML's composer recurses once per level: refuse before Python's stack runs out.
+        event = self.peek_event()
+        if not isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            return super().compose_node(parent, index)
+        if self._depth >= MAX_CONFIG_DEPTH:
+            raise _LimitError(f"nested deeper than {MAX_CONFIG_DEPTH} levels", event.start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            _check_expansion(node)
+        return node
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Raise ``_LimitError`` if ``root``, with every alias expanded, holds more than
+    ``MAX_CONFIG_NODES`` values or ``MAX_CONFIG_BYTES`` characters of scalars, nests deeper than
+    ``MAX_CONFIG_DEPTH`` collections, or contains itself.
+
+    An alias is the same node object as its anchor, so the composed document is a graph; each
+    node's expanded size is computed once (memoised), in time linear in the graph, however
+    large the expansion would be.
+    """
+    sizes: dict[int, tuple[int, int, int]] = {}  # id -> (values, characters, nesting)
+    visiting: set[int] = set()
+
+    def visit(node: yaml.Node, depth: int) -> tuple[int, int, int]:
+        known = sizes.get(id(node))
+        if known is None:
+            if id(node) in visiting:
+                raise _LimitError("recursive alias: the value anchored here contains itself",
+                                  node.start_mark)
+            if isinstance(node, yaml.ScalarNode):
+                known = (1, len(node.value), 0)
+            else:
+                if depth >= MAX_CONFIG_DEPTH:
+                    raise _LimitError(f"nested deeper than {MAX_CONFIG_DEPTH} levels once its "
+                                      "aliases are expanded", node.start_mark)
+                visiting.add(id(node))
+                children = (node.value if isinstance(node, yaml.SequenceNode)
+                            else [n for pair in node.value for n in pair])
+                values, chars, nesting = 1, 0, 0
+                for child in children:
+                    v, c, n = visit(child, depth + 1)
+                    values, chars, nesting = values + v, chars + c, max(nesting, n)
+                    if values > MAX_CONFIG_NODES:
+                        raise _LimitError(f"more than {MAX_CONFIG_NODES} values once its "
+                                          f"aliases are expanded; a config may hold at most "
+                                          f"{MAX_CONFIG_NODES}")
+                    if chars > MAX_CONFIG_BYTES:
+                        raise _LimitError("more than 1 MiB of text once its aliases are "
+                                          "expanded; a config may hold at most 1 MiB")
+                visiting.discard(id(node))
+                known = (values, chars, nesting + 1)
+            sizes[id(node)] = known
+        if depth + known[2] > MAX_CONFIG_DEPTH:  # an alias of a deep value, placed deep
+            raise _LimitError(f"nested deeper than {MAX_CONFIG_DEPTH} levels once its aliases "
+                              "are expanded", node.start_mark)
+        return known
+
+    visit(root, 0)
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:  # ``<<: *base``: merged keys may be overridden
+            continue
         key = loader.construct_object(key_node)
         if key in seen:
             raise yaml.constructor.ConstructorError(
@@ -47,9 +143,11 @@ _EXPECTED = {
     "int_from_float": "expected an integer",
     "float_type": "expected a number",
     "float_parsing": "expected a number",
+    "finite_number": "expected a finite number",
     "bool_type": "expected true or false",
     "bool_parsing": "expected true or false",
     "string_type": "expected a string",
+    "string_unicode": "expected valid Unicode text",
     "list_type": "expected a list",
     "dict_type": "expected a mapping",
     "model_type": "expected a mapping",
@@ -114,6 +212,14 @@ def _message(error: ErrorDetails) -> str:
     if kind in _BOUNDS:
         op, key = _BOUNDS[kind]
         return f"expected a value {op} {ctx[key]}, got {_describe(error['input'])}"
+    if kind in ("string_too_long", "too_long", "string_too_short", "too_short"):
+        text = isinstance(error["input"], str)
+        unit = "characters" if text else "items"
+        if kind.endswith("too_long"):
+            return f"expected at most {ctx['max_length']} {unit}, got {len(error['input'])}"
+        if ctx["min_length"] == 1:
+            return f"expected a non-empty {'string' if text else 'list'}"
+        return f"expected at least {ctx['min_length']} {unit}, got {len(error['input'])}"
     if kind in _EXPECTED:
         return f"{_EXPECTED[kind]}, got {_describe(error['input'])}"
     return error["msg"]
@@ -125,6 +231,9 @@ def config_error(exc: ValidationError, data: Any, source: str | None = None) -> 
     ctx = error.get("ctx") or {}
     if "dotted_path" in ctx:  # a cross-field check names the field itself
         path = str(ctx["dotted_path"])
+    elif "field" in ctx:  # a model's cross-field check names one of its own fields
+        path = _path(error["loc"], data, False)
+        path = f"{path}.{ctx['field']}" if path else str(ctx["field"])
     else:
         keep_last = error["type"] in ("missing", "extra_forbidden")
         path = _path(error["loc"], data, keep_last)
@@ -134,6 +243,15 @@ def config_error(exc: ValidationError, data: Any, source: str | None = None) -> 
         elif error["type"] == "extra_forbidden":
             path = path.rpartition(".")[0] if "." in path else ""
     return ConfigError(path, _message(error), source)
+
+
+def parse_value(adapter: TypeAdapter[Any], value: Any, path: str) -> Any:
+    """``value`` validated by ``adapter`` (a ``TypeAdapter`` of one of these models' field
+    types); ``ConfigError`` naming ``path`` and what was expected if it does not fit."""
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as exc:
+        raise ConfigError(path, _message(exc.errors()[0])) from None
 
 
 def parse_experiment_config(data: Any, source: str | None = None) -> ExperimentConfig:
@@ -146,19 +264,59 @@ def parse_experiment_config(data: Any, source: str | None = None) -> ExperimentC
         raise config_error(exc, data, source) from None
 
 
-def parse_yaml(text: str, source: str | None = None) -> Any:
-    """Parse YAML ``text`` (duplicate keys refused); ``ConfigError`` naming the line and column
-    of a syntax error."""
+def read_config_file(path: Path) -> str:
+    """The text of the config file at ``path``, read as UTF-8 (a BOM is allowed).
+
+    Raises ``ConfigError`` naming the file when it cannot be read, is larger than
+    ``MAX_CONFIG_BYTES`` (only that much is read) or is not UTF-8 text.
+    """
     try:
-        return yaml.load(text, Loader=_StrictLoader)
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError("", f"cannot read config file: {e.strerror}", str(path)) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError("", f"config file is larger than the limit of 1 MiB "
+                          f"({MAX_CONFIG_BYTES} bytes)", str(path))
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError("", f"not UTF-8 text (byte {e.start})", str(path)) from None
+
+
+def parse_yaml(text: str, source: str | None = None) -> Any:
+    """Parse YAML ``text`` into JSON-storable data (``det.configs.limits``).
+
+    Raises ``ConfigError`` naming ``source``: a syntax error or duplicate key (with the line and
+    column), text over ``MAX_CONFIG_BYTES``, nesting or alias expansion past the limits, or a
+    value JSON cannot store (NaN, infinities, NUL characters, lone surrogates, dates, bytes),
+    named by its dotted path.
+    """
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError("", f"config is {size} bytes; the limit is 1 MiB "
+                          f"({MAX_CONFIG_BYTES} bytes)", source)
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except _LimitError as exc:
+        where = f"line {exc.mark.line + 1}, column {exc.mark.column + 1}: " if exc.mark else ""
+        raise ConfigError("", f"{where}{exc.message}", source) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise ConfigError(
             "", f"{where}invalid YAML: {exc.problem or exc.context}", source
         ) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML forbids (NUL, most controls)
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise ConfigError("", f"invalid YAML: character {exc.position + 1} is U+{char:04X}, "
+                          f"which YAML does not allow", source) from None
     except yaml.YAMLError as exc:
-        raise ConfigError("", f"invalid YAML: {exc}", source) from None
+        raise ConfigError("", f"invalid YAML: {' '.join(str(exc).split())}", source) from None
+    problem = json_value_problem(data)
+    if problem is not None:
+        raise ConfigError(*problem, source)
+    return data
 
 
 def load_experiment_config(text: str, source: str | None = None) -> ExperimentConfig:

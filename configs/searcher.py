@@ -15,15 +15,27 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 from pydantic_core import PydanticCustomError
 
 from det.configs.length import UNITS, Length
+from det.configs.limits import MAX_TRIALS, Int64, MetricName
+
+MAX_RUNGS = 64
+"""Bound on ASHA's ``max_rungs`` and each ``bracket_rungs`` entry."""
+
+MAX_DIVISOR = 1024.0
+"""Bound on ASHA's ``divisor``. With ``MAX_RUNGS`` it keeps every ``divisor ** rung`` the
+searcher computes a finite float (1024 ** 63 = 2 ** 630); rung lengths that shrink by more
+than 1024 per rung, or more than 64 rungs, are no search anyone runs."""
+
+Divisor = Annotated[float, Field(gt=1, le=MAX_DIVISOR)]
+Rungs = Annotated[int, Field(ge=1, le=MAX_RUNGS)]
 
 
 class _SearcherBase(BaseModel):
     """Keys common to every searcher."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    metric: str
+    metric: MetricName
     smaller_is_better: bool = True
-    source_trial_id: int | None = None
+    source_trial_id: Int64 | None = None
     source_checkpoint_uuid: str | None = None
 
     @model_validator(mode="after")
@@ -49,7 +61,7 @@ class RandomSearcher(_SearcherBase):
 
     name: Literal["random"]
     max_length: Length
-    max_trials: Annotated[int, Field(ge=1)]
+    max_trials: Annotated[int, Field(ge=1, le=MAX_TRIALS)]
     max_concurrent_trials: Annotated[int, Field(ge=0)] = 16
 
 
@@ -70,15 +82,15 @@ class AdaptiveAshaSearcher(_SearcherBase):
     """
 
     name: Literal["adaptive_asha"]
-    max_trials: Annotated[int, Field(ge=1)]
+    max_trials: Annotated[int, Field(ge=1, le=MAX_TRIALS)]
     max_concurrent_trials: Annotated[int, Field(ge=0)] = 16
-    divisor: Annotated[float, Field(gt=1)] = 4.0
-    max_rungs: Annotated[int, Field(ge=1)] = 5
+    divisor: Divisor = 4.0
+    max_rungs: Rungs = 5
     mode: Literal["aggressive", "standard", "conservative"] = "standard"
-    bracket_rungs: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    bracket_rungs: list[Rungs] = Field(default_factory=list)
     stop_once: bool = False
     max_length: Length | None = None
-    max_time: Annotated[int, Field(ge=1)] | None = None
+    max_time: Annotated[Int64, Field(ge=1)] | None = None
     time_metric: str | None = None
 
     @model_validator(mode="before")
@@ -136,11 +148,11 @@ class TPESearcher(_SearcherBase):
 
     name: Literal["tpe"]
     max_length: Length
-    max_trials: Annotated[int, Field(ge=1)]
+    max_trials: Annotated[int, Field(ge=1, le=MAX_TRIALS)]
     max_concurrent_trials: Annotated[int, Field(ge=0)] = 4
     startup_trials: Annotated[int, Field(ge=0)] = 10
-    divisor: Annotated[float, Field(gt=1)] = 4.0
-    max_rungs: Annotated[int, Field(ge=1)] = 1
+    divisor: Divisor = 4.0
+    max_rungs: Rungs = 1
     stop_once: bool = False
 
     def as_asha(self) -> AdaptiveAshaSearcher:

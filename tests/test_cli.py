@@ -1,9 +1,13 @@
 """Bad input through the real `det` command: one line naming what and where, a non-zero
 exit, and nothing written."""
 
+import os
 from pathlib import Path
 
+import psycopg
 import pytest
+
+REPO = Path(__file__).resolve().parent.parent
 
 GOOD = """\
 name: ok
@@ -20,10 +24,42 @@ def ctx(tmp_path: Path) -> Path:
     return d
 
 
-def write(tmp_path: Path, text: str) -> Path:
+def write(tmp_path: Path, text: str | bytes) -> Path:
     p = tmp_path / "cfg.yaml"
-    p.write_text(text)
+    if isinstance(text, bytes):
+        p.write_bytes(text)
+    else:
+        p.write_text(text)
     return p
+
+
+def rows(conn) -> dict[str, int]:
+    """Row counts of the tables a submission writes."""
+    return {t: conn.execute(f"SELECT count(*) AS n FROM {t}").fetchone()["n"]
+            for t in ("experiments", "jobs", "trials", "context_blobs")}
+
+
+def one_line_error(r) -> str:
+    """The single stderr line of a refused command (asserting there is exactly one)."""
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), r.stderr
+    return lines[0]
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """The "billion laughs" (9 levels: 387 million values once expanded)."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return GOOD + "data:\n" + "".join(f"  {line}\n" for line in lines)
+
+
+@pytest.fixture
+def sql_needed(conn) -> None:
+    """Apply SQL_NEEDED.sql (SQL this branch needs that is not yet in schema.sql), if any."""
+    path = REPO / "SQL_NEEDED.sql"
+    if path.exists():
+        conn.execute(path.read_text())
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -33,15 +69,25 @@ def write(tmp_path: Path, text: str) -> Path:
     (GOOD.replace("{batches: 10}", "10 batches"), "searcher.max_length"),
     (GOOD.replace("MyTrial", "Missing"), "defines no class Missing"),
     (GOOD.replace("model_def:", "nomodule:"), "no file nomodule.py"),
+    # Accepted, or crashed, before det bounded its input (issue 10).
+    (GOOD.replace("metric: loss", 'metric: ""'), "searcher.metric: expected a non-blank"),
+    (GOOD + "data: {x: .nan}\n", "data.x: expected a finite number, got nan"),
+    (GOOD + 'description: "a\\0b"\n', "description: expected text without NUL characters"),
+    (GOOD + 'labels: ["\\ud800"]\n', "labels[0]: expected valid Unicode text"),
+    (GOOD + "hyperparameters: {lr: {type: log, minval: 1, maxval: 2, base: 1}}\n",
+     "hyperparameters.lr.base: expected a number > 0 other than 1"),
+    (GOOD.replace("name: ok", "name: " + "n" * 1_000_000), "name: expected at most 255 characters"),
+    (alias_bomb(), "cfg.yaml: more than 100000 values once its aliases are expanded"),
+    (GOOD + "data: " + "[" * 3000 + "]" * 3000 + "\n", "cfg.yaml: line 4, column 70: nested"),
+    (GOOD + "data: " + "x" * (2 << 20) + "\n", "cfg.yaml: config file is larger than the limit"),
+    (GOOD.encode() + b"description: caf\xe9\n", "cfg.yaml: not UTF-8 text (byte 121)"),
 ])
 def test_bad_config_is_one_line_and_writes_nothing(det, conn, ctx, tmp_path, text,
                                                    expected) -> None:
+    before = rows(conn)
     r = det("experiment", "create", str(write(tmp_path, text)), str(ctx), check=False)
-    assert r.returncode == 1
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), r.stderr
-    assert expected in lines[0]
-    assert conn.execute("SELECT count(*) AS n FROM experiments").fetchone()["n"] == 0
+    assert expected in one_line_error(r)
+    assert rows(conn) == before
 
 
 def test_context_over_limit(det, conn, ctx, tmp_path) -> None:
@@ -70,3 +116,54 @@ def test_create_list_describe(det, ctx, tmp_path) -> None:
     described = json.loads(det("experiment", "describe", "1", "--json").stdout)
     assert described["config"]["searcher"]["max_length"] == {"batches": 10}
     assert described["config"]["checkpoint_storage"]["type"] == "shared_fs"
+
+
+@pytest.mark.parametrize("link", [
+    "/etc/hostname",  # absolute
+    "../outside.py",  # relative, leaving the context
+    "missing.py",  # dangling
+])
+def test_context_link_that_cannot_be_unpacked_is_refused(det, conn, ctx, tmp_path,
+                                                         link) -> None:
+    (tmp_path / "outside.py").write_text("x = 1\n")
+    os.symlink(link, ctx / "helper.py")
+    before = rows(conn)
+    r = det("experiment", "create", str(write(tmp_path, GOOD)), str(ctx), check=False)
+    assert "helper.py" in one_line_error(r)
+    assert rows(conn) == before
+
+
+def test_test_mode_without_local_is_refused(det, conn, ctx, tmp_path) -> None:
+    before = rows(conn)
+    r = det("experiment", "create", "--test-mode", str(write(tmp_path, GOOD)), str(ctx),
+            check=False)
+    assert "--test-mode needs --local" in one_line_error(r)
+    assert rows(conn) == before
+    assert "Only with --local" in det("experiment", "create", "--help").stdout
+
+
+@pytest.mark.parametrize("args", [
+    ("job", "update", "{job}", "--weight", "nan"),
+    ("job", "update", "{job}", "--weight", "inf"),
+    ("job", "update", "{job}", "--weight", "-inf"),
+    ("job", "update-batch", "{job}.weight=nan"),
+    ("experiment", "set", "weight", "1", "inf"),
+])
+def test_non_finite_weight_is_refused(det, conn, ctx, tmp_path, args) -> None:
+    det("experiment", "create", str(write(tmp_path, GOOD)), str(ctx))
+    job = conn.execute("SELECT job_id FROM experiments WHERE id = 1").fetchone()["job_id"]
+    r = det(*(a.format(job=job) for a in args), check=False)
+    assert "weight" in one_line_error(r) and "finite number" in r.stderr
+    assert conn.execute("SELECT weight FROM jobs WHERE id = %s", (job,)).fetchone()["weight"] == 1
+
+
+def test_database_refuses_non_finite_weight(det, conn, ctx, tmp_path, sql_needed) -> None:
+    det("experiment", "create", str(write(tmp_path, GOOD)), str(ctx))
+    job = conn.execute("SELECT job_id FROM experiments WHERE id = 1").fetchone()["job_id"]
+    for value in ("NaN", "Infinity", "-Infinity", "1e400", "1e7", "0"):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="weight"):
+            conn.execute("SELECT det_job_update(%s, 'weight', %s)", (job, value))
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("UPDATE jobs SET weight = 'NaN' WHERE id = %s", (job,))
+    conn.execute("SELECT det_job_update(%s, 'weight', '2.5')", (job,))
+    assert conn.execute("SELECT weight FROM jobs WHERE id = %s", (job,)).fetchone()["weight"] == 2.5

@@ -15,6 +15,7 @@ from det.configs import (
     is_trial_class,
     load_experiment_config,
 )
+from det.configs.job import job_change, parse_job_id
 from det.errors import ConfigError
 
 GOOD = """
@@ -304,3 +305,168 @@ def test_env_for_device() -> None:
         env_for_device({"environment_variables": {"cpu": ["OK=1", "=bad"]}}, "cpu")
     assert info.value.path == "environment.environment_variables.cpu[1]"
     assert "'=bad'" in str(info.value)
+
+
+# Bad input that was accepted, or crashed, before det bounded configs (issue 10, "Bad input").
+@pytest.mark.parametrize(
+    ("text", "path", "message"),
+    [
+        ('entrypoint: x\nsearcher: {name: single, metric: "", max_length: {batches: 1}}',
+         "searcher.metric", "expected a non-blank string"),
+        ('entrypoint: x\nsearcher: {name: single, metric: "  ", max_length: {batches: 1}}',
+         "searcher.metric", "expected a non-blank string"),
+        ("entrypoint: x\nhyperparameters: {lr: {type: log, minval: 1, maxval: 2, base: 1}}\n"
+         + SEARCHER, "hyperparameters.lr.base", "other than 1"),
+        ("entrypoint: x\nhyperparameters: {lr: {type: log, minval: 1, maxval: 2, base: -2}}\n"
+         + SEARCHER, "hyperparameters.lr.base", "> 0"),
+        ("entrypoint: x\nhyperparameters: {lr: {type: log, minval: 1, maxval: 400, base: 10}}\n"
+         + SEARCHER, "hyperparameters.lr.maxval", "10.0 ** 400.0 is not a finite number"),
+        ("entrypoint: x\nhyperparameters: {a: {type: double, minval: -1e308, maxval: 1e308}}\n"
+         + SEARCHER, "hyperparameters.a.maxval", "maxval - minval is not a finite number"),
+        ("entrypoint: x\nhyperparameters: {a: {type: int, minval: 0, maxval: 9223372036854775808}}"
+         "\n" + SEARCHER, "hyperparameters.a.maxval", "<= 9223372036854775807"),
+        ("entrypoint: x\ndata: {x: .nan}\n" + SEARCHER, "data.x",
+         "expected a finite number, got nan"),
+        ("entrypoint: x\ndata: {x: [1, 1.0e+400]}\n" + SEARCHER, "data.x[1]", "got inf"),
+        ("entrypoint: x\nresources: {weight: .inf}\n" + SEARCHER, "resources.weight", "got inf"),
+        ("entrypoint: x\nresources: {weight: -.inf}\n" + SEARCHER, "resources.weight", "got -inf"),
+        ("entrypoint: x\nhyperparameters: {a: {type: categorical, vals: [1, .nan]}}\n" + SEARCHER,
+         "hyperparameters.a.vals[1]", "finite"),
+        ('entrypoint: x\ndescription: "a\\0b"\n' + SEARCHER, "description", "NUL"),
+        ('entrypoint: x\nlabels: ["a\\ud800"]\n' + SEARCHER, "labels[0]", "lone surrogate"),
+        ('entrypoint: x\ndata: {"k\\0": 1}\n' + SEARCHER, "data", "NUL"),
+        ("entrypoint: x\ndata: {.nan: 1}\n" + SEARCHER, "data", "key nan: expected a finite"),
+        ("entrypoint: x\ndata: {2001-01-01: 1}\n" + SEARCHER, "data", "got date"),
+        ("entrypoint: x\ndata: {x: !!binary aGVsbG8=}\n" + SEARCHER, "data.x", "got bytes"),
+        ("entrypoint: x\ndata: {x: 2001-01-01}\n" + SEARCHER, "data.x", "got date"),
+        ("entrypoint: x\nname: " + "n" * 256 + "\n" + SEARCHER, "name", "at most 255 characters"),
+        ('entrypoint: x\nname: "two\\nlines"\n' + SEARCHER, "name",
+         "expected printable text (no line breaks or control characters), got 'two\\nlines'"),
+        ("entrypoint: x\ndescription: " + "d" * 5000 + "\n" + SEARCHER, "description",
+         "at most 4096 characters"),
+        ("entrypoint: x\nlabels: [" + "l" * 256 + "]\n" + SEARCHER, "labels[0]", "at most 255"),
+        ("entrypoint: x\nmax_restarts: 2147483648\n" + SEARCHER, "max_restarts",
+         "<= 2147483647"),
+        ("entrypoint: x\nresources: {slots_per_trial: 2147483648}\n" + SEARCHER,
+         "resources.slots_per_trial", "<= 2147483647"),
+        ("entrypoint: x\nsearcher: {name: single, metric: l, max_length: {batches: "
+         "9223372036854775808}}", "searcher.max_length", "expected {batches|records|epochs: int}"),
+        ("entrypoint: x\nhyperparameters: {a: {type: int, minval: 1, maxval: 1000, count: 1000},"
+         " b: {type: double, minval: 0, maxval: 1, count: 11}}\n"
+         "searcher: {name: grid, metric: l, max_length: {batches: 1}}",
+         "hyperparameters", "11000 points; the limit is 10000"),
+        ("entrypoint: x\nsearcher: {name: random, metric: l, max_length: {batches: 1}, "
+         "max_trials: 10001}", "searcher.max_trials", "<= 10000"),
+        # ASHA computes divisor ** rung: these overflowed, or hung the searcher.
+        (ASHA + "bracket_rungs: [1000000000]}", "searcher.bracket_rungs[0]", "<= 64"),
+        (ASHA + "max_rungs: 65}", "searcher.max_rungs", "<= 64"),
+        (ASHA + "divisor: 1.0e+300}", "searcher.divisor", "<= 1024"),
+        ("entrypoint: x\nresources: {weight: 1.0e+300}\n" + SEARCHER, "resources.weight",
+         "<= 1000000"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_field(text: str, path: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_experiment_config(text, "exp.yaml")
+    assert info.value.path == path, str(info.value)
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(f"exp.yaml: {path}: ")
+    assert message in str(info.value)
+
+
+def _alias_bomb(levels: int) -> str:
+    """The "billion laughs": each level a list of nine aliases of the previous one."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]")
+    return "entrypoint: x\n" + SEARCHER + "data:\n" + "".join(f"  {line}\n" for line in lines)
+
+
+def _alias_chain(links: int) -> str:
+    """Shallow in the text, ``links`` deep once the aliases are expanded."""
+    lines = ["a0: &a0 [x]"] + [f"a{i}: &a{i} [*a{i - 1}]" for i in range(1, links)]
+    return "entrypoint: x\n" + SEARCHER + "data:\n" + "".join(f"  {line}\n" for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # 9**8 = 43 million values once expanded; pydantic and the JSON encoder used to expand
+        # them (the 9-level bomb took 33 s and 1.4 GB).
+        (_alias_bomb(8), "more than 100000 values once its aliases are expanded"),
+        (_alias_chain(100), "nested deeper than 64 levels once its aliases are expanded"),
+        ("entrypoint: x\n" + SEARCHER + "data: {x: " + "[" * 3000 + "]" * 3000 + "}\n",
+         "line 3, column 73: nested deeper than 64 levels"),
+        ("entrypoint: x\n" + SEARCHER + "data: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n",
+         "nested deeper than 64 levels"),
+        ("entrypoint: x\n" + SEARCHER + "data: &d {x: *d}\n", "recursive alias"),
+        ("entrypoint: x\0\n" + SEARCHER, "invalid YAML: character 14 is U+0000"),
+        ("entrypoint: x\n" + SEARCHER + "data: {s: &s " + "s" * 200_000 + ", l: ["
+         + ", ".join(["*s"] * 10) + "]}\n",
+         "more than 1 MiB of text once its aliases are expanded"),
+        ("entrypoint: x\n" + SEARCHER + "data: {x: " + "x" * (1 << 20) + "}\n",
+         "config is 1048664 bytes; the limit is 1 MiB"),
+    ],
+    ids=["alias-bomb", "alias-chain", "deep-flow-list", "deep-flow-map", "recursive", "nul",
+         "big-alias", "big-file"],
+)
+def test_oversized_yaml_is_refused_naming_the_file(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_experiment_config(text, "exp.yaml")
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith("exp.yaml: ")
+    assert message in str(info.value)
+
+
+def test_aliases_within_bounds_still_work() -> None:
+    cfg = load_experiment_config(
+        "entrypoint: x\n" + SEARCHER
+        + "data:\n  base: &b {lr: 0.1, layers: [1, 2]}\n  copy: *b\n  merged: {<<: *b, lr: 1}\n"
+    )
+    assert cfg.data["copy"] == {"lr": 0.1, "layers": [1, 2]}
+    assert cfg.data["merged"] == {"lr": 1, "layers": [1, 2]}
+
+
+def test_bounds_hold_at_their_limits() -> None:
+    cfg = load_experiment_config(
+        "entrypoint: x\nname: " + "n" * 255 + "\nmax_restarts: 2147483647\n"
+        + "hyperparameters: {lr: {type: log, minval: -300, maxval: 300, base: 10},"
+        + " a: {type: int, minval: -9223372036854775808, maxval: 9223372036854775807}}\n"
+        + "searcher: {name: random, metric: l, max_trials: 10000, "
+        + "max_length: {batches: 9223372036854775807}}\n"
+        + "data: {x: " + "[" * 60 + "]" * 60 + "}\n"
+    )
+    assert len(cfg.name) == 255 and cfg.max_restarts == 2**31 - 1
+
+
+def test_errors_quoting_input_stay_one_line() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_experiment_config('entrypoint: x\ndata: {"a\\x85b": {"\\0": 1}}\n' + SEARCHER,
+                               "exp\n.yaml")
+    assert info.value.path == "data.a\x85b"
+    assert str(info.value) == ("exp\\n.yaml: data.a\\x85b: key '\\x00': expected text "
+                               "without NUL characters")
+
+
+def test_job_change_values() -> None:
+    assert job_change("resource-pool", "gpu") == "gpu"
+    assert job_change("weight", "2.5") == "2.5"
+    assert job_change("priority", "7") == "7"
+    assert job_change("ahead-of", "12") == "12"
+    assert parse_job_id("12") == 12
+    for field, value, message in [
+        ("weight", "nan", "weight: expected a finite number, got 'nan'"),
+        ("weight", "-inf", "weight: expected a finite number, got '-inf'"),
+        ("weight", "1e7", "weight: expected a value <= 1000000.0, got '1e7'"),
+        ("priority", "100", "priority: expected an integer between 1 and 99 (lower runs "
+         "first), got 100"),
+        ("resource-pool", "", "resource-pool: expected a non-empty string"),
+        ("resource-pool", "\udcff", "resource-pool: expected valid Unicode text"),
+        ("behind-of", "0", "behind-of: expected a value >= 1, got '0'"),
+        ("slots", "1", "slots: unknown job field 'slots'"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            job_change(field, value)
+        assert str(info.value).startswith(message)
+    with pytest.raises(ConfigError, match="12x: expected a job id, got '12x'"):
+        parse_job_id("12x", "12x")

@@ -1,6 +1,7 @@
 """Context packing: .detignore, always-ignored byte code, the 95 MiB limit."""
 
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -43,3 +44,69 @@ def test_too_large_is_refused_naming_size(tmp_path: Path, monkeypatch) -> None:
 def test_not_a_directory(tmp_path: Path) -> None:
     with pytest.raises(ContextError, match="not a directory"):
         context.pack(tmp_path / "missing")
+
+
+def members(blob: bytes) -> dict[str, str]:
+    """Member name -> "file" or "link -> target"."""
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+        return {m.name: f"link -> {m.linkname}" if m.issym() else "file"
+                for m in tar.getmembers()}
+
+
+def test_links_inside_the_context_are_packed_as_links(tmp_path: Path) -> None:
+    ctx = tmp_path / "ctx"
+    (ctx / "pkg").mkdir(parents=True)
+    (ctx / "pkg" / "mod.py").write_text("y = 2\n")
+    os.symlink("pkg/mod.py", ctx / "alias.py")
+    os.symlink("pkg", ctx / "lib")  # a link to a directory: packed as the link, not its files
+    os.symlink("..", ctx / "pkg" / "up")  # back to the context's root: still inside
+    blob = context.pack(ctx)
+    assert members(blob) == {"alias.py": "link -> pkg/mod.py", "lib": "link -> pkg",
+                             "pkg/mod.py": "file", "pkg/up": "link -> .."}
+    out = tmp_path / "out"
+    context.unpack(blob, out)
+    assert (out / "alias.py").read_text() == (out / "lib" / "mod.py").read_text() == "y = 2\n"
+
+
+@pytest.mark.parametrize(("links", "named", "why"), [
+    ({"data.py": "/etc/hostname"}, "data.py", "an absolute path"),
+    ({"data.py": "../outside.py"}, "data.py", "outside the context"),
+    ({"pkg/data": "../../outside.py"}, "pkg/data", "outside the context"),
+    # Inside as written, outside once the other link is followed.
+    ({"a.py": "pkg/up/outside.py", "pkg/up": "../.."}, "a.py", "outside the context"),
+    ({"data.py": "nothing.py"}, "data.py", "does not exist"),
+    ({"data.py": "secret/key.py"}, "data.py", ".detignore leaves out"),
+])
+def test_links_that_would_not_work_unpacked_are_refused(tmp_path: Path, links: dict[str, str],
+                                                        named: str, why: str) -> None:
+    (tmp_path / "outside.py").write_text("x = 1\n")
+    ctx = tmp_path / "ctx"
+    (ctx / "pkg").mkdir(parents=True)
+    (ctx / "secret").mkdir()
+    (ctx / "secret" / "key.py").write_text("k = 1\n")
+    (ctx / ".detignore").write_text("secret/\n")
+    for name, target in links.items():
+        os.symlink(target, ctx / name)
+    with pytest.raises(ContextError) as info:
+        context.pack(ctx)
+    message = str(info.value)
+    assert f": {named} is a symbolic link to {links[named]}" in message and why in message
+    assert "\n" not in message
+
+
+def test_special_files_are_refused(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(ContextError, match="pipe is not a regular file, directory or symbolic"):
+        context.pack(tmp_path)
+
+
+def test_unreadable_directory_is_refused_not_skipped(tmp_path: Path) -> None:
+    (tmp_path / "model.py").write_text("x = 1\n")
+    (tmp_path / "locked").mkdir(mode=0)
+    try:
+        if os.access(tmp_path / "locked", os.R_OK):
+            pytest.skip("running as a user who can read a mode-000 directory (root)")
+        with pytest.raises(ContextError, match="cannot read .*locked: Permission denied"):
+            context.pack(tmp_path)
+    finally:
+        (tmp_path / "locked").chmod(0o700)

@@ -144,7 +144,8 @@ CREATE TABLE jobs (
                                                  'TENSORBOARD')),
     resource_pool  text NOT NULL REFERENCES resource_pools (name),
     priority       integer NOT NULL DEFAULT 42 CHECK (priority BETWEEN 1 AND 99),
-    weight         double precision NOT NULL DEFAULT 1 CHECK (weight > 0 AND weight < 'Infinity'),
+    -- NaN and Infinity are refused: NaN sorts above every number in PostgreSQL, so > 0 holds
+    weight         double precision NOT NULL DEFAULT 1 CHECK (weight > 0 AND weight <= 1000000),
     queue_position numeric NOT NULL,
     owner          text NOT NULL,
     submitted_at   timestamptz NOT NULL DEFAULT now(),
@@ -516,12 +517,18 @@ DECLARE
     v_type text;
     v_neighbour numeric;
     v_int integer;
+    v_weight double precision;
+    v_exp integer;
+    v_state experiment_state;
 BEGIN
     SELECT * INTO j FROM jobs WHERE id = p_job FOR UPDATE;
-    IF NOT FOUND OR NOT EXISTS (
-        SELECT 1 FROM experiments e
-         WHERE e.job_id = p_job AND e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')) THEN
-        RAISE EXCEPTION 'job % not found among active jobs', p_job USING ERRCODE = 'no_data_found';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'job % not found', p_job USING ERRCODE = 'no_data_found';
+    END IF;
+    SELECT e.id, e.state INTO v_exp, v_state FROM experiments e WHERE e.job_id = p_job;
+    IF v_state IN ('COMPLETED', 'CANCELED', 'ERROR') THEN
+        RAISE EXCEPTION 'job % (experiment %) is %: it is no longer queued', p_job, v_exp,
+            v_state USING ERRCODE = 'invalid_parameter_value';
     END IF;
     v_type := det_pool_scheduler(j.resource_pool) ->> 'type';
     CASE p_field
@@ -544,11 +551,14 @@ BEGIN
             RAISE EXCEPTION 'job %: weight applies only under the fair_share scheduler; pool "%" uses %',
                 p_job, j.resource_pool, v_type USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        IF p_value::double precision <= 0 THEN
-            RAISE EXCEPTION 'job %: weight must be > 0, not %', p_job, p_value
-                USING ERRCODE = 'invalid_parameter_value';
+        v_weight := p_value::double precision;
+        -- NOT (... AND ...) also refuses NaN, which PostgreSQL sorts above every number (so
+        -- NaN > 0 holds), and Infinity; the same rule is the jobs.weight CHECK.
+        IF NOT (v_weight > 0 AND v_weight <= 1000000) THEN
+            RAISE EXCEPTION 'job %: weight must be a finite number > 0 and at most 1e6, not %',
+                p_job, p_value USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        UPDATE jobs SET weight = p_value::double precision WHERE id = p_job;
+        UPDATE jobs SET weight = v_weight WHERE id = p_job;
     WHEN 'resource-pool' THEN
         IF j.type <> 'EXPERIMENT' THEN
             RAISE EXCEPTION 'job %: only experiments can change resource pool; cancel and resubmit a %',
@@ -599,7 +609,7 @@ BEGIN
     END CASE;
     PERFORM pg_notify('det_reconciler', 'job');
 EXCEPTION
-    WHEN invalid_text_representation THEN
+    WHEN invalid_text_representation OR numeric_value_out_of_range THEN
         RAISE EXCEPTION 'job %: % expects a number, not "%"', p_job, p_field, p_value
             USING ERRCODE = 'invalid_parameter_value';
 END $$;

@@ -13,7 +13,7 @@ from det.errors import DatabaseError, DetError, NotFoundError, StateError
 # What a violated table constraint means to a user (constraints named by PostgreSQL's
 # defaults: <table>_<column>_check).
 CONSTRAINTS = {
-    "jobs_weight_check": "weight: expected a finite number > 0",
+    "jobs_weight_check": "weight: expected a finite number > 0 and at most 1e6",
     "agents_id_check": ("agent id: expected 1 to 63 letters, digits, '.', '_' or '-', "
                         "starting with a letter or digit"),
     "jobs_priority_check": "priority: expected a whole number from 1 to 99",

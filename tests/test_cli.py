@@ -7,8 +7,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-
 GOOD = """\
 name: ok
 entrypoint: model_def:MyTrial
@@ -52,14 +50,6 @@ def alias_bomb(levels: int = 9) -> str:
     lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
     return GOOD + "data:\n" + "".join(f"  {line}\n" for line in lines)
-
-
-@pytest.fixture
-def sql_needed(conn) -> None:
-    """Apply SQL_NEEDED.sql (SQL this branch needs that is not yet in schema.sql), if any."""
-    path = REPO / "SQL_NEEDED.sql"
-    if path.exists():
-        conn.execute(path.read_text())
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -157,7 +147,7 @@ def test_non_finite_weight_is_refused(det, conn, ctx, tmp_path, args) -> None:
     assert conn.execute("SELECT weight FROM jobs WHERE id = %s", (job,)).fetchone()["weight"] == 1
 
 
-def test_database_refuses_non_finite_weight(det, conn, ctx, tmp_path, sql_needed) -> None:
+def test_database_refuses_non_finite_weight(det, conn, ctx, tmp_path) -> None:
     det("experiment", "create", str(write(tmp_path, GOOD)), str(ctx))
     job = conn.execute("SELECT job_id FROM experiments WHERE id = 1").fetchone()["job_id"]
     for value in ("NaN", "Infinity", "-Infinity", "1e400", "1e7", "0"):

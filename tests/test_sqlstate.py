@@ -51,9 +51,9 @@ def test_agent_ids_are_bounded_and_plain(conn, agent_id) -> None:
     assert conn.execute("SELECT count(*) AS n FROM agents").fetchone()["n"] == 0
 
 
-@pytest.mark.parametrize("weight", ["NaN", "Infinity", "-Infinity", "0"])
+@pytest.mark.parametrize("weight", ["NaN", "Infinity", "-Infinity", "0", "1e7"])
 def test_a_job_weight_is_finite_and_positive(conn, weight) -> None:
     conn.execute("INSERT INTO jobs (type, resource_pool, queue_position, owner) "
                  "VALUES ('EXPERIMENT', 'default', 1, 'me')")
     e = translate(_error(conn, "UPDATE jobs SET weight = %s::double precision", weight))
-    assert str(e) == "weight: expected a finite number > 0"
+    assert str(e) == "weight: expected a finite number > 0 and at most 1e6"

@@ -66,10 +66,6 @@ END $$;
 ALTER TABLE agents ADD CONSTRAINT agents_id_check
     CHECK (id ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$');
 
--- A weight of NaN or infinity starves every other job (or the job itself) forever.
-ALTER TABLE jobs DROP CONSTRAINT jobs_weight_check,
-    ADD CONSTRAINT jobs_weight_check CHECK (weight > 0 AND weight < 'Infinity');
-
 -- Metrics in batches, each recorded once even when re-sent after a lost acknowledgement
 -- (the harness writes them from a background thread; issue 10 item 4).
 CREATE TABLE metric_batches (
@@ -180,3 +176,118 @@ SELECT e.id, e.name, e.state, e.owner, e.progress, e.start_time, e.end_time, e.a
           FROM trials t WHERE t.experiment_id = e.id) AS best_validation,
        j.resource_pool, j.priority, j.weight
 FROM experiments e JOIN jobs j ON j.id = e.job_id;
+
+-- A job weight is a finite number > 0 and at most 1e6 (det.configs: resources.weight), in the
+-- table and in det_job_update; a change to a finished experiment's job says so.
+UPDATE jobs SET weight = 1000000 WHERE NOT (weight > 0 AND weight <= 1000000);
+ALTER TABLE jobs DROP CONSTRAINT jobs_weight_check,
+    ADD CONSTRAINT jobs_weight_check CHECK (weight > 0 AND weight <= 1000000);
+
+CREATE OR REPLACE FUNCTION det_job_update(p_job bigint, p_field text, p_value text) RETURNS void
+LANGUAGE plpgsql AS $$
+-- One change to a queued job (spec: run-training-code, Modify the Job Queue): priority only
+-- under the priority scheduler, weight only under fair share, ahead-of / behind-of only under
+-- priority, resource-pool only for experiments. Several calls in one transaction are
+-- `det job update-batch`: all apply or none.
+DECLARE
+    j jobs;
+    other jobs;
+    v_type text;
+    v_neighbour numeric;
+    v_int integer;
+    v_weight double precision;
+    v_exp integer;
+    v_state experiment_state;
+BEGIN
+    SELECT * INTO j FROM jobs WHERE id = p_job FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'job % not found', p_job USING ERRCODE = 'no_data_found';
+    END IF;
+    SELECT e.id, e.state INTO v_exp, v_state FROM experiments e WHERE e.job_id = p_job;
+    IF v_state IN ('COMPLETED', 'CANCELED', 'ERROR') THEN
+        RAISE EXCEPTION 'job % (experiment %) is %: it is no longer queued', p_job, v_exp,
+            v_state USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_type := det_pool_scheduler(j.resource_pool) ->> 'type';
+    CASE p_field
+    WHEN 'priority' THEN
+        IF v_type <> 'priority' THEN
+            RAISE EXCEPTION 'job %: priority applies only under the priority scheduler; pool "%" uses %',
+                p_job, j.resource_pool, v_type USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_int := p_value::integer;
+        IF v_int NOT BETWEEN 1 AND 99 THEN
+            RAISE EXCEPTION 'job %: priority must be between 1 and 99, not %', p_job, p_value
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        -- A new priority puts the job back at its submission time within that priority.
+        UPDATE jobs SET priority = v_int,
+               queue_position = extract(epoch FROM submitted_at) * 1000000
+         WHERE id = p_job;
+    WHEN 'weight' THEN
+        IF v_type <> 'fair_share' THEN
+            RAISE EXCEPTION 'job %: weight applies only under the fair_share scheduler; pool "%" uses %',
+                p_job, j.resource_pool, v_type USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_weight := p_value::double precision;
+        -- NOT (... AND ...) also refuses NaN, which PostgreSQL sorts above every number (so
+        -- NaN > 0 holds), and Infinity; the same rule is the jobs.weight CHECK.
+        IF NOT (v_weight > 0 AND v_weight <= 1000000) THEN
+            RAISE EXCEPTION 'job %: weight must be a finite number > 0 and at most 1e6, not %',
+                p_job, p_value USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        UPDATE jobs SET weight = v_weight WHERE id = p_job;
+    WHEN 'resource-pool' THEN
+        IF j.type <> 'EXPERIMENT' THEN
+            RAISE EXCEPTION 'job %: only experiments can change resource pool; cancel and resubmit a %',
+                p_job, lower(j.type) USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p_value) THEN
+            RAISE EXCEPTION 'job %: no resource pool named "%"', p_job, p_value
+                USING ERRCODE = 'foreign_key_violation';
+        END IF;
+        UPDATE jobs SET resource_pool = p_value, fallback_pools = '{}' WHERE id = p_job;
+        UPDATE allocations SET resource_pool = p_value
+         WHERE job_id = p_job AND state = 'PENDING';
+        UPDATE experiments SET config = jsonb_set(config, '{resources,resource_pool}', to_jsonb(p_value))
+         WHERE job_id = p_job;
+    WHEN 'ahead-of', 'behind-of' THEN
+        IF v_type <> 'priority' THEN
+            RAISE EXCEPTION 'job %: % applies only under the priority scheduler; pool "%" uses %',
+                p_job, p_field, j.resource_pool, v_type USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        SELECT * INTO other FROM jobs WHERE id = p_value::bigint;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'job %: no job % to move %', p_job, p_value, replace(p_field, '-of', '')
+                USING ERRCODE = 'no_data_found';
+        END IF;
+        IF other.resource_pool <> j.resource_pool THEN
+            RAISE EXCEPTION 'job %: job % is in pool "%", not "%"', p_job, other.id,
+                other.resource_pool, j.resource_pool USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        -- Take the other job's priority and a position just before (after) it: the midpoint
+        -- with its neighbour, so no other job moves.
+        IF p_field = 'ahead-of' THEN
+            SELECT max(queue_position) INTO v_neighbour FROM jobs
+             WHERE resource_pool = other.resource_pool AND priority = other.priority
+               AND queue_position < other.queue_position AND id <> p_job;
+            v_neighbour := coalesce(v_neighbour, other.queue_position - 2);
+        ELSE
+            SELECT min(queue_position) INTO v_neighbour FROM jobs
+             WHERE resource_pool = other.resource_pool AND priority = other.priority
+               AND queue_position > other.queue_position AND id <> p_job;
+            v_neighbour := coalesce(v_neighbour, other.queue_position + 2);
+        END IF;
+        UPDATE jobs SET priority = other.priority,
+               queue_position = (other.queue_position + v_neighbour) / 2
+         WHERE id = p_job;
+    ELSE
+        RAISE EXCEPTION 'unknown job field "%"; expected priority, weight, resource-pool, ahead-of or behind-of',
+            p_field USING ERRCODE = 'invalid_parameter_value';
+    END CASE;
+    PERFORM pg_notify('det_reconciler', 'job');
+EXCEPTION
+    WHEN invalid_text_representation OR numeric_value_out_of_range THEN
+        RAISE EXCEPTION 'job %: % expects a number, not "%"', p_job, p_field, p_value
+            USING ERRCODE = 'invalid_parameter_value';
+END $$;

@@ -116,7 +116,7 @@ def create(
 ) -> None:
     """Submit an experiment (one transaction: the experiment, its job and its context).
 
-    Refused, unless ``--force``, when the pool's agents could never hold one trial's slots
+    Refused, unless --force, when the pool's agents could never hold one trial's slots
     (more slots than the pool has, or a pool without slots for a slot trial)."""
     if test_mode and not local:
         # Determined submits a small test experiment to the cluster for --test-mode alone;

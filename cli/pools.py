@@ -8,8 +8,8 @@ from psycopg.types.json import Jsonb
 
 from det.cli.output import print_json, print_table
 from det.cli.session import db
+from det.configs import read_config_file
 from det.configs.cluster import ClusterConfig, load_cluster_config
-from det.errors import ConfigError
 
 config_app = typer.Typer(no_args_is_help=True)
 pool_app = typer.Typer(no_args_is_help=True)
@@ -34,10 +34,7 @@ SELECT r.name, r.description, det_pool_scheduler(r.name) AS scheduler,
 @config_app.command("apply")
 def apply(config_file: Path = typer.Argument(..., help="Cluster config (YAML).")) -> None:
     """Validate a cluster config and apply it (one transaction): schedulers and pools."""
-    try:
-        text = config_file.read_text()
-    except OSError as e:
-        raise ConfigError("", f"cannot read config file: {e.strerror}", str(config_file)) from e
+    text = read_config_file(config_file)
     cfg = load_cluster_config(text, str(config_file))
     with db() as conn:
         conn.execute("SELECT det_apply_cluster_config(%s, %s)",

@@ -20,8 +20,8 @@ from det.configs import (
     TPESearcher,
     iter_leaves,
     load_experiment_config,
+    read_config_file,
 )
-from det.errors import ConfigError
 from det.reconciler.searchers import asha_preview
 from det.reconciler.searchers.sampling import grid_axis
 
@@ -32,10 +32,7 @@ def preview_search(
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show the trials a search will create and the training it will run."""
-    try:
-        text = config_file.read_text()
-    except OSError as e:
-        raise ConfigError("", f"cannot read config file: {e.strerror}", str(config_file)) from e
+    text = read_config_file(config_file)
     config = load_experiment_config(text, source=str(config_file))
     searcher = config.searcher
     if isinstance(searcher, AdaptiveAshaSearcher | TPESearcher):

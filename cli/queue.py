@@ -102,7 +102,7 @@ def update_batch(
     changes: list[str] = typer.Argument(..., metavar="JOB_ID.FIELD=VALUE..."),
 ) -> None:
     """Several changes in one transaction: all apply or none
-    (e.g. ``12.priority=1 13.resource-pool=gpu 14.ahead-of=12``)."""
+    (for example: 12.priority=1 13.resource-pool=gpu 14.ahead-of=12)."""
     parsed = []
     for change in changes:
         target, sep, value = change.partition("=")

@@ -12,6 +12,7 @@ import typer
 
 from det.cli.output import print_json, print_table
 from det.cli.session import db
+from det.configs import read_config_file
 from det.configs.cluster import SchedulerConfig
 from det.errors import ConfigError
 from det.reconciler.placement import load_pool
@@ -71,11 +72,7 @@ def simulate(
     override = {k: v for k, v in (("type", scheduler), ("preemption", preemption),
                                   ("fitting_policy", fitting_policy)) if v is not None}
     if scenario is not None:
-        try:
-            text = scenario.read_text()
-        except OSError as e:
-            raise ConfigError("", f"cannot read scenario file: {e.strerror}",
-                              str(scenario)) from e
+        text = read_config_file(scenario)
         sc = load_scenario(text, str(scenario))
         config = SchedulerConfig.model_validate({**sc.scheduler.model_dump(), **override})
         runs = [("scenario", config, *sc.to_model())]

@@ -1030,7 +1030,11 @@ CREATE VIEW reporting.job_queue AS
 SELECT j.id AS job_id, j.type, j.resource_pool, j.priority, j.weight, j.owner, j.submitted_at,
        j.queue_position, e.id AS experiment_id, e.name, e.state::text AS experiment_state,
        coalesce(sum(a.slots_needed) FILTER (WHERE a.state > 'PENDING'), 0) AS slots_acquired,
-       coalesce(sum(a.slots_needed), 0) AS slots_needed,
+       -- an active job with no run yet (the reconciler has not created one) still needs
+       -- one trial's slots
+       CASE WHEN count(a.id) = 0 AND e.state = 'ACTIVE'
+            THEN (e.config #>> '{resources,slots_per_trial}')::bigint
+            ELSE coalesce(sum(a.slots_needed), 0) END AS slots_needed,
        CASE WHEN bool_or(a.state > 'PENDING') THEN 'STATE_SCHEDULED'
             ELSE 'STATE_QUEUED' END AS status,
        string_agg(DISTINCT a.pending_reason, ' | ') FILTER (WHERE a.state = 'PENDING')

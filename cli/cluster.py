@@ -21,7 +21,7 @@ from det.cli.session import db
 from det.cli.supervisor import STOP_GRACE, Child, Supervisor, read_pid
 from det.db import database_url, det_home, embedded
 from det.errors import DetError
-from det.reconciler.leader import LOCK_KEY
+from det.reconciler import leader
 
 cluster_app = typer.Typer(no_args_is_help=True)
 db_app = typer.Typer(no_args_is_help=True)
@@ -30,17 +30,6 @@ agent_app = typer.Typer(no_args_is_help=True)
 # Processes the supervisor runs: name -> det sub-command.
 PROCESSES = {"reconciler": ["reconcile"], "agent": ["agent", "run"]}
 
-# The recorded leader, and whether a session really holds the leader lock now (a leader that
-# died leaves its row behind).
-LEADER = """
-SELECT holder, since, last_pass,
-       EXISTS (SELECT 1 FROM pg_locks k
-                WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
-                  AND k.database = (SELECT oid FROM pg_database
-                                     WHERE datname = current_database())
-                  AND (k.classid::bigint << 32 | k.objid::bigint) = %(key)s) AS alive
-  FROM reconciler_leader
-"""
 AGENTS = """
 SELECT g.id, g.hostname, g.resource_pool, g.state::text AS state, g.runtime, g.last_heartbeat,
        count(s.slot_id) AS slots,
@@ -134,21 +123,21 @@ def status(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
     url = database_url()
     processes = {name: read_pid(_run_dir(), name) for name in ("supervisor", *PROCESSES)}
     with db() as conn:
-        leader = conn.execute(LEADER, {"key": LOCK_KEY}).fetchone()
+        leading = leader.current(conn)
         agents = conn.execute(AGENTS).fetchall()
     if json_:
-        print_json({"database": url, "processes": processes, "leader": leader,
+        print_json({"database": url, "processes": processes, "leader": leading,
                     "agents": agents})
         return
     typer.echo(f"database: {url}")
     for name, pid in processes.items():
         typer.echo(f"{name}: " + (f"running (pid {pid})" if pid else "not running here"))
-    if leader and leader["alive"]:
-        typer.echo(f"leader: {leader['holder']} since {leader['since']:%Y-%m-%d %H:%M:%S}, "
-                   f"last pass {leader['last_pass']:%H:%M:%S}")
-    elif leader:
-        typer.echo(f"leader: none; the last leader, {leader['holder']}, is gone "
-                   f"(its last pass at {leader['last_pass']:%Y-%m-%d %H:%M:%S})")
+    if leading and leading["alive"]:
+        typer.echo(f"leader: {leading['holder']} since {leading['since']:%Y-%m-%d %H:%M:%S}, "
+                   f"last pass {leading['last_pass']:%H:%M:%S}")
+    elif leading:
+        typer.echo(f"leader: none; the last leader, {leading['holder']}, is gone "
+                   f"(its last pass at {leading['last_pass']:%Y-%m-%d %H:%M:%S})")
     else:
         typer.echo("leader: none; no reconciler has run against this database")
     typer.echo("")

@@ -7,21 +7,17 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.configs.job import JOB_FIELDS, job_change, parse_job_id
 from det.errors import DetError, NotFoundError
+from det.reconciler import leader
 
 app = typer.Typer(no_args_is_help=True)
 
+# The queue with what `explain_reasons` needs to say why each job waits; filtered by pool
+# (`det job list`) or by job (`det job explain`).
 QUEUE = """
 SELECT q.queue_order, q.job_id, 'TYPE_' || q.type AS type, q.name, q.priority, q.weight,
        q.submitted_at, q.slots_acquired, q.slots_needed, q.status, q.owner, q.resource_pool,
        q.experiment_id, q.experiment_state, q.pending_reason,
-       det_pool_scheduler(q.resource_pool) ->> 'type' AS scheduler
-  FROM reporting.job_queue q
- WHERE %(pool)s::text IS NULL OR q.resource_pool = %(pool)s
- ORDER BY q.resource_pool, q.queue_order
-"""
-
-JOB = """
-SELECT q.*, det_pool_scheduler(q.resource_pool) ->> 'type' AS scheduler,
+       det_pool_scheduler(q.resource_pool) ->> 'type' AS scheduler,
        (SELECT count(*) FROM trials t WHERE t.experiment_id = q.experiment_id
            AND t.state IN ('ACTIVE', 'PAUSED') AND NOT t.closed) AS live_trials,
        (SELECT count(*) FROM agents g WHERE g.resource_pool = q.resource_pool
@@ -30,7 +26,14 @@ SELECT q.*, det_pool_scheduler(q.resource_pool) ->> 'type' AS scheduler,
        e.config #> '{searcher,max_concurrent_trials}' AS max_concurrent_trials,
        e.config #> '{searcher,max_trials}' AS max_trials
   FROM reporting.job_queue q JOIN experiments e ON e.id = q.experiment_id
- WHERE q.job_id = %(id)s
+ WHERE (%(pool)s::text IS NULL OR q.resource_pool = %(pool)s)
+   AND (%(job)s::bigint IS NULL OR q.job_id = %(job)s)
+ ORDER BY q.resource_pool, q.queue_order
+"""
+
+JOB_STATE = """
+SELECT e.id AS experiment_id, e.state::text AS state
+  FROM jobs j JOIN experiments e ON e.job_id = j.id WHERE j.id = %(id)s
 """
 
 
@@ -42,7 +45,10 @@ def list_jobs(
 ) -> None:
     """Active jobs in scheduling order: queued (no resources yet) or scheduled."""
     with db() as conn:
-        rows = conn.execute(QUEUE, {"pool": resource_pool}).fetchall()
+        rows = conn.execute(QUEUE, {"pool": resource_pool, "job": None}).fetchall()
+        leading = leader.current(conn)
+    for r in rows:
+        r["reasons"] = explain_reasons(r, leading)
     if json_:
         print_json(rows)
         return
@@ -58,7 +64,9 @@ def list_jobs(
         cols.insert(1, "resource_pool")
         heads.insert(1, "Pool")
     if verbose:
-        cols.append("pending_reason")
+        for r in rows:
+            r["why"] = "; ".join(r["reasons"]) if r["status"] == "STATE_QUEUED" else ""
+        cols.append("why")
         heads.append("Why waiting")
     print_table(rows, cols, heads)
 
@@ -120,9 +128,13 @@ def update_batch(
     typer.echo(f"Applied {len(parsed)} change(s)")
 
 
-def explain_reasons(job: dict) -> list[str]:
-    """Why a job waits: the states det itself imposes, then the scheduler's words."""
+def explain_reasons(job: dict, leading: dict | None) -> list[str]:
+    """Why a job waits: no reconciler leads (``leading``: :func:`leader.current`), the states
+    det itself imposes, then the scheduler's words from its last pass."""
     out = []
+    if not (leading and leading["alive"]):
+        out.append("no reconciler is running, so nothing is scheduled (det cluster up, or "
+                   "det reconcile)")
     if job["experiment_state"] == "PAUSED":
         out.append("paused: activate it to run")
     mct, max_trials = job["max_concurrent_trials"], job["max_trials"]
@@ -144,10 +156,16 @@ def explain(
 ) -> None:
     """Why is this job not (fully) running? The scheduler's own reasons from its last pass."""
     with db() as conn:
-        job = conn.execute(JOB, {"id": job_id}).fetchone()
+        job = conn.execute(QUEUE, {"pool": None, "job": job_id}).fetchone()
+        leading = leader.current(conn)
+        ended = conn.execute(JOB_STATE, {"id": job_id}).fetchone() if job is None else None
+    if job is None and ended is not None:
+        typer.echo(f"Job {job_id} (experiment {ended['experiment_id']}) is {ended['state']}: "
+                   "it is no longer queued")
+        return
     if job is None:
-        raise NotFoundError(f"job {job_id} not found among active jobs")
-    reasons = explain_reasons(job)
+        raise NotFoundError(f"job {job_id} not found")
+    reasons = explain_reasons(job, leading)
     if json_:
         print_json({"job_id": job_id, "status": job["status"], "reasons": reasons})
         return

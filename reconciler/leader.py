@@ -27,6 +27,26 @@ DEFAULT_LEASE = 10.0
 """Seconds a leader may stay silent before the server ends its session (and its lock)."""
 
 
+# The recorded leader, and whether a session really holds the leader lock now (a leader that
+# died leaves its row behind).
+CURRENT = """
+SELECT holder, since, last_pass,
+       EXISTS (SELECT 1 FROM pg_locks k
+                WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
+                  AND k.database = (SELECT oid FROM pg_database
+                                     WHERE datname = current_database())
+                  AND (k.classid::bigint << 32 | k.objid::bigint) = %(key)s) AS alive
+  FROM reconciler_leader
+"""
+
+
+def current(conn: psycopg.Connection) -> dict | None:
+    """The last leader recorded (``holder``, ``since``, ``last_pass``) and whether it leads
+    now (``alive``: a session holds the lock); None when no reconciler ever ran here.
+    ``conn`` must return dict rows."""
+    return conn.execute(CURRENT, {"key": LOCK_KEY}).fetchone()
+
+
 def hold_lease(conn: psycopg.Connection, lease: float) -> None:
     """Make the server end ``conn``'s session after ``lease`` seconds without a statement,
     idle or idle in a transaction (PostgreSQL >= 14)."""

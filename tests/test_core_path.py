@@ -157,3 +157,20 @@ def test_a_digits_run_completes_through_two_database_restarts(
             for g in ("training", "validation")}
     assert steps["training"] == list(range(50, 3001, 50))
     assert steps["validation"] == list(range(500, 3001, 500))
+
+
+def test_the_queue_says_why_a_job_waits_without_agents_or_reconciler(det, conn, tmp_path):
+    """Issue 10, telling the truth: 0/1 slots, and the reasons `det job explain` knows."""
+    det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+    out = det("job", "list", "-v").stdout
+    assert "0/1" in out and "no reconciler is running" in out and "has no agents" in out
+    det("reconcile", "--once")
+    out = det("job", "list", "-v").stdout
+    assert "0/1" in out and "pool has no agents" in out
+    det("experiment", "kill", "1")
+    det("reconcile", "--once")
+    r = det("job", "explain", "1")
+    assert r.stdout.strip() == "Job 1 (experiment 1) is CANCELED: it is no longer queued"
+    r = det("job", "update", "1", "--weight", "2", check=False)
+    assert r.returncode == 1
+    assert r.stderr.strip() == "Error: job 1 (experiment 1) is CANCELED: it is no longer queued"

@@ -291,3 +291,27 @@ EXCEPTION
         RAISE EXCEPTION 'job %: % expects a number, not "%"', p_job, p_field, p_value
             USING ERRCODE = 'invalid_parameter_value';
 END $$;
+
+-- An active job with no run yet shows the slots it needs, not 0/0.
+CREATE OR REPLACE VIEW reporting.job_queue AS
+-- Active jobs in scheduling order per pool, with slots acquired / needed and the scheduler's
+-- reasons for what still waits.
+SELECT j.id AS job_id, j.type, j.resource_pool, j.priority, j.weight, j.owner, j.submitted_at,
+       j.queue_position, e.id AS experiment_id, e.name, e.state::text AS experiment_state,
+       coalesce(sum(a.slots_needed) FILTER (WHERE a.state > 'PENDING'), 0) AS slots_acquired,
+       -- an active job with no run yet (the reconciler has not created one) still needs
+       -- one trial's slots
+       CASE WHEN count(a.id) = 0 AND e.state = 'ACTIVE'
+            THEN (e.config #>> '{resources,slots_per_trial}')::bigint
+            ELSE coalesce(sum(a.slots_needed), 0) END AS slots_needed,
+       CASE WHEN bool_or(a.state > 'PENDING') THEN 'STATE_SCHEDULED'
+            ELSE 'STATE_QUEUED' END AS status,
+       string_agg(DISTINCT a.pending_reason, ' | ') FILTER (WHERE a.state = 'PENDING')
+           AS pending_reason,
+       row_number() OVER (PARTITION BY j.resource_pool
+                          ORDER BY j.priority, j.queue_position, j.id) - 1 AS queue_order
+FROM jobs j
+JOIN experiments e ON e.job_id = j.id
+LEFT JOIN allocations a ON a.job_id = j.id AND a.state <> 'TERMINATED'
+WHERE e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')
+GROUP BY j.id, e.id;

@@ -18,13 +18,13 @@ from det.errors import DetError
 from det.harness.lengths import UnitConverter, parse_length
 from det.harness.storage import FsspecStorage, directory_sizes, storage_from_config
 from det.harness.transport import (
-    EARLY_EXIT_REASONS,
     DbTransport,
     LocalTransport,
     SearcherOp,
     TaskInfo,
     Transport,
 )
+from det.reasons import EarlyExitReason
 
 __all__ = [
     "CheckpointContext",
@@ -47,12 +47,6 @@ ClusterInfo = TaskInfo
 steps completed, slots and the expanded config."""
 
 
-class EarlyExitReason:
-    """Values for ``TrainContext.report_early_exit``."""
-
-    INVALID_HP = "invalid_hp"
-    USER_REQUESTED_STOP = "user_requested_stop"
-    ERRORED = "errored"
 
 
 class TrainContext:
@@ -91,8 +85,9 @@ class TrainContext:
 
         Raises ``DetError`` for another reason.
         """
-        if reason not in EARLY_EXIT_REASONS:
-            raise DetError(f"early exit reason {reason!r}: expected one of {EARLY_EXIT_REASONS}")
+        if reason not in set(EarlyExitReason):
+            expected = ", ".join(EarlyExitReason)
+            raise DetError(f"early exit reason {reason!r}: expected one of {expected}")
         self._transport.report_early_exit(reason)
 
     def get_experiment_best_validation(self) -> float | None:

@@ -52,7 +52,6 @@ OP_POLL_SECONDS = 0.05
 OP_POLL_MAX_SECONDS = 1.0
 """Longest pause between ``det_current_op`` calls while the searcher decides."""
 
-EARLY_EXIT_REASONS = ("invalid_hp", "user_requested_stop", "errored")
 
 
 @dataclass(frozen=True)
@@ -292,7 +291,7 @@ class DbTransport:
 
     def report_early_exit(self, reason: str) -> None:
         """Flush, then ``det_report_early_exit(token, reason)``; ``reason`` in
-        ``EARLY_EXIT_REASONS``."""
+        ``det.reasons.EarlyExitReason``."""
         self._writer.flush()
         self._call("report early exit", "SELECT det_report_early_exit(%s, %s)", reason)
 

@@ -15,6 +15,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from det.db import channels
+from det.reasons import EarlyExitReason
 from det.reconciler import queries as q
 from det.reconciler import searchers
 from det.reconciler.isolation import isolated
@@ -98,7 +99,7 @@ def _settle_one(conn: psycopg.Connection, run: dict) -> None:
     reason = f" ({run['exit_reason']})" if run["exit_reason"] else ""
     then = ""
     if s.state == "ERROR":
-        _event(conn, run, "trial_exited_early", {"reason": "errored"})
+        _event(conn, run, "trial_exited_early", {"reason": EarlyExitReason.ERRORED})
         plural = "" if s.restarts == 1 else "s"
         then = f"; trial failed after {s.restarts} restart{plural}"
     elif s.close:
@@ -131,7 +132,7 @@ def _experiment_states(conn: psycopg.Connection, r: PassResult) -> None:
 def _finish_closed_trials(conn: psycopg.Connection, r: PassResult) -> None:
     for row in conn.execute(q.FINISH_CLOSED_TRIALS).fetchall():
         reason = row["exit_reason"]
-        if reason in ("invalid_hp", "errored"):
+        if reason in (EarlyExitReason.INVALID_HP, EarlyExitReason.ERRORED):
             _event(conn, row, "trial_exited_early", {"reason": reason})
         else:
             _event(conn, row, "trial_exited", {})
@@ -152,7 +153,7 @@ def _search(conn: psycopg.Connection, r: PassResult) -> None:
 def _finish_stopping_trials(conn: psycopg.Connection, r: PassResult) -> None:
     for row in conn.execute(q.FINISH_STOPPING_TRIALS).fetchall():
         if row["state"] == "ERROR":
-            _event(conn, row, "trial_exited_early", {"reason": "errored"})
+            _event(conn, row, "trial_exited_early", {"reason": EarlyExitReason.ERRORED})
         else:
             _event(conn, row, "trial_exited", {})
         if row["allocation_id"] is not None:

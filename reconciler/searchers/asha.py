@@ -265,7 +265,7 @@ class AdaptiveAsha(SearchMethod):
         return self.length
 
     def total_trials(self, state: SearchState) -> int:
-        invalid = sum(1 for t in state.trials if t.exit == "invalid_hp")
+        invalid = sum(1 for t in state.trials if t.exit == ExitReason.INVALID_HP)
         return sum(b.max_trials for b in self.brackets) + invalid
 
     def progress(self, state: SearchState) -> float:
@@ -273,7 +273,7 @@ class AdaptiveAsha(SearchMethod):
         preview expects, capped at 1; 1.0 after shutdown."""
         if state.shutdown:
             return 1.0
-        done = sum(t.length for t in state.trials if t.exit != "invalid_hp")
+        done = sum(t.length for t in state.trials if t.exit != ExitReason.INVALID_HP)
         expected = sum(preview.units for preview in self.preview)
         return min(done / expected, 1.0)
 
@@ -314,7 +314,7 @@ class AdaptiveAsha(SearchMethod):
     ) -> list[Action]:
         info = state.method_state["trials"][trial.request_id]
         bracket = state.method_state["brackets"][info["bracket"]]
-        if reason == "invalid_hp":
+        if reason == ExitReason.INVALID_HP:
             bracket["created"] -= 1
             for results in bracket["rungs"]:
                 results[:] = [e for e in results if e["id"] != trial.request_id]

@@ -53,7 +53,7 @@ class SearchMethod(ABC):
             return 1.0
         done = 0.0
         for trial in state.trials:
-            if trial.exit == "invalid_hp":
+            if trial.exit == ExitReason.INVALID_HP:
                 continue
             if trial.closed or trial.exit is not None:
                 done += 1.0

@@ -53,7 +53,7 @@ class RandomSearch(SearchMethod):
     def on_exit(
         self, state: SearchState, trial: TrialRecord, reason: ExitReason | None
     ) -> list[Action]:
-        if reason == "invalid_hp" and self.replace_invalid_hp:
+        if reason == ExitReason.INVALID_HP and self.replace_invalid_hp:
             state.method_state["created_trials"] -= 1
         if state.method_state["created_trials"] < self.max_trials:
             return self._create(state)

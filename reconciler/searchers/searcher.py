@@ -111,7 +111,7 @@ def _shutdown(search: SearchState) -> Shutdown:
     """Every requested trial has exited: the search is over (§1.2 shutdown rule)."""
     search.shutdown = True
     requested = len(search.trials)
-    failures = sum(1 for t in search.trials if t.exit == "errored")
+    failures = sum(1 for t in search.trials if t.exit == ExitReason.ERRORED)
     cancels = sum(1 for t in search.trials if t.exit == ExitReason.USER_REQUESTED_STOP)
     return Shutdown(failure=failures >= requested, cancel=cancels >= requested)
 

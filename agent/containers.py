@@ -31,6 +31,7 @@ import det
 from det.agent.image import DEFAULT_IMAGE
 from det.agent.logs import LogShipper
 from det.agent.runtime import DRAIN_SECONDS, Exit, Launch
+from det.configs.allocation import AllocationSpec
 from det.errors import DetError
 
 log = logging.getLogger("det.agent")
@@ -55,13 +56,10 @@ class RuntimeUnavailable(DetError):
     """No Docker engine answers."""
 
 
-def image_for(spec: dict[str, Any], device_type: str) -> str:
-    """The image a task on ``device_type`` runs: ``environment.image`` (expanded to a
-    ``{cpu, cuda}`` map by the config) or det's default task image."""
-    images = (spec.get("environment") or {}).get("image") or {}
-    if isinstance(images, str):
-        return images
-    return images.get(device_type) or DEFAULT_IMAGE
+def image_for(spec: AllocationSpec, device_type: str) -> str:
+    """The image a task on ``device_type`` runs: ``environment.image`` for that device type,
+    or det's default task image."""
+    return getattr(spec.environment.image, device_type) or DEFAULT_IMAGE
 
 
 def container_config(launch: Launch, *, agent_id: str, image: str, db_url: str,
@@ -70,18 +68,16 @@ def container_config(launch: Launch, *, agent_id: str, image: str, db_url: str,
     the module docstring). Resource keys come from the spec's ``resources``: ``shm_size``
     and ``memory_limit`` in bytes."""
     spec = launch.spec
-    resources = spec.get("resources") or {}
+    resources = spec.resources
     mounts = [Mount(WORKDIR, str(launch.workdir), type="bind"),
               Mount(f"{HARNESS_DIR}/det", str(harness_dir), type="bind", read_only=True)]
     shared = _socket_dirs(db_url)
-    storage = spec.get("checkpoint_storage") or {}
-    if storage.get("type") == "shared_fs" and storage.get("host_path"):
-        shared.append(storage["host_path"])
+    if (storage := shared_fs_path(spec)) is not None:
+        shared.append(storage)
     mounts += [Mount(p, p, type="bind") for p in dict.fromkeys(shared)]
-    for m in spec.get("bind_mounts") or []:
-        target = PurePosixPath(WORKDIR, m["container_path"])  # an absolute path stays as is
-        mounts.append(Mount(str(target), m["host_path"], type="bind",
-                            read_only=bool(m.get("read_only"))))
+    for m in spec.bind_mounts:
+        target = PurePosixPath(WORKDIR, m.container_path)  # an absolute path stays as is
+        mounts.append(Mount(str(target), m.host_path, type="bind", read_only=m.read_only))
     config: dict[str, Any] = {
         "image": image,
         "command": ["sh", "-c", _WRAPPER, "det-task", *launch.argv],
@@ -91,16 +87,23 @@ def container_config(launch: Launch, *, agent_id: str, image: str, db_url: str,
         "mounts": mounts,
         "network_mode": "host",
         "init": True,
-        "shm_size": resources.get("shm_size") or DEFAULT_SHM_BYTES,
+        "shm_size": resources.shm_size or DEFAULT_SHM_BYTES,
     }
-    if resources.get("memory_limit"):
-        config["mem_limit"] = resources["memory_limit"]
+    if resources.memory_limit:
+        config["mem_limit"] = resources.memory_limit
     gpus = [s.device_uuid for s in launch.slots if s.type == "cuda" and s.device_uuid]
     if gpus:
         config["device_requests"] = [DeviceRequest(device_ids=gpus, capabilities=[["gpu"]])]
     elif launch.slots:
         config["cpu_shares"] = CPU_SHARES_PER_SLOT * len(launch.slots)
     return config
+
+
+def shared_fs_path(spec: AllocationSpec) -> str | None:
+    """The host directory of ``shared_fs`` checkpoint storage (mounted at the same path), or
+    None for other storage."""
+    storage = spec.checkpoint_storage
+    return storage.host_path if storage is not None and storage.type == "shared_fs" else None
 
 
 def _socket_dirs(db_url: str) -> list[str]:
@@ -217,7 +220,7 @@ class DockerRuntime:
 
     # -- images -------------------------------------------------------------------------------
 
-    def fetch(self, allocation_id: int, spec: dict[str, Any]) -> "Future[None] | None":
+    def fetch(self, allocation_id: int, spec: AllocationSpec) -> "Future[None] | None":
         """Pull the task's image when it is missing (or always, with
         ``environment.force_pull_image``), progress going to the task's logs."""
         if (pulling := self._pulls.get(allocation_id)) is not None:
@@ -225,14 +228,14 @@ class DockerRuntime:
                 del self._pulls[allocation_id]
             return pulling
         image = image_for(spec, self.device_type)
-        env = spec.get("environment") or {}
-        if not env.get("force_pull_image"):
+        env = spec.environment
+        if not env.force_pull_image:
             try:
                 self.client.images.get(image)
                 return None
             except docker.errors.ImageNotFound:
                 pass
-        future = self._pool.submit(self._pull, allocation_id, image, env.get("registry_auth"))
+        future = self._pool.submit(self._pull, allocation_id, image, env.registry_auth)
         self._pulls[allocation_id] = future
         return future
 
@@ -258,11 +261,10 @@ class DockerRuntime:
         image = image_for(launch.spec, self.device_type)
         config = container_config(launch, agent_id=self.agent_id, image=image,
                                   db_url=self.db_url, harness_dir=self.harness_dir)
-        storage = launch.spec.get("checkpoint_storage") or {}
-        if storage.get("type") == "shared_fs" and storage.get("host_path"):
+        if (storage := shared_fs_path(launch.spec)) is not None:
             # The first task on a new cluster finds no checkpoint directory; a bind mount
             # needs one.
-            Path(storage["host_path"]).mkdir(parents=True, exist_ok=True)
+            Path(storage).mkdir(parents=True, exist_ok=True)
         try:
             container = self.client.containers.create(
                 name=f"det-{self.agent_id}-{launch.allocation_id}", **config)

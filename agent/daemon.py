@@ -45,8 +45,9 @@ from det.agent.logs import LogShipper
 from det.agent.process import ProcessRuntime
 from det.agent.runtime import Exit, Launch, Runtime, Task
 from det.configs import entrypoint_argv, env_for_device
+from det.configs.allocation import AllocationSpec
 from det.db import channels, retry
-from det.errors import DetError
+from det.errors import ConfigError, DetError
 
 log = logging.getLogger("det.agent")
 
@@ -260,7 +261,12 @@ class Agent:
         self._report_ends()
 
     def _launch(self, row: dict) -> None:
-        alloc_id, spec = row["id"], row["spec"]
+        alloc_id = row["id"]
+        try:
+            spec = AllocationSpec.parse(row["spec"], alloc_id)
+        except ConfigError as e:
+            self._end(alloc_id, Exit(None, f"launch failed: {e}"))
+            return
         try:
             fetching = self.runtime.fetch(alloc_id, spec)
         except Exception as e:  # the engine refused even to look
@@ -283,15 +289,15 @@ class Agent:
             self.claimed.discard(alloc_id)
             return
         try:
-            env = {**env_for_device(spec.get("environment") or {}, self.device_type),
+            env = {**env_for_device(spec.environment, self.device_type),
                    "DET_DB_URL": self.url, "DET_ALLOCATION_ID": str(alloc_id),
                    "DET_ALLOCATION_TOKEN": token, "DET_AGENT_ID": self.s.agent_id,
-                   "DET_TRIAL_ID": str(spec.get("trial_id", "")),
-                   "DET_EXPERIMENT_ID": str(spec.get("experiment_id", "")),
+                   "DET_TRIAL_ID": str(spec.trial_id),
+                   "DET_EXPERIMENT_ID": str(spec.experiment_id),
                    "PYTHONUNBUFFERED": "1"}
             by_id = {s.slot_id: s for s in self.slots}
-            launch = Launch(alloc_id, entrypoint_argv(spec["entrypoint"], self.runtime.python),
-                            env, self._prepare_dir(alloc_id, spec.get("context_id")), spec,
+            launch = Launch(alloc_id, entrypoint_argv(spec.entrypoint, self.runtime.python),
+                            env, self._prepare_dir(alloc_id, spec.context_id), spec,
                             [by_id[i] for i in row["slot_ids"] if i in by_id])
             self.tasks[alloc_id] = self.runtime.launch(launch)
         except Exception as e:  # any launch failure ends the run with a readable reason

@@ -20,6 +20,7 @@ from typing import Any
 
 from det.agent.logs import LogShipper
 from det.agent.runtime import DRAIN_SECONDS, Exit, Launch
+from det.configs.allocation import AllocationSpec
 
 # The task's wrapper: runs the context's startup-hook.sh (sourced, so its exports reach the
 # task; spec: run-training-code, Get Ready), then the entrypoint as its child, and returns its
@@ -151,7 +152,7 @@ class ProcessRuntime:
     def __init__(self, logs: LogShipper) -> None:
         self.logs = logs
 
-    def fetch(self, allocation_id: int, spec: dict[str, Any]) -> None:
+    def fetch(self, allocation_id: int, spec: AllocationSpec) -> None:
         return None  # a process needs nothing beyond the context
 
     def launch(self, launch: Launch) -> ProcessTask:

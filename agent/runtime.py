@@ -1,16 +1,17 @@
 """What the agent hands a runtime (``process`` or ``docker``) and what it gets back.
 
 The agent owns the database side (claiming, reporting, logs); a runtime only starts, watches
-and stops tasks on this host. DESIGN.md, "Agents".
+and stops tasks on this host (docs/architecture.md).
 """
 
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from det.agent.devices import Slot
+from det.configs.allocation import AllocationSpec
 
 DRAIN_SECONDS = 2.0
 """After a task's main process (or container) has exited, how long its output is still read
@@ -31,7 +32,7 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     workdir: Path
-    spec: dict[str, Any] = field(default_factory=dict)
+    spec: AllocationSpec
     slots: list[Slot] = field(default_factory=list)
 
 
@@ -66,7 +67,7 @@ class Runtime(Protocol):
     name: str
     python: str
 
-    def fetch(self, allocation_id: int, spec: dict[str, Any]) -> "Future[None] | None":
+    def fetch(self, allocation_id: int, spec: AllocationSpec) -> "Future[None] | None":
         """Start getting what the task needs before it can start (its image); None when
         nothing is missing. Calling again for the same allocation returns the same future,
         for the last time once it is done."""

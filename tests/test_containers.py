@@ -23,6 +23,7 @@ from det.agent.containers import (
 from det.agent.devices import Slot, cuda_slots
 from det.agent.image import DEFAULT_IMAGE
 from det.agent.runtime import Launch
+from det.configs.allocation import AllocationSpec
 
 
 class FakeNVML:
@@ -54,10 +55,18 @@ class FakeNVML:
         return SimpleNamespace(total=80 * 2**30)
 
 
+def make_spec(**keys) -> AllocationSpec:
+    """An allocation spec with defaults for every key but ``keys``."""
+    return AllocationSpec.parse({"kind": "trial", "entrypoint": "true", "environment": {},
+                                 "bind_mounts": [], "resources": {}, "checkpoint_storage": None,
+                                 "context_id": None, "experiment_id": 1, "trial_id": 1, **keys},
+                                7)
+
+
 def config_for(slots: list[Slot], spec: dict | None = None,
                url: str = "postgresql://postgres@/det?host=/tmp/pgsock") -> dict:
     launch = Launch(7, ["python3", "-m", "det.harness.run"], {"DET_ALLOCATION_ID": "7"},
-                    Path("/var/det/tasks/7"), spec or {}, slots)
+                    Path("/var/det/tasks/7"), make_spec(**(spec or {})), slots)
     return container_config(launch, agent_id="a1", image="img:1", db_url=url,
                             harness_dir=Path("/src/det"))
 
@@ -123,8 +132,8 @@ def test_a_tcp_database_needs_no_socket_mount() -> None:
 
 
 def test_image_per_device_type_or_the_default() -> None:
-    assert image_for({}, "cpu") == DEFAULT_IMAGE
-    spec = {"environment": {"image": {"cpu": "my/cpu:1", "cuda": None}}}
+    assert image_for(make_spec(), "cpu") == DEFAULT_IMAGE
+    spec = make_spec(environment={"image": {"cpu": "my/cpu:1", "cuda": None}})
     assert image_for(spec, "cpu") == "my/cpu:1"
     assert image_for(spec, "cuda") == DEFAULT_IMAGE
 

@@ -109,3 +109,17 @@ def _sleepers() -> list[str]:
         except OSError:
             pass
     return out
+
+
+def test_the_spec_the_reconciler_writes_is_the_one_agents_read(det, conn, tmp_path) -> None:
+    """allocations.spec (written in SQL from the expanded config) parses as AllocationSpec."""
+    from det.configs.allocation import AllocationSpec
+
+    det("experiment", "create", str(config(tmp_path, "true", **{
+        "bind_mounts": "[{host_path: /data, container_path: data, read_only: true}]",
+        "resources": "{slots_per_trial: 1, shm_size: 1G}"})), str(tmp_path / "ctx"))
+    det("reconcile", "--once")
+    row = conn.execute("SELECT id, spec FROM allocations").fetchone()
+    spec = AllocationSpec.parse(row["spec"], row["id"])
+    assert (spec.trial_id, spec.experiment_id, spec.entrypoint) == (1, 1, "true")
+    assert spec.bind_mounts[0].read_only and spec.resources.shm_size == 2**30

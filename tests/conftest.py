@@ -108,6 +108,15 @@ def private_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateServ
 
 
 @pytest.fixture
+def ctx(tmp_path: Path) -> Path:
+    """A context directory whose model_def.py defines an (empty) MyTrial."""
+    d = tmp_path / "ctx"
+    d.mkdir()
+    (d / "model_def.py").write_text("class MyTrial:\n    pass\n")
+    return d
+
+
+@pytest.fixture
 def conn(db_url: str) -> Iterator[psycopg.Connection]:
     """An autocommit connection (dict rows) to the test's database."""
     from psycopg.rows import dict_row

@@ -12,20 +12,11 @@ import psycopg
 import pytest
 from conftest import Det, wait_for
 from psycopg.rows import dict_row
+from test_reconciler import config
 
 from det.agent.logs import LogShipper
 from det.agent.process import ProcessTask
 from det.agent.runtime import Exit
-
-
-def config(tmp_path: Path, entrypoint: str, **extra: str) -> Path:
-    p = tmp_path / "exp.yaml"
-    lines = ["name: faults", f"entrypoint: {entrypoint!r}",
-             "searcher: {name: single, metric: loss, max_length: {batches: 10}}",
-             *(f"{k}: {v}" for k, v in extra.items())]
-    p.write_text("\n".join(lines) + "\n")
-    (tmp_path / "ctx").mkdir(exist_ok=True)
-    return p
 
 
 def one(conn, query: str, *args):

@@ -14,14 +14,6 @@ searcher: {name: single, metric: loss, max_length: {batches: 10}}
 """
 
 
-@pytest.fixture
-def ctx(tmp_path: Path) -> Path:
-    d = tmp_path / "ctx"
-    d.mkdir()
-    (d / "model_def.py").write_text("class MyTrial:\n    pass\n")
-    return d
-
-
 def write(tmp_path: Path, text: str | bytes) -> Path:
     p = tmp_path / "cfg.yaml"
     if isinstance(text, bytes):

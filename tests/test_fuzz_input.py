@@ -220,14 +220,6 @@ def cluster(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
 
 
 @pytest.fixture
-def ctx(tmp_path: Path) -> Path:
-    d = tmp_path / "ctx"
-    d.mkdir()
-    (d / "model_def.py").write_text("class MyTrial:\n    pass\n")
-    return d
-
-
-@pytest.fixture
 def places(ctx: Path, tmp_path: Path) -> dict[str, Path]:
     """Arguments ``det experiment create`` may be given instead of a config file or context."""
     bad = tmp_path / "bad-ctx"

@@ -31,7 +31,6 @@ STATE_FILE = "state.pt"
 
 CHECKPOINT_FORMAT = "det.pytorch.v1"
 
-DEFAULT_SCHEDULING_UNIT = 100
 
 
 def seed_everything(seed: int) -> None:
@@ -94,7 +93,7 @@ class Trainer:
         self.units = core_context.units()
         searcher = self.config.get("searcher") or {}
         self.searcher_metric: str | None = searcher.get("metric")
-        self.scheduling_unit = int(self.config.get("scheduling_unit") or DEFAULT_SCHEDULING_UNIT)
+        self.scheduling_unit = int(self.config["scheduling_unit"])
         self.validation_period = self.units.length_to_batches(
             self.config.get("min_validation_period"), "min_validation_period"
         )

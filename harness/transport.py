@@ -482,7 +482,7 @@ class LocalTransport:
         values = [m for _, m in self.completed_ops]
         if not values:
             return None
-        smaller = (self.config.get("searcher") or {}).get("smaller_is_better", True)
+        smaller = self.config["searcher"]["smaller_is_better"]
         return min(values) if smaller else max(values)
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ import torch
 import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
+from det.configs import load_experiment_config
 from det.errors import ConfigError
 from det.harness import core, pytorch
 from det.harness.entrypoint import load_trial_class
@@ -26,10 +27,15 @@ from det.harness.transport import LocalTransport
 DIGITS = pathlib.Path(__file__).resolve().parent.parent / "examples" / "digits"
 
 
+def expanded(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with every default filled, as the harness gets it from det."""
+    return load_experiment_config(yaml.safe_dump(config)).expanded()
+
+
 def digits_config(name: str = "const", **overrides: Any) -> dict[str, Any]:
     config = yaml.safe_load((DIGITS / f"{name}.yaml").read_text())
     config.update(overrides)
-    return config
+    return expanded(config)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +148,7 @@ def counting_config(**overrides: Any) -> dict[str, Any]:
         "scheduling_unit": 5,
     }
     config.update(overrides)
-    return config
+    return expanded(config)
 
 
 class OpRecorder(LocalTransport):
@@ -161,7 +167,7 @@ def test_never_trains_past_an_op_length(tmp_path: pathlib.Path) -> None:
     config = counting_config(
         min_validation_period={"batches": 4}, min_checkpoint_period={"batches": 6}
     )
-    transport = OpRecorder(config, dict(config["hyperparameters"]), echo=False, ops=[3, 10, 17])
+    transport = OpRecorder(config, {"global_batch_size": 4}, echo=False, ops=[3, 10, 17])
     transport.at_completion = []
     with core.init(transport=transport, checkpoint_storage={"type": "shared_fs",
                                                              "host_path": str(tmp_path)}) as ctx:
@@ -179,14 +185,16 @@ def test_never_trains_past_an_op_length(tmp_path: pathlib.Path) -> None:
 
 
 def test_op_length_in_records_is_converted_to_batches(tmp_path: pathlib.Path) -> None:
-    config = counting_config(searcher={"metric": "mse", "max_length": {"records": 10}})
+    config = counting_config(
+        searcher={"name": "single", "metric": "mse", "max_length": {"records": 10}})
     trainer, transport, _ = fit(CountingTrial, config, {"global_batch_size": 4}, tmp_path)
     assert trainer.batches_trained == 3  # ceil(10 / 4)
     assert transport.progress[-1] == (1, 12.0)  # records
 
 
 def test_missing_searcher_metric_names_it(tmp_path: pathlib.Path) -> None:
-    config = counting_config(searcher={"metric": "accuracy", "max_length": {"batches": 2}})
+    config = counting_config(
+        searcher={"name": "single", "metric": "accuracy", "max_length": {"batches": 2}})
     with pytest.raises(MissingSearcherMetricError, match="'accuracy'.*batches, epochs, mse"):
         fit(CountingTrial, config, {"global_batch_size": 4}, tmp_path)
 

@@ -432,20 +432,27 @@ CREATE TRIGGER allocations_transition BEFORE UPDATE OF state ON allocations
 CREATE FUNCTION det_create_experiment(
     p_config jsonb, p_original_config text, p_context bytea, p_owner text
 ) RETURNS integer LANGUAGE plpgsql AS $$
--- Submit an experiment. p_config is the expanded config (validated by det.configs);
--- p_context the packed model definition (tar.gz), stored once per distinct content. The
--- job's priority defaults to its pool scheduler's default_priority.
+-- Submit an experiment. p_config is the expanded config (validated by det.configs, every
+-- default filled: nothing here supplies one again); p_context the packed model definition
+-- (tar.gz), stored once per distinct content. The job's priority defaults to its pool
+-- scheduler's default_priority (the pool's rule, not the config's).
 DECLARE
     v_pools text[] := CASE jsonb_typeof(p_config #> '{resources,resource_pool}')
         WHEN 'array' THEN ARRAY(SELECT jsonb_array_elements_text(
                                     p_config #> '{resources,resource_pool}'))
-        ELSE ARRAY[coalesce(p_config #>> '{resources,resource_pool}', 'default')] END;
+        ELSE ARRAY[p_config #>> '{resources,resource_pool}'] END;
     v_pool text := v_pools[1];
     v_missing text;
     v_ctx bigint;
     v_job bigint;
     v_id integer;
 BEGIN
+    IF p_config #> '{resources,resource_pool}' IS NULL OR p_config #> '{resources,weight}' IS NULL
+       OR p_config ->> 'name' IS NULL THEN
+        RAISE EXCEPTION 'det_create_experiment: expected an expanded config (det.configs) with '
+            'name, resources.resource_pool and resources.weight'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     SELECT p INTO v_missing FROM unnest(v_pools) p
      WHERE NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p) LIMIT 1;
     IF v_missing IS NOT NULL THEN
@@ -463,7 +470,7 @@ BEGIN
     VALUES ('EXPERIMENT', v_pool, v_pools[2:],
             coalesce((p_config #>> '{resources,priority}')::integer,
                      (det_pool_scheduler(v_pool) ->> 'default_priority')::integer),
-            coalesce((p_config #>> '{resources,weight}')::double precision, 1),
+            (p_config #>> '{resources,weight}')::double precision,
             (p_config #>> '{resources,max_slots}')::integer,
             extract(epoch FROM clock_timestamp()) * 1000000, p_owner)
     RETURNING id INTO v_job;

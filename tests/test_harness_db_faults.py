@@ -27,7 +27,8 @@ from det.harness import core
 from det.harness.report_writer import MetricsRow, ReportWriter, encode_metrics
 from det.harness.transport import DbTransport
 
-CONFIG = {"name": "faults", "entrypoint": "true", "resources": {"slots_per_trial": 1},
+CONFIG = {"name": "faults", "entrypoint": "true",
+          "resources": {"slots_per_trial": 1, "resource_pool": "default", "weight": 1.0},
           "searcher": {"name": "single", "metric": "loss", "smaller_is_better": True,
                        "max_length": {"batches": 10**6}}}
 

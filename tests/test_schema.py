@@ -7,7 +7,8 @@ from psycopg.types.json import Jsonb
 from det.db import migrate
 from det.db.migrate import load_migrations
 
-CONFIG = {"name": "x", "entrypoint": "true", "resources": {"slots_per_trial": 1},
+CONFIG = {"name": "x", "entrypoint": "true",
+          "resources": {"slots_per_trial": 1, "resource_pool": "default", "weight": 1.0},
           "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 1}}}
 
 
@@ -28,7 +29,7 @@ def make_experiment(conn) -> int:
 
 
 def test_unknown_pool_writes_nothing(conn) -> None:
-    bad = {**CONFIG, "resources": {"resource_pool": "nope"}}
+    bad = {**CONFIG, "resources": {"resource_pool": "nope", "weight": 1.0}}
     with pytest.raises(psycopg.errors.ForeignKeyViolation, match='no resource pool named "nope"'):
         conn.execute("SELECT det_create_experiment(%s, '', NULL, 'me')", (Jsonb(bad),))
     assert conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == 0
@@ -100,3 +101,11 @@ def test_task_functions_need_the_allocation_token(conn) -> None:
     conn.execute("SELECT det_agent_report('a1', %s, 'TERMINATED', 0, NULL)", (a,))
     with pytest.raises(psycopg.errors.InvalidAuthorizationSpecification):
         conn.execute("SELECT det_should_preempt(%s)", (token,))
+
+
+def test_submission_takes_only_an_expanded_config(conn) -> None:
+    """Defaults are filled once, by det.configs; SQL supplies none (issue 10)."""
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="expanded config"):
+        conn.execute("SELECT det_create_experiment(%s, '', NULL, 'me')",
+                     (Jsonb({"name": "x", "resources": {}}),))
+    assert conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == 0

@@ -315,3 +315,57 @@ JOIN experiments e ON e.job_id = j.id
 LEFT JOIN allocations a ON a.job_id = j.id AND a.state <> 'TERMINATED'
 WHERE e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')
 GROUP BY j.id, e.id;
+
+CREATE OR REPLACE FUNCTION det_create_experiment(
+    p_config jsonb, p_original_config text, p_context bytea, p_owner text
+) RETURNS integer LANGUAGE plpgsql AS $$
+-- Submit an experiment. p_config is the expanded config (validated by det.configs, every
+-- default filled: nothing here supplies one again); p_context the packed model definition
+-- (tar.gz), stored once per distinct content. The job's priority defaults to its pool
+-- scheduler's default_priority (the pool's rule, not the config's).
+DECLARE
+    v_pools text[] := CASE jsonb_typeof(p_config #> '{resources,resource_pool}')
+        WHEN 'array' THEN ARRAY(SELECT jsonb_array_elements_text(
+                                    p_config #> '{resources,resource_pool}'))
+        ELSE ARRAY[p_config #>> '{resources,resource_pool}'] END;
+    v_pool text := v_pools[1];
+    v_missing text;
+    v_ctx bigint;
+    v_job bigint;
+    v_id integer;
+BEGIN
+    IF p_config #> '{resources,resource_pool}' IS NULL OR p_config #> '{resources,weight}' IS NULL
+       OR p_config ->> 'name' IS NULL THEN
+        RAISE EXCEPTION 'det_create_experiment: expected an expanded config (det.configs) with '
+            'name, resources.resource_pool and resources.weight'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT p INTO v_missing FROM unnest(v_pools) p
+     WHERE NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p) LIMIT 1;
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'resources.resource_pool: no resource pool named "%"', v_missing
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    IF p_context IS NOT NULL THEN
+        INSERT INTO context_blobs (sha256, size_bytes, data)
+        VALUES (sha256(p_context), length(p_context), p_context)
+        ON CONFLICT (sha256) DO NOTHING;
+        SELECT id INTO v_ctx FROM context_blobs WHERE sha256 = sha256(p_context);
+    END IF;
+    INSERT INTO jobs (type, resource_pool, fallback_pools, priority, weight, max_slots,
+                      queue_position, owner)
+    VALUES ('EXPERIMENT', v_pool, v_pools[2:],
+            coalesce((p_config #>> '{resources,priority}')::integer,
+                     (det_pool_scheduler(v_pool) ->> 'default_priority')::integer),
+            (p_config #>> '{resources,weight}')::double precision,
+            (p_config #>> '{resources,max_slots}')::integer,
+            extract(epoch FROM clock_timestamp()) * 1000000, p_owner)
+    RETURNING id INTO v_job;
+    INSERT INTO experiments (job_id, name, description, config, original_config, context_id,
+                             owner)
+    VALUES (v_job, p_config ->> 'name', coalesce(p_config ->> 'description', ''), p_config,
+            p_original_config, v_ctx, p_owner)
+    RETURNING id INTO v_id;
+    PERFORM pg_notify('det_reconciler', 'experiment');
+    RETURN v_id;
+END $$;

@@ -72,3 +72,20 @@ def test_status_tells_a_dead_leader_from_a_live_one(det, conn) -> None:
     rec.wait()
     out = det("cluster", "status").stdout
     assert "leader: none; the last leader" in out and "is gone" in out
+
+
+def test_a_zombie_is_not_running(tmp_path) -> None:
+    """`det cluster up` must not call a dead child that was never reaped "already running"."""
+    import subprocess
+    import time
+
+    from det.cli.supervisor import alive
+
+    child = subprocess.Popen(["true"])
+    (tmp_path / "agent.pid").write_text(str(child.pid))
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the child never exited"
+        time.sleep(0.01)
+    assert not alive(child.pid) and read_pid(tmp_path, "agent") is None
+    child.wait()

@@ -1,5 +1,5 @@
 """The agent's loop: each wake-up is a small reconciliation of what the database assigns to
-this agent against the tasks it runs (DESIGN.md, "Agents").
+this agent against the tasks it runs (docs/architecture.md).
 
 * assigned, desired RUNNING, not running here: fetch what the task needs (its image; state
   PULLING meanwhile), claim a token, unpack the context, launch through the runtime;
@@ -21,7 +21,7 @@ the heartbeat has a thread and a connection of its own (:mod:`det.agent.heartbea
 read by threads of the runtimes and shipped by :class:`det.agent.logs.LogShipper`, and a lost
 connection is reopened with backoff (:mod:`det.db.retry`) while the tasks keep running; ends
 that happen meanwhile are kept and reported once the database is back
-(DESIGN.md, "Riding out the database").
+(docs/architecture.md, "Riding out the database").
 """
 
 import logging
@@ -199,7 +199,7 @@ class Agent:
     def run(self, stop_after: float | None = None) -> None:
         """Serve until interrupted (or for ``stop_after`` seconds, for tests). A lost database
         connection is waited out: tasks keep running and their ends are reported once the
-        database is back (DESIGN.md, "Riding out the database")."""
+        database is back (docs/architecture.md, "Riding out the database")."""
         end = None if stop_after is None else time.monotonic() + stop_after
         try:
             self.adopt(self._with_db(self._start))

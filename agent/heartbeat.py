@@ -1,6 +1,6 @@
 """The agent's heartbeat: a thread of its own on a connection of its own, so nothing the agent
 does with its tasks (a slow launch, a context unpack, an image pull) delays it, and a database
-restart only pauses it (DESIGN.md, "Agents" and "Riding out the database").
+restart only pauses it (docs/architecture.md, "Riding out the database").
 """
 
 import logging

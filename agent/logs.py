@@ -7,7 +7,7 @@ While the database is away (a restart, a failover) lines stay buffered and the t
 reconnects with backoff (:mod:`det.db.retry`). The buffer is bounded per allocation: once an
 allocation's buffered lines cost ``max_buffered_bytes``, its further lines are dropped and
 counted, and one line saying how many were dropped follows its buffered lines once they are
-written (DESIGN.md, "Riding out the database").
+written (docs/architecture.md, "Riding out the database").
 """
 
 import logging

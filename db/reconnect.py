@@ -1,5 +1,5 @@
-"""A connection that comes back: reopened after a loss, calls retried (DESIGN.md, "Riding out
-the database").
+"""A connection that comes back: reopened after a loss, calls retried (docs/architecture.md,
+"Riding out the database").
 
 For processes that keep one connection for a long time and must carry on through a database
 restart or failover: the harness inside a task, the CLI's followers (``det experiment wait``,

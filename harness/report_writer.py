@@ -2,11 +2,11 @@
 background thread.
 
 A training loop reports far more often than a database round trip allows, and must go on
-training while the database is away (DESIGN.md, "Riding out the database"). ``ReportWriter``
-keeps the reports in a bounded FIFO buffer; its thread takes whatever has accumulated (up to
-``batch_rows`` items) and hands it to a ``write`` function as one numbered batch, so the rate
-of batches adapts to the database's speed and a report waits at most one batch's round trip
-while the database is there.
+training while the database is away (docs/architecture.md, "Riding out the database").
+``ReportWriter`` keeps the reports in a bounded FIFO buffer; its thread takes whatever has
+accumulated (up to ``batch_rows`` items) and hands it to a ``write`` function as one numbered
+batch, so the rate of batches adapts to the database's speed and a report waits at most one
+batch's round trip while the database is there.
 
 The buffer is bounded in bytes. When it is full, ``put_metrics`` blocks until the writer
 catches up (backpressure) rather than drop reports: a dropped metrics row is silent, permanent

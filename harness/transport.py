@@ -2,7 +2,7 @@
 
 * ``DbTransport`` calls the task's SQL functions in ``schema.sql`` (``det_task_info``,
   ``det_report_metrics_batch``, ...) over one autocommit psycopg connection, authenticated by
-  the allocation token (DESIGN.md, "Harness"), reopened after a loss ("Riding out the
+  the allocation token (docs/architecture.md), reopened after a loss ("Riding out the
   database"). Metrics are buffered and written by a background thread
   (``det.harness.report_writer``); another LISTENs on the allocation's channel and polls
   ``det_should_preempt`` so that ``should_preempt()`` only reads a flag.
@@ -331,7 +331,7 @@ class DbTransport:
     def _watch_preemption(self) -> None:
         """LISTEN on the allocation's channel (``det.db.channels``) on a connection of its own;
         on each NOTIFY, and at least every ``PREEMPT_POLL_SECONDS``, ask
-        ``det_should_preempt``. NOTIFY is only a hint (DESIGN.md principle 4). A lost
+        ``det_should_preempt``. NOTIFY is only a hint (docs/architecture.md). A lost
         connection is reopened with backoff (``det.db.retry``) and LISTENed again; another
         error is printed and the watch starts again after one poll period."""
         retrying = retry.retrying(f"{self._what}: preemption watcher").copy(

@@ -70,6 +70,13 @@ def json_safe(value: Any) -> Any:
     Tensors and numpy scalars become Python numbers (one-element) or lists; NaN and +-inf,
     which JSON cannot carry, become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
     """
+    # Exact built-in scalars first: a report is mostly floats, and the ABC checks below cost
+    # more than the JSON encoding of one (bench/metric_rows.py).
+    kind = type(value)
+    if kind is float:
+        return value if math.isfinite(value) else _non_finite(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
     if isinstance(value, Mapping):
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -77,8 +84,16 @@ def json_safe(value: Any) -> Any:
     if hasattr(value, "tolist"):  # torch tensors, numpy arrays and scalars
         return json_safe(value.tolist())
     if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        return _non_finite(value)
     return value
+
+
+def _non_finite(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+"""The metrics encoder: made once (``json.dumps`` with options builds one per call)."""
 
 
 WriteBatch = Callable[[int, list[MetricsRow], dict[int, float]], None]
@@ -104,8 +119,7 @@ def encode_metrics(group: str, steps_completed: int, metrics: Mapping[str, Any])
             or steps_completed < 0:
         raise DetError(f"{where}: steps_completed must be a non-negative integer (batches)")
     try:
-        text = json.dumps(json_safe(metrics), ensure_ascii=False, allow_nan=False,
-                          separators=(",", ":"))
+        text = _ENCODER.encode(json_safe(metrics))
     except (TypeError, ValueError) as e:
         raise DetError(f"{where}: values must be JSON: {e}") from e
     try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
 import pytest
 from conftest import REPO, PrivateServer, wait_for
@@ -345,6 +346,27 @@ def test_unstorable_metrics_are_refused_when_reported(
 ) -> None:
     with pytest.raises(DetError, match=expected):
         encode_metrics(group, steps, metrics)
+
+
+def test_metric_values_are_stored_as_reported(db_url: str, tmp_path: Path) -> None:
+    """Whatever the encoding on the way (json_safe's fast paths, the binary array parameter),
+    the database holds the reported values: escapes, non-ASCII, non-finite floats, numpy."""
+    alloc = claim_allocation(db_url, tmp_path)
+    reported = {"quote": 'a"b', "backslash": "c\\d", "braces": "{x,y}", "unicode": "é ☃",
+                "nan": float("nan"), "inf": float("inf"), "ninf": -float("inf"),
+                "nested": {1: (1, 2.5, None, True)}, "f32": np.float32(1.5),
+                "array": np.arange(3), "big": 2**62}
+    stored = {"quote": 'a"b', "backslash": "c\\d", "braces": "{x,y}", "unicode": "é ☃",
+              "nan": "NaN", "inf": "Infinity", "ninf": "-Infinity",
+              "nested": {"1": [1, 2.5, None, True]}, "f32": 1.5, "array": [0, 1, 2],
+              "big": 2**62}
+    with core.init(transport=DbTransport(alloc.url, alloc.id, alloc.token)) as ctx:
+        ctx.train.report_training_metrics(1, reported)
+        ctx.train.report_metrics('my "group"', 2, {"x": 1})
+    rows = query(alloc.url, 'SELECT "group", steps_completed, "values" FROM metrics '
+                 "WHERE trial_id = %s ORDER BY id", alloc.trial_id)
+    assert rows == [{"group": "training", "steps_completed": 1, "values": stored},
+                    {"group": 'my "group"', "steps_completed": 2, "values": {"x": 1}}]
 
 
 # The CLI followers.

@@ -174,3 +174,32 @@ def test_the_queue_says_why_a_job_waits_without_agents_or_reconciler(det, conn, 
     r = det("job", "update", "1", "--weight", "2", check=False)
     assert r.returncode == 1
     assert r.stderr.strip() == "Error: job 1 (experiment 1) is CANCELED: it is no longer queued"
+
+
+def test_a_63_character_agent_id_runs_trials(det, conn, tmp_path) -> None:
+    """Issue 10, item 3: the longest valid id makes a channel name PostgreSQL refuses as it
+    is (agent_ + 63 characters); det's channels are bounded, so passes go on."""
+    agent_id = "a" * 63
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--id", agent_id, "--slots", "1")
+    det("experiment", "create", str(config(tmp_path, "echo ran")), str(tmp_path / "ctx"))
+    assert det("experiment", "wait", "1", timeout=120).returncode == 0
+    assert conn.execute("SELECT agent_id FROM allocations").fetchone()["agent_id"] == agent_id
+    assert "failed" not in det.log("reconciler")
+
+
+def test_a_pool_whose_scheduling_fails_says_why_and_others_go_on(det, conn, tmp_path) -> None:
+    """Issue 10, item 3: a pass isolates the faulty object, records why on it, and goes on."""
+    conn.execute("INSERT INTO resource_pools (name, scheduler) "
+                 "VALUES ('broken', '{\"type\": \"no-such-scheduler\"}')")
+    conn.execute("SELECT det_agent_register('ok', 'h', 'default', 'process', "
+                 "'[{\"slot_id\": 0, \"type\": \"cpu\"}]')")
+    det("experiment", "create", str(config(tmp_path, "true", **{
+        "resources": "{resource_pool: broken}"})), str(tmp_path / "ctx"), "--force")
+    det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+    det("reconcile", "--once")
+    rows = {r["resource_pool"]: r for r in conn.execute(
+        "SELECT resource_pool, state::text AS state, pending_reason FROM allocations")}
+    assert rows["default"]["state"] == "ASSIGNED"
+    assert rows["broken"]["state"] == "PENDING"
+    assert rows["broken"]["pending_reason"].startswith("scheduling failed: ")

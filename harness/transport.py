@@ -11,6 +11,7 @@
 """
 
 import atexit
+import contextlib
 import json
 import os
 import sys
@@ -28,6 +29,7 @@ from psycopg.types.json import Jsonb
 
 from det.db import channels, retry
 from det.db.reconnect import Reconnecting, open_connection
+from det.errors import DatabaseError
 from det.harness.errors import TaskEnvironmentError
 from det.harness.report_writer import (
     BUFFER_BYTES,
@@ -310,9 +312,20 @@ class DbTransport:
             self._writer.close()
         finally:
             self._stop.set()
+            self._wake_watcher()
             # Bounded: a watcher stuck on a dead network connection is a daemon, left behind.
             self._watcher.join(timeout=PREEMPT_POLL_SECONDS)
             self._session.close()
+
+    def _wake_watcher(self) -> None:
+        """NOTIFY the watcher's channel once, so that it sees the stop flag now rather than
+        after its wait slice (``WATCH_SLICE_SECONDS``, paid by every task's exit otherwise).
+        One try: when the database is away the slice bounds the wait anyway."""
+        channel = channels.allocation(self.allocation_id)
+        with contextlib.suppress(psycopg.Error, DatabaseError):
+            self._session.run(f"{self._what}: stop the preemption watcher",
+                              lambda conn: conn.execute("SELECT pg_notify(%s, '')", (channel,)),
+                              give_up_after=0)
 
     def _write_reports(self, seq: int, rows: list[MetricsRow], progress: dict[int, float]) -> None:
         """The writer thread's ``WriteBatch``: the batch's metrics rows in one

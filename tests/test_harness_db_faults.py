@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 
 from det.db import channels
 from det.errors import DetError
-from det.harness import core
+from det.harness import core, transport
 from det.harness.report_writer import MetricsRow, ReportWriter, encode_metrics
 from det.harness.transport import DbTransport
 
@@ -424,3 +424,20 @@ def test_wait_and_log_followers_ride_out_a_database_restart(
     assert f"Experiment {alloc.experiment_id}: COMPLETED" in (tmp_path / "wait.out").read_text()
     assert follower.wait(60) == 0, (tmp_path / "logs.err").read_text()
     assert out.read_text().splitlines() == [f"line {i}" for i in range(1, 7)]
+
+
+def test_close_wakes_the_preemption_watcher_instead_of_waiting_out_its_poll(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The watcher waits a minute for a NOTIFY; close() joins it for one second only, so
+    # only a wake-up ends it in time (every task exit used to wait out a slice).
+    monkeypatch.setattr(transport, "WATCH_SLICE_SECONDS", 60.0)
+    monkeypatch.setattr(transport, "PREEMPT_POLL_SECONDS", 60.0)
+    alloc = claim_allocation(db_url, tmp_path / "ckpt")
+    t = DbTransport(db_url, alloc.id, alloc.token)
+    wait_for(lambda: query(db_url, "SELECT 1 FROM pg_stat_activity WHERE state = 'idle' "
+                                   "AND query LIKE 'SELECT det_should_preempt%%'"),
+             10, "the watcher waiting for a NOTIFY", interval=0.02)
+    monkeypatch.setattr(transport, "PREEMPT_POLL_SECONDS", 1.0)
+    t.close()
+    assert not t._watcher.is_alive()

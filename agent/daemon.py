@@ -55,6 +55,11 @@ T = TypeVar("T")
 
 # Seconds between two looks at the tasks while the database is away.
 TEND_SECONDS = 0.2
+# While a task launched less than FRESH_SECONDS ago runs, the agent looks at its tasks every
+# END_TICK seconds as it waits for a NOTIFY, so that a short task's end is reported (and its
+# slot freed) at once rather than at the next poll; long-running tasks cost no such ticks.
+END_TICK = 0.01
+FRESH_SECONDS = 5.0
 # Seconds a stopping agent keeps trying to report its tasks' ends while the database is away.
 SHUTDOWN_RETRY_SECONDS = 10.0
 
@@ -141,6 +146,7 @@ class Agent:
         self.ended: dict[int, Exit] = {}  # ends not yet reported, in the order they happened
         self.killing: set[int] = set()  # tasks being killed (SIGKILL sent)
         self.claimed: set[int] = set()  # claims made by this process, not yet launched
+        self.last_launch = float("-inf")  # time.monotonic() of the latest launch
         self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
         self.runtime = choose_runtime(settings.runtime, self.logs, settings.agent_id, url,
@@ -212,13 +218,24 @@ class Agent:
             self.shutdown()
 
     def _sync(self) -> None:
-        """Report what ended, reconcile the assignments, then wait for a NOTIFY or ``poll``
-        seconds."""
+        """Report what ended, reconcile the assignments, then wait (:meth:`_wait`)."""
         conn = self._connect()
         self._report_ends()
         self.reconcile()
-        for _ in conn.notifies(timeout=self.s.poll, stop_after=1):
-            pass
+        self._wait(conn)
+
+    def _wait(self, conn: psycopg.Connection) -> None:
+        """Wait for a NOTIFY or ``poll`` seconds; while fresh tasks run (see ``END_TICK``),
+        look at the tasks every ``END_TICK`` seconds and return as soon as one ended."""
+        deadline = time.monotonic() + self.s.poll
+        while (left := deadline - time.monotonic()) > 0:
+            fresh = self.tasks and time.monotonic() - self.last_launch < FRESH_SECONDS
+            if any(True for _ in conn.notifies(timeout=min(left, END_TICK) if fresh else left,
+                                               stop_after=1)):
+                return
+            self._tend()
+            if self.ended:
+                return
 
     def reconcile(self) -> None:
         """One pass over this agent's assignments (see the module rules)."""
@@ -309,6 +326,7 @@ class Agent:
             self._end(alloc_id, Exit(None, f"launch failed: {e}"))
             return
         self.claimed.discard(alloc_id)
+        self.last_launch = time.monotonic()
         log.info("allocation %s: started %s", alloc_id, " ".join(launch.argv))
         self._report(alloc_id, "RUNNING")
 

@@ -189,6 +189,8 @@ def agent_run(
     runtime: str = typer.Option(None, envvar="DET_AGENT_RUNTIME",
                                 help="docker or process (default: docker when an engine "
                                      "answers, else process)."),
+    poll: float = typer.Option(1.0, help="Seconds between two looks at the assignments when "
+                                         "no NOTIFY wakes it."),
 ) -> None:
     """Run an agent: register this host's slots and run the tasks assigned to it."""
     from det.agent.daemon import Agent, AgentSettings, check_agent_id
@@ -198,6 +200,8 @@ def agent_run(
         raise DetError("--slots: expected a number >= 0")
     if runtime not in (None, "docker", "process"):
         raise DetError(f"--runtime: expected docker or process, got {runtime!r}")
+    if poll <= 0:
+        raise DetError(f"--poll: expected seconds > 0, got {poll}")
     if agent_id is None:
         agent_id = socket.gethostname()
         check_agent_id(agent_id, "--id (default: this host's name)")
@@ -206,7 +210,7 @@ def agent_run(
         pass
     settings = AgentSettings(agent_id=agent_id, pool=resource_pool,
                              work_dir=work_dir or det_home() / "agent" / agent_id,
-                             runtime=runtime)
+                             runtime=runtime, poll=poll)
     _exit_on_sigterm()
     Agent(database_url(), settings, discover(slots)).run()
 

@@ -255,3 +255,13 @@ def test_longest_agent_id_registers(det, conn) -> None:
     wait_for(lambda: one(conn, "SELECT state::text AS s FROM agents WHERE id = %s", long_id),
              60, "the agent to register")
     assert agent.poll() is None, det.log("agent")
+
+
+def test_a_task_end_is_reported_without_waiting_for_the_poll(det, conn, tmp_path) -> None:
+    # The agent polls once a minute; nothing NOTIFYs it after the launch (the reconciler has
+    # nothing more to assign), so only its own look at its fresh tasks reports the end.
+    det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+    det.start("reconciler", "reconcile", "--interval", "60")
+    det.start("agent", "agent", "run", "--id", "a1", "--slots", "1", "--poll", "60")
+    wait_for(lambda: alloc_state(conn) == "TERMINATED", 40, "the run's end reported")
+    assert one(conn, "SELECT exit_code FROM allocations WHERE id = 1") == {"exit_code": 0}

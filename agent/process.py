@@ -8,6 +8,7 @@ in its group is killed then (:meth:`ProcessTask.poll`).
 """
 
 import ctypes
+import functools
 import os
 import selectors
 import shutil
@@ -45,6 +46,7 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGHUP)
 
 
+@functools.cache
 def _pdeathsig_prefix() -> list[str] | None:
     """``setpriv --pdeathsig HUP`` (util-linux >= 2.33) when this host has it, else None.
 
@@ -57,8 +59,6 @@ def _pdeathsig_prefix() -> list[str] | None:
     usage = subprocess.run([path, "--help"], capture_output=True, text=True).stdout
     return [path, "--pdeathsig", "HUP"] if "--pdeathsig" in usage else None
 
-
-_PDEATHSIG = _pdeathsig_prefix()
 
 
 class ProcessTask:
@@ -74,10 +74,11 @@ class ProcessTask:
         self._exited_at: float | None = None
         self._left_behind = False
         wrapper = ["sh", "-c", _WRAPPER, "det-task", *argv]
+        prefix = _pdeathsig_prefix()
         self._proc = subprocess.Popen(
-            wrapper if _PDEATHSIG is None else [*_PDEATHSIG, *wrapper], cwd=workdir, env=env,
+            wrapper if prefix is None else [*prefix, *wrapper], cwd=workdir, env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=_die_with_parent if _PDEATHSIG is None else None)
+            start_new_session=True, preexec_fn=_die_with_parent if prefix is None else None)
         self._stop_reading = threading.Event()
         self._reader = threading.Thread(target=self._pump, daemon=True,
                                         name=f"output-{allocation_id}")

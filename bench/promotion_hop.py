@@ -25,6 +25,7 @@ woken by the NOTIFY shows in the figures: without it the hop would be the reconc
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -115,6 +116,7 @@ def main() -> None:
             from det.db.embedded import stop
 
             stop(Path(home))
+            shutil.rmtree(home)  # the server's files
     print(f"complete_op -> searcher's answer, {args.n} hops each, reconciler --interval 2, "
           "milliseconds:")
     for name, s in (("decided (1 ms poll)", decided), ("seen by the task", seen)):

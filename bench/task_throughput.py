@@ -30,6 +30,7 @@ goes. Figures only, no assertions.
 import argparse
 import os
 import pstats
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -151,6 +152,7 @@ def main() -> None:
             from det.db.embedded import stop
 
             stop(Path(home))
+            shutil.rmtree(home)  # the server's files
     print(f"{rates['n']} trivial tasks (entrypoint true), {args.slots} slots, one agent; "
           f"{failed} experiment(s) not COMPLETED")
     print(f"  started (claimed)  {rates['started']:7.1f} /s")

@@ -60,7 +60,6 @@ def _pdeathsig_prefix() -> list[str] | None:
     return [path, "--pdeathsig", "HUP"] if "--pdeathsig" in usage else None
 
 
-
 class ProcessTask:
     """One running task. ``argv``: the entrypoint command; ``env``: its whole environment;
     ``workdir``: its working directory. Output lines go to ``logs`` under ``allocation_id``,

@@ -303,7 +303,8 @@ SELECT g.id AS agent_id,
 # them); pending ones only while still wanted.
 POOL_TASKS = """
 SELECT a.id, a.job_id, a.slots_needed, j.priority, j.weight, j.max_slots, a.preemptible,
-       a.state <> 'PENDING' AS running, a.desired_state <> 'RUNNING' AS stopping, a.agent_id
+       a.state <> 'PENDING' AS running, a.desired_state <> 'RUNNING' AS stopping, a.agent_id,
+       a.pending_reason
   FROM allocations a JOIN jobs j ON j.id = a.job_id
  WHERE a.resource_pool = %(pool)s AND a.state <> 'TERMINATED'
    AND (a.state <> 'PENDING' OR a.desired_state = 'RUNNING')

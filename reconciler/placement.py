@@ -30,9 +30,10 @@ class PoolState(NamedTuple):
 def load_pool(conn: psycopg.Connection, pool: str) -> PoolState:
     """The pool's active agents and live tasks (queue order), as the schedulers take them.
 
-    Rows come as tuples (a pass over 100,000 tasks reads 100,000 rows: a dict per row costs).
+    Rows come as tuples (a pass over 100,000 tasks reads 100,000 rows: a dict per row costs),
+    in binary (the slot-id arrays parse faster).
     """
-    cur = conn.cursor(row_factory=tuple_row)
+    cur = conn.cursor(row_factory=tuple_row, binary=True)
     params = {"pool": pool}
     agents = [Agent(agent_id, tuple(slots), tuple(free), aux_running, max_aux)
               for agent_id, slots, free, aux_running, max_aux

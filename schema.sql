@@ -298,6 +298,9 @@ COMMENT ON COLUMN allocations.running_at IS
     'runtime took to start the task.';
 -- Each agent's live allocations (what an agent runs, what a lost agent leaves behind).
 CREATE INDEX allocations_live ON allocations (agent_id) WHERE state <> 'TERMINATED';
+-- Each agent's live zero-slot tasks, counted per agent by the scheduling pass (POOL_AGENTS).
+CREATE INDEX allocations_aux_live ON allocations (agent_id)
+    WHERE slots_needed = 0 AND state <> 'TERMINATED';
 -- The scheduler's input: waiting allocations per pool, oldest first.
 CREATE INDEX allocations_pending ON allocations (resource_pool, id) WHERE state = 'PENDING';
 -- Ended runs the reconciler has yet to fold into their trials' state.

@@ -6,13 +6,16 @@ each queue size N, N queued jobs of one allocation each (1, 2, 4 or 8 slots, pri
 cluster and is committed (its time is printed), and a second one brings the waiting reasons
 up to date; then the steady-state pass (cluster full, the rest of the queue
 waiting, reasons to refresh) is run ``--repeats`` times, each rolled back, and its median
-printed split into read (SQL), decide (the pure scheduler) and write (SQL). Figures only.
+printed split into read (SQL), decide (the pure scheduler) and write (SQL), with the
+benchmark process's peak RSS so far (the reconciler's footprint for such a pool: it holds the
+same rows, objects and decision during a pass). Figures only.
 
     python bench/scheduler_pass.py [--agents 1000] [--jobs 1000,2000,5000,10000] [--repeats 5]
 """
 
 import argparse
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -50,12 +53,17 @@ SELECT i, 1, 'default', (ARRAY[1, 1, 2, 4, 8])[1 + i %% 5], '{}'
 def one_pass(conn: psycopg.Connection, config: SchedulerConfig) -> tuple[float, float, float]:
     """(read, decide, write) seconds of one pass over the default pool."""
     t0 = time.perf_counter()
-    agents, tasks = load_pool(conn, "default")
+    state = load_pool(conn, "default")
     t1 = time.perf_counter()
-    decision = schedule(config, agents, tasks)
+    decision = schedule(config, state.agents, state.tasks)
     t2 = time.perf_counter()
-    apply(conn, decision, set(), set())
+    apply(conn, decision, set(), set(), state.reasons)
     return t1 - t0, t2 - t1, time.perf_counter() - t2
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set size so far, MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:
@@ -70,7 +78,7 @@ def main() -> None:
     url = database_url(start=True)
     print(f"{args.agents} agents x 8 slots; median of {args.repeats} steady-state passes (ms)")
     print(f"{'scheduler':<12} {'jobs':>6} {'first':>8} {'read':>8} {'decide':>8} {'write':>8}"
-          f" {'total':>8}")
+          f" {'total':>8} {'rss MiB':>8}")
     with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
         migrate(conn)
         for name, sched in SCHEDULERS.items():
@@ -93,7 +101,7 @@ def main() -> None:
                 read, decide, write = (statistics.median(r[i] for r in runs) for i in range(3))
                 print(f"{name:<12} {n:>6} {first * 1e3:>8.1f} {read * 1e3:>8.1f} "
                       f"{decide * 1e3:>8.1f} {write * 1e3:>8.1f} "
-                      f"{(read + decide + write) * 1e3:>8.1f}", flush=True)
+                      f"{(read + decide + write) * 1e3:>8.1f} {peak_rss_mib():>8.0f}", flush=True)
     from det.db.embedded import stop
 
     stop(Path(home))

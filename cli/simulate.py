@@ -50,7 +50,8 @@ def _replay(pool: str | None, override: dict) -> list[tuple[str, SchedulerConfig
             if pool is not None and row["name"] != pool:
                 continue
             config = SchedulerConfig.model_validate({**row["scheduler"], **override})
-            out.append((row["name"], config, *load_pool(conn, row["name"])))
+            state = load_pool(conn, row["name"])
+            out.append((row["name"], config, state.agents, state.tasks))
     if pool is not None and not out:
         raise ConfigError("--resource-pool", f"no resource pool named {pool!r}")
     return out

@@ -5,9 +5,10 @@ its decision (new allocations' slots, preemptions, why the rest waits).
 """
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from det.configs.cluster import SchedulerConfig
 from det.reconciler import queries as q
@@ -15,22 +16,44 @@ from det.reconciler.isolation import isolated
 from det.reconciler.schedulers import Agent, Decision, Task, schedule
 
 
-def load_pool(conn: psycopg.Connection, pool: str) -> tuple[list[Agent], list[Task]]:
-    """The pool's active agents and live tasks (queue order), as the schedulers take them."""
-    agents = [Agent(a["agent_id"], tuple(a["slots"]), tuple(a["free"]), a["aux_running"],
-                    a["max_aux"])
-              for a in conn.execute(q.POOL_AGENTS, {"pool": pool}).fetchall()]
+class PoolState(NamedTuple):
+    """What one pool's scheduler decides over, read in one go: its active agents, its live
+    tasks in queue order, and ``reasons`` (``{allocation id: pending_reason now}`` for each
+    waiting allocation, None where it has none) so that :func:`apply` writes only the reasons
+    that change."""
+
+    agents: list[Agent]
+    tasks: list[Task]
+    reasons: dict[int, str | None]
+
+
+def load_pool(conn: psycopg.Connection, pool: str) -> PoolState:
+    """The pool's active agents and live tasks (queue order), as the schedulers take them.
+
+    Rows come as tuples (a pass over 100,000 tasks reads 100,000 rows: a dict per row costs),
+    in binary (the slot-id arrays parse faster).
+    """
+    cur = conn.cursor(row_factory=tuple_row, binary=True)
+    params = {"pool": pool}
+    agents = [Agent(agent_id, tuple(slots), tuple(free), aux_running, max_aux)
+              for agent_id, slots, free, aux_running, max_aux
+              in cur.execute(q.POOL_AGENTS, params).fetchall()]
     held: dict[int, dict[str, tuple[int, ...]]] = {}
-    for h in conn.execute(q.POOL_HELD, {"pool": pool}).fetchall():
-        held.setdefault(h["allocation_id"], {})[h["agent_id"]] = tuple(h["slots"])
+    for alloc, agent_id, slots in cur.execute(q.POOL_HELD, params).fetchall():
+        held.setdefault(alloc, {})[agent_id] = tuple(slots)
     tasks = []
-    for t in conn.execute(q.POOL_TASKS, {"pool": pool}).fetchall():
-        on: Mapping[str, tuple[int, ...]] = held.get(t["id"], {})
-        if t["running"] and t["slots_needed"] == 0 and t["agent_id"]:
-            on = {t["agent_id"]: ()}
-        tasks.append(Task(t["id"], t["job_id"], t["slots_needed"], t["priority"], t["weight"],
-                          t["preemptible"], t["max_slots"], t["running"], t["stopping"], on))
-    return agents, tasks
+    reasons: dict[int, str | None] = {}
+    no_slots: Mapping[str, tuple[int, ...]] = {}
+    for (alloc, job, slots_needed, priority, weight, max_slots, preemptible, running, stopping,
+         agent_id, reason) in cur.execute(q.POOL_TASKS, params).fetchall():
+        on = held.get(alloc, no_slots)
+        if running and slots_needed == 0 and agent_id:
+            on = {agent_id: ()}
+        elif not running:
+            reasons[alloc] = reason
+        tasks.append(Task(alloc, job, slots_needed, priority, weight, preemptible, max_slots,
+                          running, stopping, on))
+    return PoolState(agents, tasks, reasons)
 
 
 def place(conn: psycopg.Connection) -> tuple[int, set[str], set[int]]:
@@ -46,10 +69,10 @@ def place(conn: psycopg.Connection) -> tuple[int, set[str], set[int]]:
     def place_pool(row: dict) -> None:
         nonlocal changes
         config = SchedulerConfig.model_validate(row["scheduler"])
-        agents, tasks = load_pool(conn, row["resource_pool"])
-        decision = schedule(config, agents, tasks)
+        state = load_pool(conn, row["resource_pool"])
+        decision = schedule(config, state.agents, state.tasks)
         woken: tuple[set[str], set[int]] = (set(), set())
-        changes += apply(conn, decision, *woken)
+        changes += apply(conn, decision, *woken, state.reasons)
         agents_woken.update(woken[0])
         allocs_woken.update(woken[1])
 
@@ -61,8 +84,15 @@ def place(conn: psycopg.Connection) -> tuple[int, set[str], set[int]]:
     return changes, agents_woken, allocs_woken
 
 
-def apply(conn: psycopg.Connection, d: Decision, agents: set[str], allocs: set[int]) -> int:
-    """Write one decision; reasons are written only where they changed."""
+def apply(conn: psycopg.Connection, d: Decision, agents: set[str], allocs: set[int],
+          current: Mapping[int, str | None] | None = None) -> int:
+    """Write one decision; reasons are written only where they changed.
+
+    ``current``: the reasons as read (:attr:`PoolState.reasons`); a reason equal to its
+    allocation's there is not sent at all (in a steady pass nearly every one), and the
+    statement itself skips any other that is unchanged. Returns allocations started or
+    preempted; adds the agents and allocations to wake to ``agents`` and ``allocs``.
+    """
     chiefs: tuple[list, list] = ([], [])
     held: tuple[list, list, list] = ([], [], [])
     for alloc, fit in d.allocate.items():
@@ -83,7 +113,9 @@ def apply(conn: psycopg.Connection, d: Decision, agents: set[str], allocs: set[i
         allocs.add(p["id"])
         if p["agent_id"]:
             agents.add(p["agent_id"])
-    if d.reasons:
-        conn.execute(q.SET_PENDING_REASONS, {"ids": list(d.reasons),
-                                             "reasons": list(d.reasons.values())})
+    known = current or {}
+    changed = {i: r for i, r in d.reasons.items() if i not in known or known[i] != r}
+    if changed:
+        conn.execute(q.SET_PENDING_REASONS, {"ids": list(changed),
+                                             "reasons": list(changed.values())})
     return len(d.allocate) + len(preempted)

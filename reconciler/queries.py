@@ -285,17 +285,19 @@ SELECT g.id AS agent_id,
        coalesce(array_agg(s.slot_id ORDER BY s.slot_id) FILTER (WHERE s.enabled), '{}') AS slots,
        coalesce(array_agg(s.slot_id ORDER BY s.slot_id)
                 FILTER (WHERE s.enabled AND h.slot_id IS NULL), '{}') AS free,
-       (SELECT count(*) FROM allocations z
-         WHERE z.agent_id = g.id AND z.slots_needed = 0 AND z.state <> 'TERMINATED')
-           AS aux_running,
+       coalesce(z.n, 0) AS aux_running,
        p.max_aux_containers_per_agent AS max_aux
   FROM agents g
   JOIN resource_pools p ON p.name = g.resource_pool
   LEFT JOIN slots s ON s.agent_id = g.id
   LEFT JOIN allocation_slots h ON h.agent_id = s.agent_id AND h.slot_id = s.slot_id
                               AND NOT h.released
+  -- live zero-slot tasks per agent, counted once (index allocations_aux_live), not per agent
+  LEFT JOIN (SELECT agent_id, count(*) AS n FROM allocations
+              WHERE slots_needed = 0 AND state <> 'TERMINATED' GROUP BY agent_id) z
+         ON z.agent_id = g.id
  WHERE g.state = 'ACTIVE' AND g.resource_pool = %(pool)s
- GROUP BY g.id, p.max_aux_containers_per_agent
+ GROUP BY g.id, p.max_aux_containers_per_agent, z.n
  ORDER BY g.id
 """
 
@@ -303,7 +305,8 @@ SELECT g.id AS agent_id,
 # them); pending ones only while still wanted.
 POOL_TASKS = """
 SELECT a.id, a.job_id, a.slots_needed, j.priority, j.weight, j.max_slots, a.preemptible,
-       a.state <> 'PENDING' AS running, a.desired_state <> 'RUNNING' AS stopping, a.agent_id
+       a.state <> 'PENDING' AS running, a.desired_state <> 'RUNNING' AS stopping, a.agent_id,
+       a.pending_reason
   FROM allocations a JOIN jobs j ON j.id = a.job_id
  WHERE a.resource_pool = %(pool)s AND a.state <> 'TERMINATED'
    AND (a.state <> 'PENDING' OR a.desired_state = 'RUNNING')

@@ -92,21 +92,35 @@ def _slots(agents: Sequence[Agent], tasks: Sequence[Task], pool: Pool, holders: 
     jobs: dict[Id, list[Task]] = {}
     for t in live:
         jobs.setdefault(t.job, []).append(t)
-    demand = {}
+    # Per job, in one walk of its tasks (a pass may see 100,000 jobs): demand (capped at
+    # max_slots), weight, slots held, slots pinned (non-preemptible work keeps its slots
+    # whatever the shares say) and its smallest waiting task (0: none waits).
+    demand: dict[Id, int] = {}
+    weight: dict[Id, float] = {}
+    held: dict[Id, int] = {}
+    pinned: dict[Id, int] = {}
+    smallest: dict[Id, int] = {}
     for j, ts in jobs.items():
+        total = holds = pins = 0
+        least = None
+        for t in ts:
+            total += t.slots
+            if t.running:
+                holds += t.slots
+                if not t.preemptible:
+                    pins += t.slots
+            elif least is None or t.slots < least:
+                least = t.slots
         cap = ts[0].max_slots
-        demand[j] = min(sum(t.slots for t in ts), cap if cap is not None else 1 << 30)
-    weight = {j: ts[0].weight for j, ts in jobs.items()}
-    held = {j: sum(t.slots for t in ts if t.running) for j, ts in jobs.items()}
-    # Non-preemptible work keeps its slots whatever the shares say.
-    pinned = {j: sum(t.slots for t in ts if t.running and not t.preemptible)
-              for j, ts in jobs.items()}
+        demand[j] = min(total, cap if cap is not None else 1 << 30)
+        weight[j] = ts[0].weight
+        held[j] = holds
+        pinned[j] = pins
+        smallest[j] = least or 0
     capacity = sum(len(a.slots) for a in agents) - sum(pinned.values())
     # Jobs that hold nothing and whose share is below their smallest task cannot use it:
     # leave them out (all found in one round, so a pass stays O(jobs log jobs)) and share
     # again among the rest.
-    smallest = {j: min((t.slots for t in ts if not t.running), default=0)
-                for j, ts in jobs.items()}
     left_out: set[Id] = set()
     while True:
         want = {j: 0 if j in left_out else max(0, demand[j] - pinned[j]) for j in jobs}

@@ -24,7 +24,6 @@ import argparse
 import cProfile
 import json
 import pstats
-import shutil
 import tempfile
 import threading
 import time
@@ -33,10 +32,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
+from private_db import private_database
 from psycopg.types.json import Jsonb
 
 from det.configs import load_experiment_config
-from det.db import connect, embedded, migrate
+from det.db import connect
 from det.harness import core
 from det.harness.transport import DbTransport
 from det.reconciler.passes import Settings, run_pass
@@ -165,13 +165,9 @@ def main() -> None:
     ap.add_argument("--values", type=int, default=4, help="floats per row (default 4)")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the report loop into FILE.*")
     args = ap.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="det-bench-"))
-    url = embedded.ensure_running(home)
-    ok = False
-    try:
-        with psycopg.connect(url) as c:
-            migrate(c)
-        alloc, trial, token = claim(url, home / "checkpoints")
+    with private_database() as db, tempfile.TemporaryDirectory() as storage:
+        url = db.url
+        alloc, trial, token = claim(url, Path(storage))
         print(f"{args.rows:,} training-metric rows of {args.values} floats, one task:")
         seconds = report_rows(url, alloc, token, args.rows, args.values, args.profile)
         print(f"  report_training_metrics -> all rows written: {seconds:.2f} s, "
@@ -180,9 +176,6 @@ def main() -> None:
         copy_seconds = copy_anchor(url, alloc, trial, args.rows, args.values)
         print(f"  anchor, one COPY of the same rows: {copy_seconds:.2f} s, "
               f"{args.rows / copy_seconds:,.0f} rows/s")
-    finally:
-        embedded.stop(home)
-        shutil.rmtree(home)  # the server's files: over 100 MB after 50,000 rows
     raise SystemExit(0 if ok else 1)
 
 

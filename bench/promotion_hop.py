@@ -24,21 +24,15 @@ woken by the NOTIFY shows in the figures: without it the hop would be the reconc
 """
 
 import argparse
-import os
-import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import psycopg
+from private_db import det_process, private_database, stop
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from det.configs import load_experiment_config
-from det.db import database_url, migrate
 from det.harness.transport import DbTransport
 
 CONFIG = """
@@ -89,34 +83,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=50, help="hops of each kind (default 50)")
     args = ap.parse_args()
-    external = bool(os.environ.get("DET_DB_URL"))
-    home = tempfile.mkdtemp(prefix="det-bench-")
-    os.environ["DET_HOME"] = home
-    url = database_url(start=True)
     config = load_experiment_config(CONFIG).expanded()
-    reconciler = None
     decided: list[float] = []
     seen: list[float] = []
-    try:
-        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-            migrate(conn)
-            conn.execute("SELECT det_agent_register('hop', 'host', 'default', 'process', %s)",
-                         (Jsonb([{"slot_id": i, "type": "cpu"} for i in range(4)]),))
-            reconciler = subprocess.Popen(
-                [sys.executable, "-m", "det.cli.main", "reconcile", "--agent-timeout", "3600"],
-                env={**os.environ, "DET_DB_URL": url}, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL)
+    with private_database() as db, psycopg.connect(db.url, autocommit=True,
+                                                    row_factory=dict_row) as conn:
+        conn.execute("SELECT det_agent_register('hop', 'host', 'default', 'process', %s)",
+                     (Jsonb([{"slot_id": i, "type": "cpu"} for i in range(4)]),))
+        reconciler = det_process(db.url, "reconcile", "--agent-timeout", "3600")
+        try:
             for i in range(2 * args.n):
-                (seen if i % 2 else decided).append(hop(conn, url, config, harness=bool(i % 2)))
-    finally:
-        if reconciler is not None:
-            reconciler.terminate()
-            reconciler.wait()
-        if not external:
-            from det.db.embedded import stop
-
-            stop(Path(home))
-            shutil.rmtree(home)  # the server's files
+                (seen if i % 2 else decided).append(hop(conn, db.url, config,
+                                                        harness=bool(i % 2)))
+        finally:
+            stop([reconciler])
     print(f"complete_op -> searcher's answer, {args.n} hops each, reconciler --interval 2, "
           "milliseconds:")
     for name, s in (("decided (1 ms poll)", decided), ("seen by the task", seen)):

@@ -15,26 +15,22 @@ Prints each sample and the median / max. Figures only, no assertions.
 """
 
 import argparse
-import os
 import signal
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psycopg
+from private_db import det_process, private_database
 
-from det.db import embedded, migrate
+from det.db import embedded
 
 LAST_PASS = "SELECT holder, extract(epoch FROM last_pass) AS t FROM reconciler_leader"
 
 
 def _reconciler(url: str, lease: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "det.cli.main", "reconcile", "--interval",
-                             "0.5", "--lease", str(lease)], env={**os.environ, "DET_DB_URL": url},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return det_process(url, "reconcile", "--interval", "0.5", "--lease", str(lease))
 
 
 def _leader(url: str) -> tuple[str, float] | None:
@@ -102,18 +98,12 @@ def main() -> None:
     ap.add_argument("--lease", type=float, default=5.0, help="leader lease, seconds")
     ap.add_argument("--down", type=float, default=1.0, help="database downtime, seconds")
     args = ap.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="det-bench-"))
-    url = embedded.ensure_running(home)
-    with psycopg.connect(url) as c:
-        migrate(c)
-    try:
-        for name, run in (("takeover", lambda: takeover(url, args.lease)),
-                          ("restart", lambda: restart(url, home, args.down))):
+    with private_database(embedded_only=True) as db:  # it restarts the server
+        for name, run in (("takeover", lambda: takeover(db.url, args.lease)),
+                          ("restart", lambda: restart(db.url, db.home, args.down))):
             samples = [run() for _ in range(args.repeats)]
             print(f"{name}: " + ", ".join(f"{s:.2f}" for s in samples)
                   + f" s; median {statistics.median(samples):.2f} s, max {max(samples):.2f} s")
-    finally:
-        embedded.stop(home)
 
 
 if __name__ == "__main__":

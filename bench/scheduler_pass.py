@@ -14,19 +14,16 @@ same rows, objects and decision during a pass). Figures only.
 """
 
 import argparse
-import os
 import resource
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import psycopg
+from private_db import private_database
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from det.configs.cluster import SchedulerConfig
-from det.db import database_url, migrate
 from det.reconciler.placement import apply, load_pool
 from det.reconciler.schedulers import schedule
 
@@ -72,15 +69,12 @@ def main() -> None:
     p.add_argument("--jobs", default="1000,2000,5000,10000")
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
-    os.environ.pop("DET_DB_URL", None)
-    home = tempfile.mkdtemp(prefix="det-bench-")
-    os.environ["DET_HOME"] = home
-    url = database_url(start=True)
     print(f"{args.agents} agents x 8 slots; median of {args.repeats} steady-state passes (ms)")
     print(f"{'scheduler':<12} {'jobs':>6} {'first':>8} {'read':>8} {'decide':>8} {'write':>8}"
           f" {'total':>8} {'rss MiB':>8}")
-    with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
-        migrate(conn)
+    # Its own embedded server: the bench fills the tables with 100,000s of rows.
+    with (private_database(embedded_only=True) as db,
+          psycopg.connect(db.url, row_factory=dict_row, autocommit=True) as conn):
         for name, sched in SCHEDULERS.items():
             config = SchedulerConfig.model_validate(sched)
             conn.execute("UPDATE resource_pools SET scheduler = %s WHERE name = 'default'",
@@ -102,9 +96,6 @@ def main() -> None:
                 print(f"{name:<12} {n:>6} {first * 1e3:>8.1f} {read * 1e3:>8.1f} "
                       f"{decide * 1e3:>8.1f} {write * 1e3:>8.1f} "
                       f"{(read + decide + write) * 1e3:>8.1f} {peak_rss_mib():>8.0f}", flush=True)
-    from det.db.embedded import stop
-
-    stop(Path(home))
 
 
 if __name__ == "__main__":

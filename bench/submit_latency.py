@@ -12,20 +12,15 @@ p50 / p95 / max in milliseconds. Figures only, no assertions.
 """
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import psycopg
+from private_db import det_process, private_database, stop
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from det.configs import load_experiment_config
-from det.db import database_url, migrate
 
 CONFIG = """
 name: latency
@@ -45,35 +40,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=50, help="submissions (default 50)")
     args = ap.parse_args()
-    external = bool(os.environ.get("DET_DB_URL"))
-    home = tempfile.mkdtemp(prefix="det-bench-")
-    os.environ["DET_HOME"] = home
-    url = database_url(start=True)
-    env = {**os.environ, "DET_DB_URL": url}
-    procs = [subprocess.Popen([sys.executable, "-m", "det.cli.main", *cmd], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for cmd in (["reconcile"], ["agent", "run", "--slots", "2"])]
     config = load_experiment_config(CONFIG).expanded()
-    try:
-        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-            migrate(conn)
-            while not conn.execute("SELECT 1 FROM agents WHERE state = 'ACTIVE'").fetchone():
-                time.sleep(0.1)
-            samples = []
-            for _ in range(args.n):
-                eid = conn.execute("SELECT det_create_experiment(%s, '', NULL, 'bench') AS id",
-                                   (Jsonb(config),)).fetchone()["id"]
-                while (row := conn.execute(LATENCY, (eid,)).fetchone()) is None:
-                    time.sleep(0.002)
-                samples.append(float(row["ms"]))
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait()
-        if not external:
-            from det.db.embedded import stop
-
-            stop(Path(home))
+    with private_database() as db:
+        procs = [det_process(db.url, "reconcile"),
+                 det_process(db.url, "agent", "run", "--slots", "2")]
+        try:
+            with psycopg.connect(db.url, autocommit=True, row_factory=dict_row) as conn:
+                while not conn.execute("SELECT 1 FROM agents WHERE state = 'ACTIVE'").fetchone():
+                    time.sleep(0.1)
+                samples = []
+                for _ in range(args.n):
+                    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL, 'bench') AS id",
+                                       (Jsonb(config),)).fetchone()["id"]
+                    while (row := conn.execute(LATENCY, (eid,)).fetchone()) is None:
+                        time.sleep(0.002)
+                    samples.append(float(row["ms"]))
+        finally:
+            stop(procs)
     samples.sort()
     p95 = samples[max(0, round(0.95 * len(samples)) - 1)]
     print(f"submit -> task process started, {len(samples)} submissions on an idle cluster:")

@@ -30,9 +30,8 @@ from pathlib import Path
 
 import psycopg
 import yaml
+from private_db import det_process, private_database, stop
 from psycopg.rows import dict_row
-
-from det.db import database_url, migrate
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = REPO / "examples" / "digits"
@@ -49,12 +48,10 @@ SELECT extract(epoch FROM a.running_at - e.start_time) * 1000 AS running,
 """
 
 
-def det(*args: str, env: dict[str, str], background: bool = False):
-    cmd = [sys.executable, "-m", "det.cli.main", *args]
-    if background:
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-    return subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+def det(url: str, *args: str) -> None:
+    """``det ARGS`` against ``url``, to completion."""
+    subprocess.run([sys.executable, "-m", "det.cli.main", *args], check=True,
+                   env={**os.environ, "DET_DB_URL": url}, capture_output=True, text=True)
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -62,9 +59,9 @@ def pct(samples: list[float], q: float) -> float:
     return ordered[max(0, round(q * len(ordered)) - 1)]
 
 
-def measure(runtime: str, n: int, conn, env: dict[str, str], config: Path) -> dict[str, list]:
-    agent = det("agent", "run", "--id", f"bench-{runtime}", "--slots", "1", "--runtime",
-                runtime, env=env, background=True)
+def measure(runtime: str, n: int, conn, url: str, config: Path) -> dict[str, list]:
+    agent = det_process(url, "agent", "run", "--id", f"bench-{runtime}", "--slots", "1",
+                        "--runtime", runtime)
     try:
         while not conn.execute("SELECT 1 FROM agents WHERE id = %s AND state = 'ACTIVE'",
                                (f"bench-{runtime}",)).fetchone():
@@ -73,7 +70,7 @@ def measure(runtime: str, n: int, conn, env: dict[str, str], config: Path) -> di
             time.sleep(0.1)
         samples: dict[str, list] = {"running": [], "first_batch": [], "overhead": []}
         for _ in range(n):
-            det("experiment", "create", str(config), str(DIGITS), env=env)
+            det(url, "experiment", "create", str(config), str(DIGITS))
             eid = conn.execute("SELECT max(id) AS id FROM experiments").fetchone()["id"]
             while (row := conn.execute(TIMES, (eid,)).fetchone()) is None:
                 time.sleep(0.05)
@@ -81,9 +78,8 @@ def measure(runtime: str, n: int, conn, env: dict[str, str], config: Path) -> di
                 samples[key].append(float(row[key]))
         return samples
     finally:
-        agent.terminate()
-        agent.wait()
-        det("agent", "disable", f"bench-{runtime}", env=env)
+        stop([agent])
+        det(url, "agent", "disable", f"bench-{runtime}")
 
 
 def main() -> None:
@@ -91,31 +87,21 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20, help="submissions per runtime (default 20)")
     ap.add_argument("--runtimes", default="process,docker")
     args = ap.parse_args()
-    external = bool(os.environ.get("DET_DB_URL"))
-    home = tempfile.mkdtemp(prefix="det-bench-")
-    os.environ["DET_HOME"] = home
-    url = database_url(start=True)
-    env = {**os.environ, "DET_DB_URL": url}
     cfg = yaml.safe_load((DIGITS / "const.yaml").read_text())
     cfg.update(name="task-start", scheduling_unit=1, max_restarts=0,
                min_validation_period={"batches": 1})
     cfg["searcher"]["max_length"] = {"batches": 1}
-    config = Path(home) / "task-start.yaml"
-    config.write_text(yaml.safe_dump(cfg))
-    reconciler = det("reconcile", "--interval", "0.2", env=env, background=True)
     results = {}
-    try:
-        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-            migrate(conn)
-            for runtime in args.runtimes.split(","):
-                results[runtime] = measure(runtime, args.n, conn, env, config)
-    finally:
-        reconciler.terminate()
-        reconciler.wait()
-        if not external:
-            from det.db.embedded import stop
-
-            stop(Path(home))
+    with private_database() as db, tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "task-start.yaml"
+        config.write_text(yaml.safe_dump(cfg))
+        reconciler = det_process(db.url, "reconcile", "--interval", "0.2")
+        try:
+            with psycopg.connect(db.url, autocommit=True, row_factory=dict_row) as conn:
+                for runtime in args.runtimes.split(","):
+                    results[runtime] = measure(runtime, args.n, conn, db.url, config)
+        finally:
+            stop([reconciler])
     print(f"{args.n} one-batch digits trials per runtime, one at a time, milliseconds:")
     print(f"{'runtime':<9} {'-> running p50/p95':>20} {'-> first batch p50/p95':>24} "
           f"{'start overhead p50/p95':>24}")

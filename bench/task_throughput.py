@@ -28,21 +28,16 @@ goes. Figures only, no assertions.
 """
 
 import argparse
-import os
 import pstats
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psycopg
+from private_db import det_process, private_database, stop
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from det.configs import load_experiment_config
-from det.db import database_url, migrate
 
 CONFIG = """
 name: throughput
@@ -85,15 +80,6 @@ STEPS = {"reconciler": [("passes.py", "run_pass"), ("passes.py", "_settle"),
                    ("connection.py", "notifies")]}
 
 
-def _det(args: list[str], env: dict[str, str], profile: Path | None,
-         name: str) -> subprocess.Popen:
-    prefix = [sys.executable]
-    if profile is not None:
-        prefix += ["-m", "cProfile", "-o", str(profile / f"{name}.prof")]
-    return subprocess.Popen([*prefix, "-m", "det.cli.main", *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def _print_profile(path: Path, name: str, top: int) -> None:
     stats = pstats.Stats(str(path)).strip_dirs()
     print(f"\n== {name}: calls, cumulative s, ms per call ==")
@@ -104,6 +90,26 @@ def _print_profile(path: Path, name: str, top: int) -> None:
     stats.sort_stats("cumulative").print_stats(top)
 
 
+def run(url: str, config: dict, n: int) -> tuple[dict, dict, int, float]:
+    """Submit ``n`` one-trial experiments in one transaction once the agent is up, wait for
+    all to end; returns (rates, stages, experiments not COMPLETED, wall seconds)."""
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        while not conn.execute("SELECT 1 FROM agents WHERE state = 'ACTIVE'").fetchone():
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        with conn.transaction():
+            for _ in range(n):
+                conn.execute("SELECT det_create_experiment(%s, '', NULL, 'bench')",
+                             (Jsonb(config),))
+        while conn.execute("SELECT count(*) AS n FROM experiments WHERE state IN "
+                           "('COMPLETED', 'ERROR', 'CANCELED')").fetchone()["n"] < n:
+            time.sleep(0.2)
+        wall = time.monotonic() - t0
+        return (conn.execute(RATES).fetchone(), conn.execute(STAGES).fetchone(),
+                conn.execute("SELECT count(*) AS n FROM experiments "
+                             "WHERE state <> 'COMPLETED'").fetchone()["n"], wall)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1000, help="tasks (default 1000)")
@@ -112,47 +118,22 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="run both daemons under cProfile, into DIR")
     ap.add_argument("--top", type=int, default=25, help="profile lines printed per daemon")
     args = ap.parse_args()
-    external = bool(os.environ.get("DET_DB_URL"))
-    home = tempfile.mkdtemp(prefix="det-bench-")
-    os.environ["DET_HOME"] = home
-    url = database_url(start=True)
-    env = {**os.environ, "DET_DB_URL": url}
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     config = load_experiment_config(CONFIG).expanded()
-    procs: list[subprocess.Popen] = []
-    try:
-        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-            migrate(conn)
-            procs.append(_det(["reconcile", "--interval", str(args.interval)], env,
-                              args.profile, "reconciler"))
-            procs.append(_det(["agent", "run", "--id", "bench", "--slots", str(args.slots),
-                               "--runtime", "process"], env, args.profile, "agent"))
-            while not conn.execute("SELECT 1 FROM agents WHERE state = 'ACTIVE'").fetchone():
-                time.sleep(0.1)
-            t0 = time.monotonic()
-            with conn.transaction():
-                for _ in range(args.n):
-                    conn.execute("SELECT det_create_experiment(%s, '', NULL, 'bench')",
-                                 (Jsonb(config),))
-            while conn.execute("SELECT count(*) AS n FROM experiments WHERE state IN "
-                               "('COMPLETED', 'ERROR', 'CANCELED')").fetchone()["n"] < args.n:
-                time.sleep(0.2)
-            wall = time.monotonic() - t0
-            rates = conn.execute(RATES).fetchone()
-            stages = conn.execute(STAGES).fetchone()
-            failed = conn.execute("SELECT count(*) AS n FROM experiments "
-                                  "WHERE state <> 'COMPLETED'").fetchone()["n"]
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait()
-        if not external:
-            from det.db.embedded import stop
 
-            stop(Path(home))
-            shutil.rmtree(home)  # the server's files
+    def profile(name: str) -> Path | None:
+        return None if args.profile is None else args.profile / f"{name}.prof"
+
+    with private_database() as db:
+        procs = [det_process(db.url, "reconcile", "--interval", str(args.interval),
+                             profile=profile("reconciler")),
+                 det_process(db.url, "agent", "run", "--id", "bench", "--slots",
+                             str(args.slots), "--runtime", "process", profile=profile("agent"))]
+        try:
+            rates, stages, failed, wall = run(db.url, config, args.n)
+        finally:
+            stop(procs)
     print(f"{rates['n']} trivial tasks (entrypoint true), {args.slots} slots, one agent; "
           f"{failed} experiment(s) not COMPLETED")
     print(f"  started (claimed)  {rates['started']:7.1f} /s")

@@ -1,0 +1,70 @@
+"""What every benchmark needs: a database of its own, and det processes against it.
+
+Benchmarks are run by hand (``python bench/NAME.py``); this module sits beside them and is
+imported as ``private_db``.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from det.db import embedded, migrate
+
+
+@dataclass(frozen=True)
+class BenchDb:
+    """``url`` of the benchmark's database; ``home`` its temporary DET_HOME (the embedded
+    server's directory), None when ``DET_DB_URL`` named the server."""
+
+    url: str
+    home: Path | None
+
+
+@contextmanager
+def private_database(embedded_only: bool = False) -> Iterator[BenchDb]:
+    """A migrated database for one run: the server ``DET_DB_URL`` names (unless
+    ``embedded_only``: benches that stop and restart the server need their own), else an
+    embedded PostgreSQL in a fresh temporary DET_HOME, also set in ``os.environ`` so det
+    processes started from here use it. On exit the embedded server is stopped and its files
+    (often over 100 MB) are removed."""
+    external = None if embedded_only else os.environ.get("DET_DB_URL")
+    home = None if external else Path(tempfile.mkdtemp(prefix="det-bench-"))
+    if home is not None:
+        os.environ.pop("DET_DB_URL", None)
+        os.environ["DET_HOME"] = str(home)
+    try:
+        url = external or embedded.ensure_running(home)
+        with psycopg.connect(url) as conn:
+            migrate(conn)
+        yield BenchDb(url, home)
+    finally:
+        if home is not None:
+            embedded.stop(home)
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def det_process(url: str, *args: str, profile: Path | None = None) -> subprocess.Popen:
+    """``det ARGS`` in the background against ``url``, output discarded; with ``profile``,
+    under cProfile writing to that file."""
+    prefix = [sys.executable]
+    if profile is not None:
+        prefix += ["-m", "cProfile", "-o", str(profile)]
+    return subprocess.Popen([*prefix, "-m", "det.cli.main", *args],
+                            env={**os.environ, "DET_DB_URL": url},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every process, then wait for each (their ``finally`` blocks run)."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait()

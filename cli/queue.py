@@ -18,14 +18,17 @@ SELECT q.queue_order, q.job_id, 'TYPE_' || q.type AS type, q.name, q.priority, q
        q.submitted_at, q.slots_acquired, q.slots_needed, q.status, q.owner, q.resource_pool,
        q.experiment_id, q.experiment_state, q.pending_reason,
        det_pool_scheduler(q.resource_pool) ->> 'type' AS scheduler,
-       (SELECT count(*) FROM trials t WHERE t.experiment_id = q.experiment_id
-           AND t.state IN ('ACTIVE', 'PAUSED') AND NOT t.closed) AS live_trials,
-       (SELECT count(*) FROM agents g WHERE g.resource_pool = q.resource_pool
-           AND g.state = 'ACTIVE') AS pool_agents,
-       (SELECT count(*) FROM trials t WHERE t.experiment_id = q.experiment_id) AS trials,
+       tc.live_trials, tc.trials, coalesce(ag.n, 0) AS pool_agents,
        e.config #> '{searcher,max_concurrent_trials}' AS max_concurrent_trials,
        e.config #> '{searcher,max_trials}' AS max_trials
   FROM reporting.job_queue q JOIN experiments e ON e.id = q.experiment_id
+  CROSS JOIN LATERAL (
+      SELECT count(*) AS trials,
+             count(*) FILTER (WHERE t.state IN ('ACTIVE', 'PAUSED') AND NOT t.closed)
+                 AS live_trials
+        FROM trials t WHERE t.experiment_id = q.experiment_id) tc
+  LEFT JOIN (SELECT resource_pool, count(*) AS n FROM agents WHERE state = 'ACTIVE'
+              GROUP BY resource_pool) ag ON ag.resource_pool = q.resource_pool
  WHERE (%(pool)s::text IS NULL OR q.resource_pool = %(pool)s)
    AND (%(job)s::bigint IS NULL OR q.job_id = %(job)s)
  ORDER BY q.resource_pool, q.queue_order

@@ -7,7 +7,6 @@ merges under the experiment's own config (``det.configs.templates``).
 from pathlib import Path
 
 import typer
-import yaml
 from psycopg.types.json import Jsonb
 
 from det.cli.output import print_json, print_table
@@ -22,7 +21,9 @@ LIST = """
 SELECT name, owner, created_at, updated_at, config FROM templates ORDER BY name
 """
 
-ONE = "SELECT name, owner, created_at, updated_at, config FROM templates WHERE name = %(name)s"
+ONE = """
+SELECT name, owner, created_at, updated_at, config, original FROM templates WHERE name = %(name)s
+"""
 
 
 def get_template(conn, name: str) -> dict:
@@ -69,13 +70,13 @@ def describe(
     name: str = typer.Argument(..., help="Template name."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """A template's config, as YAML."""
+    """A template's YAML, as it was set (--json: its config as JSON)."""
     with db() as conn:
         row = get_template(conn, name)
     if json_:
         print_json(row)
         return
-    typer.echo(yaml.safe_dump(row["config"], sort_keys=False, allow_unicode=True), nl=False)
+    typer.echo(row["original"], nl=not row["original"].endswith("\n"))
 
 
 @app.command("remove")

@@ -31,7 +31,7 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError, create_model
 
 from det.configs.experiment import ExperimentConfig, _StorageBase
 from det.configs.load import config_error, parse_yaml
@@ -150,12 +150,34 @@ def _is_absent(error: Any) -> bool:
     return False
 
 
+# The keys every member of a union section has, checked when a template leaves out the
+# section's tag (``searcher: {metric: loss}``): its other keys depend on the member.
+_UNION_BASES: dict[str, tuple[str, type[BaseModel]]] = {
+    "searcher": ("name", _SearcherBase),
+    "checkpoint_storage": ("type", _StorageBase),
+}
+_UntaggedUnions = create_model(
+    "_UntaggedUnions", **{key: (base | None, None) for key, (_, base) in _UNION_BASES.items()})
+
+
+def _check(model: type[BaseModel], data: dict[str, Any], source: str | None) -> None:
+    """Validate ``data`` with ``model``, ignoring only what is missing (``_is_absent``)."""
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        errors = [e for e in exc.errors() if not _is_absent(e)]
+        if errors:
+            raise config_error(exc, data, source, errors[0]) from None
+
+
 def load_template(text: str, source: str | None = None) -> dict[str, Any]:
     """Parse and check the YAML ``text`` of a template; returns its mapping.
 
     A template is a partial experiment config: a mapping whose keys and values must be valid
     where they appear (unknown keys, wrong types and bad values are refused), though any key
-    may be missing.
+    may be missing. A ``searcher`` or ``checkpoint_storage`` without its ``name`` / ``type``
+    has its common keys checked (``metric``, ``save_trial_best``, ...); its others are checked
+    once merged.
 
     Raises:
         ConfigError: naming ``source`` and the key (``max_restarts: expected an integer``), or
@@ -166,10 +188,9 @@ def load_template(text: str, source: str | None = None) -> dict[str, Any]:
         raise ConfigError("", f"a template must be a mapping of config keys, got "
                           f"{type(data).__name__ if data is not None else 'an empty document'}",
                           source)
-    try:
-        ExperimentConfig.model_validate(data)
-    except ValidationError as exc:
-        errors = [e for e in exc.errors() if not _is_absent(e)]
-        if errors:
-            raise config_error(exc, data, source, errors[0]) from None
+    _check(ExperimentConfig, data, source)
+    untagged = {key: {k: v for k, v in data[key].items() if k in base.model_fields}
+                for key, (tag, base) in _UNION_BASES.items()
+                if isinstance(data.get(key), dict) and data[key].get(tag) is None}
+    _check(_UntaggedUnions, untagged, source)
     return data

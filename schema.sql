@@ -448,9 +448,33 @@ CREATE TABLE model_versions (
 COMMENT ON TABLE model_versions IS
     'Versions of a model, numbered 1, 2, ... per model, each one checkpoint. A registered '
     'checkpoint is pinned: its row cannot be deleted while a version names it (ON DELETE '
-    'RESTRICT), and checkpoint GC keeps it.';
+    'RESTRICT), nor can it leave the COMPLETED state (checkpoints_keep_pinned), so checkpoint '
+    'GC keeps it.';
 -- The pin's lookup when a checkpoint row is deleted, and GC's keep rule.
 CREATE INDEX model_versions_checkpoint ON model_versions (checkpoint_uuid);
+
+CREATE FUNCTION det_keep_pinned_checkpoint() RETURNS trigger LANGUAGE plpgsql AS $$
+-- A checkpoint that a model version names stays COMPLETED: GC and deletion may not move it to
+-- another state (the pin's second half; ON DELETE RESTRICT is the first). The check runs on
+-- the row as it is when the update takes effect, with a fresh snapshot, so a version
+-- registered while a GC statement waited for the row still stops it.
+DECLARE
+    v_model text;
+    v_version integer;
+BEGIN
+    SELECT m.name, v.version INTO v_model, v_version
+      FROM model_versions v JOIN models m ON m.id = v.model_id
+     WHERE v.checkpoint_uuid = NEW.uuid ORDER BY v.id LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'checkpoint % is registered in the model registry (model %, version %) '
+            'and cannot be deleted; delete its model versions first (det model delete-version)',
+            NEW.uuid, to_jsonb(v_model), v_version USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER checkpoints_keep_pinned BEFORE UPDATE OF state ON checkpoints
+    FOR EACH ROW WHEN (NEW.state <> 'COMPLETED') EXECUTE FUNCTION det_keep_pinned_checkpoint();
 
 CREATE FUNCTION det_template_name_problem(p_name text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
 -- Why p_name cannot name a configuration template, or NULL: non-blank, at most 255

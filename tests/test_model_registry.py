@@ -7,10 +7,12 @@ allocation's token), so their rows and files are the ones a trial leaves behind.
 """
 
 import json
+import threading
 from pathlib import Path
 
 import psycopg
 import pytest
+from conftest import wait_for
 from test_cli import one_line_error
 from test_harness_db_faults import claim_allocation
 
@@ -227,6 +229,49 @@ def test_a_registered_checkpoint_is_pinned(det, conn, ckpts) -> None:
     det("model", "delete-version", "m", "2", "--yes")
     conn.execute("DELETE FROM checkpoints WHERE uuid = %s", (ckpts[0],))
     assert count(conn, "checkpoints") == 0
+
+
+def test_a_registered_checkpoint_stays_completed(det, conn, ckpts) -> None:
+    """GC and deletion move checkpoints out of COMPLETED; a pinned one cannot be moved."""
+    det("model", "create", "m")
+    det("model", "register-version", "m", ckpts[0])
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        conn.execute("UPDATE checkpoints SET state = 'DELETED' WHERE uuid = %s", (ckpts[0],))
+    assert str(translate(info.value)) == (
+        f'checkpoint {ckpts[0]} is registered in the model registry (model "m", version 1) and '
+        "cannot be deleted; delete its model versions first (det model delete-version)")
+    conn.execute("UPDATE checkpoints SET state = 'DELETED' WHERE uuid = %s", (ckpts[1],))
+
+
+def test_a_version_registered_while_gc_waits_still_pins(db_url, conn, ckpts) -> None:
+    """Two sessions: a registration holds its checkpoint; a GC statement that decided from an
+    earlier snapshot that nothing pins it waits, then is refused once the version commits."""
+    conn.execute("SELECT det_model_create('m', '', '{}', 'me')")
+    outcome: list[BaseException | None] = []
+    with psycopg.connect(db_url) as registering:
+        registering.execute("SELECT det_model_register_version('m', %s, NULL, NULL, NULL, NULL, "
+                            "'me')", (ckpts[0],))
+
+        def gc() -> None:
+            with psycopg.connect(db_url, autocommit=True) as c:
+                try:
+                    c.execute("UPDATE checkpoints SET state = 'DELETED' WHERE uuid = %s AND NOT "
+                              "EXISTS (SELECT 1 FROM model_versions WHERE checkpoint_uuid = %s)",
+                              (ckpts[0], ckpts[0]))
+                    outcome.append(None)
+                except psycopg.Error as e:
+                    outcome.append(e)
+
+        thread = threading.Thread(target=gc)
+        thread.start()
+        wait_for(lambda: conn.execute(
+            "SELECT count(*) AS n FROM pg_locks WHERE NOT granted").fetchone()["n"], 30,
+            "the GC statement to wait for the registration's lock")
+        registering.commit()
+        thread.join(30)
+    assert isinstance(outcome[0], psycopg.errors.CheckViolation), outcome
+    assert conn.execute("SELECT state FROM checkpoints WHERE uuid = %s",
+                        (ckpts[0],)).fetchone()["state"] == "COMPLETED"
 
 
 def test_only_a_completed_checkpoint_can_be_registered(det, conn, ckpts) -> None:

@@ -129,7 +129,8 @@ def create(
     label_list = _labels(labels)
     _check_storable(name=name, description=description, labels=label_list)
     with db() as conn:
-        row = conn.execute("SELECT id FROM det_model_create(%s, %s, %s, %s)",
+        row = conn.execute("SELECT id, name, description, labels, owner, creation_time "
+                           "FROM det_model_create(%s, %s, %s, %s)",
                            (name, description, label_list, user())).fetchone()
     if json_:
         print_json(row)

@@ -12,8 +12,11 @@ from psycopg.types.json import Jsonb
 from det import context
 from det.cli.output import print_json, print_table
 from det.cli.session import db, user
-from det.configs import is_trial_class, load_experiment_config, read_config_file
+from det.cli.templates import get_template
+from det.configs import is_trial_class, read_config_file
 from det.configs.job import job_change
+from det.configs.load import parse_experiment_config, parse_yaml
+from det.configs.templates import merge
 from det.db import database_url, det_home
 from det.db.reconnect import Reconnecting
 from det.errors import ConfigError, DetError, NotFoundError
@@ -80,17 +83,25 @@ def check_entrypoint(entrypoint: str | list[str], ctx: Path) -> None:
         raise ConfigError("entrypoint", f"{entrypoint}: {path.name} defines no class {cls}")
 
 
-def expanded_config(config_file: Path, ctx: Path) -> tuple[dict, str]:
-    """Read, validate and expand ``config_file``; returns (expanded config, original text).
+def expanded_config(config_file: Path, ctx: Path,
+                    template: dict | None = None) -> tuple[dict, str]:
+    """Read, validate and expand ``config_file``, merged over ``template`` (a template row:
+    ``name``, ``config``; det.configs.templates) if given; returns (expanded config, original
+    text).
 
     The default checkpoint storage is a shared_fs directory under det's home.
 
     Raises:
-        ConfigError: unreadable or oversized file, invalid config, or an entrypoint the
-            context lacks.
+        ConfigError: unreadable or oversized file, invalid config (or merge), or an
+            entrypoint the context lacks.
     """
     text = read_config_file(config_file)
-    cfg = load_experiment_config(text, source=str(config_file))
+    source = str(config_file)
+    data = parse_yaml(text, source)
+    if template is not None and isinstance(data, dict):
+        data = merge(data, template["config"])
+        source = f"{config_file} with template {template['name']!r}"
+    cfg = parse_experiment_config(data, source)
     check_entrypoint(cfg.entrypoint, ctx)
     expanded = cfg.expanded()
     if expanded.get("checkpoint_storage") is None:
@@ -113,6 +124,9 @@ def create(
     follow: bool = typer.Option(False, "--follow", "-f", help="Stream the first trial's logs."),
     force: bool = typer.Option(False, "--force",
                                help="Submit even if no agent of the pool could ever run it."),
+    template: str = typer.Option(None, "--template",
+                                 help="Merge this configuration template under the config "
+                                      "(the config's own values win)."),
 ) -> None:
     """Submit an experiment (one transaction: the experiment, its job and its context).
 
@@ -124,7 +138,11 @@ def create(
         raise DetError("--test-mode needs --local: det experiment create --local --test-mode "
                        "CONFIG CONTEXT runs the test in this process; a test experiment on the "
                        "cluster is not supported yet")
-    expanded, original = expanded_config(config_file, context_dir)
+    tpl = None
+    if template is not None:
+        with db() as conn:
+            tpl = get_template(conn, template)
+    expanded, original = expanded_config(config_file, context_dir, tpl)
     if local:
         from det.harness.local import run_local
 

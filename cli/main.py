@@ -15,10 +15,12 @@ from det.cli import (
     cluster,
     experiments,
     image,
+    models,
     pools,
     preview,
     queue,
     simulate,
+    templates,
     trials,
 )
 from det.db.sqlstate import translate
@@ -32,6 +34,9 @@ app.add_typer(experiments.app, name="exp", hidden=True)
 app.add_typer(trials.app, name="trial", help="Trials: logs and details.")
 app.add_typer(trials.app, name="t", hidden=True)
 app.add_typer(checkpoints.app, name="checkpoint", help="List and download checkpoints.")
+app.add_typer(models.app, name="model", help="The model registry: models and their versions.")
+app.add_typer(templates.app, name="template", help="Configuration templates.")
+app.add_typer(templates.app, name="tpl", hidden=True)
 app.add_typer(cluster.cluster_app, name="cluster", help="Run a local cluster.")
 cluster.cluster_app.add_typer(pools.config_app, name="config",
                               help="The cluster config: schedulers and resource pools.")

@@ -225,9 +225,11 @@ def _message(error: ErrorDetails) -> str:
     return error["msg"]
 
 
-def config_error(exc: ValidationError, data: Any, source: str | None = None) -> ConfigError:
-    """Turn the first error of ``exc`` (raised validating ``data``) into a ``ConfigError``."""
-    error = exc.errors()[0]
+def config_error(exc: ValidationError, data: Any, source: str | None = None,
+                 error: ErrorDetails | None = None) -> ConfigError:
+    """Turn ``error`` (default: the first error of ``exc``, raised validating ``data``) into a
+    ``ConfigError``."""
+    error = error if error is not None else exc.errors()[0]
     ctx = error.get("ctx") or {}
     if "dotted_path" in ctx:  # a cross-field check names the field itself
         path = str(ctx["dotted_path"])

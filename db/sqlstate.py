@@ -6,23 +6,41 @@ illegal state change, ...). The CLI (and any other front end) passes every ``psy
 through :func:`translate` and shows the result as one line, never a raw driver message.
 """
 
+import re
+
 import psycopg
 
 from det.errors import DatabaseError, DetError, NotFoundError, StateError
 
 # What a violated table constraint means to a user (constraints named by PostgreSQL's
-# defaults: <table>_<column>_check).
+# defaults: <table>_<column>_check, <table>_<column>_fkey). ``{key}`` stands for the value
+# the error's detail names (``Key (uuid)=(...)``).
 CONSTRAINTS = {
     "jobs_weight_check": "weight: expected a finite number > 0 and at most 1e6",
     "agents_id_check": ("agent id: expected 1 to 63 letters, digits, '.', '_' or '-', "
                         "starting with a letter or digit"),
     "jobs_priority_check": "priority: expected a whole number from 1 to 99",
+    # A registered checkpoint is pinned (schema.sql, model_versions).
+    "model_versions_checkpoint_uuid_fkey": (
+        "checkpoint {key} is registered in the model registry and cannot be deleted; "
+        "delete its model versions first (det model delete-version)"),
+    "models_name_lower": ("model name: a model of that name already exists (names are "
+                          "compared regardless of case)"),
 }
+
+# Constraints whose violation is not what their SQLSTATE usually means: deleting a pinned
+# checkpoint is an illegal action on an object that exists, not a missing one.
+_CONSTRAINT_TYPES: dict[str, type[DetError]] = {
+    "model_versions_checkpoint_uuid_fkey": StateError,
+}
+
+_KEY = re.compile(r"^Key \(.*?\)=\((.*)\)")
 
 _BY_STATE: dict[str, type[DetError]] = {
     "P0002": NotFoundError,  # no_data_found: the named object does not exist
     "23503": NotFoundError,  # foreign_key_violation: it names a pool/agent that does not exist
     "22023": DetError,  # invalid_parameter_value: a bad argument, named in the message
+    "23505": DetError,  # unique_violation: a name already taken, named in the message
     "23514": StateError,  # check_violation: an illegal state change or value
     "28000": DetError,  # invalid_authorization_specification: a bad token
 }
@@ -38,5 +56,12 @@ def translate(e: psycopg.Error) -> DetError:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return DatabaseError(f"the database is unavailable: {first}")
     diag = e.diag
-    message = CONSTRAINTS.get(diag.constraint_name or "") or diag.message_primary or str(e)
-    return _BY_STATE.get(e.sqlstate or "", DatabaseError)(message)
+    message = CONSTRAINTS.get(diag.constraint_name or "")
+    if message is not None:
+        key = _KEY.match(diag.message_detail or "")
+        message = message.format(key=key.group(1) if key else "?")
+    else:
+        message = diag.message_primary or str(e)
+    kind = (_CONSTRAINT_TYPES.get(diag.constraint_name or "")
+            or _BY_STATE.get(e.sqlstate or "", DatabaseError))
+    return kind(message)

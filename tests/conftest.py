@@ -242,10 +242,11 @@ class EndedExperiments:
     def make(self, trials: list[list[tuple[int, float | None]]], *,
              smaller_is_better: bool = True, policy: tuple[int, int, int] = (0, 1, 1),
              searcher_extra: str = "", checkpoint_storage: dict | None = None,
-             file_bytes: int = 64) -> tuple[int, list[list[str]]]:
+             file_bytes: int = 64, ended: bool = True) -> tuple[int, list[list[str]]]:
         """An experiment whose trial i wrote a checkpoint at each ``(steps, metric)`` of
-        ``trials[i]`` (with a validation of that metric at that step, or none for None).
-        Returns (experiment id, the checkpoint uuids per trial in the same order)."""
+        ``trials[i]`` (with a validation of that metric at that step, or none for None),
+        COMPLETED unless ``ended`` is false (then still ACTIVE). Returns (experiment id, the
+        checkpoint uuids per trial in the same order)."""
         from psycopg.types.json import Jsonb
 
         from det.configs import load_experiment_config
@@ -290,8 +291,9 @@ class EndedExperiments:
                               (tid, alloc, steps, Jsonb({"loss": metric})))
                 mine.append(u)
             uuids.append(mine)
-        c.execute("UPDATE experiments SET state = 'COMPLETED', end_time = now() WHERE id = %s",
-                  (eid,))
+        if ended:
+            c.execute("UPDATE experiments SET state = 'COMPLETED', end_time = now() "
+                      "WHERE id = %s", (eid,))
         return eid, uuids
 
 

@@ -117,10 +117,8 @@ def test_set_gc_policy_previews_asks_and_applies(det, ended, conn) -> None:
     assert r.returncode != 0
 
 
-def test_delete_and_archive_refused_while_running(det, ended, conn) -> None:
-    eid, uuids = ended.make([[(10, 0.5)]])
-    conn.execute("UPDATE experiments SET state = 'ACTIVE', end_time = NULL WHERE id = %s",
-                 (eid,))
+def test_delete_and_archive_refused_while_running(det, ended) -> None:
+    eid, uuids = ended.make([[(10, 0.5)]], ended=False)
     for args in (("checkpoint", "delete", "--yes", uuids[0][0]),
                  ("experiment", "delete", "--yes", str(eid)),
                  ("experiment", "archive", str(eid))):

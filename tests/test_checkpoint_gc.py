@@ -200,13 +200,16 @@ def test_gc_killed_half_way_finishes_on_the_next_run(det, ended, conn, db_url, t
         pids = wait_for(gc_processes, 10, "the GC task's process")
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
+        assert list(states(conn, eid).values()).count("DELETED") == 100  # the first batch
     finally:
         hold.rollback()
         hold.close()
-    s = states(conn, eid)
-    assert list(s.values()).count("DELETED") == 100  # the first batch only
     wait_for(lambda: list(states(conn, eid).values()).count("DELETED") == 299, 60,
              "the next GC task to finish")
+    wait_for(lambda: conn.execute(
+        "SELECT bool_and(state = 'TERMINATED') AS done FROM allocations "
+        "WHERE spec ->> 'kind' = 'checkpoint_gc'").fetchone()["done"], 30,
+        "the GC tasks to end")
     assert (ended.storage / uuids[0][299] / "state.bin").is_file()  # the latest is kept
     assert sorted(p.name for p in ended.storage.iterdir()) == [uuids[0][299]]
     runs = conn.execute("SELECT exit_code FROM allocations WHERE spec ->> 'kind' = "

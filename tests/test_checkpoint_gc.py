@@ -10,7 +10,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import wait_for
 
 # (name, trials as [(steps, metric or None)], policy (seb, stb, stl), smaller_is_better,

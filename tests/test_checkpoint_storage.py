@@ -1,7 +1,7 @@
-"""Checkpoint storage on S3 (issue 16): a real experiment writes its checkpoints through s3fs to
-an S3-compatible server (moto's server mode, started here); GC removes what the policy drops,
-`det checkpoint download` fetches one with a byte count, `det experiment delete` empties the
-bucket."""
+"""Checkpoint storage (issue 16): a real experiment writes its checkpoints through fsspec, to
+S3 (s3fs, against moto's server mode, started here) or a shared directory; GC removes what the
+policy drops when the experiment ends, `det checkpoint download` fetches one with a byte count,
+`det experiment delete` empties the storage."""
 
 import io
 import socket
@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from conftest import wait_for
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "det-test", "AWS_SECRET_ACCESS_KEY": "det-test-secret",
@@ -69,18 +68,29 @@ def s3_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         log.close()
 
 
-def objects(fs, bucket: str) -> set[str]:
+def objects(fs, root: str) -> set[str]:
+    """Every file under ``root``, relative to it."""
     fs.invalidate_cache()
-    return set(fs.find(bucket))
+    return {p[len(root) + 1:] for p in fs.find(root)}
 
 
-def test_s3_checkpoints_gc_download_and_delete(det, det_env, conn, tmp_path, s3_server,
-                                               monkeypatch) -> None:
-    import s3fs
+@pytest.mark.parametrize("kind", ["s3", "shared_fs"])
+def test_checkpoints_gc_download_and_delete(det, conn, tmp_path, request, kind) -> None:
+    """A real experiment through the reconciler and an agent; its checkpoints' files really
+    disappear from the storage."""
+    import fsspec
 
-    det.env.update(CREDENTIALS)
-    fs = s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True)
-    fs.mkdir("ckpts")
+    if kind == "s3":
+        endpoint = request.getfixturevalue("s3_server")
+        det.env.update(CREDENTIALS)
+        fs = fsspec.filesystem("s3", endpoint_url=endpoint, skip_instance_cache=True)
+        fs.mkdir("ckpts")
+        root = "ckpts/runs/a"
+        storage = f"{{type: s3, bucket: ckpts, prefix: runs/a, endpoint_url: '{endpoint}'}}"
+    else:
+        fs = fsspec.filesystem("file")
+        root = str(tmp_path / "shared")
+        storage = f"{{type: shared_fs, host_path: {tmp_path}, storage_path: shared}}"
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     (ctx / "train.py").write_text(TRAIN)
@@ -89,7 +99,7 @@ def test_s3_checkpoints_gc_download_and_delete(det, det_env, conn, tmp_path, s3_
 name: s3
 entrypoint: {sys.executable} train.py
 searcher: {{name: single, metric: loss, max_length: {{batches: 3}}}}
-checkpoint_storage: {{type: s3, bucket: ckpts, prefix: runs/a, endpoint_url: '{s3_server}'}}
+checkpoint_storage: {storage}
 max_restarts: 0
 """)
     det("experiment", "create", str(cfg), str(ctx))
@@ -105,10 +115,9 @@ max_restarts: 0
     wait_for(lambda: conn.execute("SELECT state FROM checkpoints WHERE uuid = %s",
                                   (first,)).fetchone()["state"] == "DELETED", 60,
              "GC to remove the first checkpoint")
-    keys = objects(fs, "ckpts")
+    keys = objects(fs, root)
     assert not any(first in k for k in keys)
-    assert f"ckpts/runs/a/{best}/weights.bin" in keys
-    assert f"ckpts/runs/a/{latest}/sub/note.txt" in keys
+    assert f"{best}/weights.bin" in keys and f"{latest}/sub/note.txt" in keys
     freed = conn.execute("SELECT freed_bytes FROM checkpoints WHERE uuid = %s",
                          (first,)).fetchone()["freed_bytes"]
     assert freed >= 256 * 40  # weights, note and metadata.json
@@ -124,7 +133,7 @@ max_restarts: 0
     det("experiment", "delete", "--yes", "1")
     wait_for(lambda: conn.execute("SELECT count(*) AS n FROM experiments").fetchone()["n"] == 0,
              60, "the experiment's rows to go")
-    assert objects(fs, "ckpts") == set()
+    assert objects(fs, root) == set()
 
 
 def test_progress_counts_bytes() -> None:

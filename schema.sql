@@ -1304,13 +1304,26 @@ END $$;
 
 -- The GC task's API (det.harness.checkpoint_gc); it names its allocation by token.
 
+CREATE FUNCTION det_gc_auth(p_token text) RETURNS allocations LANGUAGE plpgsql STABLE AS $$
+-- The live GC task holding this token (det_auth), or an error: a trial's token cannot call
+-- the GC task's functions.
+DECLARE
+    a allocations := det_auth(p_token);
+BEGIN
+    IF a.spec ->> 'kind' IS DISTINCT FROM 'checkpoint_gc' THEN
+        RAISE EXCEPTION 'allocation %: only a checkpoint GC task may remove checkpoints', a.id
+            USING ERRCODE = 'invalid_authorization_specification';
+    END IF;
+    RETURN a;
+END $$;
+
 CREATE FUNCTION det_gc_task_checkpoints(p_token text, p_limit integer)
 RETURNS TABLE (uuid uuid, storage jsonb, size_bytes bigint) LANGUAGE plpgsql AS $$
 -- Up to p_limit DELETING checkpoints of the GC task's experiment, in order, for the task to
 -- remove their files. Pinned ones are first put back (det_unpin_deleting), so a checkpoint
 -- pinned since it was marked is never handed out.
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_gc_auth(p_token);
 BEGIN
     PERFORM det_unpin_deleting();
     RETURN QUERY
@@ -1329,7 +1342,7 @@ LANGUAGE plpgsql AS $$
 -- Once none of the experiment's checkpoints is DELETING its GC error is cleared. Returns the
 -- rows changed (a repeat changes none).
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_gc_auth(p_token);
     v_exp integer;
     v_n integer;
 BEGIN
@@ -1354,7 +1367,7 @@ LANGUAGE plpgsql AS $$
 -- The GC task could not remove files (a storage error): the message is shown on the
 -- experiment; the checkpoints stay DELETING.
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_gc_auth(p_token);
 BEGIN
     UPDATE experiments SET checkpoint_gc_error = p_message WHERE job_id = a.job_id;
 END $$;

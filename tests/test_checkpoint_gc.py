@@ -258,3 +258,22 @@ def test_storage_error_is_shown_on_the_experiment(det, ended, conn, tmp_path) ->
     assert not locked.exists()
     assert conn.execute("SELECT checkpoint_gc_error FROM experiments").fetchone()[
         "checkpoint_gc_error"] is None
+
+
+def test_only_a_gc_task_may_remove_checkpoints(ended, conn) -> None:
+    """A trial's token cannot mark checkpoints DELETED or fetch what GC would remove."""
+    eid, uuids = ended.make([[(10, None), (20, None)]], policy=(0, 0, 0))
+    conn.execute("SELECT det_checkpoint_gc(%s)", (eid,))
+    conn.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', '[]')")
+    alloc = conn.execute(
+        "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec, "
+        "state, agent_id) SELECT e.job_id, t.id, 2, 'default', 0, '{\"kind\": \"trial\"}', "
+        "'ASSIGNED', 'a1' FROM experiments e JOIN trials t ON t.experiment_id = e.id "
+        "WHERE e.id = %s RETURNING id", (eid,)).fetchone()["id"]
+    token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+    for sql, args in (("SELECT det_gc_task_deleted(%s, %s::uuid[])", (token, uuids[0])),
+                      ("SELECT * FROM det_gc_task_checkpoints(%s, 10)", (token,)),
+                      ("SELECT det_gc_task_failed(%s, 'x')", (token,))):
+        with pytest.raises(psycopg.Error, match="only a checkpoint GC task"):
+            conn.execute(sql, args)
+    assert set(states(conn, eid).values()) == {"DELETING"}

@@ -122,6 +122,9 @@ max_restarts: 0
                          (first,)).fetchone()["freed_bytes"]
     assert freed >= 256 * 40  # weights, note and metadata.json
 
+    if kind == "s3":  # the task's upload said how many bytes it moved
+        logs = det("trial", "logs", "1")
+        assert f"checkpoint {best}: upload: 20.0 KiB" in logs.stdout + logs.stderr
     out = tmp_path / "download"
     r = det("checkpoint", "download", best, "-o", str(out))
     assert (out / "weights.bin").read_bytes() == bytes(range(256)) * 80

@@ -277,3 +277,21 @@ def test_only_a_gc_task_may_remove_checkpoints(ended, conn) -> None:
         with pytest.raises(psycopg.Error, match="only a checkpoint GC task"):
             conn.execute(sql, args)
     assert set(states(conn, eid).values()) == {"DELETING"}
+
+
+def test_policy_set_while_running_applies_when_the_experiment_ends(det, ended, conn) -> None:
+    """GC runs in the pass that ends the experiment, with the policy as last set."""
+    eid, uuids = ended.make([[(10, 0.1), (20, 0.5), (30, 0.9)]], ended=False)
+    r = det("experiment", "set", "gc-policy", "--save-experiment-best", "0",
+            "--save-trial-best", "0", "--save-trial-latest", "1", str(eid), input="y\n")
+    assert "when the experiment ends" in r.stdout and "0 checkpoint(s) DELETING" in r.stdout
+    assert set(states(conn, eid).values()) == {"COMPLETED"}
+    conn.execute("UPDATE experiments SET state = 'STOPPING_COMPLETED' WHERE id = %s", (eid,))
+    det("reconcile", "--once")
+    assert conn.execute("SELECT state::text AS s FROM experiments WHERE id = %s",
+                        (eid,)).fetchone()["s"] == "COMPLETED"
+    assert states(conn, eid) == {uuids[0][0]: "DELETING", uuids[0][1]: "DELETING",
+                                 uuids[0][2]: "COMPLETED"}
+    gc = conn.execute("SELECT slots_needed, state::text AS s FROM allocations "
+                      "WHERE spec ->> 'kind' = 'checkpoint_gc'").fetchall()
+    assert gc == [{"slots_needed": 0, "s": "PENDING"}]  # waits for an agent to run it

@@ -70,15 +70,22 @@ class FsspecStorage:
     def download(self, uuid: str, dst: pathlib.Path) -> None:
         """Copy checkpoint ``uuid`` into the local directory ``dst`` (created if needed).
 
-        Raises ``StorageError`` if the checkpoint does not exist.
+        Raises ``StorageError`` if the checkpoint does not exist or the storage fails.
         """
         src = self.url(uuid)
-        if not self.fs.exists(src):
+        try:
+            found = self.fs.exists(src)
+            if found:
+                dst.mkdir(parents=True, exist_ok=True)
+                total = sum(self.fs.du(src, total=False).values())
+                with ByteProgress(f"checkpoint {uuid}: download", total,
+                                  upload=False) as progress:
+                    self.fs.get(src + "/", str(dst) + "/", recursive=True, callback=progress)
+        except Exception as e:  # botocore, OSError: the storage's own words, on one line
+            raise StorageError(f"checkpoint {uuid}: cannot download {self.describe(uuid)}: "
+                               f"{type(e).__name__}: {e}") from e
+        if not found:
             raise StorageError(f"checkpoint {uuid} not found at {self.describe(uuid)}")
-        dst.mkdir(parents=True, exist_ok=True)
-        total = sum(self.fs.du(src, total=False).values())
-        with ByteProgress(f"checkpoint {uuid}: download", total, upload=False) as progress:
-            self.fs.get(src + "/", str(dst) + "/", recursive=True, callback=progress)
 
     def describe(self, uuid: str) -> str:
         """Where checkpoint ``uuid`` lives, as a user reads it (a path, or ``s3://...``)."""

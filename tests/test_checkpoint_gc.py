@@ -295,3 +295,18 @@ def test_policy_set_while_running_applies_when_the_experiment_ends(det, ended, c
     gc = conn.execute("SELECT slots_needed, state::text AS s FROM allocations "
                       "WHERE spec ->> 'kind' = 'checkpoint_gc'").fetchall()
     assert gc == [{"slots_needed": 0, "s": "PENDING"}]  # waits for an agent to run it
+
+
+def test_download_errors_are_one_line(det, ended, conn, tmp_path) -> None:
+    eid, uuids = ended.make([[(10, None), (20, None)]])
+    out = tmp_path / "out"
+    det("checkpoint", "download", uuids[0][1], "-o", str(out))
+    assert (out / "state.bin").read_bytes() == b"x" * 64
+    conn.execute("SELECT det_checkpoint_gc(%s)", (eid,))
+    r = det("checkpoint", "download", uuids[0][0], "-o", str(out), check=False)
+    assert r.returncode == 1 and r.stderr.strip() == f"Error: checkpoint {uuids[0][0]} is DELETING"
+    for child in (ended.storage / uuids[0][1]).iterdir():
+        child.unlink()
+    (ended.storage / uuids[0][1]).rmdir()
+    r = det("checkpoint", "download", uuids[0][1], "-o", str(out), check=False)
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1 and "not found at" in r.stderr

@@ -155,3 +155,21 @@ def test_progress_counts_bytes() -> None:
                 fs.put_file(str(f), f"/x/{f.name}", callback=child)
     assert progress.bytes == sum(f.stat().st_size for f in files)
     assert out.getvalue().startswith("upload: ") and "/s)" in out.getvalue()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_bar_on_a_terminal() -> None:
+    from det.harness.progress import ByteProgress
+
+    out = _Terminal()
+    with ByteProgress("download x", 3 * 2**20, upload=False, file=out) as progress:
+        for _ in range(3):
+            with progress.branched("remote", "/nonexistent") as child:
+                child.relative_update(2**20)
+    assert "download x: 100%|##########| 3.00M/3.00M" in out.getvalue()
+    assert "B/s]" in out.getvalue()
+

@@ -187,6 +187,8 @@ COMMENT ON COLUMN experiments.checkpoint_gc_error IS
     '`det experiment describe`; cleared once no checkpoint of the experiment is DELETING.';
 COMMENT ON COLUMN experiments.delete_requested_at IS
     '`det experiment delete` asked for it: its rows go once its checkpoints'' files are gone.';
+-- Experiments being deleted, looked at by every pass.
+CREATE INDEX experiments_deleting ON experiments (id) WHERE delete_requested_at IS NOT NULL;
 COMMENT ON COLUMN experiments.searcher_state IS
     'The searcher''s state (JSON), written in the same transaction that consumed the events '
     'which changed it. NULL until the searcher has made its initial decisions.';

@@ -181,14 +181,17 @@ def _finish_experiments(conn: psycopg.Connection, r: PassResult) -> None:
 def _checkpoint_gc_tasks(conn: psycopg.Connection, r: PassResult) -> None:
     """Settle ended GC tasks, start one where checkpoints wait to be removed, and remove the
     rows of deleted experiments whose files are gone."""
-    r.changes += conn.execute(q.SETTLE_GC_RUNS).rowcount
+    r.changes += conn.execute(q.SETTLE_GC_RUNS).fetchone()["n"]
     r.changes += conn.execute(q.CREATE_GC_TASKS, {"max_failures": GC_MAX_FAILURES}).rowcount
     for row in conn.execute(q.EXPERIMENTS_TO_PURGE).fetchall():
         eid = row["id"]
+        gone: list[bool] = []
         isolated(conn, f"experiment {eid}: delete",
-                 lambda eid=eid: conn.execute(q.PURGE_EXPERIMENT, {"experiment_id": eid}),
+                 lambda eid=eid, gone=gone: gone.append(conn.execute(
+                     q.PURGE_EXPERIMENT, {"experiment_id": eid}).fetchone()["gone"]),
                  lambda msg, eid=eid: conn.execute(q.GC_DECISION_FAILED,
                                                    {"experiment_id": eid, "message": msg}))
+        r.changes += sum(gone)
 
 
 def _search_one(conn: psycopg.Connection, exp: dict, events: list[dict]) -> None:

@@ -235,15 +235,18 @@ WITH ended AS (
     UPDATE allocations a SET settled = true
      WHERE a.state = 'TERMINATED' AND NOT a.settled AND a.spec ->> 'kind' = 'checkpoint_gc'
     RETURNING a.id, a.job_id, a.exit_code, a.exit_reason
+), errors AS (
+    UPDATE experiments e
+       SET checkpoint_gc_error = 'checkpoint GC task (allocation ' || d.id || ') ended with '
+           || coalesce('exit code ' || d.exit_code, 'no exit code')
+           || coalesce(' (' || d.exit_reason || ')', '')
+      FROM ended d
+     WHERE e.job_id = d.job_id AND d.exit_code IS DISTINCT FROM 0
+       AND e.checkpoint_gc_error IS NULL
+       AND EXISTS (SELECT 1 FROM trials t JOIN checkpoints c ON c.trial_id = t.id
+                    WHERE t.experiment_id = e.id AND c.state = 'DELETING')
 )
-UPDATE experiments e
-   SET checkpoint_gc_error = 'checkpoint GC task (allocation ' || d.id || ') ended with '
-       || coalesce('exit code ' || d.exit_code, 'no exit code')
-       || coalesce(' (' || d.exit_reason || ')', '')
-  FROM ended d
- WHERE e.job_id = d.job_id AND d.exit_code IS DISTINCT FROM 0 AND e.checkpoint_gc_error IS NULL
-   AND EXISTS (SELECT 1 FROM trials t JOIN checkpoints c ON c.trial_id = t.id
-                WHERE t.experiment_id = e.id AND c.state = 'DELETING')
+SELECT count(*) AS n FROM ended
 """
 
 # A zero-slot GC task for each experiment with DELETING checkpoints and no live GC task, in

@@ -29,6 +29,8 @@ COMMENT ON COLUMN experiments.checkpoint_gc_error IS
     '`det experiment describe`; cleared once no checkpoint of the experiment is DELETING.';
 COMMENT ON COLUMN experiments.delete_requested_at IS
     '`det experiment delete` asked for it: its rows go once its checkpoints'' files are gone.';
+-- Experiments being deleted, looked at by every pass.
+CREATE INDEX experiments_deleting ON experiments (id) WHERE delete_requested_at IS NOT NULL;
 
 CREATE VIEW checkpoint_pins AS
 -- Checkpoints that are never deleted, whatever the GC policy or a user asks. Today: the

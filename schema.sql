@@ -1429,3 +1429,11 @@ JOIN agents ag ON ag.id = s.agent_id
 LEFT JOIN allocation_slots hs ON hs.agent_id = s.agent_id AND hs.slot_id = s.slot_id
                              AND NOT hs.released
 LEFT JOIN allocations a ON a.id = hs.allocation_id;
+
+CREATE VIEW reporting.checkpoints AS
+-- Every checkpoint with its state (COMPLETED, DELETING, DELETED), size and the bytes its
+-- deletion freed.
+SELECT c.uuid, t.experiment_id, c.trial_id, c.steps_completed, c.state,
+       (SELECT sum(r.value::bigint) FROM jsonb_each_text(c.resources) r)::bigint AS size_bytes,
+       c.freed_bytes, c.reported_at, c.deleted_at, c.storage ->> 'type' AS storage_type
+FROM checkpoints c JOIN trials t ON t.id = c.trial_id;

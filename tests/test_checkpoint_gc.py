@@ -166,7 +166,8 @@ def test_gc_task_removes_files_then_delete_removes_rows(det, ended, conn, tmp_pa
         assert not (ended.storage / u).exists()
     for u in {uuids[0][1], uuids[0][2], uuids[1][1]}:
         assert (ended.storage / u / "state.bin").is_file()
-    freed = conn.execute("SELECT sum(freed_bytes) AS b FROM checkpoints").fetchone()["b"]
+    freed = conn.execute("SELECT sum(freed_bytes) AS b FROM reporting.checkpoints "
+                         "WHERE experiment_id = %s AND state = 'DELETED'", (eid,)).fetchone()["b"]
     assert freed == 2000
     gc = conn.execute("SELECT state, exit_code, slots_needed, settled FROM allocations "
                       "WHERE spec ->> 'kind' = 'checkpoint_gc'").fetchall()

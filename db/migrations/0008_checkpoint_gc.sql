@@ -366,3 +366,11 @@ DECLARE
 BEGIN
     UPDATE experiments SET checkpoint_gc_error = p_message WHERE job_id = a.job_id;
 END $$;
+
+CREATE VIEW reporting.checkpoints AS
+-- Every checkpoint with its state (COMPLETED, DELETING, DELETED), size and the bytes its
+-- deletion freed.
+SELECT c.uuid, t.experiment_id, c.trial_id, c.steps_completed, c.state,
+       (SELECT sum(r.value::bigint) FROM jsonb_each_text(c.resources) r)::bigint AS size_bytes,
+       c.freed_bytes, c.reported_at, c.deleted_at, c.storage ->> 'type' AS storage_type
+FROM checkpoints c JOIN trials t ON t.id = c.trial_id;

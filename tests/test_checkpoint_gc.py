@@ -311,3 +311,17 @@ def test_download_errors_are_one_line(det, ended, conn, tmp_path) -> None:
     (ended.storage / uuids[0][1]).rmdir()
     r = det("checkpoint", "download", uuids[0][1], "-o", str(out), check=False)
     assert r.returncode == 1 and len(r.stderr.splitlines()) == 1 and "not found at" in r.stderr
+
+
+def test_delete_without_files_is_immediate(det, ended, conn) -> None:
+    """With no checkpoint files left to remove, `det experiment delete` removes the rows at
+    once, in its own transaction; answering no changes nothing."""
+    eid, _ = ended.make([[], []])
+    r = det("experiment", "delete", str(eid), check=False, input="n\n")
+    assert r.returncode != 0
+    assert conn.execute("SELECT delete_requested_at FROM experiments WHERE id = %s",
+                        (eid,)).fetchone()["delete_requested_at"] is None
+    assert det("experiment", "delete", str(eid), input="y\n").stdout.strip().endswith(
+        f"Experiment {eid}: deleted")
+    for table in ("experiments", "trials", "allocations", "jobs"):
+        assert conn.execute(f"SELECT count(*) AS n FROM {table}").fetchone()["n"] == 0, table

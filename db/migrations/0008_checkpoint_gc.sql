@@ -209,7 +209,7 @@ BEGIN
      WHERE uuid = ANY(p_uuids) AND state IN ('COMPLETED', 'DELETING');
     GET DIAGNOSTICS v_n = ROW_COUNT;
     PERFORM pg_notify('det_reconciler', 'checkpoint_gc');
-    RETURN v_n;
+    RETURN v_n - det_unpin_deleting();  -- pinned since the check above
 END $$;
 
 CREATE FUNCTION det_experiment_archive(p_id integer, p_archived boolean) RETURNS void
@@ -293,6 +293,7 @@ BEGIN
     UPDATE checkpoints c SET state = 'DELETING', delete_requested_at = now()
       FROM trials t
      WHERE t.id = c.trial_id AND t.experiment_id = p_id AND c.state IN ('COMPLETED', 'DELETING');
+    PERFORM det_unpin_deleting();  -- pinned since the check above: kept, and so is the experiment
     PERFORM pg_notify('det_reconciler', 'checkpoint_gc');
     RETURN det_purge_experiment(p_id);
 END $$;

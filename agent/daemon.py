@@ -44,7 +44,7 @@ from det.agent.heartbeat import Heartbeat
 from det.agent.logs import LogShipper
 from det.agent.process import ProcessRuntime
 from det.agent.runtime import Exit, Launch, Runtime, Task
-from det.configs import entrypoint_argv, env_for_device
+from det.configs import env_for_device
 from det.configs.allocation import AllocationSpec
 from det.db import channels, retry
 from det.errors import ConfigError, DetError
@@ -309,11 +309,12 @@ class Agent:
             env = {**env_for_device(spec.environment, self.device_type),
                    "DET_DB_URL": self.url, "DET_ALLOCATION_ID": str(alloc_id),
                    "DET_ALLOCATION_TOKEN": token, "DET_AGENT_ID": self.s.agent_id,
-                   "DET_TRIAL_ID": str(spec.trial_id),
                    "DET_EXPERIMENT_ID": str(spec.experiment_id),
                    "PYTHONUNBUFFERED": "1"}
+            if spec.trial_id is not None:
+                env["DET_TRIAL_ID"] = str(spec.trial_id)
             by_id = {s.slot_id: s for s in self.slots}
-            launch = Launch(alloc_id, entrypoint_argv(spec.entrypoint, self.runtime.python),
+            launch = Launch(alloc_id, spec.argv(self.runtime.python),
                             env, self._prepare_dir(alloc_id, spec.context_id), spec,
                             [by_id[i] for i in row["slot_ids"] if i in by_id])
             self.tasks[alloc_id] = self.runtime.launch(launch)

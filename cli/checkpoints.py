@@ -1,19 +1,20 @@
-"""``det checkpoint``: list an experiment's checkpoints, download one."""
+"""``det checkpoint``: list an experiment's checkpoints, download one, delete some."""
 
 from pathlib import Path
 
-import fsspec
 import typer
 
 from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.errors import NotFoundError, StateError
+from det.harness.storage import storage_from_config
 
 app = typer.Typer(no_args_is_help=True)
 
 LIST = """
 SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_at,
-       (SELECT sum(value::bigint) FROM jsonb_each_text(c.resources)) AS size_bytes
+       (SELECT sum(value::bigint) FROM jsonb_each_text(c.resources))::bigint AS size_bytes,
+       c.freed_bytes, c.deleted_at
   FROM checkpoints c JOIN trials t ON t.id = c.trial_id
  WHERE t.experiment_id = %(id)s ORDER BY c.trial_id, c.steps_completed
 """
@@ -21,30 +22,23 @@ SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_
 ONE = "SELECT uuid::text AS uuid, state, storage FROM checkpoints WHERE uuid::text = %(uuid)s"
 
 
-def storage_url(storage: dict, uuid: str) -> str:
-    """Where a checkpoint's files are, as an fsspec URL (shared_fs: a local path)."""
-    if storage.get("type") == "shared_fs":
-        base = Path(storage["host_path"]) / (storage.get("storage_path") or "")
-        return str(base / uuid)
-    if storage.get("type") == "directory":
-        return str(Path(storage["container_path"]) / uuid)
-    raise StateError(f"checkpoint {uuid}: storage type {storage.get('type')!r} is not supported")
-
-
 @app.command("list")
 def list_(
     exp_id: int = typer.Argument(..., metavar="EXPERIMENT_ID"),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Checkpoints of an experiment's trials."""
+    """Checkpoints of an experiment's trials: state (COMPLETED, DELETING, DELETED) and size
+    in bytes (freed: what deleting it gave back)."""
     with db() as conn:
+        if conn.execute("SELECT 1 FROM experiments WHERE id = %s", (exp_id,)).fetchone() is None:
+            raise NotFoundError(f"experiment {exp_id} not found")
         rows = conn.execute(LIST, {"id": exp_id}).fetchall()
     if json_:
         print_json(rows)
         return
     print_table(rows, ["uuid", "trial_id", "steps_completed", "state", "size_bytes",
-                       "reported_at"],
-                ["UUID", "Trial", "Batches", "State", "Bytes", "Reported"])
+                       "freed_bytes", "reported_at"],
+                ["UUID", "Trial", "Batches", "State", "Bytes", "Freed", "Reported"])
 
 
 @app.command("download")
@@ -52,17 +46,30 @@ def download(
     uuid: str = typer.Argument(...),
     output: Path = typer.Option(..., "--output", "-o", help="Directory to write the files to."),
 ) -> None:
-    """Copy a checkpoint's files from its storage into a local directory."""
+    """Copy a checkpoint's files from its storage (shared_fs, directory or s3) into a local
+    directory, showing the bytes as they come."""
     with db() as conn:
         row = conn.execute(ONE, {"uuid": uuid}).fetchone()
     if row is None:
         raise NotFoundError(f"checkpoint {uuid} not found")
     if row["state"] != "COMPLETED":
         raise StateError(f"checkpoint {uuid} is {row['state']}")
-    src = storage_url(row["storage"], uuid)
-    fs, path = fsspec.core.url_to_fs(src)
-    if not fs.exists(path):
-        raise NotFoundError(f"checkpoint {uuid}: its files are gone from {src}")
-    output.mkdir(parents=True, exist_ok=True)
-    fs.get(path.rstrip("/") + "/", str(output), recursive=True)
+    storage_from_config(row["storage"]).download(row["uuid"], output)
     typer.echo(f"Checkpoint {uuid} downloaded to {output}")
+
+
+@app.command("delete")
+def delete(
+    uuids: list[str] = typer.Argument(..., metavar="UUID..."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Delete checkpoints of ended experiments: they become DELETING at once, and a GC task
+    removes their files (then DELETED). Pinned checkpoints (model registry, warm starts) are
+    refused. Asking again for a DELETING checkpoint retries a GC that gave up."""
+    if not yes:
+        typer.confirm(f"Delete the files of {len(uuids)} checkpoint(s) from their storage?",
+                      abort=True)
+    with db() as conn, conn.transaction():
+        n = conn.execute("SELECT det_delete_checkpoints(%s::uuid[]) AS n",
+                         (uuids,)).fetchone()["n"]
+    typer.echo(f"{n} checkpoint(s) DELETING; a GC task removes their files")

@@ -1,4 +1,5 @@
-"""``det experiment``: create, list, describe, wait, pause, activate, cancel, kill."""
+"""``det experiment``: create, list, describe, wait, pause, activate, cancel, kill, archive,
+unarchive, delete, set (scheduling settings and the checkpoint GC policy)."""
 
 import ast
 import time
@@ -34,7 +35,8 @@ SELECT id, name, state::text AS state, round(progress * 100)::integer AS progres
 
 EXPERIMENT = """
 SELECT e.id, e.name, e.description, e.state::text AS state, e.owner, e.progress, e.config,
-       e.start_time, e.end_time, j.resource_pool, j.priority, j.weight, j.id AS job_id
+       e.start_time, e.end_time, j.resource_pool, j.priority, j.weight, j.id AS job_id,
+       e.archived, e.checkpoint_gc_error, e.delete_requested_at
   FROM experiments e JOIN jobs j ON j.id = e.job_id WHERE e.id = %(id)s
 """
 
@@ -242,6 +244,12 @@ def describe(
                f"{(min(best) if smaller else max(best)) if best else '-'}")
     typer.echo(f"resource pool {exp['resource_pool']}, priority {exp['priority']}, "
                f"weight {exp['weight']}, job {exp['job_id']}")
+    if exp["archived"]:
+        typer.echo("archived")
+    if exp["delete_requested_at"]:
+        typer.echo("being deleted: its rows go once its checkpoints' files are removed")
+    if exp["checkpoint_gc_error"]:
+        typer.echo(f"checkpoint GC failed: {exp['checkpoint_gc_error']}")
     typer.echo("\nTrials:")
     print_table(trials, ["id", "state", "hparams", "steps_completed", "best_validation",
                          "restarts", "exit_reason"],
@@ -309,8 +317,46 @@ def wait(
     raise typer.Exit(WAIT_EXIT[state])
 
 
+@app.command("archive")
+def archive(exp_id: int = typer.Argument(..., metavar="ID")) -> None:
+    """Hide an ended experiment from `det experiment list` (--all still shows it)."""
+    with db() as conn:
+        conn.execute("SELECT det_experiment_archive(%s, true)", (exp_id,))
+    typer.echo(f"Experiment {exp_id}: archived")
+
+
+@app.command("unarchive")
+def unarchive(exp_id: int = typer.Argument(..., metavar="ID")) -> None:
+    """Show an archived experiment in `det experiment list` again."""
+    with db() as conn:
+        conn.execute("SELECT det_experiment_archive(%s, false)", (exp_id,))
+    typer.echo(f"Experiment {exp_id}: unarchived")
+
+
+@app.command("delete")
+def delete(
+    exp_id: int = typer.Argument(..., metavar="ID"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Delete an ended experiment: a GC task removes its checkpoints' files, then its rows
+    (trials, metrics, logs, checkpoints) go in one transaction. Refused if one of its
+    checkpoints is pinned (model registry, warm start)."""
+    if not yes:
+        typer.confirm(f"Delete experiment {exp_id} with all its checkpoints, metrics and logs?",
+                      abort=True)
+    with db() as conn:
+        gone = conn.execute("SELECT det_experiment_delete(%s) AS gone",
+                            (exp_id,)).fetchone()["gone"]
+    if gone:
+        typer.echo(f"Experiment {exp_id}: deleted")
+    else:
+        typer.echo(f"Experiment {exp_id}: deleting; a GC task removes its checkpoints' files, "
+                   "then its rows go")
+
+
 set_app = typer.Typer(no_args_is_help=True)
-app.add_typer(set_app, name="set", help="Change an experiment's scheduling settings.")
+app.add_typer(set_app, name="set",
+              help="Change an experiment's scheduling settings or checkpoint GC policy.")
 
 JOB_OF = "SELECT job_id FROM experiments WHERE id = %(id)s"
 
@@ -340,3 +386,50 @@ def set_weight(exp_id: int = typer.Argument(..., metavar="ID"),
                ) -> None:
     """Set the experiment's weight (fair-share scheduler)."""
     _set_job(exp_id, "weight", weight)
+
+
+GC_PREVIEW = """
+SELECT uuid::text AS uuid, trial_id, steps_completed, size_bytes, metric
+  FROM det_checkpoints_to_delete(%(id)s, %(seb)s, %(stb)s, %(stl)s)
+"""
+
+
+@set_app.command("gc-policy")
+def set_gc_policy(
+    exp_id: int = typer.Argument(..., metavar="ID"),
+    save_experiment_best: int = typer.Option(..., "--save-experiment-best", min=0,
+                                             help="Best checkpoints of the experiment to keep."),
+    save_trial_best: int = typer.Option(..., "--save-trial-best", min=0,
+                                        help="Best checkpoints of each trial to keep."),
+    save_trial_latest: int = typer.Option(..., "--save-trial-latest", min=0,
+                                          help="Latest checkpoints of each trial to keep."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Apply without preview and question."),
+) -> None:
+    """Change the checkpoint GC policy (reference-facts §5). Shows the checkpoints the new
+    policy deletes and asks first (unless --yes); an ended experiment's are deleted now, a
+    running one's when it ends. Pinned checkpoints are never deleted."""
+    params = {"id": exp_id, "seb": save_experiment_best, "stb": save_trial_best,
+              "stl": save_trial_latest}
+    with db() as conn:
+        exp = get_experiment(conn, exp_id)
+        if not yes:
+            rows = conn.execute(GC_PREVIEW, params).fetchall()
+            ended = exp["state"] in WAIT_EXIT
+            when = "now" if ended else "when the experiment ends (if it ended now)"
+            if not rows:
+                typer.echo(f"The new policy deletes no checkpoint {when}.")
+            else:
+                total = sum(r["size_bytes"] or 0 for r in rows)
+                typer.echo(f"The new policy deletes these {len(rows)} checkpoint(s) "
+                           f"({total} bytes) {when}:")
+                print_table(rows, ["uuid", "trial_id", "steps_completed", "metric", "size_bytes"],
+                            ["UUID", "Trial", "Batches", exp["config"]["searcher"]["metric"],
+                             "Bytes"])
+            typer.confirm("Apply the new policy?", abort=True)
+            conn.rollback()  # the preview's snapshot ends; the change is its own transaction
+        with conn.transaction():
+            n = conn.execute("SELECT det_set_gc_policy(%(id)s, %(seb)s, %(stb)s, %(stl)s) AS n",
+                             params).fetchone()["n"]
+    typer.echo(f"Experiment {exp_id}: GC policy set to save_experiment_best "
+               f"{save_experiment_best}, save_trial_best {save_trial_best}, save_trial_latest "
+               f"{save_trial_latest}; {n} checkpoint(s) DELETING")

@@ -8,29 +8,47 @@ guesses at a key. A test keeps the two sides in step.
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
-from det.configs.entrypoint import Entrypoint
+from det.configs.entrypoint import Entrypoint, entrypoint_argv
 from det.configs.environment import BindMount, EnvironmentConfig
 from det.configs.experiment import CheckpointStorage, Resources
 from det.errors import ConfigError
 
 
 class AllocationSpec(BaseModel):
-    """One run of a trial: its entrypoint, environment (variables, image, pull policy),
+    """One run of a task: its entrypoint, environment (variables, image, pull policy),
     ``bind_mounts``, ``resources`` (``shm_size`` and ``memory_limit`` in bytes), checkpoint
-    storage, the packed context (``context_id``; None for none) and whose run it is."""
+    storage, the packed context (``context_id``; None for none) and whose run it is.
+
+    ``kind`` ``trial``: a run of trial ``trial_id`` (the entrypoint is the experiment's);
+    ``checkpoint_gc``: a zero-slot task that removes the files of the experiment's DELETING
+    checkpoints (:mod:`det.harness.checkpoint_gc`; no entrypoint, no trial)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    kind: Literal["trial"]
-    entrypoint: Entrypoint
+    kind: Literal["trial", "checkpoint_gc"]
+    entrypoint: Entrypoint | None = None
     environment: EnvironmentConfig
     bind_mounts: list[BindMount]
     resources: Resources
     checkpoint_storage: CheckpointStorage | None
     context_id: int | None
     experiment_id: int
-    trial_id: int
+    trial_id: int | None
+
+    @model_validator(mode="after")
+    def _trial_has_entrypoint(self) -> "AllocationSpec":
+        if self.kind == "trial" and (self.entrypoint is None or self.trial_id is None):
+            raise PydanticCustomError("trial_spec", "a trial's spec needs entrypoint and trial_id")
+        return self
+
+    def argv(self, python: str) -> list[str]:
+        """The command line of the task, ``python`` being the interpreter it runs under."""
+        if self.kind == "checkpoint_gc":
+            return [python, "-m", "det.harness.checkpoint_gc"]
+        assert self.entrypoint is not None  # checked by the validator
+        return entrypoint_argv(self.entrypoint, python)
 
     @classmethod
     def parse(cls, raw: object, allocation_id: int) -> "AllocationSpec":

@@ -99,6 +99,12 @@ class Resources(BaseModel):
     ] = None
 
 
+def _non_blank_bucket(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError("bucket", "expected a bucket name")
+    return value
+
+
 class _StorageBase(BaseModel):
     """Checkpoint GC settings common to every storage type (§3.7, §5)."""
 
@@ -137,16 +143,32 @@ class DirectoryStorage(_StorageBase):
     container_path: str
 
 
+class S3Storage(_StorageBase):
+    """``type: s3`` (§3.7): checkpoints at ``s3://<bucket>/<prefix>/<uuid>`` through fsspec's
+    s3fs. ``endpoint_url`` points at an S3-compatible server; without ``access_key`` and
+    ``secret_key`` the credentials come from the standard AWS chain (environment variables,
+    shared credentials file, instance role)."""
+
+    type: Literal["s3"]
+    bucket: Annotated[Name, AfterValidator(_non_blank_bucket)]
+    prefix: str | None = None
+    endpoint_url: str | None = None
+    access_key: str | None = None
+    secret_key: str | None = None
+
+
 def _storage_type(value: Any) -> Any:
     return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
 
 
 CheckpointStorage = Annotated[
-    Annotated[SharedFSStorage, Tag("shared_fs")] | Annotated[DirectoryStorage, Tag("directory")],
+    Annotated[SharedFSStorage, Tag("shared_fs")]
+    | Annotated[DirectoryStorage, Tag("directory")]
+    | Annotated[S3Storage, Tag("s3")],
     Discriminator(
         _storage_type,
         custom_error_type="bad_union_tag:type",
-        custom_error_message="expected one of shared_fs|directory",
+        custom_error_message="expected one of shared_fs|directory|s3",
     ),
 ]
 

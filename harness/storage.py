@@ -1,8 +1,9 @@
 """Checkpoint storage through fsspec (reference-facts §3.7).
 
 ``shared_fs`` stores checkpoint ``<uuid>`` at ``<host_path>/<storage_path or ''>/<uuid>``;
-``directory`` at ``<container_path>/<uuid>``. Both use fsspec's local filesystem, so a remote
-fsspec backend only needs another branch in ``storage_from_config``.
+``directory`` at ``<container_path>/<uuid>``; both on fsspec's local filesystem. ``s3`` stores
+it at ``s3://<bucket>/<prefix>/<uuid>`` through s3fs. Uploads and downloads show their bytes
+(:mod:`det.harness.progress`).
 """
 
 import os
@@ -16,6 +17,7 @@ from typing import Any
 import fsspec
 
 from det.harness.errors import StorageError
+from det.harness.progress import ByteProgress
 
 
 class FsspecStorage:
@@ -46,7 +48,9 @@ class FsspecStorage:
             return
         with tempfile.TemporaryDirectory(prefix=f"det-ckpt-{uuid}-") as tmp:
             yield pathlib.Path(tmp)
-            self.fs.put(tmp + "/", self.url(uuid), recursive=True)
+            total = sum(directory_sizes(pathlib.Path(tmp)).values())
+            with ByteProgress(f"checkpoint {uuid}: upload", total, upload=True) as progress:
+                self.fs.put(tmp + "/", self.url(uuid), recursive=True, callback=progress)
 
     @contextmanager
     def restore_dir(self, uuid: str) -> Iterator[pathlib.Path]:
@@ -55,7 +59,7 @@ class FsspecStorage:
         Raises ``StorageError`` if the checkpoint does not exist.
         """
         if not self.fs.exists(self.url(uuid)):
-            raise StorageError(f"checkpoint {uuid} not found at {self.url(uuid)}")
+            raise StorageError(f"checkpoint {uuid} not found at {self.describe(uuid)}")
         if self._local:
             yield pathlib.Path(self.url(uuid))
             return
@@ -66,12 +70,47 @@ class FsspecStorage:
     def download(self, uuid: str, dst: pathlib.Path) -> None:
         """Copy checkpoint ``uuid`` into the local directory ``dst`` (created if needed).
 
-        Raises ``StorageError`` if the checkpoint does not exist.
+        Raises ``StorageError`` if the checkpoint does not exist or the storage fails.
         """
-        if not self.fs.exists(self.url(uuid)):
-            raise StorageError(f"checkpoint {uuid} not found at {self.url(uuid)}")
-        dst.mkdir(parents=True, exist_ok=True)
-        self.fs.get(self.url(uuid) + "/", str(dst) + "/", recursive=True)
+        src = self.url(uuid)
+        try:
+            found = self.fs.exists(src)
+            if found:
+                dst.mkdir(parents=True, exist_ok=True)
+                total = sum(self.fs.du(src, total=False).values())
+                with ByteProgress(f"checkpoint {uuid}: download", total,
+                                  upload=False) as progress:
+                    self.fs.get(src + "/", str(dst) + "/", recursive=True, callback=progress)
+        except Exception as e:  # botocore, OSError: the storage's own words, on one line
+            raise StorageError(f"checkpoint {uuid}: cannot download {self.describe(uuid)}: "
+                               f"{type(e).__name__}: {e}") from e
+        if not found:
+            raise StorageError(f"checkpoint {uuid} not found at {self.describe(uuid)}")
+
+    def describe(self, uuid: str) -> str:
+        """Where checkpoint ``uuid`` lives, as a user reads it (a path, or ``s3://...``)."""
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        return self.url(uuid) if self._local else f"{protocol}://{self.url(uuid)}"
+
+    def delete(self, uuid: str) -> bool:
+        """Remove checkpoint ``uuid``'s files. Idempotent: returns False when nothing was there
+        (a GC that was killed after removing them).
+
+        Raises ``StorageError`` when the storage refuses (permissions, network, a bad bucket).
+        """
+        src = self.url(uuid)
+        try:
+            self.fs.invalidate_cache(src)
+            if not self.fs.exists(src):
+                return False
+            self.fs.rm(src, recursive=True)
+            self.fs.invalidate_cache(src)
+            return True
+        except FileNotFoundError:
+            return False
+        except Exception as e:  # botocore, OSError: the storage's own words, on one line
+            raise StorageError(f"checkpoint {uuid}: cannot remove {self.describe(uuid)}: "
+                               f"{type(e).__name__}: {e}") from e
 
 
 def directory_sizes(root: pathlib.Path) -> dict[str, int]:
@@ -88,7 +127,7 @@ def storage_from_config(checkpoint_storage: Mapping[str, Any] | None) -> FsspecS
     """Build the storage from the config's ``checkpoint_storage`` section.
 
     Absent (``None``): a fresh temporary directory (local runs). Raises ``StorageError`` for a
-    type other than ``shared_fs`` / ``directory`` or a missing required key.
+    type other than ``shared_fs`` / ``directory`` / ``s3`` or a missing required key.
     """
     if not checkpoint_storage:
         return FsspecStorage(fsspec.filesystem("file"), tempfile.mkdtemp(prefix="det-checkpoints-"))
@@ -105,7 +144,20 @@ def storage_from_config(checkpoint_storage: Mapping[str, Any] | None) -> FsspecS
         if not container_path:
             raise StorageError("checkpoint_storage.container_path: required for type directory")
         return FsspecStorage(fsspec.filesystem("file"), os.path.normpath(container_path))
+    if kind == "s3":
+        bucket = checkpoint_storage.get("bucket")
+        if not bucket:
+            raise StorageError("checkpoint_storage.bucket: required for type s3")
+        prefix = (checkpoint_storage.get("prefix") or "").strip("/")
+        options: dict[str, Any] = {}
+        if checkpoint_storage.get("endpoint_url"):
+            options["endpoint_url"] = checkpoint_storage["endpoint_url"]
+        if checkpoint_storage.get("access_key"):  # else the standard AWS credential chain
+            options["key"] = checkpoint_storage["access_key"]
+            options["secret"] = checkpoint_storage.get("secret_key")
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
+        return FsspecStorage(fs, f"{bucket}/{prefix}" if prefix else bucket)
     raise StorageError(
-        f"checkpoint_storage.type: {kind!r} is not supported by det yet "
-        "(expected shared_fs or directory)"
+        f"checkpoint_storage.type: {kind!r} is not supported by det "
+        "(expected shared_fs, directory or s3)"
     )

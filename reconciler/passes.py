@@ -24,6 +24,10 @@ from det.reconciler.trials import RunEnd, settle
 
 log = logging.getLogger("det.reconciler")
 
+# GC tasks that may fail (storage errors, kills) after a request to delete checkpoints before
+# the reconciler stops starting new ones; the error then waits on the experiment.
+GC_MAX_FAILURES = 3
+
 
 @dataclass
 class Settings:
@@ -60,7 +64,8 @@ def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassR
         _search(conn, r)
         _finish_closed_trials(conn, r)
         _finish_stopping_trials(conn, r)
-        r.changes += conn.execute(q.FINISH_EXPERIMENTS).rowcount
+        _finish_experiments(conn, r)
+        _checkpoint_gc_tasks(conn, r)
         r.changes += conn.execute(q.CREATE_ALLOCATIONS).rowcount
         _place(conn, r)
         wake = [channels.agent(a) for a in sorted(r.agents)]
@@ -159,6 +164,34 @@ def _finish_stopping_trials(conn: psycopg.Connection, r: PassResult) -> None:
         if row["allocation_id"] is not None:
             conn.execute(q.LOG_DECISION, {**row, "line": f"trial {row['state'].lower()}"})
         r.changes += 1
+
+
+def _finish_experiments(conn: psycopg.Connection, r: PassResult) -> None:
+    """End the experiments whose trials are all done, and apply each one's checkpoint GC
+    policy in the same transaction (reference-facts §5: GC runs when an experiment ends)."""
+    for row in conn.execute(q.FINISH_EXPERIMENTS).fetchall():
+        eid = row["id"]
+        isolated(conn, f"experiment {eid}: checkpoint GC",
+                 lambda eid=eid: conn.execute(q.CHECKPOINT_GC, {"experiment_id": eid}),
+                 lambda msg, eid=eid: conn.execute(q.GC_DECISION_FAILED,
+                                                   {"experiment_id": eid, "message": msg}))
+        r.changes += 1
+
+
+def _checkpoint_gc_tasks(conn: psycopg.Connection, r: PassResult) -> None:
+    """Settle ended GC tasks, start one where checkpoints wait to be removed, and remove the
+    rows of deleted experiments whose files are gone."""
+    r.changes += conn.execute(q.SETTLE_GC_RUNS).fetchone()["n"]
+    r.changes += conn.execute(q.CREATE_GC_TASKS, {"max_failures": GC_MAX_FAILURES}).rowcount
+    for row in conn.execute(q.EXPERIMENTS_TO_PURGE).fetchall():
+        eid = row["id"]
+        gone: list[bool] = []
+        isolated(conn, f"experiment {eid}: delete",
+                 lambda eid=eid, gone=gone: gone.append(conn.execute(
+                     q.PURGE_EXPERIMENT, {"experiment_id": eid}).fetchone()["gone"]),
+                 lambda msg, eid=eid: conn.execute(q.GC_DECISION_FAILED,
+                                                   {"experiment_id": eid, "message": msg}))
+        r.changes += sum(gone)
 
 
 def _search_one(conn: psycopg.Connection, exp: dict, events: list[dict]) -> None:

@@ -219,6 +219,80 @@ UPDATE experiments e
    AND NOT EXISTS (SELECT 1 FROM trials t
                     WHERE t.experiment_id = e.id
                       AND t.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR'))
+RETURNING e.id
+"""
+
+# -- 6b. Checkpoint GC (issue 16) ---------------------------------------------------------------
+
+# An experiment that just ended applies its GC policy (the keep rule is det_checkpoints_to_delete),
+# in the transaction that ended it.
+CHECKPOINT_GC = "SELECT det_checkpoint_gc(%(experiment_id)s) AS n"
+
+# Ended GC tasks are settled; one that failed without saying why (killed, lost with its agent)
+# leaves its end on the experiment while checkpoints are still to be removed.
+SETTLE_GC_RUNS = """
+WITH ended AS (
+    UPDATE allocations a SET settled = true
+     WHERE a.state = 'TERMINATED' AND NOT a.settled AND a.spec ->> 'kind' = 'checkpoint_gc'
+    RETURNING a.id, a.job_id, a.exit_code, a.exit_reason
+), errors AS (
+    UPDATE experiments e
+       SET checkpoint_gc_error = 'checkpoint GC task (allocation ' || d.id || ') ended with '
+           || coalesce('exit code ' || d.exit_code, 'no exit code')
+           || coalesce(' (' || d.exit_reason || ')', '')
+      FROM ended d
+     WHERE e.job_id = d.job_id AND d.exit_code IS DISTINCT FROM 0
+       AND e.checkpoint_gc_error IS NULL
+       AND EXISTS (SELECT 1 FROM trials t JOIN checkpoints c ON c.trial_id = t.id
+                    WHERE t.experiment_id = e.id AND c.state = 'DELETING')
+)
+SELECT count(*) AS n FROM ended
+"""
+
+# A zero-slot GC task for each experiment with DELETING checkpoints and no live GC task, in
+# the experiment's pool (whose agents reach its storage). A task that fails is tried again
+# while fewer than %(max_failures)s have failed since the latest request to delete (a killed
+# GC finishes on the next run); past that the error stays on the experiment until a user asks
+# again (`det checkpoint delete`, `det experiment delete`).
+CREATE_GC_TASKS = """
+WITH wanted AS (
+    SELECT t.experiment_id, max(c.delete_requested_at) AS requested
+      FROM checkpoints c JOIN trials t ON t.id = c.trial_id
+     WHERE c.state = 'DELETING'
+     GROUP BY t.experiment_id
+)
+INSERT INTO allocations (job_id, run, resource_pool, slots_needed, preemptible, spec)
+SELECT e.job_id,
+       coalesce((SELECT max(a.run) FROM allocations a
+                  WHERE a.job_id = e.job_id AND a.spec ->> 'kind' = 'checkpoint_gc'), 0) + 1,
+       j.resource_pool, 0, false,
+       jsonb_build_object('kind', 'checkpoint_gc', 'environment', e.config -> 'environment',
+                          'bind_mounts', e.config -> 'bind_mounts',
+                          'resources', e.config -> 'resources',
+                          'checkpoint_storage', e.config -> 'checkpoint_storage',
+                          'context_id', NULL, 'experiment_id', e.id, 'trial_id', NULL)
+  FROM wanted w JOIN experiments e ON e.id = w.experiment_id JOIN jobs j ON j.id = e.job_id
+ WHERE NOT EXISTS (SELECT 1 FROM allocations a
+                    WHERE a.job_id = e.job_id AND a.spec ->> 'kind' = 'checkpoint_gc'
+                      AND a.state <> 'TERMINATED')
+   AND (SELECT count(*) FROM allocations a
+         WHERE a.job_id = e.job_id AND a.spec ->> 'kind' = 'checkpoint_gc'
+           AND a.ended_at > w.requested AND a.exit_code IS DISTINCT FROM 0) < %(max_failures)s
+RETURNING id
+"""
+
+# Experiments a user deleted: their rows go once their files are (det_purge_experiment). One
+# whose GC or purge failed waits for the user to ask again (which clears the error).
+EXPERIMENTS_TO_PURGE = """
+SELECT id FROM experiments
+ WHERE delete_requested_at IS NOT NULL AND checkpoint_gc_error IS NULL ORDER BY id
+"""
+
+PURGE_EXPERIMENT = "SELECT det_purge_experiment(%(experiment_id)s) AS gone"
+
+# Deciding what to delete, or deleting an experiment's rows, raised: say so on the experiment.
+GC_DECISION_FAILED = """
+UPDATE experiments SET checkpoint_gc_error = %(message)s WHERE id = %(experiment_id)s
 """
 
 # -- 7. New runs for trials that have work and no run ------------------------------------------

@@ -143,11 +143,12 @@ class Det:
         self.procs: list[subprocess.Popen] = []
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 300,
-                 **env: str) -> subprocess.CompletedProcess:
-        """Run ``det ARGS``; with ``check``, fail the test on a non-zero exit."""
+                 input: str | None = None, **env: str) -> subprocess.CompletedProcess:
+        """Run ``det ARGS`` (``input``: its stdin, e.g. answers to its questions); with
+        ``check``, fail the test on a non-zero exit."""
         r = subprocess.run([sys.executable, "-m", "det.cli.main", *args], cwd=REPO,
                            env={**self.env, **env}, capture_output=True, text=True,
-                           timeout=timeout)
+                           timeout=timeout, input=input)
         if check and r.returncode != 0:
             raise AssertionError(f"det {' '.join(args)} exited {r.returncode}:\n"
                                  f"{r.stdout}\n{r.stderr}")
@@ -218,3 +219,85 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+# -- Checkpoint GC (issue 16): ended experiments built row by row -------------------------------
+
+GC_CONFIG = """\
+name: gc
+entrypoint: model_def:MyTrial
+searcher: {name: random, metric: loss, max_trials: 1, max_length: {batches: 10}}
+"""
+
+
+class EndedExperiments:
+    """Builds ended experiments with trials, checkpoints (files on disk under ``storage``)
+    and validation metrics straight into the test's database, as a finished run leaves them.
+    """
+
+    def __init__(self, conn: psycopg.Connection, storage: Path) -> None:
+        self.conn = conn
+        self.storage = storage
+
+    def make(self, trials: list[list[tuple[int, float | None]]], *,
+             smaller_is_better: bool = True, policy: tuple[int, int, int] = (0, 1, 1),
+             searcher_extra: str = "", checkpoint_storage: dict | None = None,
+             file_bytes: int = 64, ended: bool = True) -> tuple[int, list[list[str]]]:
+        """An experiment whose trial i wrote a checkpoint at each ``(steps, metric)`` of
+        ``trials[i]`` (with a validation of that metric at that step, or none for None),
+        COMPLETED unless ``ended`` is false (then still ACTIVE). Returns (experiment id, the
+        checkpoint uuids per trial in the same order)."""
+        from psycopg.types.json import Jsonb
+
+        from det.configs import load_experiment_config
+
+        text = GC_CONFIG.replace("max_trials: 1", f"max_trials: 1{searcher_extra}")
+        if not smaller_is_better:
+            text = text.replace("metric: loss", "metric: loss, smaller_is_better: false")
+        cfg = load_experiment_config(text).expanded()
+        cfg["checkpoint_storage"] = checkpoint_storage or {
+            "type": "shared_fs", "host_path": str(self.storage), "storage_path": None}
+        seb, stb, stl = policy
+        cfg["checkpoint_storage"].update(save_experiment_best=seb, save_trial_best=stb,
+                                         save_trial_latest=stl)
+        c = self.conn
+        eid = c.execute("SELECT det_create_experiment(%s, %s, NULL, 'tester') AS id",
+                        (Jsonb(cfg), text)).fetchone()["id"]
+        job = c.execute("SELECT job_id FROM experiments WHERE id = %s", (eid,)).fetchone()
+        uuids: list[list[str]] = []
+        for points in trials:
+            tid = c.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed, state,"
+                            " end_time) VALUES (%s, gen_random_uuid(), '{}', 1, 'COMPLETED', "
+                            "now()) RETURNING id", (eid,)).fetchone()["id"]
+            alloc = c.execute(
+                "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, "
+                "spec, state, ended_at, exit_code, settled) VALUES (%s, %s, 1, 'default', 1, "
+                "'{}', 'TERMINATED', now(), 0, true) RETURNING id",
+                (job["job_id"], tid)).fetchone()["id"]
+            mine = []
+            for steps, metric in points:
+                u = str(uuid.uuid4())
+                if checkpoint_storage is None:
+                    d = self.storage / u
+                    d.mkdir(parents=True)
+                    (d / "state.bin").write_bytes(b"x" * file_bytes)
+                c.execute("INSERT INTO checkpoints (uuid, trial_id, allocation_id, "
+                          "steps_completed, storage, resources) VALUES (%s, %s, %s, %s, %s, %s)",
+                          (u, tid, alloc, steps, Jsonb(cfg["checkpoint_storage"]),
+                           Jsonb({"state.bin": file_bytes})))
+                if metric is not None:
+                    c.execute("INSERT INTO metrics (trial_id, allocation_id, \"group\", "
+                              "steps_completed, \"values\") VALUES (%s, %s, 'validation', %s, %s)",
+                              (tid, alloc, steps, Jsonb({"loss": metric})))
+                mine.append(u)
+            uuids.append(mine)
+        if ended:
+            c.execute("UPDATE experiments SET state = 'COMPLETED', end_time = now() "
+                      "WHERE id = %s", (eid,))
+        return eid, uuids
+
+
+@pytest.fixture
+def ended(conn: psycopg.Connection, tmp_path: Path) -> EndedExperiments:
+    """An :class:`EndedExperiments` writing checkpoint files under ``tmp_path/ckpts``."""
+    return EndedExperiments(conn, tmp_path / "ckpts")

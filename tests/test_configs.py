@@ -236,9 +236,9 @@ ASHA = ASHA_HEAD + "max_trials: 2, "
             "expected an absolute path",
         ),
         (
-            "entrypoint: x\ncheckpoint_storage: {type: s3, bucket: b}\n" + SEARCHER,
+            "entrypoint: x\ncheckpoint_storage: {type: gcs, bucket: b}\n" + SEARCHER,
             "checkpoint_storage.type",
-            "expected one of shared_fs|directory, got 's3'",
+            "expected one of shared_fs|directory|s3, got 'gcs'",
         ),
         (
             "entrypoint: x\ncheckpoint_storage: {type: shared_fs, host_path: /a,"

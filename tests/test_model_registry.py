@@ -231,6 +231,18 @@ def test_a_registered_checkpoint_is_pinned(det, conn, ckpts) -> None:
     assert count(conn, "checkpoints") == 0
 
 
+def test_a_registered_checkpoint_survives_a_0_0_0_policy(det, conn, ckpts) -> None:
+    """The GC keep rule reads checkpoint_pins, which holds every model version: with a policy
+    that keeps nothing, only the unregistered checkpoint is to be deleted."""
+    det("model", "create", "m")
+    det("model", "register-version", "m", ckpts[0])
+    experiment = conn.execute("SELECT t.experiment_id AS id FROM checkpoints c JOIN trials t "
+                              "ON t.id = c.trial_id WHERE c.uuid = %s", (ckpts[0],)).fetchone()["id"]
+    doomed = conn.execute("SELECT uuid::text AS uuid FROM det_checkpoints_to_delete(%s, 0, 0, 0)",
+                          (experiment,)).fetchall()
+    assert [row["uuid"] for row in doomed] == [ckpts[1]]
+
+
 def test_a_registered_checkpoint_stays_completed(det, conn, ckpts) -> None:
     """GC and deletion move checkpoints out of COMPLETED; a pinned one cannot be moved."""
     det("model", "create", "m")

@@ -19,7 +19,7 @@ def test_migrations_are_idempotent_and_recorded(conn) -> None:
 
 
 def test_reporting_views_answer(conn) -> None:
-    for view in ("experiments", "trials", "job_queue", "slot_usage"):
+    for view in ("experiments", "trials", "job_queue", "slot_usage", "checkpoints"):
         conn.execute(f"SELECT * FROM reporting.{view}").fetchall()
 
 

@@ -1,0 +1,119 @@
+"""The checkpoint GC task: ``python -m det.harness.checkpoint_gc`` (issue 16).
+
+The reconciler schedules it as a zero-slot allocation of an experiment with DELETING
+checkpoints, so it runs on an agent of the experiment's pool, where the storage is reachable.
+It loops: take a batch of DELETING checkpoints (``det_gc_task_checkpoints``), remove their
+files, mark them DELETED (``det_gc_task_deleted``, which records the bytes freed), until none
+is left. Every step is idempotent, so a task killed at any point is finished by the next one:
+files already gone count as removed, and rows are marked only after their files are gone.
+A storage error is written on the experiment (``det_gc_task_failed``) and the task exits 1.
+
+Its identity comes from the environment the agent sets: ``DET_DB_URL``,
+``DET_ALLOCATION_TOKEN``.
+"""
+
+import json
+import logging
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import psycopg
+
+from det.db import retry
+from det.errors import one_line
+from det.harness.errors import StorageError
+from det.harness.storage import FsspecStorage, storage_from_config
+
+log = logging.getLogger("det.checkpoint_gc")
+
+BATCH = 100
+"""Checkpoints per round trip: removed (``WORKERS`` at a time), then marked DELETED together."""
+
+WORKERS = 8
+"""Checkpoints removed at the same time."""
+
+
+class GcTask:
+    """One GC task's connection and storages. ``url``: the database; ``token``: the
+    allocation's token."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url = url
+        self.token = token
+        self.conn: psycopg.Connection[Any] | None = None
+        self.storages: dict[str, FsspecStorage] = {}
+        self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="det-gc")
+
+    def _call(self, what: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """Run ``sql`` (autocommit), reconnecting through connection losses (det.db.retry)."""
+
+        def attempt() -> list[tuple[Any, ...]]:
+            if self.conn is None or self.conn.closed:
+                self.conn = psycopg.connect(self.url, autocommit=True)
+            try:
+                return self.conn.execute(sql, args).fetchall()
+            except psycopg.Error as e:
+                if retry.is_connection_lost(e):
+                    self.conn.close()
+                raise
+
+        return retry.call(what, attempt)
+
+    def _storage(self, config: dict[str, Any]) -> FsspecStorage:
+        key = json.dumps(config, sort_keys=True)
+        if key not in self.storages:
+            self.storages[key] = storage_from_config(config)
+        return self.storages[key]
+
+    def run(self) -> tuple[int, int]:
+        """Remove every DELETING checkpoint of the experiment; returns (checkpoints, bytes
+        freed). Raises ``StorageError`` (after recording it on the experiment)."""
+        count = freed = 0
+        while batch := self._call("checkpoint GC: next batch",
+                                  "SELECT uuid::text, storage, size_bytes "
+                                  "FROM det_gc_task_checkpoints(%s, %s)", self.token, BATCH):
+            try:
+                # In parallel: each removal mostly waits (on the disk's metadata updates, on
+                # S3's round trips); list() re-raises the first failure.
+                list(self.pool.map(lambda row: self._storage(row[1]).delete(row[0]), batch))
+            except StorageError as e:
+                self._call("checkpoint GC: report failure",
+                           "SELECT det_gc_task_failed(%s, %s)", self.token, str(e))
+                raise
+            freed += sum(size or 0 for _, _, size in batch)
+            marked = self._call("checkpoint GC: mark deleted",
+                                "SELECT det_gc_task_deleted(%s, %s::uuid[])", self.token,
+                                [uuid for uuid, _, _ in batch])[0][0]
+            count += len(batch)
+            if marked == 0:
+                break  # none of them was ours to mark: never loop on the same batch
+        return count, freed
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        if self.conn is not None:
+            self.conn.close()
+
+
+def main() -> int:
+    """Entry point; returns the exit code (0: every DELETING checkpoint removed)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    task = GcTask(os.environ["DET_DB_URL"], os.environ["DET_ALLOCATION_TOKEN"])
+    started = time.monotonic()
+    try:
+        count, freed = task.run()
+    except StorageError as e:
+        log.error("%s", one_line(str(e)))
+        return 1
+    finally:
+        task.close()
+    log.info("removed %d checkpoint(s), %d bytes, in %.2f s", count, freed,
+             time.monotonic() - started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

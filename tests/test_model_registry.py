@@ -43,6 +43,11 @@ def ckpts(db_url: str, tmp_path: Path) -> list[str]:
     return write_checkpoints(db_url, tmp_path / "storage", [10, 20])
 
 
+# What a finished GC does to a checkpoint's row (the states' timestamps go with them).
+MARK_DELETED = ("UPDATE checkpoints SET state = 'DELETED', delete_requested_at = now(), "
+                "deleted_at = now() WHERE uuid = %s")
+
+
 def count(conn, table: str) -> int:
     return conn.execute(f"SELECT count(*) AS n FROM {table}").fetchone()["n"]
 
@@ -236,8 +241,9 @@ def test_a_registered_checkpoint_survives_a_0_0_0_policy(det, conn, ckpts) -> No
     that keeps nothing, only the unregistered checkpoint is to be deleted."""
     det("model", "create", "m")
     det("model", "register-version", "m", ckpts[0])
-    experiment = conn.execute("SELECT t.experiment_id AS id FROM checkpoints c JOIN trials t "
-                              "ON t.id = c.trial_id WHERE c.uuid = %s", (ckpts[0],)).fetchone()["id"]
+    experiment = conn.execute(
+        "SELECT t.experiment_id AS id FROM checkpoints c JOIN trials t ON t.id = c.trial_id "
+        "WHERE c.uuid = %s", (ckpts[0],)).fetchone()["id"]
     doomed = conn.execute("SELECT uuid::text AS uuid FROM det_checkpoints_to_delete(%s, 0, 0, 0)",
                           (experiment,)).fetchall()
     assert [row["uuid"] for row in doomed] == [ckpts[1]]
@@ -248,11 +254,11 @@ def test_a_registered_checkpoint_stays_completed(det, conn, ckpts) -> None:
     det("model", "create", "m")
     det("model", "register-version", "m", ckpts[0])
     with pytest.raises(psycopg.errors.CheckViolation) as info:
-        conn.execute("UPDATE checkpoints SET state = 'DELETED' WHERE uuid = %s", (ckpts[0],))
+        conn.execute(MARK_DELETED, (ckpts[0],))
     assert str(translate(info.value)) == (
         f'checkpoint {ckpts[0]} is registered in the model registry (model "m", version 1) and '
         "cannot be deleted; delete its model versions first (det model delete-version)")
-    conn.execute("UPDATE checkpoints SET state = 'DELETED' WHERE uuid = %s", (ckpts[1],))
+    conn.execute(MARK_DELETED, (ckpts[1],))
 
 
 def test_a_version_registered_while_gc_waits_still_pins(db_url, conn, ckpts) -> None:
@@ -267,7 +273,7 @@ def test_a_version_registered_while_gc_waits_still_pins(db_url, conn, ckpts) -> 
         def gc() -> None:
             with psycopg.connect(db_url, autocommit=True) as c:
                 try:
-                    c.execute("UPDATE checkpoints SET state = 'DELETED' WHERE uuid = %s AND NOT "
+                    c.execute(MARK_DELETED + " AND NOT "
                               "EXISTS (SELECT 1 FROM model_versions WHERE checkpoint_uuid = %s)",
                               (ckpts[0], ckpts[0]))
                     outcome.append(None)
@@ -288,7 +294,7 @@ def test_a_version_registered_while_gc_waits_still_pins(db_url, conn, ckpts) -> 
 
 def test_only_a_completed_checkpoint_can_be_registered(det, conn, ckpts) -> None:
     det("model", "create", "m")
-    conn.execute("UPDATE checkpoints SET state = 'DELETED' WHERE uuid = %s", (ckpts[0],))
+    conn.execute(MARK_DELETED, (ckpts[0],))
     r = det("model", "register-version", "m", ckpts[0], check=False)
     assert (f"checkpoint {ckpts[0]} is DELETED: only a COMPLETED checkpoint can be registered"
             in one_line_error(r))

@@ -57,6 +57,9 @@ class Pool:
             if self.free[i] and len(self.free[i]) == len(a.slots):
                 self.idle.setdefault(len(a.slots), SortedList()).add(i)
         self._unfit: dict[int, str | None] = {}
+        # Slot counts with no fit since resources last came back (give_back): reserving only
+        # takes, so they still have none; a pass over 100,000 waiting tasks looks a few up.
+        self._full: set[int] = set()
 
     def never_fits(self, slots: int) -> str | None:
         """``never_fits`` for this pool's agents, remembered per slot count."""
@@ -72,6 +75,14 @@ class Pool:
         """
         if extra:
             return self._fit_with(slots, extra)
+        if slots in self._full:
+            return None
+        fit = self._fit(slots)
+        if fit is None:
+            self._full.add(slots)
+        return fit
+
+    def _fit(self, slots: int) -> Fit | None:
         if slots == 0:
             i = self.aux.pick(1, self.best)
             return None if i is None else {self.agents[i].id: []}
@@ -117,6 +128,7 @@ class Pool:
 
     def give_back(self, task: Task) -> None:
         """Return a running task's resources (it is being preempted)."""
+        self._full.clear()
         for agent, slot_ids in task.on.items():
             i = self.rank.get(agent)
             if i is None:

@@ -117,6 +117,10 @@ class _Evictions:
         self.left = SortedKeyList((t for t in running if t.preemptible and not t.stopping),
                                   key=self._rank)
         self.chosen: set = set()
+        # Slot counts that found no room since the last eviction. Tasks come in rank order and
+        # a later task has a subset of the earlier one's candidates in a pool that only filled
+        # up since, so it finds no room either: a pass with 75,000 waiting tasks tries a few.
+        self.no_room: set[int] = set()
 
     def _rank(self, t: Task) -> tuple[int, int]:
         return t.priority, self.order[t.id]
@@ -139,6 +143,8 @@ class _Evictions:
             if fit is not None:
                 pool.reserve(fit)
                 return Step(task, fit, FREED)
+        if task.slots in self.no_room:
+            return None
         removed: list[Task] = []
         extra: dict[Id, list[int]] = {}
         for t in self._candidates(task):
@@ -153,7 +159,9 @@ class _Evictions:
                         self.left.remove(r)
                 fit = pool.fit(task.slots)
                 pool.reserve(fit)
+                self.no_room.clear()  # the evictions gave slots back
                 return Step(task, fit, PREEMPTING, tuple(evict))
+        self.no_room.add(task.slots)
         return None
 
 

@@ -91,7 +91,8 @@ CONTEXT_BLOB = "SELECT data FROM context_blobs WHERE id = %(id)s"
 class AgentSettings:
     """``agent_id``: unique name (default: the hostname); ``pool``: its resource pool;
     ``work_dir``: where task directories live; ``runtime``: ``docker``, ``process``, or None
-    for docker when an engine answers, else process; ``heartbeat``/``poll``: seconds."""
+    for docker when an engine answers, else process; ``heartbeat``/``poll``: seconds;
+    ``warm_start``: the process runtime forks Python tasks from a zygote."""
 
     agent_id: str
     pool: str
@@ -99,6 +100,7 @@ class AgentSettings:
     runtime: str | None = None
     heartbeat: float = 5.0
     poll: float = 1.0
+    warm_start: bool = False
 
 
 def check_agent_id(agent_id: str, field: str = "agent id") -> None:
@@ -113,11 +115,12 @@ def check_agent_id(agent_id: str, field: str = "agent id") -> None:
 
 
 def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
-                   device_type: str) -> Runtime:
+                   device_type: str, warm_start: bool = False) -> Runtime:
     """The runtime ``name`` asks for; raises ``RuntimeUnavailable`` when docker is asked for
-    and no engine answers. With no name: docker if an engine answers, else process."""
+    and no engine answers. With no name: docker if an engine answers, else process
+    (``warm_start``: see :class:`ProcessRuntime`)."""
     if name == "process":
-        return ProcessRuntime(logs)
+        return ProcessRuntime(logs, warm_start)
     from det.agent.containers import DockerRuntime, RuntimeUnavailable
 
     try:
@@ -126,7 +129,7 @@ def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
         if name == "docker":
             raise
         log.info("%s; running tasks as processes", e)
-        return ProcessRuntime(logs)
+        return ProcessRuntime(logs, warm_start)
 
 
 class Agent:
@@ -150,7 +153,7 @@ class Agent:
         self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
         self.runtime = choose_runtime(settings.runtime, self.logs, settings.agent_id, url,
-                                      self.device_type)
+                                      self.device_type, settings.warm_start)
         self.heartbeat = Heartbeat(url, settings.agent_id, settings.heartbeat, self._register)
         # A lost connection's backoff is spent watching the tasks (see _tend_for).
         self._retrying = retry.retrying("agent").copy(sleep=self._tend_for)

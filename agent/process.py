@@ -9,6 +9,7 @@ in its group is killed then (:meth:`ProcessTask.poll`).
 
 import ctypes
 import functools
+import logging
 import os
 import selectors
 import shutil
@@ -22,6 +23,7 @@ from typing import Any
 
 from det.agent.logs import LogShipper
 from det.agent.runtime import DRAIN_SECONDS, Exit, Launch
+from det.agent.zygote import Zygote, ZygoteChild, python_command
 from det.configs.allocation import AllocationSpec
 
 # The task's wrapper: runs the context's startup-hook.sh (sourced, so its exports reach the
@@ -37,6 +39,8 @@ pid=$!
 while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done
 exit "$rc"
 """
+log = logging.getLogger(__name__)
+
 _PR_SET_PDEATHSIG = 1
 _READ_TICK = 0.1  # seconds between two looks whether reading a task's output is to stop
 _READ_BYTES = 65_536
@@ -60,24 +64,31 @@ def _pdeathsig_prefix() -> list[str] | None:
     return [path, "--pdeathsig", "HUP"] if "--pdeathsig" in usage else None
 
 
-class ProcessTask:
-    """One running task. ``argv``: the entrypoint command; ``env``: its whole environment;
-    ``workdir``: its working directory. Output lines go to ``logs`` under ``allocation_id``,
-    read by a thread of its own that never blocks the agent (see :meth:`poll`)."""
+def spawn_cold(argv: list[str], env: dict[str, str], workdir: Path) -> subprocess.Popen:
+    """Start ``argv`` through the wrapper (startup hook, death with the agent) in a new
+    session, its output on pipes."""
+    wrapper = ["sh", "-c", _WRAPPER, "det-task", *argv]
+    prefix = _pdeathsig_prefix()
+    return subprocess.Popen(
+        wrapper if prefix is None else [*prefix, *wrapper], cwd=workdir, env=env,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True, preexec_fn=_die_with_parent if prefix is None else None)
 
-    def __init__(self, allocation_id: int, argv: list[str], env: dict[str, str], workdir: Path,
+
+class ProcessTask:
+    """One running task: ``proc`` (a ``Popen`` from :func:`spawn_cold`, or a
+    :class:`~det.agent.zygote.ZygoteChild`), the leader of its own session. Output lines go to
+    ``logs`` under ``allocation_id``, read by a thread of its own that never blocks the agent
+    (see :meth:`poll`)."""
+
+    def __init__(self, allocation_id: int, proc: "subprocess.Popen | ZygoteChild",
                  logs: LogShipper) -> None:
         self.allocation_id = allocation_id
         self._logs = logs
         self._killed = False
         self._exited_at: float | None = None
         self._left_behind = False
-        wrapper = ["sh", "-c", _WRAPPER, "det-task", *argv]
-        prefix = _pdeathsig_prefix()
-        self._proc = subprocess.Popen(
-            wrapper if prefix is None else [*prefix, *wrapper], cwd=workdir, env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=_die_with_parent if prefix is None else None)
+        self._proc = proc
         self._stop_reading = threading.Event()
         self._reader = threading.Thread(target=self._pump, daemon=True,
                                         name=f"output-{allocation_id}")
@@ -162,13 +173,18 @@ class ProcessTask:
 
 class ProcessRuntime:
     """Tasks as child processes of the agent, under the agent's own Python. CUDA slots are
-    handed over as ``CUDA_VISIBLE_DEVICES`` (by uuid), so a task sees only its devices."""
+    handed over as ``CUDA_VISIBLE_DEVICES`` (by uuid), so a task sees only its devices.
+
+    With ``warm`` (``det agent run --warm-start``), a task that runs this interpreter on a
+    script or module is forked by the agent's zygote (:mod:`det.agent.zygote`) with det's
+    harness already imported; the others, and every task if the zygote fails, start cold."""
 
     name = "process"
     python = sys.executable
 
-    def __init__(self, logs: LogShipper) -> None:
+    def __init__(self, logs: LogShipper, warm: bool = False) -> None:
         self.logs = logs
+        self.zygote = Zygote() if warm else None
 
     def fetch(self, allocation_id: int, spec: AllocationSpec) -> None:
         return None  # a process needs nothing beyond the context
@@ -178,7 +194,16 @@ class ProcessRuntime:
         gpus = [s.device_uuid for s in launch.slots if s.type == "cuda" and s.device_uuid]
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        return ProcessTask(launch.allocation_id, launch.argv, env, launch.workdir, self.logs)
+        args = (None if self.zygote is None
+                else python_command(launch.argv, env, launch.workdir))
+        if args is not None:
+            try:
+                proc = self.zygote.spawn(args, env, launch.workdir)
+                return ProcessTask(launch.allocation_id, proc, self.logs)
+            except OSError as e:
+                log.warning("allocation %s: starting cold: %s", launch.allocation_id, e)
+        proc = spawn_cold(launch.argv, env, launch.workdir)
+        return ProcessTask(launch.allocation_id, proc, self.logs)
 
     def adopt(self, agent_id: str, live: dict[int, Any]) -> dict[int, ProcessTask]:
         return {}  # processes die with the agent that started them (see _WRAPPER)

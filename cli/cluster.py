@@ -191,6 +191,9 @@ def agent_run(
                                      "answers, else process)."),
     poll: float = typer.Option(1.0, help="Seconds between two looks at the assignments when "
                                          "no NOTIFY wakes it."),
+    warm_start: bool = typer.Option(False, "--warm-start", envvar="DET_AGENT_WARM_START",
+                                    help="Process runtime: fork Python tasks from a warm "
+                                         "zygote with det's harness imported."),
 ) -> None:
     """Run an agent: register this host's slots and run the tasks assigned to it."""
     from det.agent.daemon import Agent, AgentSettings, check_agent_id
@@ -210,7 +213,7 @@ def agent_run(
         pass
     settings = AgentSettings(agent_id=agent_id, pool=resource_pool,
                              work_dir=work_dir or det_home() / "agent" / agent_id,
-                             runtime=runtime, poll=poll)
+                             runtime=runtime, poll=poll, warm_start=warm_start)
     _exit_on_sigterm()
     Agent(database_url(), settings, discover(slots)).run()
 

@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 from test_reconciler import config
 
 from det.agent.logs import LogShipper
-from det.agent.process import ProcessTask
+from det.agent.process import ProcessTask, spawn_cold
 from det.agent.runtime import Exit
 
 
@@ -126,8 +126,8 @@ def test_output_held_outside_the_task_session_does_not_block(db_url, tmp_path,
     leftovers.append(escaped)
     shipper = LogShipper(db_url)
     try:
-        task = ProcessTask(1, ["sh", "-c", "setsid sleep 459 & echo bye"], dict(os.environ),
-                           tmp_path, shipper)
+        task = ProcessTask(1, spawn_cold(["sh", "-c", "setsid sleep 459 & echo bye"],
+                                         dict(os.environ), tmp_path), shipper)
         end = wait_for(task.poll, 30, "the task's end")
     finally:
         shipper.close()

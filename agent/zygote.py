@@ -1,0 +1,332 @@
+"""Warm task start for the ``process`` runtime: a per-agent zygote that forks each task.
+
+A Python task started cold pays for its interpreter and its imports (det's harness, psycopg,
+fsspec: about 0.2 s of CPU here) every time; a search of 200 short trials on a 2-core host
+spends most of its time there (issue 11, bench/toy_search.py). The agent instead starts one
+*zygote* process that imports the harness once and then forks a child per task (the
+forkserver pattern): each task is still its own process, with its own session, environment,
+working directory, output pipes and exit code, and it opens its database connection after the
+fork (the zygote never connects).
+
+Which tasks: the ones whose command is this interpreter running a script or a module
+(``python3 train.py ARGS``, ``python -m det.harness.run model_def:Trial``), with no
+``startup-hook.sh`` in the context (a hook is a shell script: such tasks start cold, through
+the usual wrapper). :func:`python_command` decides.
+
+The protocol, over a ``SOCK_SEQPACKET`` socket pair (one message per packet):
+
+* zygote -> agent ``{"ready": pid}`` once its imports are done;
+* agent -> zygote ``{"id": n, "argv": [...], "env": {...}, "cwd": "..."}`` with the task's
+  stdout and stderr write ends attached (SCM_RIGHTS);
+* zygote -> agent ``{"id": n, "pid": pid}`` (or ``{"id": n, "error": "..."}``), then
+  ``{"exited": pid, "code": code}`` when that child ends (negative: killed by that signal).
+
+The zygote ends when the agent does (its end of the socket closes), killing its tasks' process
+groups first; a task also gets SIGKILL if the zygote dies (``PR_SET_PDEATHSIG``).
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import runpy
+import selectors
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from pathlib import Path
+
+PRELOAD = ("det.harness.core",)
+"""Modules the zygote imports before it forks anything: what every det task imports."""
+
+_PR_SET_PDEATHSIG = 1
+_READY_SECONDS = 60  # for the zygote's imports, on a host busy with other tasks
+_MAX_MESSAGE = 1 << 20  # bytes: a task's argv and environment in one packet
+_SHELL_SYNTAX = set("|&;<>()$`\\\"'*?[]#~=%{}\n")
+
+
+def python_command(argv: list[str], env: Mapping[str, str], workdir: Path) -> list[str] | None:
+    """The interpreter arguments (``["train.py", ...]`` or ``["-m", "mod", ...]``) when
+    ``argv`` runs this interpreter on a script or module and can start warm, else None.
+
+    ``argv`` is as :func:`det.configs.entrypoint.entrypoint_argv` makes it: a shell command
+    (``["sh", "-c", CMD]``) counts only when CMD is plain words, with no shell syntax. The
+    interpreter is this one when its name, looked up on the task's ``PATH``, is the same
+    executable in the same directory (so the same virtual environment)."""
+    if (workdir / "startup-hook.sh").exists():
+        return None
+    if len(argv) == 3 and argv[:2] == ["sh", "-c"]:
+        if _SHELL_SYNTAX & set(argv[2]):
+            return None
+        argv = shlex.split(argv[2])
+    if len(argv) < 2 or not _is_this_python(argv[0], env.get("PATH")):
+        return None
+    rest = argv[1:]
+    if rest[0] == "-m":
+        return rest if len(rest) >= 2 else None
+    return None if rest[0].startswith("-") else rest
+
+
+def _is_this_python(name: str, path: str | None) -> bool:
+    found = shutil.which(name, path=path)
+    if found is None:
+        return False
+    here, there = Path(sys.executable), Path(found)
+    try:
+        return (there.resolve() == here.resolve()
+                and there.parent.resolve() == here.parent.resolve())
+    except OSError:
+        return False
+
+
+class ZygoteChild:
+    """A task forked by the zygote, shaped like the part of ``subprocess.Popen`` that
+    :class:`det.agent.process.ProcessTask` uses: ``pid``, ``stdout``, ``stderr``, ``poll()``."""
+
+    def __init__(self, pid: int, stdout_fd: int, stderr_fd: int, zygote: "Zygote") -> None:
+        self.pid = pid
+        self.stdout = os.fdopen(stdout_fd, "rb", buffering=0)
+        self.stderr = os.fdopen(stderr_fd, "rb", buffering=0)
+        self._zygote = zygote
+        self._code: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code once the task has ended (negative: the signal), else None."""
+        if self._code is None:
+            self._code = self._zygote.take_exit_code(self.pid)
+        return self._code
+
+
+class Zygote:
+    """The agent's handle on its zygote process: started on the first :meth:`spawn`, started
+    again after it died. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._sock: socket.socket | None = None
+        self._next_id = 0
+        self._waiting: dict[int, Future] = {}
+        self._codes: dict[int, int] = {}
+        self._children: set[int] = set()
+
+    def spawn(self, args: list[str], env: Mapping[str, str], workdir: Path) -> ZygoteChild:
+        """Fork a task running ``python ARGS`` (see :func:`python_command`) in ``workdir``
+        with exactly ``env``. Raises ``OSError`` when the zygote cannot be reached or the
+        fork failed (the caller starts the task cold instead)."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            with self._lock:
+                sock = self._running()
+                self._next_id += 1
+                rid = self._next_id
+                answer: Future = Future()
+                self._waiting[rid] = answer
+                message = json.dumps({"id": rid, "argv": args, "env": dict(env),
+                                      "cwd": str(workdir)}).encode()
+                socket.send_fds(sock, [message], [out_w, err_w])
+            reply = answer.result(timeout=30)
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        if "error" in reply:
+            os.close(out_r)
+            os.close(err_r)
+            raise OSError(f"the zygote could not start the task: {reply['error']}")
+        return ZygoteChild(reply["pid"], out_r, err_r, self)
+
+    def take_exit_code(self, pid: int) -> int | None:
+        """``pid``'s exit code once it has ended (given once), else None."""
+        with self._lock:
+            return self._codes.pop(pid, None)
+
+    def close(self) -> None:
+        """Stop the zygote (its tasks' process groups are killed) and wait for it."""
+        with self._lock:
+            proc, sock = self._proc, self._sock
+            self._proc = self._sock = None
+        if sock is not None:
+            sock.close()
+        if proc is not None:
+            proc.wait()
+
+    def _running(self) -> socket.socket:
+        """The live zygote's socket, starting one first if there is none (lock held)."""
+        if self._sock is not None and self._proc is not None and self._proc.poll() is None:
+            return self._sock
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "det.agent.zygote", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            theirs.close()
+        ours.settimeout(_READY_SECONDS)
+        try:
+            first = json.loads(ours.recv(_MAX_MESSAGE) or b"{}")
+        except TimeoutError:
+            first = {}
+        ours.settimeout(None)
+        if "ready" not in first:
+            ours.close()
+            proc.kill()
+            proc.wait()
+            raise OSError("the zygote exited before it was ready")
+        self._proc, self._sock = proc, ours
+        threading.Thread(target=self._read, args=(ours,), daemon=True, name="zygote").start()
+        return ours
+
+    def _read(self, sock: socket.socket) -> None:
+        """Route the zygote's answers and exit codes until it is gone; then its tasks are
+        gone too (they die with it): each reads as killed."""
+        while True:
+            try:
+                data = sock.recv(_MAX_MESSAGE)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            msg = json.loads(data)
+            with self._lock:
+                if "exited" in msg:
+                    self._children.discard(msg["exited"])
+                    self._codes[msg["exited"]] = msg["code"]
+                    continue
+                answer = self._waiting.pop(msg["id"])
+                if "pid" in msg:
+                    self._children.add(msg["pid"])
+            answer.set_result(msg)
+        with self._lock:
+            for pid in self._children:
+                self._codes.setdefault(pid, -signal.SIGKILL)
+            self._children.clear()
+            for answer in self._waiting.values():
+                answer.set_exception(OSError("the zygote exited"))
+            self._waiting.clear()
+            if self._sock is sock:
+                self._sock = None
+
+
+# -- the zygote process ------------------------------------------------------------------------
+
+
+def _serve(sock: socket.socket) -> dict:
+    """The zygote's loop: fork a child per request and report its end. Returns (in the
+    child only) the request the child is to run."""
+    for name in PRELOAD:
+        __import__(name)
+    children: set[int] = set()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sock.send(json.dumps({"ready": os.getpid()}).encode())
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj == wake_r:
+                os.read(wake_r, 4096)
+                _reap(sock, children)
+                continue
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+            except OSError:
+                data, fds = b"", []
+            if not data:  # the agent is gone: so are its tasks
+                for pid in children:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
+                os._exit(0)
+            request = json.loads(data)
+            try:
+                pid = os.fork()
+            except OSError as e:
+                sock.send(json.dumps({"id": request["id"], "error": str(e)}).encode())
+                for fd in fds:
+                    os.close(fd)
+                continue
+            if pid == 0:
+                sel.close()
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in (wake_r, wake_w, sock.fileno()):
+                    os.close(fd)
+                return {**request, "fds": fds}
+            for fd in fds:
+                os.close(fd)
+            children.add(pid)
+            sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+                  .encode())
+
+
+def _become(request: dict) -> list[str]:
+    """Turn this forked child into the task (session, death signal, output, directory,
+    environment, ``sys.argv``/``sys.path`` as ``python ARGS`` would set them); returns
+    the interpreter arguments to run."""
+    os.setsid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    out, err = request["fds"]
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, target in ((null, 0), (out, 1), (err, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the task's own streams, never closed
+    sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8",  # noqa: SIM115
+                      errors="backslashreplace")
+    sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8",  # noqa: SIM115
+                      errors="backslashreplace")
+    if unbuffered:
+        sys.stdout.reconfigure(write_through=True)
+        sys.stderr.reconfigure(write_through=True)
+    args = request["argv"]
+    first = os.getcwd() if args[0] == "-m" else str(Path(args[0]).resolve().parent)
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if p and p not in sys.path]
+    sys.path[:1] = [first, *extra]
+    return args
+
+
+def main() -> None:
+    """``python -m det.agent.zygote FD``: serve the agent on socket FD; in each forked child,
+    run the task's script or module as ``__main__`` (its exit is the interpreter's)."""
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    args = _become(_serve(sock))
+    if args[0] == "-m":
+        sys.argv = [args[1], *args[2:]]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args)
+        runpy.run_path(args[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -146,7 +146,7 @@ def _finish_closed_trials(conn: psycopg.Connection, r: PassResult) -> None:
 
 def _search(conn: psycopg.Connection, r: PassResult) -> None:
     for exp in conn.execute(q.EXPERIMENTS_TO_SEARCH).fetchall():
-        events = conn.execute(q.PENDING_EVENTS, {"experiment_id": exp["id"]}).fetchall()
+        events = exp["events"]
         # A searcher that cannot go on ends its experiment; other experiments carry on.
         isolated(conn, f"experiment {exp['id']}: searcher",
                  lambda exp=exp, events=events: _search_one(conn, exp, events),

@@ -91,7 +91,9 @@ def expanded_config(config_file: Path, ctx: Path,
     ``name``, ``config``; det.configs.templates) if given; returns (expanded config, original
     text).
 
-    The default checkpoint storage is a shared_fs directory under det's home.
+    The default checkpoint storage is a shared_fs directory under det's home; a
+    ``checkpoint_storage`` without ``type`` (GC settings only, as 0.38 allows) is merged over
+    it. Determined keys det does not use are printed as warnings on stderr, one line each.
 
     Raises:
         ConfigError: unreadable or oversized file, invalid config (or merge), or an
@@ -103,14 +105,20 @@ def expanded_config(config_file: Path, ctx: Path,
     if template is not None and isinstance(data, dict):
         data = merge(data, template["config"])
         source = f"{config_file} with template {template['name']!r}"
-    cfg = parse_experiment_config(data, source)
+    default_storage = {"type": "shared_fs", "host_path": str(det_home() / "checkpoints")}
+    if isinstance(data, dict) and isinstance(data.get("checkpoint_storage"), dict) \
+            and data["checkpoint_storage"].get("type") is None:
+        data = {**data, "checkpoint_storage": merge(data["checkpoint_storage"], default_storage)}
+    warnings: list[str] = []
+    cfg = parse_experiment_config(data, source, warnings)
+    for line in warnings:
+        typer.echo(line, err=True)
     check_entrypoint(cfg.entrypoint, ctx)
     expanded = cfg.expanded()
     if expanded.get("checkpoint_storage") is None:
         expanded["checkpoint_storage"] = {
-            "type": "shared_fs", "host_path": str(det_home() / "checkpoints"),
-            "storage_path": None, "save_experiment_best": 0, "save_trial_best": 1,
-            "save_trial_latest": 1}
+            **default_storage, "storage_path": None, "save_experiment_best": 0,
+            "save_trial_best": 1, "save_trial_latest": 1}
     return expanded, text
 
 

@@ -334,6 +334,7 @@ class Trainer:
         ]
         it = self._train_iter
         assert it is not None
+        epoch_len = len(self._train_loader)
         b, epoch, in_epoch = self.batches_trained, self.epoch_idx, self.batch_in_epoch
         interrupted = False
         while b < stop:
@@ -356,6 +357,9 @@ class Trainer:
             for sched, freq in every_batch:
                 if b % freq == 0:
                     sched.step()
+            if in_epoch == epoch_len:  # the epoch ends with its last batch (its hooks run now)
+                self._end_epoch()
+                it, epoch, in_epoch = self._train_iter, self.epoch_idx, 0
         self.batches_trained = ctx._batches_trained = b
         self.batch_in_epoch = in_epoch
         return interrupted
@@ -554,15 +558,18 @@ class Trainer:
         directory in a task, the trial module's directory elsewhere; left out, with a
         warning, past det's context size limit)."""
         cls = type(self.trial)
+        module = sys.modules.get(cls.__module__)
+        module_file = getattr(module, "__file__", None)
+        # A class defined in the script that was run is imported by the script's name.
+        module_name = pathlib.Path(module_file).stem if cls.__module__ == "__main__" \
+            and module_file else cls.__module__
         (path / LOAD_DATA_FILE).write_text(json.dumps({
             "trial_type": "PyTorchTrial",
             "experiment_config": self.config,
             "hparams": self.context.get_hparams(),
-            "trial_cls_spec": f"{cls.__module__}:{cls.__qualname__}",
+            "trial_cls_spec": f"{module_name}:{cls.__qualname__}",
             "is_trainer": True,
         }, default=str))
-        module = sys.modules.get(cls.__module__)
-        module_file = getattr(module, "__file__", None)
         in_task = self.core.info.allocation_id != 0
         root = pathlib.Path.cwd() if in_task or module_file is None \
             else pathlib.Path(module_file).parent

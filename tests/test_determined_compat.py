@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "determined_compat"
@@ -94,3 +95,60 @@ def test_core_api_steps_complete_on_a_det_cluster(det, conn, tmp_path) -> None:
     trials = conn.execute("SELECT experiment_id AS e, count(*) AS n FROM trials "
                           "GROUP BY 1 ORDER BY 1").fetchall()
     assert [r["n"] for r in trials] == [1, 1, 1, 3, 1]
+
+
+# --- determined.pytorch --------------------------------------------------------------------
+
+PYTORCH = EXAMPLES / "pytorch"
+
+
+def test_trainer_script_runs_off_cluster_in_determineds_checkpoint_layout(tmp_path) -> None:
+    """`python3 train.py`: Trainer.fit(max_length=Epoch(3)) with validations every 16 batches;
+    the final checkpoint loads back with load_trial_from_checkpoint_path."""
+    r = _off_cluster(PYTORCH / "train.py", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "steps_completed=48" in r.stderr and "'max_error'" in r.stderr
+    (ckpt,) = (tmp_path / ".local/share/determined").iterdir()
+    assert {"state_dict.pth", "load_data.json", "metadata.json", "code"} <= {
+        p.name for p in ckpt.iterdir()}
+    assert (ckpt / "code" / "model_def.py").is_file()
+    load = subprocess.run(
+        [sys.executable, "-c", "import sys, torch; from determined import pytorch; "
+         "t = pytorch.load_trial_from_checkpoint_path(sys.argv[1]); "
+         "x = torch.tensor([[1.0]]); print(round(float(t.model(x)), 1))",
+         str(ckpt)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert load.returncode == 0, load.stderr
+    assert abs(float(load.stdout) - 0.84) < 0.25  # sin(1) = 0.84
+
+
+def test_pytorch_trials_complete_on_a_det_cluster(det, conn, tmp_path) -> None:
+    """The Trainer script (no searcher.max_length: fit's max_length decides; 0.38 keys det
+    does not use are warned about) and the same trial as a legacy `model_def:SineTrial`
+    entrypoint (bare-int max_length), each to COMPLETED; a downloaded checkpoint loads."""
+    ctx = tmp_path / "pytorch"
+    shutil.copytree(PYTORCH, ctx)
+    det.env = _python_first(det.env)
+    r = det("experiment", "create", str(ctx / "trainer.yaml"), str(ctx))
+    assert "warning: profiling: accepted for Determined compatibility" in r.stderr
+    exp = _run_on_cluster(det, conn, ctx / "legacy.yaml", ctx)
+    r = det("experiment", "wait", "1", check=False, timeout=240)
+    assert r.returncode == 0, r.stdout + det("trial", "logs", "1").stdout
+    rows = conn.execute(
+        "SELECT t.experiment_id AS e, max(m.steps_completed) AS steps FROM metrics m "
+        "JOIN trials t ON t.id = m.trial_id WHERE m.\"group\" = 'validation' "
+        "GROUP BY t.id ORDER BY t.id").fetchall()
+    assert [(r["e"], r["steps"]) for r in rows] == [(1, 48), (exp, 40), (exp, 40)]
+    uuid = conn.execute("SELECT latest_checkpoint::text AS u FROM trials WHERE id = 1"
+                        ).fetchone()["u"]
+    det("checkpoint", "download", uuid, "-o", str(tmp_path / "ckpt"))
+    load = subprocess.run(
+        [sys.executable, "-c", "import sys, torch; from determined import pytorch; "
+         "t = pytorch.load_trial_from_checkpoint_path(sys.argv[1]); "
+         "print(round(float(t.model(torch.tensor([[1.0]]))), 1))",
+         str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert load.returncode == 0, load.stderr
+    assert abs(float(load.stdout) - 0.84) < 0.25  # sin(1) = 0.84
+    state = torch.load(tmp_path / "ckpt" / "state_dict.pth", weights_only=False)
+    assert state["callbacks"] == {"counter": {"epochs": 3}}
+    assert json.loads((tmp_path / "ckpt" / "load_data.json").read_text())["trial_cls_spec"] \
+        == "model_def:SineTrial"

@@ -380,22 +380,41 @@ def init(
     In a det task (``DET_ALLOCATION_TOKEN`` set) they report to det's database; otherwise
     they are off-cluster stand-ins. ``distributed``: the task's ``DistributedContext``
     (default: one process). ``checkpoint_storage``: a directory path or a storage section
-    overriding the config's. Raises ``DetError`` for a multi-slot task without
-    ``distributed`` when det runs more than one process for it.
+    overriding the config's. ``tensorboard_mode`` has no effect: det writes no TensorBoard
+    files yet.
     """
+    return init_for(distributed=distributed, checkpoint_storage=checkpoint_storage,
+                    preempt_mode=preempt_mode)
+
+
+def init_for(
+    *,
+    distributed: DistributedContext | None = None,
+    checkpoint_storage: str | dict[str, Any] | None = None,
+    preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
+    hparams: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> Context:
+    """``init`` with, off-cluster, the trial's ``hparams`` and experiment ``config`` (what
+    ``determined.pytorch.init`` passes); on a cluster they come from the trial."""
     info = get_cluster_info()
-    config: dict[str, Any] = info.trial.config if info is not None else {}
     transport: Transport
     if info is not None:
         transport = DbTransport.from_env()
     else:
-        transport = OffClusterTransport(config, {}, ops=[1], echo=False)
+        config = dict(config or {})
+        seed = int((config.get("reproducibility") or {}).get("experiment_seed") or 0)
+        transport = OffClusterTransport(config, dict(hparams or {}), trial_seed=seed, ops=[1],
+                                        echo=False)
     cm = det_core.init(transport=transport,
                        checkpoint_storage=_storage(checkpoint_storage, info is not None))
     inner = cm.__enter__()
-    distributed = distributed if distributed is not None else (
-        inner.distributed if info is not None else DummyDistributedContext())
-    return Context(inner, info, distributed, preempt_mode, lambda: cm.__exit__(None, None, None))
+    if distributed is not None:
+        inner.distributed = distributed
+    elif info is None:
+        inner.distributed = DummyDistributedContext()
+    return Context(inner, info, inner.distributed, preempt_mode,
+                   lambda: cm.__exit__(None, None, None))
 
 
 class OffClusterTransport(LocalTransport):

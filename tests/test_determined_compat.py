@@ -152,3 +152,86 @@ def test_pytorch_trials_complete_on_a_det_cluster(det, conn, tmp_path) -> None:
     assert state["callbacks"] == {"counter": {"epochs": 3}}
     assert json.loads((tmp_path / "ckpt" / "load_data.json").read_text())["trial_cls_spec"] \
         == "model_def:SineTrial"
+
+
+# --- configs and `det experiment create` flags ---------------------------------------------
+
+def test_038_config_forms_are_accepted_and_unused_keys_warned_once_each() -> None:
+    from det.configs import load_experiment_config
+    from det.errors import ConfigError
+
+    warnings: list[str] = []
+    cfg = load_experiment_config(
+        "entrypoint: python3 train.py\n"
+        "searcher: {name: grid, metric: x, max_length: 100}\n"
+        "environment: {image: {cpu: a, gpu: b}, proxy_ports: [{proxy_port: 8080}],"
+        " add_capabilities: [SYS_ADMIN]}\n"
+        "profiling: {enabled: true, begin_on_batch: 0}\n"
+        "optimizations: {aggregation_frequency: 1}\n"
+        "resources: {devices: [], slots_per_trial: 1}\n", "c.yaml", warnings)
+    assert cfg.searcher.max_length.to_json() == {"batches": 100}  # a bare int is batches
+    assert (cfg.environment.image.cpu, cfg.environment.image.cuda) == ("a", "b")
+    assert sorted(w.split(": ")[2] for w in warnings) == [
+        "environment.add_capabilities", "environment.proxy_ports", "optimizations",
+        "profiling", "resources.devices"]
+    assert all(w.startswith("c.yaml: warning: ") for w in warnings)
+    for kind in ("single", "random", "grid"):  # max_length optional: the code decides
+        extra = ", max_trials: 2" if kind == "random" else ""
+        cfg = load_experiment_config(f"entrypoint: x\nsearcher: {{name: {kind}, metric: x{extra}}}")
+        assert cfg.searcher.max_length is None
+    with pytest.raises(ConfigError, match="unknown key 'profilng'"):
+        load_experiment_config("entrypoint: x\nsearcher: {name: single, metric: x}\n"
+                               "profilng: {}")
+    with pytest.raises(ConfigError, match="^profiling: expected a mapping"):
+        load_experiment_config("entrypoint: x\nsearcher: {name: single, metric: x}\n"
+                               "profiling: yes")
+
+
+def test_config_overrides_and_the_test_config() -> None:
+    from det.configs.overrides import apply_overrides, make_test_config
+    from det.errors import ConfigError
+
+    config = {"resources": None, "searcher": {"name": "random", "metric": "l"}}
+    out = apply_overrides(config, ["resources.slots_per_trial=2", "searcher.max_trials=3",
+                                   "labels=a,b", "data={x: 1}"])
+    assert out == {"resources": {"slots_per_trial": 2},
+                   "searcher": {"name": "random", "metric": "l", "max_trials": 3},
+                   "labels": ["a", "b"], "data": {"x": 1}}
+    assert config["resources"] is None  # not modified
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        apply_overrides(config, ["resources"])
+    with pytest.raises(ConfigError, match="^searcher.metric: --config"):
+        apply_overrides(config, ["searcher.metric.x=1"])
+    test = make_test_config({**config, "max_restarts": 5}, {"lr": 0.1})
+    assert test["searcher"] == {"name": "single", "metric": "l", "smaller_is_better": True,
+                                "max_length": {"batches": 1}}
+    assert test["hyperparameters"] == {"lr": {"type": "const", "val": 0.1}}
+    assert (test["max_restarts"], test["scheduling_unit"]) == (0, 1)
+
+
+def test_create_flags_config_paused_include_and_test(det, conn, tmp_path) -> None:
+    """`--config KEY=VALUE`, `--paused`, `-i` and `--test` as Determined's CLI means them."""
+    ctx = tmp_path / "pytorch"
+    shutil.copytree(PYTORCH, ctx)
+    (ctx / "model_def.py").rename(tmp_path / "model_def.py")  # comes back with -i
+    det.env = _python_first(det.env)
+    r = det("experiment", "create", str(ctx / "legacy.yaml"), str(ctx), "--paused",
+            "--config", "searcher.max_trials=1", "--config", "max_restarts=1",
+            "-i", str(tmp_path / "model_def.py"))
+    assert r.stdout.strip() == "Created experiment 1"
+    row = conn.execute("SELECT state::text AS s, config FROM experiments").fetchone()
+    assert row["s"] == "PAUSED"
+    assert (row["config"]["searcher"]["max_trials"], row["config"]["max_restarts"]) == (1, 1)
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--slots", "2")
+    det("experiment", "activate", "1")
+    assert det("experiment", "wait", "1", check=False, timeout=240).returncode == 0
+    shutil.copy(tmp_path / "model_def.py", ctx / "model_def.py")
+    r = det("experiment", "create", "--test", str(ctx / "legacy.yaml"), str(ctx), timeout=240)
+    assert "Created test experiment 2" in r.stdout
+    assert "model definition test succeeded" in r.stdout
+    row = conn.execute("SELECT archived, config FROM experiments WHERE id = 2").fetchone()
+    assert row["archived"] and row["config"]["searcher"]["max_length"] == {"batches": 1}
+    steps = conn.execute("SELECT max(m.steps_completed) AS s FROM metrics m JOIN trials t "
+                         "ON t.id = m.trial_id WHERE t.experiment_id = 2").fetchone()["s"]
+    assert steps == 1

@@ -235,3 +235,27 @@ def test_create_flags_config_paused_include_and_test(det, conn, tmp_path) -> Non
     steps = conn.execute("SELECT max(m.steps_completed) AS s FROM metrics m JOIN trials t "
                          "ON t.id = m.trial_id WHERE t.experiment_id = 2").fetchone()["s"]
     assert steps == 1
+
+
+def test_no_op_fixture_through_determineds_launcher_on_a_det_cluster(det, conn, tmp_path
+                                                                     ) -> None:
+    """`python3 -m determined.launch.torch_distributed --trial model_def:NoOpTrial` (the form
+    Determined rewrites a legacy entrypoint to), with a typeless checkpoint_storage (GC
+    settings over the cluster's default storage)."""
+    ctx = tmp_path / "no_op"
+    shutil.copytree(EXAMPLES / "no_op", ctx)
+    _run_on_cluster(det, conn, ctx / "single.yaml", ctx)
+    rows = conn.execute("SELECT steps_completed AS s FROM metrics WHERE \"group\" = "
+                        "'validation' ORDER BY id").fetchall()
+    assert [r["s"] for r in rows] == [10, 20, 30]
+    checkpoints = conn.execute("SELECT steps_completed AS s FROM checkpoints "
+                               "WHERE state = 'COMPLETED' ORDER BY s").fetchall()
+    assert [r["s"] for r in checkpoints] == [10, 20, 30]  # save_trial_best 30 kept them all
+    config = conn.execute("SELECT config FROM experiments").fetchone()["config"]
+    assert config["checkpoint_storage"]["type"] == "shared_fs"
+
+
+def test_wrap_rank_prefixes_each_line() -> None:
+    r = subprocess.run([sys.executable, "-m", "determined.launch.wrap_rank", "3", "--", "sh",
+                        "-c", "echo one; echo two >&2; exit 4"], capture_output=True, text=True)
+    assert (r.returncode, r.stdout, r.stderr) == (4, "[rank=3] one\n", "[rank=3] two\n")

@@ -218,6 +218,8 @@ class Trainer:
             return "invalid_hp"
         for callback in self.callbacks.values():
             callback.on_trial_shutdown()
+        if self.context._tensorboard_writer is not None:
+            self.context._tensorboard_writer.flush()
         return outcome
 
     def _setup(self, trial: PyTorchTrial, checkpoint_period: TrainUnit | None,
@@ -509,6 +511,8 @@ class Trainer:
         """Store the trial's state at the current step in Determined's layout
         (``state_dict.pth``, ``load_data.json``, ``code/``); returns the checkpoint uuid."""
         ctx = self.context
+        if ctx._tensorboard_writer is not None:  # its events go to storage with the checkpoint
+            ctx._tensorboard_writer.flush()
         state: dict[str, Any] = {
             "format": CHECKPOINT_FORMAT,
             "models_state_dict": [m.state_dict() for m in ctx.models],

@@ -7,6 +7,8 @@ and ``evaluate_batch`` (or ``evaluate_full_dataset``) at validation time.
 
 import abc
 import enum
+import pathlib
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -140,6 +142,8 @@ class PyTorchTrialContext:
         self._epoch_len: int | None = None
         self._backward_passes: dict[int, int] = {}  # id(optimizer) -> backward passes per step
         self._optimizer_steps = 0
+        self._tensorboard_path: pathlib.Path | None = None
+        self._tensorboard_writer: Any = None
 
     @property
     def distributed(self) -> core.DistributedContext:
@@ -324,6 +328,24 @@ class PyTorchTrialContext:
     def is_epoch_end(self) -> bool:
         """Whether the batch being trained is the last of its epoch."""
         return self._epoch_len is not None and self._batch_in_epoch == self._epoch_len - 1
+
+    def get_tensorboard_path(self) -> pathlib.Path:
+        """The local directory of the trial's TensorBoard event files (copied to the trial's
+        storage on a cluster; a temporary directory off it)."""
+        if self._tensorboard_path is None:
+            files = self.core.tensorboard
+            self._tensorboard_path = files.path if files is not None else pathlib.Path(
+                tempfile.mkdtemp(prefix="det-tensorboard-"))
+        return self._tensorboard_path
+
+    def get_tensorboard_writer(self) -> Any:
+        """A ``torch.utils.tensorboard.SummaryWriter`` on ``get_tensorboard_path()`` (one per
+        trial): what it writes lands next to the reported metrics."""
+        if self._tensorboard_writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard_writer = SummaryWriter(log_dir=str(self.get_tensorboard_path()))
+        return self._tensorboard_writer
 
     def set_stop_requested(self, stop_requested: bool) -> None:
         """Ask the trainer to stop after the current batch: it validates, checkpoints and

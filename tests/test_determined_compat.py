@@ -148,6 +148,17 @@ def test_pytorch_trials_complete_on_a_det_cluster(det, conn, tmp_path) -> None:
          str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert load.returncode == 0, load.stderr
     assert abs(float(load.stdout) - 0.84) < 0.25  # sin(1) = 0.84
+    # every reported metric and the trial's own SummaryWriter's scalars, as event files in
+    # the trial's storage
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    storage = Path(det.env["DET_HOME"]) / "checkpoints" / "tensorboard/experiment/1/trial/1"
+    events = EventAccumulator(str(storage))
+    events.Reload()
+    assert {"loss", "lr", "validation_loss", "val_max_error", "epoch_end_loss"} <= set(
+        events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("validation_loss")] == [16, 32, 48]
+    assert [e.step for e in events.Scalars("epoch_end_loss")] == [15, 31, 47]
     state = torch.load(tmp_path / "ckpt" / "state_dict.pth", weights_only=False)
     assert state["callbacks"] == {"counter": {"epochs": 3}}
     assert json.loads((tmp_path / "ckpt" / "load_data.json").read_text())["trial_cls_spec"] \

@@ -12,6 +12,7 @@ import logging
 import os
 import pathlib
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -101,8 +102,8 @@ class DummyDistributedContext(DistributedContext):
 class TrainContext(det_core.TrainContext):
     """``core_context.train``: metrics, progress, early exit, status (0.38 signatures)."""
 
-    def __init__(self, transport: Transport, searcher: "SearcherContext") -> None:
-        super().__init__(transport)
+    def __init__(self, base: det_core.TrainContext, searcher: "SearcherContext") -> None:
+        super().__init__(base._transport, base._tensorboard)
         self._searcher = searcher
 
     def report_training_metrics(self, steps_completed: int, metrics: Mapping[str, Any],
@@ -143,10 +144,13 @@ class TrainContext(det_core.TrainContext):
         logger.info(f"status: {status}")
 
     def get_tensorboard_path(self) -> pathlib.Path:
-        """A local directory for TensorBoard event files of this trial."""
-        path = pathlib.Path(os.environ.get("DET_TENSORBOARD_DIR", "/tmp/tensorboard"))
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        """The local directory of this trial's TensorBoard event files: on a cluster, copied
+        to the trial's storage at each checkpoint and at the end; off it, a temporary one."""
+        if self._tensorboard is not None:
+            return self._tensorboard.path
+        if getattr(self, "_local_tensorboard", None) is None:
+            self._local_tensorboard = pathlib.Path(tempfile.mkdtemp(prefix="det-tensorboard-"))
+        return self._local_tensorboard
 
 
 class CheckpointContext(det_core.CheckpointContext):
@@ -155,7 +159,7 @@ class CheckpointContext(det_core.CheckpointContext):
 
     def __init__(self, base: det_core.CheckpointContext, distributed: DistributedContext,
                  on_cluster: bool) -> None:
-        super().__init__(base._transport, base.storage)
+        super().__init__(base._transport, base.storage, base._tensorboard)
         self._distributed = distributed
         self._on_cluster = on_cluster
 
@@ -324,7 +328,7 @@ class Context:
         self.info = info
         self.distributed = distributed
         self.searcher = SearcherContext(inner.transport, inner.info.config, info is not None)
-        self.train = TrainContext(inner.transport, self.searcher)
+        self.train = TrainContext(inner.train, self.searcher)
         self.checkpoint = CheckpointContext(inner.checkpoint, distributed, info is not None)
         self.preempt = PreemptContext(inner.transport, preempt_mode)
         self.profiler = ProfilerContext()

@@ -78,6 +78,9 @@ class SineTrial(pytorch.PyTorchTrial):
         loss = nn.functional.mse_loss(self.model(x), y)
         self.context.backward(loss)
         self.context.step_optimizer(self.optimizer)
+        if self.context.is_epoch_end():
+            self.context.get_tensorboard_writer().add_scalar(
+                "epoch_end_loss", loss.item(), batch_idx)
         return {"loss": loss, "lr": self.scheduler.get_last_lr()[0]}
 
     def evaluate_batch(self, batch: pytorch.TorchData, batch_idx: int) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from det.context import MAX_CONTEXT_BYTES, context_files
 from det.errors import ContextError, DetError
 from det.harness import core
 from det.harness.errors import MissingSearcherMetricError
-from det.harness.lengths import Batch, TrainUnit
+from det.harness.lengths import Batch, Epoch, TrainUnit
 from det.harness.trial import (
     InvalidHP,
     LRScheduler,
@@ -141,12 +141,9 @@ class Trainer:
         self.searcher_metric: str | None = searcher.get("metric")
         self.smaller_is_better = bool(searcher.get("smaller_is_better", True))
         self.scheduling_unit = int(self.config.get("scheduling_unit") or 100)
-        self.validation_period = self.units.length_to_batches(
-            self.config.get("min_validation_period"), "min_validation_period"
-        )
-        self.checkpoint_period = self.units.length_to_batches(
-            self.config.get("min_checkpoint_period"), "min_checkpoint_period"
-        )
+        # Set from the config once the training loader's length is known (_setup).
+        self.validation_period: int | None = None
+        self.checkpoint_period: int | None = None
         self.checkpoint_policy: str | None = None
         self.callbacks: dict[str, PyTorchCallback] = trial.build_callbacks() if trial else {}
         self.batches_trained = 0
@@ -233,10 +230,10 @@ class Trainer:
         if per_epoch == 0:
             raise DetError("build_training_data_loader returned an empty data loader")
         self.context._epoch_len = per_epoch
-        if checkpoint_period is not None:
-            self.checkpoint_period = checkpoint_period.to_batches(per_epoch)
-        if validation_period is not None:
-            self.validation_period = validation_period.to_batches(per_epoch)
+        self.checkpoint_period = checkpoint_period.to_batches(per_epoch) if checkpoint_period \
+            else self._config_period("min_checkpoint_period", per_epoch)
+        self.validation_period = validation_period.to_batches(per_epoch) if validation_period \
+            else self._config_period("min_validation_period", per_epoch)
         if reporting_period is not None:
             self.scheduling_unit = reporting_period.to_batches(per_epoch)
         latest = latest_checkpoint or self.core.info.latest_checkpoint
@@ -249,6 +246,15 @@ class Trainer:
             callback.on_training_start()
             if self.batch_in_epoch == 0:
                 callback.on_training_epoch_start(self.epoch_idx)
+
+    def _config_period(self, key: str, per_epoch: int) -> int | None:
+        """The config's period ``key`` in batches (``None``: none). Epochs are
+        ``records_per_epoch`` records, or without it (deprecated in 0.38, so often left out)
+        passes over the training loader of ``per_epoch`` batches."""
+        length = self.config.get(key)
+        if length and "epochs" in length and not self.units.records_per_epoch:
+            return Epoch(int(length["epochs"])).to_batches(per_epoch) or None
+        return self.units.length_to_batches(length, key)
 
     def _fit_ops(self) -> str:
         if not (self.config.get("searcher") or {}).get("max_length"):

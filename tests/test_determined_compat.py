@@ -270,3 +270,36 @@ def test_wrap_rank_prefixes_each_line() -> None:
     r = subprocess.run([sys.executable, "-m", "determined.launch.wrap_rank", "3", "--", "sh",
                         "-c", "echo one; echo two >&2; exit 4"], capture_output=True, text=True)
     assert (r.returncode, r.stdout, r.stderr) == (4, "[rank=3] one\n", "[rank=3] two\n")
+
+
+def test_trainer_in_process_config_epochs_without_records_per_epoch(tmp_path, monkeypatch
+                                                                    ) -> None:
+    """Off-cluster pytorch.init(hparams=, exp_conf=) + Trainer in this process: a config period
+    in epochs without records_per_epoch (deprecated in 0.38) counts passes over the loader;
+    InvalidHP raised by the trial ends it as an early exit."""
+    import importlib.util
+
+    import determined as det
+    from determined import pytorch
+
+    for name in [k for k in os.environ if k.startswith("DET_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    spec = importlib.util.spec_from_file_location("compat_sine", PYTORCH / "model_def.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    hparams = {"global_batch_size": 32, "hidden": 4, "lr": 0.01}
+    with pytorch.init(hparams=hparams, exp_conf={"min_validation_period": {"epochs": 1}}) as ctx:
+        trainer = pytorch.Trainer(module.SineTrial(ctx), ctx)
+        trainer.fit(max_length=pytorch.Epoch(2), checkpoint_policy="none")
+    transport = ctx.core.transport
+    assert [s for g, s, _ in transport.metrics if g == "validation"] == [16, 32]
+    assert [c[1] for c in transport.checkpoints] == [32]  # the final one only
+
+    class Invalid(module.SineTrial):
+        def train_batch(self, batch, epoch_idx, batch_idx):
+            raise det.InvalidHP("lr too small")
+
+    with pytorch.init(hparams=hparams) as ctx:
+        pytorch.Trainer(Invalid(ctx), ctx).fit(max_length=pytorch.Batch(2))
+    assert ctx.core.transport.early_exit == "invalid_hp"

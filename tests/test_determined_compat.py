@@ -97,6 +97,19 @@ def test_core_api_steps_complete_on_a_det_cluster(det, conn, tmp_path) -> None:
     assert [r["n"] for r in trials] == [1, 1, 1, 3, 1]
 
 
+def test_core_api_asha_search_with_max_time_completes_on_a_det_cluster(det, conn, tmp_path
+                                                                       ) -> None:
+    """0.38's adaptive_asha form (max_time + time_metric, no max_length) with a script that
+    trains its own length and never reads searcher operations: every trial ends when its code
+    does, and the search completes."""
+    ctx = tmp_path / "core_api"
+    shutil.copytree(CORE, ctx)
+    exp = _run_on_cluster(det, conn, ctx / "3_hpsearch_asha.yaml", ctx)
+    trials = conn.execute("SELECT state::text AS s FROM trials WHERE experiment_id = %s",
+                          (exp,)).fetchall()
+    assert [t["s"] for t in trials] == ["COMPLETED"] * 4
+
+
 # --- determined.pytorch --------------------------------------------------------------------
 
 PYTORCH = EXAMPLES / "pytorch"

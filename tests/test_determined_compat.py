@@ -316,3 +316,24 @@ def test_trainer_in_process_config_epochs_without_records_per_epoch(tmp_path, mo
     with pytorch.init(hparams=hparams) as ctx:
         pytorch.Trainer(Invalid(ctx), ctx).fit(max_length=pytorch.Batch(2))
     assert ctx.core.transport.early_exit == "invalid_hp"
+
+
+def test_cluster_info_has_038s_shape_on_a_det_cluster(det, conn, tmp_path) -> None:
+    ctx = tmp_path / "info"
+    ctx.mkdir()
+    (ctx / "info.py").write_text(
+        "import json, determined as det\n"
+        "i = det.get_cluster_info()\n"
+        "print('INFO', json.dumps({'trial': i.trial.trial_id, 'exp': i.trial.experiment_id,\n"
+        "    'hparams': i.trial.hparams, 'name': i.trial._config['name'],\n"
+        "    'rank': i.container_rank, 'type': i.task_type, 'url': i.master_url,\n"
+        "    'latest': i.latest_checkpoint, 'slots': i.slot_ids}))\n")
+    (ctx / "info.yaml").write_text(
+        "name: info\nentrypoint: python3 info.py\nhyperparameters: {a: 1}\n"
+        "searcher: {name: single, metric: x}\nmax_restarts: 0\n")
+    _run_on_cluster(det, conn, ctx / "info.yaml", ctx)
+    line = next(x for x in det("trial", "logs", "1").stdout.splitlines() if "INFO {" in x)
+    info = json.loads(line.split("INFO ", 1)[1])
+    assert info == {"trial": 1, "exp": 1, "hparams": {"a": 1}, "name": "info", "rank": 0,
+                    "type": "TRIAL", "url": det.env["DET_DB_URL"], "latest": None,
+                    "slots": [0]}

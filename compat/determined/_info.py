@@ -29,6 +29,23 @@ class TrialInfo:
     trial_run_id: int
     debug: bool = False
 
+    # 0.38 keeps these as private attributes, which examples and user code read anyway.
+    @property
+    def _config(self) -> dict[str, Any]:
+        return self.config
+
+    @property
+    def _steps_completed(self) -> int:
+        return self.steps_completed
+
+    @property
+    def _trial_run_id(self) -> int:
+        return self.trial_run_id
+
+    @property
+    def _debug(self) -> bool:
+        return self.debug
+
 
 @dataclass(frozen=True)
 class ClusterInfo:
@@ -53,6 +70,8 @@ class ClusterInfo:
     container_slot_counts: list[int] = field(default_factory=list)
     gpu_uuids: list[str] = field(default_factory=list)
     user_data: dict[str, Any] = field(default_factory=dict)
+    master_cert_name: str | None = None
+    master_cert_file: str | None = None
 
     @classmethod
     def from_task_info(cls, info: TaskInfo, env: dict[str, str]) -> "ClusterInfo":

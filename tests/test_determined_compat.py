@@ -337,3 +337,69 @@ def test_cluster_info_has_038s_shape_on_a_det_cluster(det, conn, tmp_path) -> No
     assert info == {"trial": 1, "exp": 1, "hparams": {"a": 1}, "name": "info", "rank": 0,
                     "type": "TRIAL", "url": det.env["DET_DB_URL"], "latest": None,
                     "slots": [0]}
+
+
+def test_context_mixed_precision_accumulation_and_optimizer_step_schedulers(
+        tmp_path, monkeypatch) -> None:
+    """wrap_optimizer(backward_passes_per_step=2) steps every second batch;
+    STEP_EVERY_OPTIMIZER_STEP schedulers follow the optimizer's steps; wrap_scaler and
+    autocast_forward_pass run (on the CPU here); is_epoch_start / is_epoch_end; callbacks."""
+    from determined import pytorch
+
+    for name in [k for k in os.environ if k.startswith("DET_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    seen: list[tuple[int, bool, bool, float]] = []
+    hooks: list[str] = []
+
+    class Hooks(pytorch.PyTorchCallback):
+        def on_training_epoch_start(self, epoch_idx: int) -> None:
+            hooks.append(f"start {epoch_idx}")
+
+        def on_training_epoch_end(self, epoch_idx: int) -> None:
+            hooks.append(f"end {epoch_idx}")
+
+        def on_validation_end(self, metrics: dict) -> None:
+            hooks.append(f"validated {metrics['batches']}")
+
+    class Amp(pytorch.PyTorchTrial):
+        def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+            self.context = context
+            self.model = context.autocast_forward_pass(context.wrap_model(torch.nn.Linear(2, 1)))
+            self.opt = context.wrap_optimizer(
+                torch.optim.SGD(self.model.parameters(), lr=1.0), backward_passes_per_step=2)
+            self.sched = context.wrap_lr_scheduler(
+                torch.optim.lr_scheduler.StepLR(self.opt, step_size=1, gamma=0.5),
+                step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP)
+            self.scaler = context.wrap_scaler(torch.amp.GradScaler("cpu"))
+
+        def build_training_data_loader(self) -> pytorch.DataLoader:
+            return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.ones(8, 2)),
+                                      batch_size=2)
+
+        def build_validation_data_loader(self) -> pytorch.DataLoader:
+            return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.ones(2, 2)),
+                                      batch_size=2)
+
+        def build_callbacks(self) -> dict:
+            return {"hooks": Hooks()}
+
+        def train_batch(self, batch, epoch_idx: int, batch_idx: int) -> torch.Tensor:
+            loss = self.model(batch[0]).float().pow(2).mean()
+            self.context.backward(loss)
+            self.context.step_optimizer(self.opt, scaler=self.scaler)
+            seen.append((batch_idx, self.context.is_epoch_start(), self.context.is_epoch_end(),
+                         self.sched.get_last_lr()[0]))
+            return loss
+
+        def evaluate_batch(self, batch, batch_idx: int) -> dict:
+            return {"loss": self.model(batch[0]).float().pow(2).mean()}
+
+    with pytorch.init(hparams={"global_batch_size": 2}) as ctx:
+        pytorch.Trainer(Amp(ctx), ctx).fit(max_length=pytorch.Batch(6),
+                                           validation_period=pytorch.Epoch(1))
+    assert [s[0] for s in seen] == [0, 1, 2, 3, 4, 5]
+    assert [(s[1], s[2]) for s in seen] == [(True, False), (False, False), (False, False),
+                                            (False, True), (True, False), (False, False)]
+    assert [s[3] for s in seen] == [1.0, 0.5, 0.5, 0.25, 0.25, 0.125]  # one step per 2 batches
+    assert hooks == ["start 0", "end 0", "start 1", "validated 4", "validated 6"]

@@ -241,6 +241,7 @@ class Trainer:
             self._restore(latest)
         else:
             self._new_epoch_iterator()
+        self.context._initial_batch = self.batches_trained
         for callback in self.callbacks.values():
             callback.on_trial_startup(self.batches_trained, latest)
             callback.on_training_start()

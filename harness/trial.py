@@ -8,6 +8,7 @@ and ``evaluate_batch`` (or ``evaluate_full_dataset``) at validation time.
 import abc
 import enum
 import pathlib
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -142,6 +143,7 @@ class PyTorchTrialContext:
         self._epoch_len: int | None = None
         self._backward_passes: dict[int, int] = {}  # id(optimizer) -> backward passes per step
         self._optimizer_steps = 0
+        self._initial_batch = 0
         self._tensorboard_path: pathlib.Path | None = None
         self._tensorboard_writer: Any = None
 
@@ -320,6 +322,15 @@ class PyTorchTrialContext:
     def current_train_epoch(self) -> int:
         """Index of the epoch being trained (full passes over the training loader so far)."""
         return self._epoch_idx
+
+    def get_initial_batch(self) -> int:
+        """Batches trained when this run started (non-zero when it resumed a checkpoint)."""
+        return self._initial_batch
+
+    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
+        """Accepted for Determined's code (it configures torch's profiler there); det runs
+        no profiler, which a log line says."""
+        print("det.harness: set_profiler: det runs no profiler", file=sys.stderr)
 
     def is_epoch_start(self) -> bool:
         """Whether the batch being trained is the first of its epoch."""

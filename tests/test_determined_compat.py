@@ -161,6 +161,12 @@ def test_pytorch_trials_complete_on_a_det_cluster(det, conn, tmp_path) -> None:
          str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert load.returncode == 0, load.stderr
     assert abs(float(load.stdout) - 0.84) < 0.25  # sin(1) = 0.84
+    code = subprocess.run(  # Determined's documented way to import a checkpoint's code
+        [sys.executable, "-c", "import sys, determined as det\n"
+         "with det.import_from_path(sys.argv[1] + '/code'):\n    import model_def\n"
+         "print(model_def.SineTrial.__name__, 'model_def' in sys.modules)",
+         str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert code.stdout.split() == ["SineTrial", "False"], code.stderr
     # every reported metric and the trial's own SummaryWriter's scalars, as event files in
     # the trial's storage
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

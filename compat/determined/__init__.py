@@ -8,6 +8,10 @@ imported on first use, so a Core API script does not pay for importing torch.
 """
 
 import importlib
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 
 from det.harness.trial import InvalidHP
@@ -20,9 +24,25 @@ LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 """The ``logging`` format Determined's examples use (``logging.basicConfig(format=...)``)."""
 
 __all__ = ["LOG_FORMAT", "ClusterInfo", "InvalidHP", "TrialInfo", "core", "get_cluster_info",
-           "launch", "pytorch"]
+           "import_from_path", "launch", "pytorch"]
 
 _SUBMODULES = ("core", "launch", "pytorch")
+
+
+@contextmanager
+def import_from_path(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Import modules from the directory ``path`` inside the block (e.g. a checkpoint's
+    ``code/``): it comes first on ``sys.path``, and afterwards the path and the modules
+    imported meanwhile are forgotten, so other code of the same module names stays
+    importable."""
+    before = set(sys.modules)
+    sys.path.insert(0, os.fspath(path))
+    try:
+        yield
+    finally:
+        sys.path.remove(os.fspath(path))
+        for name in set(sys.modules) - before:
+            del sys.modules[name]
 
 
 def __getattr__(name: str) -> ModuleType:

@@ -67,15 +67,22 @@ def preview_search(
             trials = searcher.max_trials
         else:
             trials = 1
-        unit, length = searcher.max_length.unit, searcher.max_length.value
-        units = trials * length
+        if searcher.max_length is None:  # each trial's code decides its length
+            unit, length, units = "", None, None
+        else:
+            unit, length = searcher.max_length.unit, searcher.max_length.value
+            units = trials * length
         rows = [{"trials": trials, "length": length, "units": units}]
         if not json_:
             print_table(rows, ["trials", "length", "units"],
-                        ["Trials", f"Trains to ({unit})", f"Units ({unit})"])
+                        ["Trials", f"Trains to ({unit or 'set by the code'})",
+                         f"Units ({unit or '-'})"])
     if json_:
         print_json({"searcher": searcher.name, "unit": unit, "trials": trials, "units": units,
                     "rungs" if "rung" in rows[0] else "plan": rows})
         return
     plural = "" if trials == 1 else "s"
+    if units is None:
+        typer.echo(f"{searcher.name}: {trials} trial{plural}, each as long as its code trains")
+        return
     typer.echo(f"{searcher.name}: {trials} trial{plural}, {units} {unit} of training in all")

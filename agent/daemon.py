@@ -40,6 +40,7 @@ from psycopg.rows import dict_row
 
 from det import context
 from det.agent.devices import Slot
+from det.agent.gang import gang_env
 from det.agent.heartbeat import Heartbeat
 from det.agent.logs import LogShipper
 from det.agent.process import ProcessRuntime
@@ -317,9 +318,10 @@ class Agent:
             if spec.trial_id is not None:
                 env["DET_TRIAL_ID"] = str(spec.trial_id)
             by_id = {s.slot_id: s for s in self.slots}
+            held = [by_id[i] for i in row["slot_ids"] if i in by_id]
+            env.update(gang_env(self.s.agent_id, held))
             launch = Launch(alloc_id, spec.argv(self.runtime.python),
-                            env, self._prepare_dir(alloc_id, spec.context_id), spec,
-                            [by_id[i] for i in row["slot_ids"] if i in by_id])
+                            env, self._prepare_dir(alloc_id, spec.context_id), spec, held)
             self.tasks[alloc_id] = self.runtime.launch(launch)
         except Exception as e:  # any launch failure ends the run with a readable reason
             if retry.is_connection_lost(e):

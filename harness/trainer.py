@@ -10,6 +10,14 @@ position and RNG state.
 
 The per-batch path does what a hand-written loop does plus a few attribute reads: no I/O, no
 ``.item()``; losses are kept as detached tensors and reduced when reported.
+
+Under several workers (``core_context.distributed.size > 1``, issue 12) every worker runs
+this loop in step: the training loader is re-made over a ``DistributedSampler`` (each worker
+a disjoint shard of every epoch, seeded by the trial seed), validation is split across the
+workers and its sums and counts added up (so the metrics equal one worker's on the same
+data), training metrics are averaged over the workers, the chief alone reports and writes
+checkpoints (holding every worker's RNG state), and the workers agree before each batch
+whether to stop (one small all-reduce).
 """
 
 import math
@@ -24,7 +32,13 @@ import torch
 from det.errors import DetError
 from det.harness import core
 from det.harness.errors import MissingSearcherMetricError
-from det.harness.trial import InvalidHP, LRScheduler, PyTorchTrial, PyTorchTrialContext
+from det.harness.trial import (
+    InvalidHP,
+    LRScheduler,
+    PyTorchTrial,
+    PyTorchTrialContext,
+    unwrap_model,
+)
 
 STATE_FILE = "state.pt"
 """The trainer's file inside a checkpoint directory (``torch.save`` of a dict)."""
@@ -81,9 +95,12 @@ class Trainer:
         device: torch.device | None = None,
     ) -> None:
         self.core = core_context
+        self.dist = core_context.distributed
+        self.is_chief = self.dist.rank == 0
         info = core_context.info
         self.config = info.config
-        seed_everything(info.trial_seed)
+        # Each worker draws its own dropout masks; DDP gives all the chief's initial weights.
+        seed_everything(info.trial_seed + self.dist.rank)
         self.context = PyTorchTrialContext(core_context, device)
         self._invalid_hp: InvalidHP | None = None
         try:
@@ -110,6 +127,7 @@ class Trainer:
         self._epoch_rng: torch.Tensor | None = None
         self._train_iter: Iterator[Any] | None = None
         self._val_loader: torch.utils.data.DataLoader | None = None
+        self._val_shard_loader: torch.utils.data.DataLoader | None = None
 
     # the workloads
     def fit(self) -> str:
@@ -123,17 +141,19 @@ class Trainer:
         """
         if self.trial is None:
             print(f"det.harness: invalid hyperparameters: {self._invalid_hp}", file=sys.stderr)
-            self.core.train.report_early_exit(core.EarlyExitReason.INVALID_HP)
+            if self.is_chief:
+                self.core.train.report_early_exit(core.EarlyExitReason.INVALID_HP)
             return "invalid_hp"
         try:
             return self._fit(self.trial)
         except InvalidHP as e:
             print(f"det.harness: invalid hyperparameters: {e}", file=sys.stderr)
-            self.core.train.report_early_exit(core.EarlyExitReason.INVALID_HP)
+            if self.is_chief:
+                self.core.train.report_early_exit(core.EarlyExitReason.INVALID_HP)
             return "invalid_hp"
 
     def _fit(self, trial: PyTorchTrial) -> str:
-        self._train_loader = trial.build_training_data_loader()
+        self._train_loader = self._shard(trial.build_training_data_loader(), training=True)
         if len(self._train_loader) == 0:
             raise DetError("build_training_data_loader returned an empty data loader")
         if self.core.info.latest_checkpoint:
@@ -194,7 +214,8 @@ class Trainer:
         self._validation_at_current_step()
         if self.last_checkpoint != self.batches_trained:
             self.checkpoint()
-        self.core.train.report_early_exit(core.EarlyExitReason.USER_REQUESTED_STOP)
+        if self.is_chief:
+            self.core.train.report_early_exit(core.EarlyExitReason.USER_REQUESTED_STOP)
         return "stopped"
 
     def _train_batches(self, stop: int) -> bool:
@@ -203,7 +224,7 @@ class Trainer:
         trial, ctx = self.trial, self.context
         assert trial is not None
         outputs = self._outputs
-        preempt = self.core.transport.should_preempt
+        preempt = self._stop_check()
         to_device = ctx.to_device if ctx.device.type != "cpu" else None
         every_batch = [
             (s, f) for s, mode, f in ctx.lr_schedulers
@@ -214,7 +235,7 @@ class Trainer:
         b, epoch, in_epoch = self.batches_trained, self.epoch_idx, self.batch_in_epoch
         interrupted = False
         while b < stop:
-            if ctx._stop_requested or preempt():
+            if preempt():
                 interrupted = True
                 break
             try:
@@ -237,10 +258,36 @@ class Trainer:
         self.batch_in_epoch = in_epoch
         return interrupted
 
+    def _stop_check(self) -> Any:
+        """The hot loop's question "stop before this batch?": the stop flag or the
+        preemption flag (a read); under several workers, whether the chief was asked to stop
+        or any worker requested a stop, agreed by one all-reduce, so all stop together."""
+        ctx, transport, dist = self.context, self.core.transport, self.dist
+        if dist.size == 1:
+            return lambda: ctx._stop_requested or transport.should_preempt()
+        chief = self.is_chief
+        return lambda: any(dist.any_true(
+            ctx._stop_requested, chief and transport.should_preempt()))
+
+    def _shard(self, loader: torch.utils.data.DataLoader,
+               training: bool) -> torch.utils.data.DataLoader:
+        """``loader`` re-made to read this worker's shard. One worker keeps its loader,
+        except that a plainly shuffled training loader is re-made the same way as for
+        several: the epoch's order then depends on the trial seed alone, and N workers
+        together train on the very batches one worker would (each batch split N ways)."""
+        if self.dist.size == 1 and not (training and _plainly_shuffled(loader)):
+            return loader
+        return shard_loader(loader, self.dist.rank, self.dist.size, self.core.info.trial_seed,
+                            training)
+
     def _new_epoch_iterator(self) -> None:
-        # The sampler draws its shuffle seed from torch's RNG when the iterator is created;
-        # keep that state so a restore can rebuild the same epoch order.
+        # The sampler draws its shuffle seed from torch's RNG when the iterator is created
+        # (a DistributedSampler from the trial seed and the epoch); keep that state so a
+        # restore can rebuild the same epoch order.
         self._epoch_rng = torch.get_rng_state()
+        sampler = getattr(self._train_loader, "sampler", None)
+        if isinstance(sampler, torch.utils.data.DistributedSampler):
+            sampler.set_epoch(self.epoch_idx)
         self._train_iter = iter(self._train_loader)
 
     def _end_epoch(self) -> None:
@@ -253,9 +300,15 @@ class Trainer:
         self._new_epoch_iterator()
 
     def _report_training_metrics(self) -> None:
-        if self._outputs:
-            metrics = reduce_training_outputs(self._outputs)
-            self._outputs.clear()
+        # Every worker trained the same batches since the last report: a plain mean of the
+        # workers' means is the mean over all of them.
+        metrics = reduce_training_outputs(self._outputs) if self._outputs else {}
+        self._outputs.clear()
+        if self.dist.size > 1:
+            per_worker = self.dist.allgather(metrics)
+            keys = {k for m in per_worker for k in m}
+            metrics = {k: float(np.mean([m[k] for m in per_worker if k in m])) for k in keys}
+        if metrics and self.is_chief:
             self.core.train.report_training_metrics(self.batches_trained, metrics)
 
     def _epochs(self) -> float:
@@ -270,6 +323,8 @@ class Trainer:
         assert trial is not None
         if self._val_loader is None:
             self._val_loader = trial.build_validation_data_loader()
+        full_dataset = (
+            type(trial).evaluate_full_dataset is not PyTorchTrial.evaluate_full_dataset)
         rng = torch.get_rng_state()
         models = self.context.models
         modes = [m.training for m in models]
@@ -277,18 +332,23 @@ class Trainer:
             m.eval()
         try:
             with torch.no_grad():
-                if type(trial).evaluate_full_dataset is not PyTorchTrial.evaluate_full_dataset:
-                    raw = trial.evaluate_full_dataset(self._val_loader)
-                    metrics = {k: _scalar(v) for k, v in raw.items()}
+                if full_dataset:
+                    # The trial computes over the whole set: the chief does, and tells.
+                    metrics = {}
+                    if self.is_chief:
+                        raw = trial.evaluate_full_dataset(self._val_loader)
+                        metrics = {k: _scalar(v) for k, v in raw.items()}
+                    metrics = self.dist.broadcast(metrics)
                 else:
-                    metrics = self._evaluate_batches(trial, self._val_loader)
+                    metrics = self._evaluate_batches(trial, self._val_shard())
         finally:
             for m, mode in zip(models, modes, strict=True):
                 m.train(mode)
             torch.set_rng_state(rng)
         metrics["batches"] = self.batches_trained
         metrics["epochs"] = self._epochs()
-        self.core.train.report_validation_metrics(self.batches_trained, metrics)
+        if self.is_chief:
+            self.core.train.report_validation_metrics(self.batches_trained, metrics)
         self.last_validation = (self.batches_trained, metrics)
         return metrics
 
@@ -306,7 +366,21 @@ class Trainer:
                     value = value.detach().double()
                 sums[key] = sums.get(key, 0.0) + value * n
                 counts[key] = counts.get(key, 0) + n
+        if self.dist.size > 1:
+            # Weighted by records: the totals over the workers' shards are the totals over
+            # the whole validation set.
+            shares = self.dist.allgather({k: (_numeric(sums[k]), counts[k]) for k in sums})
+            keys = {k for share in shares for k in share}
+            sums = {k: sum(np.asarray(sh[k][0], dtype=np.float64) for sh in shares if k in sh)
+                    for k in keys}
+            counts = {k: sum(sh[k][1] for sh in shares if k in sh) for k in keys}
         return {k: _scalar(sums[k] / counts[k]) for k in sums}
+
+    def _val_shard(self) -> torch.utils.data.DataLoader:
+        assert self._val_loader is not None
+        if self._val_shard_loader is None:
+            self._val_shard_loader = self._shard(self._val_loader, training=False)
+        return self._val_shard_loader
 
     def _validation_at_current_step(self) -> dict[str, Any]:
         if self.last_validation and self.last_validation[0] == self.batches_trained:
@@ -329,11 +403,33 @@ class Trainer:
 
     # checkpoints
     def checkpoint(self) -> str:
-        """Store the trial's state at the current step; returns the checkpoint uuid."""
+        """Store the trial's state at the current step; returns the checkpoint uuid. Under
+        several workers the chief writes it, with every worker's RNG state (gathered), and
+        every worker gets its uuid."""
         ctx = self.context
+        rng = self._rng_state()
+        ranks_rng = self.dist.gather(rng) if self.dist.size > 1 else None
+        uuid = self._store(ctx, rng, ranks_rng) if self.is_chief else ""
+        if self.dist.size > 1:
+            uuid = self.dist.broadcast(uuid)
+        self.last_checkpoint = self.batches_trained
+        self.latest_checkpoint_uuid = uuid
+        return uuid
+
+    def _rng_state(self) -> dict[str, Any]:
+        return {
+            "epoch_start_torch": self._epoch_rng,
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        }
+
+    def _store(self, ctx: PyTorchTrialContext, rng: dict[str, Any],
+               ranks_rng: list[Any] | None) -> str:
         state = {
             "format": CHECKPOINT_FORMAT,
-            "models": [m.state_dict() for m in ctx.models],
+            "models": [unwrap_model(m).state_dict() for m in ctx.models],
             "optimizers": [o.state_dict() for o in ctx.optimizers],
             "lr_schedulers": [s.state_dict() for s, _, _ in ctx.lr_schedulers],
             "trainer": {
@@ -342,13 +438,8 @@ class Trainer:
                 "batch_in_epoch": self.batch_in_epoch,
                 "last_validation": self.last_validation,
             },
-            "rng": {
-                "epoch_start_torch": self._epoch_rng,
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                "numpy": np.random.get_state(),
-                "python": random.getstate(),
-            },
+            "rng": rng,
+            "rng_per_rank": ranks_rng,
         }
         metadata = {
             "steps_completed": self.batches_trained,
@@ -359,8 +450,6 @@ class Trainer:
         }
         with self.core.checkpoint.store_path(metadata) as (path, uuid):
             torch.save(state, path / STATE_FILE)
-        self.last_checkpoint = self.batches_trained
-        self.latest_checkpoint_uuid = uuid
         return uuid
 
     def _restore(self, uuid: str) -> None:
@@ -383,7 +472,8 @@ class Trainer:
                     f"{len(objects)}"
                 )
             for obj, obj_state in zip(objects, state[kind], strict=True):
-                obj.load_state_dict(obj_state)
+                target = unwrap_model(obj) if kind == "models" else obj
+                target.load_state_dict(obj_state)
         trainer = state["trainer"]
         self.batches_trained = ctx._batches_trained = trainer["batches_trained"]
         self.epoch_idx = ctx._epoch_idx = trainer["epoch_idx"]
@@ -392,6 +482,9 @@ class Trainer:
         self.last_checkpoint = self.batches_trained
         self.latest_checkpoint_uuid = uuid
         rng = state["rng"]
+        per_rank = state.get("rng_per_rank")
+        if per_rank and len(per_rank) == self.dist.size:
+            rng = per_rank[self.dist.rank]
         if rng["epoch_start_torch"] is not None:
             torch.set_rng_state(rng["epoch_start_torch"])
         self._new_epoch_iterator()
@@ -403,6 +496,74 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         np.random.set_state(rng["numpy"])
         random.setstate(rng["python"])
+
+
+class StridedSampler(torch.utils.data.Sampler[int]):
+    """Indices ``rank, rank + size, ...`` of a dataset of ``length``: one worker's share of
+    the validation set, every record in exactly one share (no padding, unlike
+    ``DistributedSampler``, so that the workers' sums add up to the whole set's)."""
+
+    def __init__(self, length: int, rank: int, size: int) -> None:
+        self._indices = range(rank, length, size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._indices)
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+
+def shard_loader(loader: torch.utils.data.DataLoader, rank: int, size: int, seed: int,
+                 training: bool) -> torch.utils.data.DataLoader:
+    """``loader`` re-made to read worker ``rank``'s share of its dataset, with the same batch
+    size, collation and workers: for training a ``DistributedSampler`` (shuffled, seeded by
+    ``seed`` and the epoch, when ``loader`` shuffled; every worker gets as many batches), for
+    validation a :class:`StridedSampler`. An ``IterableDataset`` is returned as is (the
+    trial shards it itself, e.g. by ``context.distributed.rank``).
+
+    The training order is the same for any number of workers: the seeded permutation of
+    the epoch, dealt out in turn, so worker ``r``'s batch ``k`` holds records
+    ``k * B * size + r, + size, ...``, and the workers' batches ``k`` together are one
+    worker's batch ``k`` at ``size`` times the batch size.
+
+    Raises ``DetError`` for a loader with a custom sampler or batch sampler, which det cannot
+    split (shard its dataset by rank in the trial instead).
+    """
+    data = torch.utils.data
+    if isinstance(loader.dataset, data.IterableDataset):
+        return loader
+    plain = (data.RandomSampler, data.SequentialSampler)
+    if loader.batch_size is None or not isinstance(loader.sampler, plain) \
+            or type(loader.batch_sampler) is not data.BatchSampler:
+        raise DetError(
+            "cannot split this data loader across workers: it has a custom sampler or batch "
+            "sampler; give build_*_data_loader a plain DataLoader (batch_size, shuffle) or "
+            "shard the dataset by context.distributed.rank")
+    if training:
+        sampler: data.Sampler[int] = data.DistributedSampler(
+            loader.dataset, num_replicas=size, rank=rank,
+            shuffle=isinstance(loader.sampler, data.RandomSampler), seed=seed)
+    else:
+        sampler = StridedSampler(len(loader.dataset), rank, size)  # type: ignore[arg-type]
+    return data.DataLoader(
+        loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+        num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers)
+
+
+def _plainly_shuffled(loader: torch.utils.data.DataLoader) -> bool:
+    data = torch.utils.data
+    return (not isinstance(loader.dataset, data.IterableDataset)
+            and type(loader.sampler) is data.RandomSampler and loader.generator is None
+            and type(loader.batch_sampler) is data.BatchSampler)
+
+
+def _numeric(value: Any) -> Any:
+    """A metric sum as a float or a nested list (picklable without torch tensors)."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    return value
 
 
 def _scalar(value: Any) -> Any:

@@ -59,9 +59,9 @@ class PyTorchTrialContext:
         ``DistributedDataParallel`` under several workers (gradients are averaged across
         them in ``backward``; every worker starts from the chief's parameters).
 
-        Buffers (batch-norm statistics) are not broadcast at each forward
-        (``broadcast_buffers=False``): validation shards differ in length across workers,
-        and a collective inside a forward would then wait for a worker that has none; the
+        Buffers (batch-norm statistics) are synchronized at the start, not at each forward
+        (``forward_sync_buffers=False``): validation shards differ in length across workers,
+        and a collective inside a forward would wait for a worker that has none left; the
         chief's buffers are the ones checkpointed.
         """
         model = model.to(self.device)
@@ -70,7 +70,7 @@ class PyTorchTrialContext:
 
             model = DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                broadcast_buffers=False)
+                forward_sync_buffers=False)
         self.models.append(model)
         return model
 

@@ -24,7 +24,9 @@ another, then fail naming the ranks and agents missing.
 
 import os
 import re
+import signal
 import sys
+from typing import Any
 
 from det.errors import DetError
 from det.launch.gang import GangPlan, plan_gang
@@ -74,6 +76,17 @@ def torchrun_args(plan: GangPlan, overrides: list[str], command: list[str]) -> l
     ]
 
 
+def describe_failures(failures: dict[int, Any]) -> str:
+    """``rank R exited with CODE`` for each failed worker (``failures``: torchrun's, by global
+    rank), leaving out those that only died of the SIGTERM torchrun sent to stop them."""
+    causes = {r: f for r, f in failures.items() if f.exitcode != -signal.SIGTERM} or failures
+    return "; ".join(f"rank {r} exited with {_code(f.exitcode)}" for r, f in sorted(causes.items()))
+
+
+def _code(code: int) -> str:
+    return f"{code} ({signal.Signals(-code).name})" if code < 0 else str(code)
+
+
 def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """(torchrun overrides, SCRIPT_OR_MODULE ARGS): overrides are what comes before the
     first ``--``; without one, everything is the script."""
@@ -109,10 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun(torchrun_args(plan, overrides, command))
     except ChildFailedError as e:
-        failures = "; ".join(
-            f"rank {f.rank} exited with {f.exitcode}" for f in e.failures.values())
-        print(f"det.launch: worker failed: {failures}; the other workers were stopped",
-              file=sys.stderr)
+        print(f"det.launch: worker failed: {describe_failures(e.failures)}; the other "
+              "workers were stopped", file=sys.stderr)
         return 1
     except Exception as e:  # torchrun's rendezvous errors: name the agents that never came
         print(f"det.launch: {plan.describe_failure(e)}", file=sys.stderr)

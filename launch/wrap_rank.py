@@ -54,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     code = proc.wait()
     for pump in pumps:
         pump.join()
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+    if code < 0:  # die the same way, so torchrun reports the worker's signal
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 

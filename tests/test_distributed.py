@@ -6,7 +6,6 @@ logs, a failed worker ends the allocation and the trial restarts from its checkp
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,11 +13,74 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 from conftest import REPO, wait_for
 from test_e2e_digits import DIGITS, digits_config
 
-LAUNCHER = [sys.executable, "-m", "det.launch.torch_distributed"]
+LAUNCHER = f"{sys.executable} -m det.launch.torch_distributed"
+
+# A Core API script for the launcher: each worker says where it stands and what allgather
+# gave it; the chief reports the allgather as a metric.
+CORE_SCRIPT = """
+import os, time
+from det.harness import core
+
+if os.environ["RANK"] == "1" and os.environ.get("LATE_RANK_SLEEP"):
+    time.sleep(float(os.environ["LATE_RANK_SLEEP"]))
+with core.init() as ctx:
+    d = ctx.distributed
+    ranks = d.allgather(d.rank * 10)
+    print(f"rank {d.rank} of {d.size}, local {d.local_rank} of {d.local_size}, "
+          f"agents {d.cross_size}, chief {d.chief_ip}, allgather {ranks}, "
+          f"broadcast {d.broadcast(d.rank + 100)}", flush=True)
+    for op in ctx.searcher.operations():
+        if d.rank == 0:
+            ctx.train.report_validation_metrics(op.length, {"loss": 0.5, "ranks": ranks})
+        op.report_completed(0.5)
+"""
+
+
+def core_experiment(tmp_path: Path, slots: int, **env: str) -> tuple[Path, Path]:
+    ctx = tmp_path / "ctx"
+    ctx.mkdir(exist_ok=True)
+    (ctx / "train.py").write_text(CORE_SCRIPT)
+    variables = "".join(f"\n    - {k}={v}" for k, v in env.items())
+    cfg = tmp_path / "core.yaml"
+    cfg.write_text(f"""\
+name: core-dist
+entrypoint: {LAUNCHER} train.py
+searcher: {{name: single, metric: loss, max_length: {{batches: 1}}}}
+resources: {{slots_per_trial: {slots}}}
+environment:
+  environment_variables:{variables or " []"}
+max_restarts: 0
+""")
+    return cfg, ctx
+
+
+def task_processes(db_url: str) -> list[psutil.Process]:
+    """The live processes of det tasks run against ``db_url`` (launchers, workers)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.info["cmdline"] and any("det.launch" in a or "det.harness" in a
+                                         for a in p.info["cmdline"]) \
+                    and p.environ().get("DET_DB_URL") == db_url:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def worker(db_url: str, rank: int) -> psutil.Process | None:
+    """The training worker of ``rank`` (the harness process, not its wrap_rank)."""
+    for p in task_processes(db_url):
+        try:
+            if "det.harness.run" in p.cmdline() and "det.launch.wrap_rank" not in p.cmdline() \
+                    and p.environ().get("RANK") == str(rank):
+                return p
+        except psutil.NoSuchProcess:
+            pass
+    return None
 
 
 def accuracy(conn, experiment: int) -> float:
@@ -46,7 +108,6 @@ def test_two_workers_train_digits_as_well_as_one(det, conn, tmp_path) -> None:
         described = json.loads(det("experiment", "describe", str(exp), "--json").stdout)
         assert described["state"] == "COMPLETED", described
     acc1, acc2 = accuracy(conn, 1), accuracy(conn, 2)
-    print("accuracies", acc1, acc2)
     assert acc1 > 0.9 and abs(acc1 - acc2) <= 0.01, (acc1, acc2)
     # only the chief reports: one row per validation, one per scheduling unit
     validations = conn.execute(
@@ -65,3 +126,71 @@ def test_two_workers_train_digits_as_well_as_one(det, conn, tmp_path) -> None:
     logs = det("trial", "logs", str(trial["id"]))
     out = logs.stdout + logs.stderr
     assert "[rank=0]" in out and "[rank=1]" in out
+
+
+def test_a_killed_worker_ends_the_allocation_and_the_trial_resumes(det, conn, db_url,
+                                                                     tmp_path) -> None:
+    cfg = digits_config(tmp_path, **{"searcher.max_length": {"batches": 1200},
+                                     "min_validation_period": {"batches": 600},
+                                     "min_checkpoint_period": {"batches": 100},
+                                     "resources.slots_per_trial": 2, "max_restarts": 1})
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--slots", "2")
+    det("experiment", "create", str(cfg), str(DIGITS))
+    wait_for(lambda: conn.execute("SELECT 1 FROM checkpoints").fetchone(), 120,
+             "a first checkpoint")
+    victim = wait_for(lambda: worker(db_url, 1), 30, "the rank 1 worker")
+    victim.send_signal(signal.SIGKILL)
+    assert det("experiment", "wait", "1", timeout=300).returncode == 0
+    runs = conn.execute("SELECT run, exit_code, exit_reason FROM allocations "
+                        "WHERE trial_id IS NOT NULL ORDER BY run").fetchall()
+    assert len(runs) == 2 and runs[0]["exit_code"] not in (0, None), runs
+    assert runs[1]["exit_code"] == 0
+    trial = conn.execute("SELECT state::text AS state, restarts, steps_completed FROM trials"
+                         ).fetchone()
+    assert trial == {"state": "COMPLETED", "restarts": 1, "steps_completed": 1200}
+    resumed = conn.execute(
+        "SELECT min(m.steps_completed) AS first FROM metrics m JOIN allocations a "
+        "ON a.id = m.allocation_id WHERE a.run = 2").fetchone()["first"]
+    assert resumed > 100, "the second run went on from the checkpoint"
+    r = det("trial", "logs", "1")
+    logs = r.stdout + r.stderr
+    assert ("det.launch: worker failed: rank 1 exited with -9 (SIGKILL); the other "
+            "workers were stopped") in logs, logs[-3000:]
+    assert task_processes(db_url) == [], "no worker left behind"
+
+
+def test_core_api_script_under_the_launcher(det, conn, db_url, tmp_path) -> None:
+    cfg, ctx = core_experiment(tmp_path, 2)
+    det.start("reconciler", "reconcile", "--interval", "0.3")
+    det.start("agent", "agent", "run", "--id", "a1", "--slots", "2")
+    det("experiment", "create", str(cfg), str(ctx))
+    assert det("experiment", "wait", "1", timeout=120).returncode == 0
+    logs = det("trial", "logs", "1").stdout
+    for rank in (0, 1):
+        assert (f"[rank={rank}] rank {rank} of 2, local {rank} of 2, agents 1, chief "
+                f"127.0.0.1, allgather [0, 10], broadcast 100") in logs, logs
+    [row] = conn.execute("SELECT \"values\" FROM metrics WHERE \"group\" = 'validation'"
+                         ).fetchall()
+    assert row["values"]["ranks"] == [0, 10]
+
+
+def test_a_worker_that_never_arrives_fails_the_run_naming_it(det, conn, db_url,
+                                                              tmp_path) -> None:
+    cfg, ctx = core_experiment(tmp_path, 2, LATE_RANK_SLEEP="600", DET_RENDEZVOUS_TIMEOUT="3")
+    det.start("reconciler", "reconcile", "--interval", "0.3")
+    det.start("agent", "agent", "run", "--id", "a1", "--slots", "2")
+    det("experiment", "create", str(cfg), str(ctx))
+    started = time.monotonic()
+    assert det("experiment", "wait", "1", check=False, timeout=120).returncode != 0
+    assert time.monotonic() - started < 60, "the timeout ends it, not the sleeper"
+    r = det("trial", "logs", "1")
+    logs = r.stdout + r.stderr
+    assert "rank 1 on agent a1 did not start within 3 s" in logs, logs[-3000:]
+    wait_for(lambda: task_processes(db_url) == [], 10, "the sleeping worker to be stopped")
+
+
+def test_the_launcher_without_a_script_prints_its_usage() -> None:
+    r = subprocess.run([sys.executable, "-m", "det.launch.torch_distributed"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2 and r.stderr.startswith("usage: python -m det.launch")

@@ -194,3 +194,35 @@ def test_the_launcher_without_a_script_prints_its_usage() -> None:
     r = subprocess.run([sys.executable, "-m", "det.launch.torch_distributed"],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 2 and r.stderr.startswith("usage: python -m det.launch")
+
+
+def test_pause_checkpoints_once_frees_every_slot_and_activate_resumes(det, conn,
+                                                                       tmp_path) -> None:
+    cfg = digits_config(tmp_path, **{"searcher.max_length": {"batches": 3000},
+                                     "min_validation_period": {"batches": 1000},
+                                     "scheduling_unit": 10, "resources.slots_per_trial": 2})
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--slots", "2")
+    det("experiment", "create", str(cfg), str(DIGITS))
+    wait_for(lambda: conn.execute("SELECT 1 FROM metrics WHERE \"group\" = 'training'")
+             .fetchone(), 120, "training to start")
+    det("experiment", "pause", "1")
+    wait_for(lambda: conn.execute("SELECT 1 FROM trials WHERE state = 'PAUSED'").fetchone()
+             and not conn.execute("SELECT 1 FROM allocations WHERE state <> 'TERMINATED'")
+             .fetchone(), 120, "the trial to checkpoint and stop")
+    paused = conn.execute("SELECT steps_completed, latest_checkpoint FROM trials").fetchone()
+    assert 0 < paused["steps_completed"] < 3000
+    ckpts = conn.execute("SELECT steps_completed FROM checkpoints").fetchall()
+    assert [c["steps_completed"] for c in ckpts] == [paused["steps_completed"]], \
+        "one checkpoint, by the chief"
+    assert conn.execute("SELECT exit_code FROM allocations").fetchone()["exit_code"] == 0
+    assert conn.execute("SELECT count(*) AS n FROM allocation_slots WHERE NOT released"
+                        ).fetchone()["n"] == 0, "both slots are free"
+    det("experiment", "activate", "1")
+    assert det("experiment", "wait", "1", timeout=300).returncode == 0
+    second = conn.execute(
+        "SELECT min(m.steps_completed) AS first_step FROM metrics m "
+        "JOIN allocations a ON a.id = m.allocation_id WHERE a.run = 2").fetchone()
+    # its first report is at the next scheduling unit after the paused batch
+    assert paused["steps_completed"] < second["first_step"] <= paused["steps_completed"] + 10
+    assert conn.execute("SELECT steps_completed FROM trials").fetchone()["steps_completed"] == 3000

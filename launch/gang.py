@@ -31,10 +31,14 @@ class GangPlan:
     timeout: float
     agents: tuple[str, ...]
 
-    def worker_env(self) -> dict[str, str]:
-        """Variables the workers read beyond torchrun's (``det.harness.distributed``)."""
+    def worker_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """Variables the workers read beyond torchrun's (``det.harness.distributed``), and
+        one intra-op thread per worker unless ``env`` sets ``OMP_NUM_THREADS``: a worker per
+        slot, a core per CPU slot (torchrun does the same, but only for several workers per
+        node; one per node would otherwise take every core of its host)."""
         return {"DET_GANG_AGENTS": ",".join(self.agents),
-                "DET_RENDEZVOUS_TIMEOUT": f"{self.timeout:g}"}
+                "DET_RENDEZVOUS_TIMEOUT": f"{self.timeout:g}",
+                "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS") or "1"}
 
     def describe_failure(self, error: BaseException) -> str:
         """A one-line reason for a failed launch: a rendezvous that timed out names the

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    os.environ.update(plan.worker_env())
+    os.environ.update(plan.worker_env(os.environ))
     print(f"det.launch: node {plan.node_rank} of {plan.nnodes} "
           f"({plan.nproc_per_node} worker(s) here), chief at "
           f"{plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)

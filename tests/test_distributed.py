@@ -226,3 +226,57 @@ def test_pause_checkpoints_once_frees_every_slot_and_activate_resumes(det, conn,
     # its first report is at the next scheduling unit after the paused batch
     assert paused["steps_completed"] < second["first_step"] <= paused["steps_completed"] + 10
     assert conn.execute("SELECT steps_completed FROM trials").fetchone()["steps_completed"] == 3000
+
+
+def start_two_agents(det, conn, tmp_path: Path) -> None:
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    for name in ("a1", "a2"):
+        det.start(name, "agent", "run", "--id", name, "--slots", "1", "--work-dir",
+                  str(tmp_path / name))
+    wait_for(lambda: conn.execute("SELECT count(*) AS n FROM agents").fetchone()["n"] == 2,
+             60, "both agents to register")
+
+
+def test_two_agents_one_slot_each_meet_through_the_database(det, conn, db_url,
+                                                             tmp_path) -> None:
+    cfg = digits_config(tmp_path, **{"searcher.max_length": {"batches": 300},
+                                     "min_validation_period": {"batches": 150},
+                                     "resources.slots_per_trial": 2})
+    start_two_agents(det, conn, tmp_path)
+    det("experiment", "create", str(cfg), str(DIGITS))
+    assert det("experiment", "wait", "1", timeout=300).returncode == 0, det.log("a2")
+    run = conn.execute("SELECT id, agent_id, rendezvous, exit_code FROM allocations "
+                       "WHERE trial_id IS NOT NULL").fetchone()
+    assert run["agent_id"] == "a1" and run["exit_code"] == 0
+    host, port = run["rendezvous"].rsplit(":", 1)
+    assert host and int(port) > 0, "the chief's agent recorded where the gang met"
+    nodes = conn.execute("SELECT agent_id, node_rank, state::text AS state, exit_code "
+                         "FROM allocation_nodes").fetchall()
+    assert nodes == [{"agent_id": "a2", "node_rank": 1, "state": "TERMINATED",
+                      "exit_code": 0}]
+    assert accuracy(conn, 1) > 0.9
+    r = det("trial", "logs", "1")
+    logs = r.stdout + r.stderr
+    assert "[rank=0]" in logs and "[rank=1]" in logs
+    assert "node 1 of 2 (1 worker(s) here)" in logs and "node 0 of 2" in logs
+    assert task_processes(db_url) == []
+
+
+def test_a_failed_worker_on_another_agent_ends_the_whole_run(det, conn, db_url,
+                                                             tmp_path) -> None:
+    cfg = digits_config(tmp_path, **{"searcher.max_length": {"batches": 1200},
+                                     "min_validation_period": {"batches": 600},
+                                     "min_checkpoint_period": {"batches": 100},
+                                     "resources.slots_per_trial": 2, "max_restarts": 1})
+    start_two_agents(det, conn, tmp_path)
+    det("experiment", "create", str(cfg), str(DIGITS))
+    wait_for(lambda: conn.execute("SELECT 1 FROM checkpoints").fetchone(), 120,
+             "a first checkpoint")
+    wait_for(lambda: worker(db_url, 1), 30, "the rank 1 worker").send_signal(signal.SIGKILL)
+    assert det("experiment", "wait", "1", timeout=300).returncode == 0
+    first = conn.execute("SELECT exit_code, exit_reason FROM allocations WHERE run = 1 "
+                         "AND trial_id IS NOT NULL").fetchone()
+    assert first["exit_code"] not in (0, None)
+    assert first["exit_reason"].startswith("workers of node 1 (agent a2) ended"), first
+    assert conn.execute("SELECT restarts FROM trials").fetchone()["restarts"] == 1
+    assert task_processes(db_url) == []

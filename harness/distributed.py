@@ -17,7 +17,7 @@ waiting on it for torch's default half hour.
 import datetime
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from det.errors import DetError
@@ -192,6 +192,23 @@ class DistributedContext:
         t = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int32)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
         return tuple(bool(v) for v in t.tolist())
+
+    def any_true_async(self, *flags: bool) -> Callable[[], tuple[bool, ...]]:
+        """``any_true`` started now, answered by calling the result (which waits for it):
+        the all-reduce then overlaps what the caller does meanwhile."""
+        if self.size == 1:
+            return lambda: tuple(bool(f) for f in flags)
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int32)
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+
+        def answer() -> tuple[bool, ...]:
+            work.wait()
+            return tuple(bool(v) for v in t.tolist())
+
+        return answer
 
     # the same among the workers of one agent; local rank 0 plays the chief
     def allgather_local(self, obj: Any) -> list[Any]:

@@ -23,7 +23,7 @@ whether to stop (one small all-reduce).
 import math
 import random
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -128,6 +128,7 @@ class Trainer:
         self._train_iter: Iterator[Any] | None = None
         self._val_loader: torch.utils.data.DataLoader | None = None
         self._val_shard_loader: torch.utils.data.DataLoader | None = None
+        self._agreement: StopAgreement | None = None
 
     # the workloads
     def fit(self) -> str:
@@ -260,14 +261,15 @@ class Trainer:
 
     def _stop_check(self) -> Any:
         """The hot loop's question "stop before this batch?": the stop flag or the
-        preemption flag (a read); under several workers, whether the chief was asked to stop
-        or any worker requested a stop, agreed by one all-reduce, so all stop together."""
-        ctx, transport, dist = self.context, self.core.transport, self.dist
-        if dist.size == 1:
+        preemption flag (a read); under several workers a :class:`StopAgreement`."""
+        ctx, transport = self.context, self.core.transport
+        if self.dist.size == 1:
             return lambda: ctx._stop_requested or transport.should_preempt()
-        chief = self.is_chief
-        return lambda: any(dist.any_true(
-            ctx._stop_requested, chief and transport.should_preempt()))
+        if self._agreement is None:
+            chief = self.is_chief
+            self._agreement = StopAgreement(self.dist, lambda: (
+                ctx._stop_requested, chief and transport.should_preempt()))
+        return self._agreement
 
     def _shard(self, loader: torch.utils.data.DataLoader,
                training: bool) -> torch.utils.data.DataLoader:
@@ -496,6 +498,31 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         np.random.set_state(rng["numpy"])
         random.setstate(rng["python"])
+
+
+class StopAgreement:
+    """Whether every worker stops before the next batch: true when the chief was asked to
+    stop (preemption) or any worker requested a stop, the same answer on every worker.
+
+    Agreed one batch late, so that no batch waits on it: each call takes the answer of the
+    all-reduce the previous call started (which ran alongside that batch) and, unless it
+    says stop, starts the next one. A flag raised before batch ``k`` stops the workers
+    before batch ``k + 1``. Every worker calls it at the same batches, and the collectives
+    in between (metrics, validation, checkpoints) come in the same order on all of them.
+    """
+
+    def __init__(self, dist: core.DistributedContext,
+                 flags: Callable[[], tuple[bool, bool]]) -> None:
+        self._dist = dist
+        self._flags = flags
+        self._pending: Callable[[], tuple[bool, ...]] | None = None
+
+    def __call__(self) -> bool:
+        if self._pending is None:
+            self._pending = self._dist.any_true_async(*self._flags())
+        stop = any(self._pending())
+        self._pending = None if stop else self._dist.any_true_async(*self._flags())
+        return stop
 
 
 class StridedSampler(torch.utils.data.Sampler[int]):

@@ -70,7 +70,7 @@ class PyTorchTrialContext:
 
             model = DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                forward_sync_buffers=False)
+                forward_sync_buffers=False, gradient_as_bucket_view=True)
         self.models.append(model)
         return model
 

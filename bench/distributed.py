@@ -1,0 +1,140 @@
+"""Distributed training throughput (issue 12): samples/s of det's Trainer with 1 worker vs N
+workers at the same global batch size, each worker with one intra-op thread.
+
+Two models: digits-sized (MLP 64-128-128-10, global batch 32, as examples/digits) and the
+harness bench's larger MLP (256-512-512-10, global batch 128, bench/harness_overhead.py), on
+synthetic data. Each run is ``python -m det.launch.torch_distributed`` (torchrun, gloo on CPU)
+starting this file in ``--worker`` mode with N slots: the workers run a ``PyTorchTrial``
+under det's ``Trainer`` with a ``LocalTransport`` (no database), DDP, sharded data, the
+per-batch stop agreement and training metrics reduced every 100 batches. Rank 0 times the
+batches after a warm-up and prints samples/s (global records per second). Runs alternate
+1, N, 1, N, ...; medians and the N/1 ratio are printed. Figures only, no assertions.
+
+    python bench/distributed.py [--workers 2] [--batches 600] [--warmup 50] [--repeats 3]
+
+On a host with GPUs the workers train on them instead (one per GPU, nccl; the trainer picks
+the device and backend), so ``--workers`` up to the GPU count measures 1 vs N GPUs.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+MODELS = {
+    # name: (features, hidden, global batch size)
+    "digits": (64, 128, 32),
+    "mlp": (256, 512, 128),
+}
+CLASSES = 10
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One worker: train ``args.batches`` batches of ``args.model`` under det's Trainer."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from det.harness import core, pytorch
+    from det.harness.transport import LocalTransport
+
+    torch.set_num_threads(1)
+    features, hidden, global_batch = MODELS[args.model]
+    marks: dict[str, float] = {}
+
+    def data(records: int, seed: int) -> TensorDataset:
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(records, features, generator=g)
+        return TensorDataset(x, (x[:, :CLASSES] * 3).argmax(dim=1))
+
+    class Trial(pytorch.PyTorchTrial):
+        def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+            self.context = context
+            self.model = context.wrap_model(nn.Sequential(
+                nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                nn.Linear(hidden, CLASSES)))
+            self.opt = context.wrap_optimizer(
+                torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9))
+            self.loss_fn = nn.CrossEntropyLoss()
+
+        def build_training_data_loader(self) -> DataLoader:
+            return DataLoader(data(args.batches * global_batch, 0), shuffle=True,
+                              batch_size=self.context.get_per_slot_batch_size())
+
+        def build_validation_data_loader(self) -> DataLoader:
+            return DataLoader(data(1024, 1), batch_size=256)
+
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+            if batch_idx == args.warmup:
+                marks["start"] = time.perf_counter()
+            x, y = batch
+            loss = self.loss_fn(self.model(x), y)
+            self.context.backward(loss)
+            self.context.step_optimizer(self.opt)
+            if batch_idx == args.batches - 1:
+                marks["end"] = time.perf_counter()
+            return loss
+
+        def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+            x, y = batch
+            return {"accuracy": (self.model(x).argmax(dim=1) == y).float().mean()}
+
+    config = {"searcher": {"name": "single", "metric": "accuracy", "smaller_is_better": False,
+                           "max_length": {"batches": args.batches}},
+              "scheduling_unit": 100, "hyperparameters": {"global_batch_size": global_batch}}
+    transport = LocalTransport(config, {"global_batch_size": global_batch}, echo=False)
+    with tempfile.TemporaryDirectory() as tmp, core.init(
+            transport=transport,
+            checkpoint_storage={"type": "shared_fs", "host_path": tmp}) as ctx:
+        pytorch.Trainer(Trial, ctx).fit()
+        if ctx.distributed.rank == 0:
+            timed = args.batches - args.warmup
+            rate = timed * global_batch / (marks["end"] - marks["start"])
+            print(json.dumps({"samples_per_s": rate}), flush=True)
+
+
+def run(model: str, workers: int, args: argparse.Namespace) -> float:
+    """Samples/s of one launch of ``workers`` workers."""
+    env = {**os.environ, "DET_SLOT_IDS": json.dumps(list(range(workers))),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "det.launch.torch_distributed", "--", sys.executable,
+           __file__, "--worker", "--model", model, "--batches", str(args.batches),
+           "--warmup", str(args.warmup)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        if "samples_per_s" in line:
+            return float(json.loads(line.split("] ", 1)[1])["samples_per_s"])
+    raise RuntimeError(f"no figure in the output:\n{out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batches", type=int, default=600)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", default="digits,mlp")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    print(f"{'model':8} {'1 worker':>12} {f'{args.workers} workers':>12} {'ratio':>7}")
+    for model in args.models.split(","):
+        figures: dict[int, list[float]] = {1: [], args.workers: []}
+        for _ in range(args.repeats):
+            for n in figures:
+                figures[n].append(run(model, n, args))
+        one, many = (statistics.median(figures[n]) for n in figures)
+        print(f"{model:8} {one:12.0f} {many:12.0f} {many / one:7.2f}   samples/s, "
+              f"medians of {args.repeats}")
+
+
+if __name__ == "__main__":
+    main()

@@ -551,7 +551,8 @@ def shard_loader(loader: torch.utils.data.DataLoader, rank: int, size: int, seed
     The training order is the same for any number of workers: the seeded permutation of
     the epoch, dealt out in turn, so worker ``r``'s batch ``k`` holds records
     ``k * B * size + r, + size, ...``, and the workers' batches ``k`` together are one
-    worker's batch ``k`` at ``size`` times the batch size.
+    worker's batch ``k`` at ``size`` times the batch size (an epoch's last, partial batch
+    aside: ``DistributedSampler`` pads the shards to equal lengths with a few repeats).
 
     Raises ``DetError`` for a loader with a custom sampler or batch sampler, which det cannot
     split (shard its dataset by rank in the trial instead).

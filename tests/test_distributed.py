@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from conftest import REPO, wait_for
 from test_e2e_digits import DIGITS, digits_config
 
@@ -280,3 +281,79 @@ def test_a_failed_worker_on_another_agent_ends_the_whole_run(det, conn, db_url,
     assert first["exit_reason"].startswith("workers of node 1 (agent a2) ended"), first
     assert conn.execute("SELECT restarts FROM trials").fetchone()["restarts"] == 1
     assert task_processes(db_url) == []
+
+
+# -- the pure parts ----------------------------------------------------------------------------
+
+def test_n_workers_train_on_the_batches_one_worker_would() -> None:
+    """Worker r's batch k, over all r, is one worker's batch k at N times the batch size."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from det.harness.trainer import shard_loader
+
+    data = TensorDataset(torch.arange(103))
+    one = shard_loader(DataLoader(data, batch_size=12, shuffle=True), 0, 1, 7, True)
+    shards = [shard_loader(DataLoader(data, batch_size=4, shuffle=True), r, 3, 7, True)
+              for r in range(3)]
+    for epoch in (0, 1):
+        for loader in (one, *shards):
+            loader.sampler.set_epoch(epoch)
+        whole = [set(b[0].tolist()) for b in one]
+        split = [set().union(*(set(b[0].tolist()) for b in parts))
+                 for parts in zip(*shards, strict=False)]
+        # the last batch is partial: one worker's holds the rest, N workers' a few repeated
+        assert len(split) == len(whole) and whole[:-1] == split[:-1]
+    assert all(len(s) == len(shards[0]) for s in shards), "every worker as many batches"
+
+
+def test_validation_shards_cover_the_set_once() -> None:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from det.harness.trainer import shard_loader
+
+    data = TensorDataset(torch.arange(10))
+    seen = [i for r in range(3) for b in shard_loader(DataLoader(data, batch_size=4), r, 3, 0,
+                                                      False) for i in b[0].tolist()]
+    assert sorted(seen) == list(range(10))
+
+
+def test_a_loader_det_cannot_split_is_refused_with_the_reason() -> None:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
+
+    from det.errors import DetError
+    from det.harness.trainer import shard_loader
+
+    data = TensorDataset(torch.arange(10))
+    loader = DataLoader(data, batch_size=2, sampler=WeightedRandomSampler([1.0] * 10, 10))
+    with pytest.raises(DetError, match="custom sampler"):
+        shard_loader(loader, 0, 2, 0, True)
+
+
+@pytest.mark.parametrize(("args", "command"), [
+    (["--trial", "model_def:MyTrial"], ["-m", "det.harness.run", "model_def:MyTrial"]),
+    (["model_def:MyTrial"], ["-m", "det.harness.run", "model_def:MyTrial"]),
+    (["train.py", "--epochs", "3"], ["train.py", "--epochs", "3"]),
+    (["-m", "pkg.train", "x"], ["-m", "pkg.train", "x"]),
+])
+def test_the_launcher_runs_trials_scripts_and_modules_under_this_python(args,
+                                                                        command) -> None:
+    from det.launch.torch_distributed import worker_command
+
+    assert worker_command(args) == [sys.executable, *command]
+    assert worker_command(["python3", "train.py"]) == ["python3", "train.py"]
+
+
+def test_the_gang_plan_comes_from_the_agents_variables() -> None:
+    from det.errors import DetError
+    from det.launch.gang import plan_gang
+
+    plan = plan_gang({"DET_SLOT_IDS": "[0, 1, 2]", "DET_NNODES": "2", "DET_NODE_RANK": "1",
+                      "DET_MASTER_ADDR": "10.0.0.5", "DET_MASTER_PORT": "29500",
+                      "DET_GANG_AGENTS": "a1,a2"})
+    assert (plan.nnodes, plan.node_rank, plan.nproc_per_node, plan.master_addr,
+            plan.master_port, plan.agents) == (2, 1, 3, "10.0.0.5", 29500, ("a1", "a2"))
+    with pytest.raises(DetError, match="DET_NODE_RANK: expected 0 to 1, got 2"):
+        plan_gang({"DET_NNODES": "2", "DET_NODE_RANK": "2", "DET_SLOT_IDS": "[0]"})

@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import sys
+import tempfile
 import uuid as uuidlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -100,28 +101,70 @@ class TrainContext:
 class CheckpointContext:
     """Store and restore checkpoints: directories named by a uuid in the configured storage."""
 
-    def __init__(self, transport: Transport, storage: FsspecStorage) -> None:
+    def __init__(self, transport: Transport, storage: FsspecStorage,
+                 distributed: DistributedContext | None = None) -> None:
         self._transport = transport
         self.storage = storage
+        self._dist = distributed or DistributedContext()
 
     @contextmanager
-    def store_path(self, metadata: Mapping[str, Any]) -> Iterator[tuple[pathlib.Path, str]]:
+    def store_path(
+        self, metadata: Mapping[str, Any], shard: bool = False
+    ) -> Iterator[tuple[pathlib.Path, str]]:
         """Yield ``(path, uuid)``: write the checkpoint's files under ``path`` (a local
         ``pathlib.Path``). On a clean exit ``metadata.json`` is added, the files are in storage
         and the checkpoint is reported with its ``{relative path: bytes}`` resources.
 
+        Under several workers, the chief alone calls it, or, with ``shard=True``, every worker
+        together: each writes its own files under its own ``path``, and they all land in one
+        checkpoint (the chief's uuid), reported by the chief once every worker's files are
+        stored. Two workers writing the same file name raise ``DetError`` on every worker.
+
         ``metadata`` must hold ``steps_completed`` (batches; GC joins checkpoints to
-        validations on it, reference-facts §8); raises ``DetError`` otherwise.
+        validations on it, reference-facts §8); raises ``DetError`` otherwise, and on a worker
+        other than the chief without ``shard``.
         """
         if "steps_completed" not in metadata:
             raise DetError("checkpoint metadata must include 'steps_completed' (batches)")
         steps = int(metadata["steps_completed"])
+        if shard and self._dist.size > 1:
+            with self._store_shard(metadata, steps) as stored:
+                yield stored
+            return
+        if self._dist.rank != 0:
+            raise DetError(f"worker {self._dist.rank}: only the chief stores a checkpoint; "
+                           "call store_path(metadata, shard=True) on every worker to store "
+                           "one in shards")
         uuid = str(uuidlib.uuid4())
         with self.storage.store_dir(uuid) as path:
             yield path, uuid
             (path / "metadata.json").write_text(json.dumps(dict(metadata), default=str))
             resources = directory_sizes(path)
         self._transport.report_checkpoint(uuid, steps, resources, dict(metadata))
+
+    @contextmanager
+    def _store_shard(self, metadata: Mapping[str, Any],
+                     steps: int) -> Iterator[tuple[pathlib.Path, str]]:
+        dist = self._dist
+        uuid = dist.broadcast(str(uuidlib.uuid4()) if dist.rank == 0 else None)
+        with tempfile.TemporaryDirectory(prefix=f"det-ckpt-{uuid}-{dist.rank}-") as tmp:
+            path = pathlib.Path(tmp)
+            yield path, uuid
+            if dist.rank == 0:
+                (path / "metadata.json").write_text(json.dumps(dict(metadata), default=str))
+            mine = directory_sizes(path)
+            shares = dist.allgather(mine)
+            owners: dict[str, int] = {}
+            clashes = sorted({f for rank, share in enumerate(shares) for f in share
+                              if owners.setdefault(f, rank) != rank})
+            if clashes:
+                raise DetError(f"checkpoint {uuid}: several workers wrote {', '.join(clashes)}; "
+                               "give each worker's files names of their own (by rank)")
+            self.storage.add_files(uuid, path)
+        stored = dist.allgather(True)  # every share is in storage before the report
+        if dist.rank == 0 and all(stored):
+            resources = {f: n for share in shares for f, n in share.items()}
+            self._transport.report_checkpoint(uuid, steps, resources, dict(metadata))
 
     @contextmanager
     def restore_path(self, uuid: str) -> Iterator[pathlib.Path]:
@@ -307,7 +350,7 @@ def init(
         yield Context(
             info=info,
             train=TrainContext(transport),
-            checkpoint=CheckpointContext(transport, storage),
+            checkpoint=CheckpointContext(transport, storage, dist),
             preempt=PreemptContext(transport, dist),
             searcher=SearcherContext(transport, info.config, dist),
             distributed=dist,

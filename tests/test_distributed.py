@@ -36,6 +36,8 @@ with core.init() as ctx:
     for op in ctx.searcher.operations():
         if d.rank == 0:
             ctx.train.report_validation_metrics(op.length, {"loss": 0.5, "ranks": ranks})
+        with ctx.checkpoint.store_path({"steps_completed": op.length}, shard=True) as (p, _):
+            (p / f"shard-{d.rank}.txt").write_text("x" * (d.rank + 1))
         op.report_completed(0.5)
 """
 
@@ -174,6 +176,12 @@ def test_core_api_script_under_the_launcher(det, conn, db_url, tmp_path) -> None
     [row] = conn.execute("SELECT \"values\" FROM metrics WHERE \"group\" = 'validation'"
                          ).fetchall()
     assert row["values"]["ranks"] == [0, 10]
+    [ckpt] = conn.execute("SELECT uuid::text AS uuid, resources FROM checkpoints").fetchall()
+    assert set(ckpt["resources"]) == {"shard-0.txt", "shard-1.txt", "metadata.json"}
+    assert (ckpt["resources"]["shard-0.txt"], ckpt["resources"]["shard-1.txt"]) == (1, 2)
+    out = tmp_path / "download"
+    det("checkpoint", "download", ckpt["uuid"], "-o", str(out))
+    assert (out / "shard-1.txt").read_text() == "xx", "one checkpoint holds every shard"
 
 
 def test_a_worker_that_never_arrives_fails_the_run_naming_it(det, conn, db_url,

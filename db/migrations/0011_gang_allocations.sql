@@ -36,6 +36,17 @@ SELECT array_agg(h.agent_id ORDER BY h.agent_id <> a.agent_id, h.agent_id)
  WHERE a.id = p_allocation;
 $$;
 
+CREATE FUNCTION det_gang_started(p_allocation bigint) RETURNS boolean LANGUAGE sql STABLE AS $$
+-- Whether every agent of an allocation but the chief's has started its share of the workers
+-- (true on one agent). The allocation is RUNNING only once this and the chief's agent say so.
+SELECT NOT EXISTS (
+    SELECT 1 FROM unnest(det_gang_agents(p_allocation)) WITH ORDINALITY AS g (agent_id, i)
+     WHERE g.i > 1
+       AND NOT EXISTS (SELECT 1 FROM allocation_nodes n
+                        WHERE n.allocation_id = p_allocation AND n.agent_id = g.agent_id
+                          AND n.state >= 'RUNNING'));
+$$;
+
 CREATE FUNCTION det_agent_set_rendezvous(
     p_agent text, p_allocation bigint, p_endpoint text
 ) RETURNS void LANGUAGE sql AS $$
@@ -99,6 +110,11 @@ BEGIN
            exit_reason = CASE WHEN p_state = 'TERMINATED' THEN p_reason ELSE exit_reason END
      WHERE allocation_id = p_allocation AND agent_id = p_agent AND state <> 'TERMINATED'
     RETURNING node_rank INTO v_rank;
+    IF FOUND AND p_state = 'RUNNING' THEN
+        UPDATE allocations SET state = 'RUNNING'
+         WHERE id = p_allocation AND state < 'RUNNING' AND running_at IS NOT NULL
+           AND det_gang_started(p_allocation);
+    END IF;
     IF NOT FOUND OR p_state <> 'TERMINATED' OR p_exit_code IS NOT DISTINCT FROM 0 THEN
         RETURN;
     END IF;
@@ -132,4 +148,29 @@ BEGIN
             USING ERRCODE = 'invalid_authorization_specification';
     END IF;
     RETURN v;
+END $$;
+
+CREATE OR REPLACE FUNCTION det_agent_report(
+    p_agent text, p_allocation bigint, p_state allocation_state,
+    p_exit_code integer DEFAULT NULL, p_reason text DEFAULT NULL
+) RETURNS void LANGUAGE plpgsql AS $$
+-- The agent reports what it observed of an allocation it runs. TERMINATED releases the slots
+-- and records the exit code and reason; the reconciler settles the trial afterwards. RUNNING
+-- of a gang spanning agents leaves it STARTING until every other agent started its share
+-- (det_gang_started; det_agent_report_node moves it on then).
+BEGIN
+    UPDATE allocations
+       SET state = CASE WHEN p_state = 'RUNNING' AND NOT det_gang_started(id)
+                        THEN greatest(state, 'STARTING') ELSE greatest(state, p_state) END,
+           exit_code = CASE WHEN p_state = 'TERMINATED' THEN p_exit_code ELSE exit_code END,
+           exit_reason = CASE WHEN p_state = 'TERMINATED' THEN p_reason ELSE exit_reason END,
+           ended_at = CASE WHEN p_state = 'TERMINATED' THEN coalesce(ended_at, now()) END,
+           running_at = CASE WHEN p_state = 'RUNNING' THEN coalesce(running_at, now())
+                             ELSE running_at END
+     WHERE id = p_allocation AND agent_id = p_agent AND state <> 'TERMINATED';
+    IF p_state = 'TERMINATED' THEN
+        UPDATE allocation_slots SET released = true
+         WHERE allocation_id = p_allocation AND NOT released;
+        PERFORM pg_notify('det_reconciler', 'allocation');
+    END IF;
 END $$;

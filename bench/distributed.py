@@ -7,8 +7,10 @@ synthetic data. Each run is ``python -m det.launch.torch_distributed`` (torchrun
 starting this file in ``--worker`` mode with N slots: the workers run a ``PyTorchTrial``
 under det's ``Trainer`` with a ``LocalTransport`` (no database), DDP, sharded data, the
 per-batch stop agreement and training metrics reduced every 100 batches. Rank 0 times the
-batches after a warm-up and prints samples/s (global records per second). Runs alternate
-1, N, 1, N, ...; medians and the N/1 ratio are printed. Figures only, no assertions.
+batches after a warm-up and prints samples/s (global records per second). The same training
+as a hand-written DDP loop (``plain``: torch alone) is measured alongside, so that what det
+adds is told apart from what the host and torch cost. Runs alternate; medians and the N/1
+ratios are printed. Figures only, no assertions.
 
     python bench/distributed.py [--workers 2] [--batches 600] [--warmup 50] [--repeats 3]
 
@@ -98,13 +100,54 @@ def worker(args: argparse.Namespace) -> None:
             print(json.dumps({"samples_per_s": rate}), flush=True)
 
 
-def run(model: str, workers: int, args: argparse.Namespace) -> float:
+def plain_worker(args: argparse.Namespace) -> None:
+    """The same training as a hand-written DDP loop (no det), for comparison: what torch
+    itself costs at this size on this host."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    torch.set_num_threads(1)
+    features, hidden, global_batch = MODELS[args.model]
+    size = int(os.environ["WORLD_SIZE"])
+    if size > 1:
+        dist.init_process_group("gloo")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batches * global_batch, features, generator=g)
+    data = TensorDataset(x, (x[:, :CLASSES] * 3).argmax(dim=1))
+    rank = int(os.environ["RANK"])
+    loader = DataLoader(data, batch_size=global_batch // size,
+                        sampler=DistributedSampler(data, size, rank, seed=0))
+    torch.manual_seed(0)
+    model: nn.Module = nn.Sequential(
+        nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+        nn.Linear(hidden, CLASSES))
+    if size > 1:
+        model = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    start = 0.0
+    for i, (xb, yb) in enumerate(loader):
+        if i == args.warmup:
+            start = time.perf_counter()
+        loss_fn(model(xb), yb).backward()
+        opt.step()
+        opt.zero_grad()
+    if rank == 0:
+        rate = (args.batches - args.warmup) * global_batch / (time.perf_counter() - start)
+        print(json.dumps({"samples_per_s": rate}), flush=True)
+    if size > 1:
+        dist.destroy_process_group()
+
+
+def run(model: str, workers: int, args: argparse.Namespace, plain: bool = False) -> float:
     """Samples/s of one launch of ``workers`` workers."""
     env = {**os.environ, "DET_SLOT_IDS": json.dumps(list(range(workers))),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "det.launch.torch_distributed", "--", sys.executable,
            __file__, "--worker", "--model", model, "--batches", str(args.batches),
-           "--warmup", str(args.warmup)]
+           "--warmup", str(args.warmup), *(["--plain"] if plain else [])]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
     for line in out.splitlines():
         if "samples_per_s" in line:
@@ -120,20 +163,25 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", default="digits,mlp")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args)
+        (plain_worker if args.plain else worker)(args)
         return
-    print(f"{'model':8} {'1 worker':>12} {f'{args.workers} workers':>12} {'ratio':>7}")
+    n = args.workers
+    print(f"{'model':8} {'loop':6} {'1 worker':>10} {f'{n} workers':>10} {'ratio':>6}"
+          f"   (samples/s, medians of {args.repeats})")
     for model in args.models.split(","):
-        figures: dict[int, list[float]] = {1: [], args.workers: []}
+        figures: dict[tuple[bool, int], list[float]] = {
+            (plain, w): [] for plain in (False, True) for w in (1, n)}
         for _ in range(args.repeats):
-            for n in figures:
-                figures[n].append(run(model, n, args))
-        one, many = (statistics.median(figures[n]) for n in figures)
-        print(f"{model:8} {one:12.0f} {many:12.0f} {many / one:7.2f}   samples/s, "
-              f"medians of {args.repeats}")
+            for plain, w in figures:
+                figures[plain, w].append(run(model, w, args, plain))
+        for plain in (False, True):
+            one, many = (statistics.median(figures[plain, w]) for w in (1, n))
+            print(f"{model:8} {'plain' if plain else 'det':6} {one:10.0f} {many:10.0f} "
+                  f"{many / one:6.2f}")
 
 
 if __name__ == "__main__":

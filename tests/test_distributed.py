@@ -33,6 +33,7 @@ with core.init() as ctx:
     print(f"rank {d.rank} of {d.size}, local {d.local_rank} of {d.local_size}, "
           f"agents {d.cross_size}, chief {d.chief_ip}, allgather {ranks}, "
           f"broadcast {d.broadcast(d.rank + 100)}", flush=True)
+    time.sleep(float(os.environ.get("HOLD", "0")))
     for op in ctx.searcher.operations():
         if d.rank == 0:
             ctx.train.report_validation_metrics(op.length, {"loss": 0.5, "ranks": ranks})
@@ -61,13 +62,14 @@ max_restarts: 0
 
 
 def task_processes(db_url: str) -> list[psutil.Process]:
-    """The live processes of det tasks run against ``db_url`` (launchers, workers)."""
+    """The live processes of det tasks run against ``db_url`` (launchers, workers and what
+    they started: everything with the task's ``DET_ALLOCATION_ID``)."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter():
         try:
-            if p.info["cmdline"] and any("det.launch" in a or "det.harness" in a
-                                         for a in p.info["cmdline"]) \
-                    and p.environ().get("DET_DB_URL") == db_url:
+            env = p.environ()
+            if env.get("DET_DB_URL") == db_url and "DET_ALLOCATION_ID" in env \
+                    and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
@@ -237,13 +239,13 @@ def test_pause_checkpoints_once_frees_every_slot_and_activate_resumes(det, conn,
     assert conn.execute("SELECT steps_completed FROM trials").fetchone()["steps_completed"] == 3000
 
 
-def start_two_agents(det, conn, tmp_path: Path) -> None:
-    det.start("reconciler", "reconcile", "--interval", "0.5")
-    for name in ("a1", "a2"):
-        det.start(name, "agent", "run", "--id", name, "--slots", "1", "--work-dir",
-                  str(tmp_path / name))
+def start_two_agents(det, conn, tmp_path: Path, *reconcile_args: str) -> list:
+    det.start("reconciler", "reconcile", "--interval", "0.5", *reconcile_args)
+    agents = [det.start(name, "agent", "run", "--id", name, "--slots", "1", "--work-dir",
+                        str(tmp_path / name)) for name in ("a1", "a2")]
     wait_for(lambda: conn.execute("SELECT count(*) AS n FROM agents").fetchone()["n"] == 2,
              60, "both agents to register")
+    return agents
 
 
 def test_two_agents_one_slot_each_meet_through_the_database(det, conn, db_url,
@@ -408,3 +410,36 @@ def test_a_gang_is_running_only_when_every_agent_started_its_share(det, conn,
                      "exit_reason": "workers of node 1 (agent a2) ended: exit code 1"}
     assert conn.execute("SELECT count(*) AS n FROM allocation_slots WHERE NOT released"
                         ).fetchone()["n"] == 0
+
+
+def test_a_lost_agent_ends_its_gang_and_every_worker_stops(det, conn, db_url,
+                                                           tmp_path) -> None:
+    cfg, ctx = core_experiment(tmp_path, 2, HOLD="600")
+    _, a2 = start_two_agents(det, conn, tmp_path, "--agent-timeout", "8")
+    det("experiment", "create", str(cfg), str(ctx))
+    wait_for(lambda: conn.execute("SELECT 1 FROM allocations WHERE state = 'RUNNING'")
+             .fetchone(), 60, "the gang to run")
+    wait_for(lambda: worker_of(db_url, 1), 30, "the rank 1 worker")
+    a2.send_signal(signal.SIGSTOP)  # frozen: its workers keep running, its heartbeat stops
+    try:
+        wait_for(lambda: conn.execute(
+            "SELECT exit_reason FROM allocations WHERE state = 'TERMINATED'").fetchone(),
+            60, "the run to end")
+        ended = conn.execute("SELECT exit_reason FROM allocations").fetchone()
+        assert ended["exit_reason"] == "agent lost"
+        wait_for(lambda: worker_of(db_url, 0) is None, 30, "a1 to stop the chief's workers")
+    finally:
+        a2.send_signal(signal.SIGCONT)
+    wait_for(lambda: task_processes(db_url) == [], 30, "a2, back, to stop its workers")
+    assert det("experiment", "wait", "1", check=False, timeout=60).returncode != 0
+
+
+def worker_of(db_url: str, rank: int) -> psutil.Process | None:
+    """Any worker process of ``rank`` (a Core API script under wrap_rank)."""
+    for p in task_processes(db_url):
+        try:
+            if "det.launch.wrap_rank" not in p.cmdline() and p.environ().get("RANK") == str(rank):
+                return p
+        except psutil.NoSuchProcess:
+            pass
+    return None

@@ -1312,7 +1312,9 @@ BEGIN
          WHERE id = p_allocation AND state < 'RUNNING' AND running_at IS NOT NULL
            AND det_gang_started(p_allocation);
     END IF;
-    IF NOT FOUND OR p_state <> 'TERMINATED' OR p_exit_code IS NOT DISTINCT FROM 0 THEN
+    -- A share that failed before its claim (its launch failed) has no row, and ends the run.
+    v_rank := coalesce(v_rank, array_position(det_gang_agents(p_allocation), p_agent) - 1);
+    IF v_rank IS NULL OR p_state <> 'TERMINATED' OR p_exit_code IS NOT DISTINCT FROM 0 THEN
         RETURN;
     END IF;
     UPDATE allocations

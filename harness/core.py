@@ -3,6 +3,9 @@
 ``with core.init() as ctx:`` gives ``ctx.train`` (metrics), ``ctx.checkpoint``,
 ``ctx.preempt``, ``ctx.searcher``, ``ctx.distributed`` and ``ctx.info`` (reference-facts §6.1).
 On a cluster the transport is ``DbTransport.from_env()``; off-cluster pass a ``LocalTransport``.
+Among several workers (``det.launch.torch_distributed``) the chief alone talks to the
+platform for searcher ops, preemption and checkpoints, and broadcasts what the others need
+(``DistributedContext``, :mod:`det.harness.distributed`).
 """
 
 import json
@@ -161,8 +164,8 @@ class CheckpointContext:
                 raise DetError(f"checkpoint {uuid}: several workers wrote {', '.join(clashes)}; "
                                "give each worker's files names of their own (by rank)")
             self.storage.add_files(uuid, path)
-        stored = dist.allgather(True)  # every share is in storage before the report
-        if dist.rank == 0 and all(stored):
+        dist.allgather(None)  # a barrier: every share is in storage before the report
+        if dist.rank == 0:
             resources = {f: n for share in shares for f, n in share.items()}
             self._transport.report_checkpoint(uuid, steps, resources, dict(metadata))
 

@@ -181,21 +181,10 @@ class DistributedContext:
         dist.broadcast_object_list(box, src=0, group=self._group)
         return box[0]
 
-    def any_true(self, *flags: bool) -> tuple[bool, ...]:
-        """For each flag, whether it is true on any worker: one all-reduce of a small tensor,
-        cheap enough for every batch (the trainer's stop and preemption agreement)."""
-        if self.size == 1:
-            return tuple(bool(f) for f in flags)
-        import torch
-        import torch.distributed as dist
-
-        t = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int32)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
-        return tuple(bool(v) for v in t.tolist())
-
     def any_true_async(self, *flags: bool) -> Callable[[], tuple[bool, ...]]:
-        """``any_true`` started now, answered by calling the result (which waits for it):
-        the all-reduce then overlaps what the caller does meanwhile."""
+        """For each flag, whether it is true on any worker: one all-reduce of a small tensor,
+        started now and answered by calling the result (which waits for it), so that it
+        overlaps what the caller does meanwhile (the trainer's stop agreement)."""
         if self.size == 1:
             return lambda: tuple(bool(f) for f in flags)
         import torch

@@ -16,8 +16,8 @@ this loop in step: the training loader is re-made over a ``DistributedSampler`` 
 a disjoint shard of every epoch, seeded by the trial seed), validation is split across the
 workers and its sums and counts added up (so the metrics equal one worker's on the same
 data), training metrics are averaged over the workers, the chief alone reports and writes
-checkpoints (holding every worker's RNG state), and the workers agree before each batch
-whether to stop (one small all-reduce).
+checkpoints (holding every worker's RNG state), and the workers agree whether to stop
+before each batch (:class:`StopAgreement`).
 """
 
 import math

@@ -127,8 +127,7 @@ class PyTorchTrialContext:
 
     def __init__(self, core_context: core.Context, device: torch.device | None = None) -> None:
         self.core = core_context
-        self.distributed = core_context.distributed
-        self.device = device or _default_device(self.distributed.local_rank)
+        self.device = device or _default_device(core_context.distributed.local_rank)
         self.models: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_schedulers: list[tuple[Any, LRScheduler.StepMode, int]] = []

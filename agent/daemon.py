@@ -66,6 +66,9 @@ END_TICK = 0.01
 FRESH_SECONDS = 5.0
 # Seconds a stopping agent keeps trying to report its tasks' ends while the database is away.
 SHUTDOWN_RETRY_SECONDS = 10.0
+# A share of a gang run that ended on the chief's agent may finish by itself this long
+# (seconds) before it is killed: its workers end with the chief's.
+NODE_GRACE_SECONDS = 10.0
 
 AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 AGENT_ID_RULE = ("1 to 63 ASCII letters, digits, '.', '_' or '-', starting with a letter or "
@@ -145,6 +148,7 @@ class Agent:
         self.killing: set[int] = set()  # tasks being killed (SIGKILL sent)
         self.claimed: set[int] = set()  # claims made by this process, not yet launched
         self.nodes: set[int] = set()  # allocations this agent runs a share of, not the chief
+        self.orphaned: dict[int, float] = {}  # shares whose run ended elsewhere: since when
         self.last_launch = float("-inf")  # time.monotonic() of the latest launch
         self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
@@ -260,6 +264,12 @@ class Agent:
                 self._end(alloc_id, Exit(None, "agent restarted; the task was lost with it"))
         # Ended without this agent (it was declared lost meanwhile): the run is over.
         for alloc_id in self.tasks.keys() - {row["id"] for row in assigned}:
+            if alloc_id in self.nodes:
+                # The chief's workers finished first: ours are finishing too (their exit
+                # code is then the share's own); kill them only if they linger.
+                since = self.orphaned.setdefault(alloc_id, time.monotonic())
+                if time.monotonic() - since < NODE_GRACE_SECONDS:
+                    continue
             if alloc_id not in self.killing:
                 log.warning("allocation %s ended without this agent; killing its task",
                             alloc_id)
@@ -416,6 +426,7 @@ class Agent:
                 self.ended[alloc_id] = end
                 del self.tasks[alloc_id]
                 self.killing.discard(alloc_id)
+                self.orphaned.pop(alloc_id, None)
                 task.remove()
                 shutil.rmtree(self._task_dir(alloc_id), ignore_errors=True)
 

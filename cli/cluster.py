@@ -21,6 +21,7 @@ from det.cli.session import db
 from det.cli.supervisor import STOP_GRACE, Child, Supervisor, read_pid
 from det.db import database_url, det_home, embedded
 from det.errors import DetError
+from det.queries.cluster import AGENTS
 from det.reconciler import leader
 
 cluster_app = typer.Typer(no_args_is_help=True)
@@ -30,16 +31,6 @@ agent_app = typer.Typer(no_args_is_help=True)
 # Processes the supervisor runs: name -> det sub-command.
 PROCESSES = {"reconciler": ["reconcile"], "agent": ["agent", "run"]}
 
-AGENTS = """
-SELECT g.id, g.hostname, g.resource_pool, g.state::text AS state, g.runtime, g.last_heartbeat,
-       count(s.slot_id) AS slots,
-       count(h.slot_id) AS used
-  FROM agents g
-  LEFT JOIN slots s ON s.agent_id = g.id
-  LEFT JOIN allocation_slots h ON h.agent_id = s.agent_id AND h.slot_id = s.slot_id
-                              AND NOT h.released
- GROUP BY g.id ORDER BY g.id
-"""
 
 
 def _run_dir() -> Path:

@@ -1,0 +1,71 @@
+"""``/api/v1/trials``: a trial, its metrics (downsampled in SQL), logs and checkpoints."""
+
+from fastapi import APIRouter, Query
+
+from det.api.session import Session, session
+from det.queries import trials as q
+from det.queries.experiments import TRIALS, get_experiment
+
+router = APIRouter(prefix="/api/v1", tags=["trials"])
+
+CHECKPOINTS = """
+SELECT uuid::text AS uuid, trial_id, steps_completed, state, size_bytes, freed_bytes,
+       reported_at, deleted_at, storage_type
+  FROM reporting.checkpoints WHERE trial_id = %(id)s ORDER BY steps_completed
+"""
+
+MAX_LOG_LINES = 5000
+"""Most log lines one call returns."""
+
+
+@router.get("/trials/{trial_id}")
+def get_trial(trial_id: int, s: Session = session) -> dict:
+    """The trial: state, hyperparameters, batches trained (``batches``, live; and as of its
+    latest checkpoint, ``steps_completed``), restarts and why it last exited."""
+    return q.get_trial(s.conn, trial_id)
+
+
+@router.get("/trials/{trial_id}/metrics")
+def trial_metrics(
+    trial_id: int, s: Session = session,
+    group: str = Query("training", max_length=255,
+                       description="training, validation, or any other group reported."),
+    max_points: int | None = Query(None, description="Downsample to at most this many rows "
+                                                     "spread over the batches (2 to 100000)."),
+) -> dict:
+    """The trial's metrics rows of one group in batch order."""
+    q.get_trial(s.conn, trial_id)
+    return {"trial_id": trial_id, "group": group,
+            "rows": q.metric_series(s.conn, trial_id, group, max_points)}
+
+
+@router.get("/trials/{trial_id}/logs")
+def trial_logs(
+    trial_id: int, s: Session = session,
+    after: int = Query(0, ge=0, description="Only lines after this log id."),
+    tail: int | None = Query(None, ge=1, le=MAX_LOG_LINES,
+                             description="Only the last N lines."),
+    limit: int = Query(MAX_LOG_LINES, ge=1, le=MAX_LOG_LINES),
+) -> dict:
+    """The trial's output (stdout, stderr, and det's notes on its runs) by log id."""
+    q.get_trial(s.conn, trial_id)
+    if tail is not None:
+        rows = s.conn.execute(q.LOGS_TAIL, {"trial": trial_id, "limit": tail}).fetchall()[::-1]
+    else:
+        rows = s.conn.execute(q.LOGS_AFTER, {"trial": trial_id, "after": after,
+                                             "limit": limit}).fetchall()
+    return {"trial_id": trial_id, "logs": rows}
+
+
+@router.get("/trials/{trial_id}/checkpoints")
+def trial_checkpoints(trial_id: int, s: Session = session) -> dict:
+    """The trial's checkpoints: batches, state, size in bytes."""
+    q.get_trial(s.conn, trial_id)
+    return {"checkpoints": s.conn.execute(CHECKPOINTS, {"id": trial_id}).fetchall()}
+
+
+@router.get("/experiments/{exp_id}/trials")
+def experiment_trials(exp_id: int, s: Session = session) -> dict:
+    """The experiment's trials (as in ``GET /experiments/{id}``)."""
+    get_experiment(s.conn, exp_id)
+    return {"trials": s.conn.execute(TRIALS, {"id": exp_id}).fetchall()}

@@ -1,0 +1,134 @@
+"""Reading experiments: the list (filters, sort, paging), one experiment, its trials and
+checkpoints."""
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from det.errors import DetError, NotFoundError
+
+_LIST_WHERE = """
+ WHERE (%(all)s OR NOT archived)
+   AND (%(states)s::text[] IS NULL OR state::text = ANY (%(states)s::text[]))
+   AND (%(owner)s::text IS NULL OR owner = %(owner)s)
+   AND (%(name)s::text IS NULL OR strpos(lower(name), lower(%(name)s)) > 0)
+"""
+
+LIST = """
+SELECT id, name, state::text AS state, round(progress * 100)::integer AS progress, trials,
+       owner, start_time AS started, end_time AS ended, best_validation, searcher, metric,
+       archived, resource_pool, priority, weight
+  FROM reporting.experiments""" + _LIST_WHERE + """
+ ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s
+"""
+
+COUNT = "SELECT count(*) AS n FROM reporting.experiments" + _LIST_WHERE
+
+SORTS = {"id": "id", "name": "name", "state": "state", "progress": "progress",
+         "started": "start_time", "ended": "end_time", "owner": "owner", "trials": "trials",
+         "best_validation": "best_validation"}
+"""Columns the list may be sorted by (``?sort=``; a leading ``-`` sorts descending)."""
+
+EXPERIMENT = """
+SELECT e.id, e.name, e.description, e.state::text AS state, e.owner, e.progress, e.config,
+       e.start_time, e.end_time, j.resource_pool, j.priority, j.weight, j.id AS job_id,
+       e.archived, e.checkpoint_gc_error, e.delete_requested_at
+  FROM experiments e JOIN jobs j ON j.id = e.job_id WHERE e.id = %(id)s
+"""
+
+# batches: what the trial has trained so far, from its latest training metrics (reported
+# with every batch of metrics), so progress shows before the first checkpoint;
+# steps_completed is the batches as of its latest checkpoint (its restart point).
+TRIALS = """
+SELECT t.id, t.request_id::text AS request_id, t.state::text AS state, t.hparams,
+       t.steps_completed, t.best_validation, t.restarts, t.latest_checkpoint, t.exit_reason,
+       t.start_time, t.end_time,
+       greatest(t.steps_completed,
+                (SELECT max(m.steps_completed) FROM metrics m
+                  WHERE m.trial_id = t.id AND m."group" = 'training')) AS batches
+  FROM trials t WHERE t.experiment_id = %(id)s ORDER BY t.id
+"""
+
+# Read only for adaptive_asha, whose describe shows each trial's rung (it holds the RNG state,
+# so it stays out of EXPERIMENT).
+SEARCHER_STATE = "SELECT searcher_state FROM experiments WHERE id = %(id)s"
+
+CHECKPOINTS = """
+SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_at,
+       (SELECT m."values" FROM metrics m
+         WHERE m.trial_id = c.trial_id AND m."group" = 'validation'
+           AND m.steps_completed = c.steps_completed
+         ORDER BY m.id DESC LIMIT 1) AS validation
+  FROM checkpoints c JOIN trials t ON t.id = c.trial_id
+ WHERE t.experiment_id = %(id)s ORDER BY c.trial_id, c.steps_completed
+"""
+
+STATE = "SELECT state::text AS state FROM experiments WHERE id = %(id)s"
+
+JOB_OF = "SELECT job_id FROM experiments WHERE id = %(id)s"
+
+MAX_PAGE = 1000
+"""Most experiments one list call returns."""
+
+
+@dataclass(frozen=True)
+class ListFilter:
+    """What ``det experiment list`` and ``GET /api/v1/experiments`` select: ``archived``
+    includes archived ones; ``states`` (experiment_state names), ``owner`` and ``name`` (a
+    case-insensitive substring) narrow; ``sort`` is a key of :data:`SORTS`, ``-`` first for
+    descending; ``limit`` (None: all) and ``offset`` page."""
+
+    archived: bool = False
+    states: tuple[str, ...] | None = None
+    owner: str | None = None
+    name: str | None = None
+    sort: str = "id"
+    limit: int | None = None
+    offset: int = 0
+
+    def params(self) -> dict:
+        return {"all": self.archived, "states": list(self.states) if self.states else None,
+                "owner": self.owner, "name": self.name, "limit": self.limit,
+                "offset": self.offset}
+
+
+def list_experiments(conn: psycopg.Connection, f: ListFilter) -> list[dict]:
+    """The experiments ``f`` selects, in its order (ties broken by id).
+
+    Raises:
+        DetError: an unknown sort key, or a negative limit or offset (naming the field).
+    """
+    key = f.sort.removeprefix("-")
+    if key not in SORTS:
+        raise DetError(f"sort: expected one of {', '.join(SORTS)} (with - for descending), "
+                       f"not {f.sort!r}")
+    if f.limit is not None and not 0 <= f.limit <= MAX_PAGE:
+        raise DetError(f"limit: expected 0 to {MAX_PAGE}, not {f.limit}")
+    if f.offset < 0:
+        raise DetError(f"offset: expected 0 or more, not {f.offset}")
+    direction = sql.SQL(" DESC NULLS LAST" if f.sort.startswith("-") else " ASC NULLS LAST")
+    order = sql.SQL("{}{}, id{}").format(sql.Identifier(SORTS[key]), direction, direction)
+    query = sql.SQL(LIST).format(order=order)
+    return conn.execute(query, f.params()).fetchall()
+
+
+def count_experiments(conn: psycopg.Connection, f: ListFilter) -> int:
+    """How many experiments ``f`` selects, ignoring its paging."""
+    return conn.execute(COUNT, f.params()).fetchone()["n"]
+
+
+def get_experiment(conn: psycopg.Connection, exp_id: int) -> dict:
+    """The experiment row (EXPERIMENT). Raises NotFoundError."""
+    row = conn.execute(EXPERIMENT, {"id": exp_id}).fetchone()
+    if row is None:
+        raise NotFoundError(f"experiment {exp_id} not found")
+    return row
+
+
+def job_of(conn: psycopg.Connection, exp_id: int) -> int:
+    """The id of the experiment's job. Raises NotFoundError."""
+    row = conn.execute(JOB_OF, {"id": exp_id}).fetchone()
+    if row is None:
+        raise NotFoundError(f"experiment {exp_id} not found")
+    return row["job_id"]

@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from importlib import resources
 
@@ -55,6 +56,7 @@ def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
                   openapi_url="/api/v1/openapi.json", docs_url="/api/v1/docs",
                   redoc_url=None)
     errors.install(app)
+    app.add_middleware(ServerTiming)
     for r in (auth, experiments, trials, queue, cluster, events):
         app.include_router(r.router)
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
@@ -69,3 +71,27 @@ def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
         return FileResponse(str(STATIC / "index.html"), headers={"Cache-Control": "no-cache"})
 
     return app
+
+
+class ServerTiming:
+    """Adds ``Server-Timing: app;dur=MS`` to every answer: the milliseconds from the request's
+    arrival to its answer's headers (bench/api.py reads it: server time, without the
+    client's)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+
+        async def timed_send(message) -> None:
+            if message["type"] == "http.response.start":
+                ms = (time.perf_counter() - start) * 1000
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"server-timing", f"app;dur={ms:.2f}".encode())]}
+            await send(message)
+
+        await self.app(scope, receive, timed_send)

@@ -23,12 +23,16 @@ SELECT id, name, state::text AS state, round(progress * 100)::integer AS progres
  ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s
 """
 
-COUNT = "SELECT count(*) AS n FROM reporting.experiments" + _LIST_WHERE
+# The filters name only experiments' own columns, so the count needs no join.
+COUNT = "SELECT count(*) AS n FROM experiments" + _LIST_WHERE
 
 SORTS = {"id": "id", "name": "name", "state": "state", "progress": "progress",
          "started": "start_time", "ended": "end_time", "owner": "owner", "trials": "trials",
          "best_validation": "best_validation"}
 """Columns the list may be sorted by (``?sort=``; a leading ``-`` sorts descending)."""
+
+NULLABLE = {"ended", "best_validation"}
+"""Sort keys that may be NULL: NULLs sort last either way."""
 
 EXPERIMENT = """
 SELECT e.id, e.name, e.description, e.state::text AS state, e.owner, e.progress, e.config,
@@ -107,8 +111,13 @@ def list_experiments(conn: psycopg.Connection, f: ListFilter) -> list[dict]:
         raise DetError(f"limit: expected 0 to {MAX_PAGE}, not {f.limit}")
     if f.offset < 0:
         raise DetError(f"offset: expected 0 or more, not {f.offset}")
-    direction = sql.SQL(" DESC NULLS LAST" if f.sort.startswith("-") else " ASC NULLS LAST")
-    order = sql.SQL("{}{}, id{}").format(sql.Identifier(SORTS[key]), direction, direction)
+    desc = f.sort.startswith("-")
+    # Plain ASC / DESC on the columns that are never NULL, so that an index in that order
+    # (the primary key for the default newest-first page) can serve ORDER BY ... LIMIT.
+    nulls = " NULLS LAST" if key in NULLABLE else ""
+    order = sql.SQL("{}{}, id{}").format(
+        sql.Identifier(SORTS[key]), sql.SQL((" DESC" if desc else " ASC") + nulls),
+        sql.SQL(" DESC" if desc else " ASC"))
     query = sql.SQL(LIST).format(order=order)
     return conn.execute(query, f.params()).fetchall()
 

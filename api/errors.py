@@ -1,6 +1,7 @@
 """det's errors as HTTP answers: JSON ``{"error": "<the CLI's one-line message>"}`` with the
 status that fits (400 bad input naming the field, 401 bad or missing login, 404 missing
-object, 409 illegal transition, 503 database unavailable)."""
+object, 409 illegal transition, 502 checkpoint storage failing, 503 database
+unavailable)."""
 
 import psycopg
 from fastapi import FastAPI, Request
@@ -9,12 +10,14 @@ from fastapi.responses import JSONResponse
 
 from det.db.sqlstate import translate
 from det.errors import AuthError, DatabaseError, DetError, NotFoundError, StateError
+from det.harness.errors import StorageError
 
 STATUS: list[tuple[type[DetError], int]] = [
     (AuthError, 401),
     (NotFoundError, 404),
     (StateError, 409),
     (DatabaseError, 503),
+    (StorageError, 502),
     (DetError, 400),
 ]
 """HTTP status per det error type (first match wins: subclasses first)."""

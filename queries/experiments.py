@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from det.errors import DetError, NotFoundError
+from det.errors import ConfigError, DetError, NotFoundError
 
 _LIST_WHERE = """
  WHERE (%(all)s OR NOT archived)
@@ -72,6 +72,23 @@ STATE = "SELECT state::text AS state FROM experiments WHERE id = %(id)s"
 
 JOB_OF = "SELECT job_id FROM experiments WHERE id = %(id)s"
 
+# What live progress needs of experiments still running: the config, the searcher's state and
+# each trial's batches trained so far (its latest training metrics).
+LIVE = """
+SELECT e.id, e.config, e.searcher_state,
+       coalesce(jsonb_agg(jsonb_build_object(
+           'request_id', t.request_id::text, 'hparams', t.hparams,
+           'batches', greatest(t.steps_completed,
+                               (SELECT max(m.steps_completed) FROM metrics m
+                                 WHERE m.trial_id = t.id AND m."group" = 'training'))))
+                FILTER (WHERE t.id IS NOT NULL), '[]') AS trials
+  FROM experiments e LEFT JOIN trials t ON t.experiment_id = e.id
+ WHERE e.id = ANY (%(ids)s) AND e.searcher_state IS NOT NULL
+ GROUP BY e.id
+"""
+
+TERMINAL = {"COMPLETED", "CANCELED", "ERROR"}
+
 MAX_PAGE = 1000
 """Most experiments one list call returns."""
 
@@ -119,7 +136,43 @@ def list_experiments(conn: psycopg.Connection, f: ListFilter) -> list[dict]:
         sql.Identifier(SORTS[key]), sql.SQL((" DESC" if desc else " ASC") + nulls),
         sql.SQL(" DESC" if desc else " ASC"))
     query = sql.SQL(LIST).format(order=order)
-    return conn.execute(query, f.params()).fetchall()
+    rows = conn.execute(query, f.params()).fetchall()
+    live = live_progress(conn, [r["id"] for r in rows if r["state"] not in TERMINAL])
+    for r in rows:
+        if r["id"] in live:
+            r["progress"] = max(r["progress"], round(live[r["id"]] * 100))
+    return rows
+
+
+def live_progress(conn: psycopg.Connection, ids: list[int]) -> dict[int, float]:
+    """Progress in [0, 1] of the experiments ``ids`` (those still running), counting the
+    batches their open trials have trained so far, not only the lengths they validated at:
+    the searcher's own progress rule (det.reconciler.searchers) over its saved state, each
+    open trial's length raised to its batches in the unit of ``searcher.max_length``. So a
+    single-trial experiment moves before its first validation or checkpoint."""
+    if not ids:
+        return {}
+    from det.harness.lengths import UnitConverter
+    from det.reconciler.searchers import searcher_progress
+
+    out = {}
+    for row in conn.execute(LIVE, {"ids": ids}).fetchall():
+        config, state = row["config"], dict(row["searcher_state"])
+        unit = next(iter(config["searcher"]["max_length"]))
+        trials = {t["request_id"]: t for t in row["trials"]}
+        records = []
+        for rec in state["trials"]:
+            t = trials.get(rec["request_id"])
+            if t is not None and t["batches"] and not rec["closed"] and rec["exit"] is None:
+                try:
+                    units = UnitConverter.from_config(config, t["hparams"]).from_batches(
+                        t["batches"], unit)
+                except ConfigError:  # no global_batch_size: the saved progress stands
+                    units = 0
+                rec = {**rec, "length": max(rec["length"], int(units))}
+            records.append(rec)
+        out[row["id"]] = searcher_progress(config, {**state, "trials": records})
+    return out
 
 
 def count_experiments(conn: psycopg.Connection, f: ListFilter) -> int:
@@ -128,10 +181,13 @@ def count_experiments(conn: psycopg.Connection, f: ListFilter) -> int:
 
 
 def get_experiment(conn: psycopg.Connection, exp_id: int) -> dict:
-    """The experiment row (EXPERIMENT). Raises NotFoundError."""
+    """The experiment row (EXPERIMENT), its progress live (:func:`live_progress`) while it
+    runs. Raises NotFoundError."""
     row = conn.execute(EXPERIMENT, {"id": exp_id}).fetchone()
     if row is None:
         raise NotFoundError(f"experiment {exp_id} not found")
+    if row["state"] not in TERMINAL:
+        row["progress"] = max(row["progress"], live_progress(conn, [exp_id]).get(exp_id, 0.0))
     return row
 
 

@@ -71,6 +71,10 @@ SELECT id, steps_completed, "values", reported_at FROM metrics
  ORDER BY steps_completed, id LIMIT %(limit)s
 """
 
+CHECKPOINT = """
+SELECT uuid::text AS uuid, state, storage FROM checkpoints WHERE uuid::text = %(uuid)s
+"""
+
 MAX_POINTS = 100_000
 """Most rows one metrics series returns; more need ``max_points`` (downsampling)."""
 

@@ -3,10 +3,12 @@ every endpoint, bad input naming the field, missing / bad / expired tokens, ille
 transitions (409), metrics downsampled in SQL, and the event streams fed by LISTEN/NOTIFY."""
 
 import base64
+import io
 import json
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -270,7 +272,8 @@ def test_priority_and_weight(api: httpx.Client, ctx: Path, det) -> None:
 # --- trials, metrics, logs, checkpoints -------------------------------------------------------
 
 
-def test_trial_metrics_logs_and_checkpoints(api: httpx.Client, ctx: Path, conn) -> None:
+def test_trial_metrics_logs_and_checkpoints(api: httpx.Client, ctx: Path, conn,
+                                            det_env) -> None:
     exp = create(api, ctx)
     trial, token = running_trial(conn, exp)
     for step in range(1, 101):
@@ -304,14 +307,28 @@ def test_trial_metrics_logs_and_checkpoints(api: httpx.Client, ctx: Path, conn) 
     assert [x["line"] for x in tail] == ["two", "three"]
     after = api.get(f"/api/v1/trials/{trial}/logs", params={"after": logs[0]["id"]}).json()
     assert [x["line"] for x in after["logs"]] == ["two", "three"]
-    conn.execute("SELECT det_report_checkpoint(%s, gen_random_uuid(), 1000, %s, '{}')",
-                 (token, Jsonb({"model.pt": 123})))
+    uuid = "5a1e0c6e-3d3f-4c1e-9a53-0b6f3c1d2e4f"
+    conn.execute("SELECT det_report_checkpoint(%s, %s, 1000, %s, '{}')",
+                 (token, uuid, Jsonb({"model.pt": 123})))
     ckpts = api.get(f"/api/v1/trials/{trial}/checkpoints").json()["checkpoints"]
     assert [(c["steps_completed"], c["size_bytes"], c["state"]) for c in ckpts] == \
         [(1000, 123, "COMPLETED")]
     exp_ckpts = api.get(f"/api/v1/experiments/{exp}/checkpoints").json()["checkpoints"]
     assert exp_ckpts[0]["validation"] == {"loss": 0.01}
     assert api.get(f"/api/v1/experiments/{exp}/trials").json()["trials"][0]["batches"] == 1000
+    # download: the files from the checkpoint's storage (the default shared_fs), as a tar.gz
+    assert error(api.get(f"/api/v1/checkpoints/{uuid}/download"), 502).startswith(
+        f"checkpoint {uuid} not found at ")
+    ckpt_dir = Path(det_env["DET_HOME"]) / "checkpoints" / uuid
+    ckpt_dir.mkdir(parents=True)
+    (ckpt_dir / "model.pt").write_bytes(b"x" * 123)
+    r = api.get(f"/api/v1/checkpoints/{uuid}/download")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/gzip"
+    with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
+        assert {m.name: m.size for m in tar.getmembers() if m.isfile()} == \
+            {f"{uuid}/model.pt": 123}
+    assert error(api.get(f"/api/v1/checkpoints/{uuid[:-1]}0/download"), 404).endswith(
+        "not found")
     assert error(api.get("/api/v1/trials/999"), 404) == "trial 999 not found"
     assert error(api.get("/api/v1/trials/999/logs"), 404) == "trial 999 not found"
 
@@ -501,3 +518,23 @@ def test_metrics_notify_sparingly(conn, db_url: str) -> None:
         got = [n.payload for n in listener.notifies(timeout=0.5)]
     metric_events = [p for p in got if "trial:" in p]
     assert 1 <= len(metric_events) <= elapsed / 0.2 + 2, (len(metric_events), elapsed)
+
+
+def test_progress_counts_batches_before_any_validation(api, ctx: Path, conn, det) -> None:
+    """A single-trial experiment's progress moves with the batches its training metrics
+    report, before any validation or checkpoint (issue 15); the CLI shows the same figure."""
+    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
+    exp = create(api, ctx)  # max_length: 100 batches
+    det("reconcile", "--once")
+    alloc = conn.execute("SELECT id FROM allocations WHERE state = 'ASSIGNED'").fetchone()["id"]
+    token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+    conn.execute("SELECT det_task_info(%s)", (token,))
+    assert api.get(f"/api/v1/experiments/{exp}").json()["progress"] == 0
+    conn.execute("SELECT det_report_metrics(%s, 'training', 50, %s)", (token, Jsonb({"loss": 1})))
+    assert api.get(f"/api/v1/experiments/{exp}").json()["progress"] == 0.5
+    assert api.get("/api/v1/experiments").json()["experiments"][0]["progress"] == 50
+    listed = json.loads(det("experiment", "list", "--json").stdout)
+    assert listed[0]["progress"] == 50
+    trials = api.get(f"/api/v1/experiments/{exp}").json()["trials"]
+    assert [t["batches"] for t in trials] == [50]

@@ -1,8 +1,17 @@
 """``/api/v1/trials``: a trial, its metrics (downsampled in SQL), logs and checkpoints."""
 
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
 from fastapi import APIRouter, Query
+from fastapi.responses import FileResponse
+from starlette.background import BackgroundTask
 
 from det.api.session import Session, session
+from det.errors import NotFoundError, StateError
+from det.harness.storage import storage_from_config
 from det.queries import trials as q
 from det.queries.experiments import TRIALS, get_experiment
 
@@ -69,3 +78,26 @@ def experiment_trials(exp_id: int, s: Session = session) -> dict:
     """The experiment's trials (as in ``GET /experiments/{id}``)."""
     get_experiment(s.conn, exp_id)
     return {"trials": s.conn.execute(TRIALS, {"id": exp_id}).fetchall()}
+
+
+@router.get("/checkpoints/{uuid}/download")
+def download_checkpoint(uuid: str, s: Session = session) -> FileResponse:
+    """The checkpoint's files as one ``.tar.gz`` (read from its storage: shared_fs,
+    directory or s3). 404 for an unknown checkpoint, 409 for one being deleted or deleted,
+    502 when the storage fails."""
+    row = s.conn.execute(q.CHECKPOINT, {"uuid": uuid}).fetchone()
+    if row is None:
+        raise NotFoundError(f"checkpoint {uuid} not found")
+    if row["state"] != "COMPLETED":
+        raise StateError(f"checkpoint {uuid} is {row['state']}")
+    tmp = Path(tempfile.mkdtemp(prefix="det-api-ckpt-"))
+    try:
+        storage_from_config(row["storage"]).download(row["uuid"], tmp / row["uuid"])
+        archive = tmp / f"{row['uuid']}.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(tmp / row["uuid"], arcname=row["uuid"])
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return FileResponse(archive, media_type="application/gzip", filename=archive.name,
+                        background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True))

@@ -410,7 +410,7 @@ async function trialPage(id) {
     <h2>Logs</h2><pre class="logs" id="logs"></pre>
     <h2>Checkpoints</h2>
     <table id="ckpts"><thead><tr><th>UUID</th><th class="num">Batches</th><th>State</th>
-      <th class="num">Bytes</th><th>Reported</th></tr></thead><tbody></tbody></table>`;
+      <th class="num">Bytes</th><th>Reported</th><th></th></tr></thead><tbody></tbody></table>`;
   const store = new MetricStore();
   const chart = new LineChart(document.getElementById("chart"), "");
   const metricSel = document.getElementById("metric");
@@ -449,7 +449,8 @@ async function trialPage(id) {
       document.querySelector("#ckpts tbody").innerHTML = c.checkpoints.map((k) => `
         <tr><td><code>${esc(k.uuid)}</code></td><td class="num">${k.steps_completed}</td>
           <td>${esc(k.state)}</td><td class="num">${fmt(k.size_bytes)}</td>
-          <td>${when(k.reported_at)}</td></tr>`).join("");
+          <td>${when(k.reported_at)}</td>
+          <td>${k.state === "COMPLETED" ? `<a href="/api/v1/checkpoints/${esc(k.uuid)}/download">download</a>` : ""}</td></tr>`).join("");
     }).catch(() => {});
   };
   let loaded = false;

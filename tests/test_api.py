@@ -538,3 +538,16 @@ def test_progress_counts_batches_before_any_validation(api, ctx: Path, conn, det
     assert listed[0]["progress"] == 50
     trials = api.get(f"/api/v1/experiments/{exp}").json()["trials"]
     assert [t["batches"] for t in trials] == [50]
+
+
+def test_preview_search(api) -> None:
+    asha = CONFIG.replace("searcher: {name: single, metric: loss, max_length: {batches: 100}}",
+                          "searcher: {name: adaptive_asha, metric: loss, max_trials: 4, "
+                          "max_length: {batches: 100}}")
+    plan = api.post("/api/v1/preview-search", json={"config": asha}).json()
+    assert plan["searcher"] == "adaptive_asha" and plan["trials"] == 4 and plan["rungs"]
+    single = api.post("/api/v1/preview-search", json={"config": CONFIG}).json()
+    assert single == {"searcher": "single", "unit": "batches", "trials": 1, "units": 100,
+                      "plan": [{"trials": 1, "length": 100, "units": 100}]}
+    bad = api.post("/api/v1/preview-search", json={"config": "name: x\n"})
+    assert error(bad, 400).startswith("config: ")

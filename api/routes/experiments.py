@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from det import context
 from det.api.session import Session, session
 from det.cli.experiments import expand_config_text, refuse_unfit
+from det.cli.preview import search_preview
 from det.cli.templates import get_template
 from det.configs.job import job_change
 from det.errors import ContextError, DetError
@@ -147,3 +148,15 @@ def experiment_checkpoints(exp_id: int, s: Session = session) -> dict:
     """The checkpoints of its trials, with the validation metrics at each one's step."""
     q.get_experiment(s.conn, exp_id)
     return {"checkpoints": s.conn.execute(q.CHECKPOINTS, {"id": exp_id}).fetchall()}
+
+
+class Preview(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    config: str = Field(description="The experiment config, YAML text.")
+
+
+@router.post("/preview-search")
+def preview_search(body: Preview, s: Session = session) -> dict:
+    """The trials a search will create and the training it will run (`det preview-search`):
+    per bracket and rung for adaptive_asha and tpe."""
+    return search_preview(body.config, "config")

@@ -2,13 +2,14 @@
 unarchive, delete, set (scheduling settings and the checkpoint GC policy)."""
 
 import ast
+import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import typer
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+from tqdm import tqdm
 
 from det import context
 from det.cli.output import print_json, print_table
@@ -23,17 +24,15 @@ from det.db.reconnect import Reconnecting
 from det.errors import ConfigError, DetError
 from det.queries.experiments import (
     CHECKPOINTS,
-    SEARCHER_STATE,
-    STATE,
     TRIALS,
     ListFilter,
+    add_rungs,
     get_experiment,
     job_of,
     list_experiments,
 )
 from det.reconciler.schedulers import Agent, Task
 from det.reconciler.schedulers.fitting import never_fits
-from det.reconciler.searchers import trial_rungs
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -199,13 +198,7 @@ def describe(
         exp = get_experiment(conn, exp_id)
         trials = conn.execute(TRIALS, {"id": exp_id}).fetchall()
         ckpts = conn.execute(CHECKPOINTS, {"id": exp_id}).fetchall()
-        asha = exp["config"]["searcher"]["name"] in ("adaptive_asha", "tpe")
-        if asha:
-            state = conn.execute(SEARCHER_STATE, {"id": exp_id}).fetchone()["searcher_state"]
-            rungs = trial_rungs(exp["config"], state)
-            for t in trials:
-                rung = rungs.get(t["request_id"])
-                t["rung"] = asdict(rung) if rung else None
+        asha = add_rungs(conn, exp, trials)
     if json_:
         print_json({**exp, "trials": trials, "checkpoints": ckpts})
         return
@@ -277,17 +270,22 @@ def wait(
     exp_id: int = typer.Argument(..., metavar="ID"),
     interval: float = typer.Option(1.0, help="Seconds between checks."),
 ) -> None:
-    """Block until the experiment ends. Exit code: 0 COMPLETED, 1 ERROR, 2 CANCELED.
-    Rides out database restarts: it reconnects and goes on waiting."""
+    """Block until the experiment ends, showing its progress on a terminal (batches trained
+    so far count). Exit code: 0 COMPLETED, 1 ERROR, 2 CANCELED. Rides out database restarts:
+    it reconnects and goes on waiting."""
     with db() as conn:
         get_experiment(conn, exp_id)
-
-    def read_state(conn) -> str:
-        return conn.execute(STATE, {"id": exp_id}).fetchone()["state"]
-
-    with Reconnecting(database_url(), row_factory=dict_row) as session:
-        while (state := session.run(f"det experiment wait {exp_id}", read_state)) not in WAIT_EXIT:
+    what = f"det experiment wait {exp_id}"
+    # tqdm draws only on a terminal (disable=None); in a pipe or a log, just the last line.
+    with Reconnecting(database_url(), row_factory=dict_row) as session, \
+            tqdm(total=100, desc=f"Experiment {exp_id}", unit="%", disable=None,
+                 file=sys.stderr, bar_format="{desc}: {percentage:3.0f}%|{bar}|") as bar:
+        while (exp := session.run(what, lambda c: get_experiment(c, exp_id)))["state"] \
+                not in WAIT_EXIT:
+            bar.n = round(exp["progress"] * 100)
+            bar.set_description(f"Experiment {exp_id} {exp['state']}")
             time.sleep(interval)
+    state = exp["state"]
     typer.echo(f"Experiment {exp_id}: {state}")
     raise typer.Exit(WAIT_EXIT[state])
 

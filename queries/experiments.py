@@ -1,7 +1,7 @@
 """Reading experiments: the list (filters, sort, paging), one experiment, its trials and
 checkpoints."""
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import psycopg
 from psycopg import sql
@@ -67,8 +67,6 @@ SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_
   FROM checkpoints c JOIN trials t ON t.id = c.trial_id
  WHERE t.experiment_id = %(id)s ORDER BY c.trial_id, c.steps_completed
 """
-
-STATE = "SELECT state::text AS state FROM experiments WHERE id = %(id)s"
 
 JOB_OF = "SELECT job_id FROM experiments WHERE id = %(id)s"
 
@@ -189,6 +187,22 @@ def get_experiment(conn: psycopg.Connection, exp_id: int) -> dict:
     if row["state"] not in TERMINAL:
         row["progress"] = max(row["progress"], live_progress(conn, [exp_id]).get(exp_id, 0.0))
     return row
+
+
+def add_rungs(conn: psycopg.Connection, exp: dict, trials: list[dict]) -> bool:
+    """For adaptive_asha and tpe, set each of ``trials``' ``rung`` (bracket, rung, length,
+    its status in the search and the metric that decided it; None before its first rung)
+    from the searcher's state; returns whether the searcher has rungs."""
+    from det.reconciler.searchers import trial_rungs
+
+    if exp["config"]["searcher"]["name"] not in ("adaptive_asha", "tpe"):
+        return False
+    state = conn.execute(SEARCHER_STATE, {"id": exp["id"]}).fetchone()["searcher_state"]
+    rungs = trial_rungs(exp["config"], state)
+    for t in trials:
+        rung = rungs.get(t["request_id"])
+        t["rung"] = asdict(rung) if rung else None
+    return True
 
 
 def job_of(conn: psycopg.Connection, exp_id: int) -> int:

@@ -28,7 +28,7 @@ searcher:
   name: single
   metric: accuracy
   smaller_is_better: false
-  max_length: {batches: 200000}
+  max_length: {batches: 20000}
 records_per_epoch: 1437
 min_validation_period: {batches: 50}
 min_checkpoint_period: {batches: 200}
@@ -81,9 +81,12 @@ def text(browser, css: str) -> str:
 
 
 def click(browser, css: str) -> None:
-    from selenium.webdriver.common.by import By
-
-    browser.find_element(By.CSS_SELECTOR, css).click()
+    """Click the first element matching ``css`` once there, found and clicked in one script:
+    live pages redraw their tables whenever a stream sends, so a found element may be gone
+    a moment later."""
+    wait_for(lambda: browser.execute_script(
+        "const el = document.querySelector(arguments[0]); if (el) el.click(); return !!el;",
+        css), 20, f"{css} to click")
 
 
 def shot(browser, name: str) -> None:

@@ -94,6 +94,7 @@ async def experiment(request: Request, exp_id: int) -> StreamingResponse:
         out: list[str] = []
         exp = qe.get_experiment(conn, exp_id)
         trials = conn.execute(qe.TRIALS, {"id": exp_id}).fetchall()
+        qe.add_rungs(conn, exp, trials)
         first = "metrics" not in st.cursors
         _metrics(conn, st, [t["id"] for t in trials], out)
         if first:

@@ -82,9 +82,10 @@ def create_experiment(body: CreateExperiment, s: Session = session) -> dict:
 @router.get("/experiments/{exp_id}")
 def get_experiment(exp_id: int, s: Session = session) -> dict:
     """The experiment (config included), its trials (hyperparameters, state, batches,
-    best validation) and checkpoints."""
+    best validation; ``rung`` for adaptive_asha and tpe) and checkpoints."""
     exp = q.get_experiment(s.conn, exp_id)
     trials = s.conn.execute(q.TRIALS, {"id": exp_id}).fetchall()
+    q.add_rungs(s.conn, exp, trials)
     ckpts = s.conn.execute(q.CHECKPOINTS, {"id": exp_id}).fetchall()
     return {**exp, "trials": trials, "checkpoints": ckpts}
 

@@ -308,8 +308,8 @@ async function experimentPage(id) {
     </div>
     <h2>Trials</h2>
     <table id="trials"><thead><tr><th>ID</th><th>State</th><th>Hyperparameters</th>
-      <th class="num">Batches</th><th class="num">Best metric</th><th class="num">Restarts</th>
-      <th>Exit</th></tr></thead><tbody></tbody></table>
+      <th class="num">Batches</th><th class="num">Best metric</th><th>Rung</th>
+      <th class="num">Restarts</th><th>Exit</th></tr></thead><tbody></tbody></table>
     <h2>Scheduling</h2>
     <div class="filters" id="sched"></div>
     <h2>Config</h2><pre id="config"></pre>`;
@@ -366,6 +366,7 @@ async function experimentPage(id) {
       <tr><td><a href="#/trials/${t.id}">${t.id}</a></td><td>${state(t.state)}</td>
         <td><code>${esc(JSON.stringify(t.hparams))}</code></td>
         <td class="num">${fmt(t.batches)}</td><td class="num">${fmt(t.best_validation)}</td>
+        <td>${t.rung ? `bracket ${t.rung.bracket}, rung ${t.rung.rung} (${esc(t.rung.status)})` : ""}</td>
         <td class="num">${t.restarts}</td><td>${esc(t.exit_reason)}</td></tr>`).join("");
     document.getElementById("sched").innerHTML = `
       priority <input id="prio" size="3" value="${esc(e.priority)}"> <button id="set-prio">set</button>

@@ -35,8 +35,11 @@ def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with connect(url) as conn:
             migrate(conn)
+        # check: a connection the server dropped (a restart) is replaced before a request
+        # gets it, so requests ride out a database restart.
         pool = ConnectionPool(url, min_size=2, max_size=POOL_SIZE, open=True,
-                              kwargs={"row_factory": dict_row})
+                              kwargs={"row_factory": dict_row},
+                              check=ConnectionPool.check_connection)
         hub = Hub(url)
         app.state.pool, app.state.hub, app.state.token_ttl = pool, hub, token_ttl
         listener = asyncio.create_task(hub.run())

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from det.db import channels
 from det.db.retry import BACKOFF_INITIAL, BACKOFF_MAX, is_connection_lost
+from det.errors import DatabaseError
 
 log = logging.getLogger("det.api.events")
 
@@ -83,10 +84,12 @@ class Hub:
                         async for n in conn.notifies(timeout=TICK):
                             self.wake(n.payload.split())
                         self.wake(None)
-            except psycopg.Error as e:
+            except (psycopg.Error, OSError) as e:
+                # A lost server above all, but any failure: the listener must come back.
+                # Meanwhile each stream still reads at its keepalive, every KEEPALIVE s.
                 self.connected.clear()
                 if not is_connection_lost(e):
-                    raise
+                    log.error("event listener failed: %s", e)
                 failures += 1
                 state = tenacity.RetryCallState(None, None, (), {})
                 state.attempt_number = failures
@@ -129,7 +132,14 @@ async def stream(hub: Hub, topics: list[str],
         yield "retry: 2000\n\n"
         while True:
             ev.clear()
-            out = await run_in_threadpool(read, state)
+            try:
+                out = await run_in_threadpool(read, state)
+            except (psycopg.Error, DatabaseError) as e:
+                if not is_connection_lost(e):
+                    raise
+                # The database is away: the stream stays open and reads again when the hub
+                # (re)connects and wakes it, or at its next keepalive.
+                out = []
             for chunk in out:
                 yield chunk
             with contextlib.suppress(TimeoutError):

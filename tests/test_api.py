@@ -5,6 +5,7 @@ transitions (409), metrics downsampled in SQL, and the event streams fed by LIST
 import base64
 import io
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -551,3 +552,23 @@ def test_preview_search(api) -> None:
                       "plan": [{"trials": 1, "length": 100, "units": 100}]}
     bad = api.post("/api/v1/preview-search", json={"config": "name: x\n"})
     assert error(bad, 400).startswith("config: ")
+
+
+def test_the_server_rides_out_a_database_restart(private_pg, tmp_path: Path) -> None:
+    """Requests and event streams carry on after the database restarts (the pool replaces
+    dropped connections; the listener reconnects and re-LISTENs)."""
+    env = {**os.environ, "DET_DB_URL": private_pg.url, "DET_HOME": str(tmp_path / "home"),
+           "DET_USER": "tester", "PYTHONUNBUFFERED": "1"}
+    server = Server(env, tmp_path)
+    events = Events(server, "/api/v1/events/cluster")
+    try:
+        events.wait("cluster", lambda d: d["agents"] == [])
+        private_pg.restart()
+        assert server.client.get("/api/v1/agents").json() == {"agents": []}
+        with psycopg.connect(private_pg.url, autocommit=True) as c:
+            c.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+                      (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
+        events.wait("cluster", lambda d: [a["id"] for a in d["agents"]] == ["a1"], timeout=30)
+    finally:
+        events.close()
+        server.stop()

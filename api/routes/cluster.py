@@ -1,11 +1,12 @@
 """``/api/v1``: agents and slots (with drain toggles), resource pools, the cluster config,
 search previews."""
 
+from typing import Literal
+
 from fastapi import APIRouter, Query
 
 from det.api.session import Session, session
 from det.configs.cluster import ClusterConfig
-from det.errors import DetError
 from det.queries.cluster import AGENTS, POOLS, SLOTS, STORED
 from det.reconciler import leader
 
@@ -18,10 +19,13 @@ def agents(s: Session = session) -> dict:
     return {"agents": s.conn.execute(AGENTS).fetchall()}
 
 
+Toggle = Literal["enable", "disable"]
+
+
 @router.post("/agents/{agent_id}/{action}")
-def set_agent(agent_id: str, action: str, s: Session = session) -> dict:
+def set_agent(agent_id: str, action: Toggle, s: Session = session) -> dict:
     """enable | disable (drain: running work finishes, nothing new lands)."""
-    enabled = _enabled(action)
+    enabled = action == "enable"
     state = s.conn.execute("SELECT det_agent_set_enabled(%s, %s)::text AS s",
                            (agent_id, enabled)).fetchone()["s"]
     return {"id": agent_id, "state": state}
@@ -35,17 +39,11 @@ def slots(s: Session = session,
 
 
 @router.post("/agents/{agent_id}/slots/{slot_id}/{action}")
-def set_slot(agent_id: str, slot_id: int, action: str, s: Session = session) -> dict:
+def set_slot(agent_id: str, slot_id: int, action: Toggle, s: Session = session) -> dict:
     """enable | disable one slot (drain)."""
-    enabled = _enabled(action)
+    enabled = action == "enable"
     s.conn.execute("SELECT det_slot_set_enabled(%s, %s, %s)", (agent_id, slot_id, enabled))
     return {"agent_id": agent_id, "slot_id": slot_id, "enabled": enabled}
-
-
-def _enabled(action: str) -> bool:
-    if action not in ("enable", "disable"):
-        raise DetError(f"action: expected enable or disable, not {action!r}")
-    return action == "enable"
 
 
 @router.get("/resource-pools")

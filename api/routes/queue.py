@@ -21,11 +21,7 @@ SELECT job_id FROM reporting.job_queue
  ORDER BY queue_order LIMIT 1
 """
 
-Field_ = Literal["priority", "weight", "resource-pool", "ahead-of", "behind-of"]
-
-
-def _queue(s: Session, pool: str | None, job: int | None) -> list[dict]:
-    return job_queue(s.conn, pool, job)
+JobField = Literal["priority", "weight", "resource-pool", "ahead-of", "behind-of"]
 
 
 @router.get("/job-queue")
@@ -33,7 +29,7 @@ def get_job_queue(s: Session = session,
                   resource_pool: str | None = Query(None, max_length=255)) -> dict:
     """Active jobs per pool in scheduling order: slots acquired / needed, status, and for
     queued ones why they wait (``reasons``)."""
-    return {"jobs": _queue(s, resource_pool, None)}
+    return {"jobs": job_queue(s.conn, resource_pool)}
 
 
 class JobChanges(BaseModel):
@@ -62,7 +58,7 @@ def update_job(job_id: int, body: JobChanges, s: Session = session) -> dict:
 class BatchChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
     job_id: int
-    field: Field_
+    field: JobField
     value: str | int | float
 
 
@@ -86,7 +82,7 @@ def move_to_top(job_id: int, s: Session = session) -> dict:
     """Put the job ahead of the current head of its pool's queue (priority scheduler: it
     takes the head's priority; 400 under another). A job at the head stays; 409 for a job no
     longer queued."""
-    mine = _queue(s, None, job_id)
+    mine = job_queue(s.conn, None, job_id)
     if not mine:
         if s.conn.execute("SELECT 1 FROM jobs WHERE id = %s", (job_id,)).fetchone() is None:
             raise NotFoundError(f"job {job_id} not found")
@@ -94,4 +90,4 @@ def move_to_top(job_id: int, s: Session = session) -> dict:
     if mine[0]["queue_order"] > 0:
         head = s.conn.execute(HEAD, {"job": job_id}).fetchone()["job_id"]
         s.conn.execute("SELECT det_job_update(%s, 'ahead-of', %s)", (job_id, str(head)))
-    return {"job_id": job_id, "jobs": _queue(s, mine[0]["resource_pool"], None)}
+    return {"job_id": job_id, "jobs": job_queue(s.conn, mine[0]["resource_pool"])}

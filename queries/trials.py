@@ -25,6 +25,14 @@ SELECT id, ts, stream, line FROM task_logs
  WHERE trial_id = %(trial)s ORDER BY id DESC LIMIT %(limit)s
 """
 
+# A trial's runs (its restarts are the runs after the first): where each ran, how it ended
+# and why.
+RUNS = """
+SELECT run, state::text AS state, agent_id, slots_needed, exit_code, exit_reason,
+       created_at, started_at, ended_at, pending_reason
+  FROM allocations WHERE trial_id = %(id)s ORDER BY run
+"""
+
 FIRST_TRIAL = "SELECT min(id) AS id FROM trials WHERE experiment_id = %(id)s"
 
 METRICS = """

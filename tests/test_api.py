@@ -195,6 +195,7 @@ def test_create_get_and_list_experiments(api: httpx.Client, ctx: Path, server: S
     assert exp["name"] == "api-test" and exp["state"] == "ACTIVE"
     assert exp["owner"] == server.user and exp["config"]["searcher"]["metric"] == "loss"
     assert exp["trials"] == [] and exp["checkpoints"] == []
+    assert exp["original_config"] == CONFIG
     page = api.get("/api/v1/experiments").json()
     assert [e["id"] for e in page["experiments"]] == [second, first]  # newest first
     assert page["pagination"] == {"offset": 0, "limit": 100, "total": 2}
@@ -289,6 +290,8 @@ def test_trial_metrics_logs_and_checkpoints(api: httpx.Client, ctx: Path, conn,
     # batches trained show before any checkpoint
     assert t["state"] == "ACTIVE" and t["batches"] == 1000 and t["steps_completed"] == 0
     assert t["best_validation"] == 0.01
+    assert [(r["run"], r["state"], r["agent_id"]) for r in t["run_history"]] == \
+        [(1, "RUNNING", "a1")]
     rows = api.get(f"/api/v1/trials/{trial}/metrics").json()["rows"]
     assert [r["steps_completed"] for r in rows] == [s * 10 for s in range(1, 101)]
     rows = api.get(f"/api/v1/trials/{trial}/metrics", params={"max_points": 10}).json()["rows"]

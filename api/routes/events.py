@@ -113,7 +113,8 @@ async def trial(request: Request, trial_id: int) -> StreamingResponse:
 
     def read(conn, st: Stream) -> list[str]:
         out: list[str] = []
-        t = qt.get_trial(conn, trial_id)
+        t = {**qt.get_trial(conn, trial_id),
+             "run_history": conn.execute(qt.RUNS, {"id": trial_id}).fetchall()}
         first = "metrics" not in st.cursors
         _metrics(conn, st, [trial_id], out)
         if first:

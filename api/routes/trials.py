@@ -30,8 +30,10 @@ MAX_LOG_LINES = 5000
 @router.get("/trials/{trial_id}")
 def get_trial(trial_id: int, s: Session = session) -> dict:
     """The trial: state, hyperparameters, batches trained (``batches``, live; and as of its
-    latest checkpoint, ``steps_completed``), restarts and why it last exited."""
-    return q.get_trial(s.conn, trial_id)
+    latest checkpoint, ``steps_completed``), restarts, and its runs: where each ran, how
+    it ended and why (``run_history``)."""
+    trial = q.get_trial(s.conn, trial_id)
+    return {**trial, "run_history": s.conn.execute(q.RUNS, {"id": trial_id}).fetchall()}
 
 
 @router.get("/trials/{trial_id}/metrics")

@@ -386,7 +386,8 @@ async function experimentPage(id) {
       if (loaded) return;
       loaded = true;
       exp = await api("GET", `/api/v1/experiments/${id}`);
-      document.getElementById("config").textContent = JSON.stringify(exp.config, null, 2);
+      document.getElementById("config").textContent =
+        exp.original_config || JSON.stringify(exp.config, null, 2);
       for (const group of ["training", "validation"]) {
         const m = await api("GET", `/api/v1/experiments/${id}/metrics?group=${group}&max_points=2000`);
         for (const t of m.trials) store.add(t.trial_id, group, t.rows);
@@ -408,6 +409,9 @@ async function trialPage(id) {
     <h2>Metrics</h2>
     <div class="filters"><select id="metric"></select></div>
     <div class="chart" id="chart"></div>
+    <h2>Runs</h2>
+    <table id="runs"><thead><tr><th>Run</th><th>State</th><th>Agent</th><th>Started</th>
+      <th>Ended</th><th>Exit code</th><th>Why it ended</th></tr></thead><tbody></tbody></table>
     <h2>Logs</h2><pre class="logs" id="logs"></pre>
     <h2>Checkpoints</h2>
     <table id="ckpts"><thead><tr><th>UUID</th><th class="num">Batches</th><th>State</th>
@@ -446,6 +450,12 @@ async function trialPage(id) {
       ["Runs", t.runs], ["Last exit", esc(t.exit_reason) || "–"],
       ["Hyperparameters", `<code>${esc(JSON.stringify(t.hparams))}</code>`]]
       .map(([k, v]) => `<div class="card"><b>${k}</b>${v}</div>`).join("");
+    if (t.run_history) {
+      document.querySelector("#runs tbody").innerHTML = t.run_history.map((r) => `
+        <tr><td>${r.run}</td><td>${state(r.state)}</td><td>${esc(r.agent_id)}</td>
+          <td>${when(r.started_at)}</td><td>${when(r.ended_at)}</td><td>${fmt(r.exit_code)}</td>
+          <td>${esc(r.exit_reason || r.pending_reason)}</td></tr>`).join("");
+    }
     api("GET", `/api/v1/trials/${id}/checkpoints`).then((c) => {
       document.querySelector("#ckpts tbody").innerHTML = c.checkpoints.map((k) => `
         <tr><td><code>${esc(k.uuid)}</code></td><td class="num">${k.steps_completed}</td>

@@ -7,7 +7,7 @@ one transaction that begins with ``det_web_auth`` (SQLSTATE 28000 -> 401). Until
 (the identity issue), the one user is the embedded default's: the server's ``DET_USER`` (else
 its login name) with the password ``DET_PASSWORD`` (empty unless set, like Determined's default
 ``admin``). Per-user roles come later as ``SET LOCAL ROLE`` right after ``det_web_auth``, in
-:func:`session`, so row-level security applies to the API as to psql.
+:func:`_session`, so row-level security applies to the API as to psql.
 """
 
 import hmac
@@ -26,8 +26,7 @@ COOKIE = "det_token"
 """The WebUI's cookie holding the login token (HttpOnly, SameSite=Strict)."""
 
 DEFAULT_TOKEN_TTL = 7 * 86400.0
-"""Seconds a login token lives unless ``det serve --token-ttl`` says otherwise (Determined's
-sessions last 7 days)."""
+"""Seconds a login token lives (7 days) unless ``det serve --token-ttl`` says otherwise."""
 
 
 @dataclass

@@ -575,3 +575,25 @@ def test_the_server_rides_out_a_database_restart(private_pg, tmp_path: Path) -> 
     finally:
         events.close()
         server.stop()
+
+
+def test_two_servers_behave_as_one(det_env, tmp_path: Path, ctx: Path) -> None:
+    """Stateless servers: a token from one works on the other, and a change made through one
+    reaches the other's event streams (through the database, nothing else)."""
+    a, b = Server(det_env, tmp_path), Server(det_env, tmp_path)
+    try:
+        with httpx.Client(base_url=b.url, timeout=30,
+                          headers={"Authorization": f"Bearer {a.token}"}) as b_with_a_token:
+            assert b_with_a_token.get("/api/v1/me").json() == {"username": a.user}
+        events = Events(b, "/api/v1/events/job-queue")
+        try:
+            events.wait("queue", lambda d: d["jobs"] == [])
+            exp = create(a.client, ctx)
+            events.wait("queue", lambda d: [j["experiment_id"] for j in d["jobs"]] == [exp])
+        finally:
+            events.close()
+        assert b.client.post(f"/api/v1/experiments/{exp}/pause").json()["state"] == "PAUSED"
+        assert a.client.get(f"/api/v1/experiments/{exp}").json()["state"] == "PAUSED"
+    finally:
+        a.stop()
+        b.stop()

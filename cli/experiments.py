@@ -24,6 +24,7 @@ from det.db.reconnect import Reconnecting
 from det.errors import ConfigError, DetError
 from det.queries.experiments import (
     CHECKPOINTS,
+    STATE,
     TRIALS,
     ListFilter,
     add_rungs,
@@ -276,16 +277,19 @@ def wait(
     with db() as conn:
         get_experiment(conn, exp_id)
     what = f"det experiment wait {exp_id}"
-    # tqdm draws only on a terminal (disable=None); in a pipe or a log, just the last line.
+    # tqdm draws only on a terminal (disable=None); elsewhere only the final line is printed.
     with Reconnecting(database_url(), row_factory=dict_row) as session, \
             tqdm(total=100, desc=f"Experiment {exp_id}", unit="%", disable=None,
                  file=sys.stderr, bar_format="{desc}: {percentage:3.0f}%|{bar}|") as bar:
-        while (exp := session.run(what, lambda c: get_experiment(c, exp_id)))["state"] \
-                not in WAIT_EXIT:
-            bar.n = round(exp["progress"] * 100)
-            bar.set_description(f"Experiment {exp_id} {exp['state']}")
+        def read(conn) -> str:
+            state = conn.execute(STATE, {"id": exp_id}).fetchone()["state"]
+            if not bar.disable:  # the live progress only where it is drawn
+                bar.n = round(get_experiment(conn, exp_id)["progress"] * 100)
+                bar.set_description(f"Experiment {exp_id} {state}")
+            return state
+
+        while (state := session.run(what, read)) not in WAIT_EXIT:
             time.sleep(interval)
-    state = exp["state"]
     typer.echo(f"Experiment {exp_id}: {state}")
     raise typer.Exit(WAIT_EXIT[state])
 

@@ -68,6 +68,8 @@ SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_
  WHERE t.experiment_id = %(id)s ORDER BY c.trial_id, c.steps_completed
 """
 
+STATE = "SELECT state::text AS state FROM experiments WHERE id = %(id)s"
+
 JOB_OF = "SELECT job_id FROM experiments WHERE id = %(id)s"
 
 # What live progress needs of experiments still running: the config, the searcher's state and

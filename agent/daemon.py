@@ -100,7 +100,7 @@ class AgentSettings:
     runtime: str | None = None
     heartbeat: float = 5.0
     poll: float = 1.0
-    warm_start: bool = False
+    warm_start: bool = True
 
 
 def check_agent_id(agent_id: str, field: str = "agent id") -> None:
@@ -115,7 +115,7 @@ def check_agent_id(agent_id: str, field: str = "agent id") -> None:
 
 
 def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
-                   device_type: str, warm_start: bool = False) -> Runtime:
+                   device_type: str, warm_start: bool = True) -> Runtime:
     """The runtime ``name`` asks for; raises ``RuntimeUnavailable`` when docker is asked for
     and no engine answers. With no name: docker if an engine answers, else process
     (``warm_start``: see :class:`ProcessRuntime`)."""

@@ -175,14 +175,15 @@ class ProcessRuntime:
     """Tasks as child processes of the agent, under the agent's own Python. CUDA slots are
     handed over as ``CUDA_VISIBLE_DEVICES`` (by uuid), so a task sees only its devices.
 
-    With ``warm`` (``det agent run --warm-start``), a task that runs this interpreter on a
-    script or module is forked by the agent's zygote (:mod:`det.agent.zygote`) with det's
-    harness already imported; the others, and every task if the zygote fails, start cold."""
+    With ``warm`` (the default; ``det agent run --cold-start`` turns it off), a task that runs
+    this interpreter on a script or module is forked by the agent's zygote
+    (:mod:`det.agent.zygote`) with det's harness already imported; the others, and every task
+    if the zygote fails, start cold."""
 
     name = "process"
     python = sys.executable
 
-    def __init__(self, logs: LogShipper, warm: bool = False) -> None:
+    def __init__(self, logs: LogShipper, warm: bool = True) -> None:
         self.logs = logs
         self.zygote = Zygote() if warm else None
 

@@ -46,8 +46,9 @@ def postgres_cpu(home: Path | None) -> float:
     if home is None:
         return 0.0
     main = next((p for p in psutil.process_iter(["name", "cmdline"])
-                 if p.info["name"] == "postgres" and str(home) in " ".join(p.info["cmdline"])
-                 and "-D" in p.info["cmdline"]), None)
+                 if p.info["name"] == "postgres"
+                 and str(home) in " ".join(p.info["cmdline"] or ())  # None: it just exited
+                 and "-D" in (p.info["cmdline"] or ())), None)
     if main is None:
         return 0.0
     total = 0.0

@@ -206,9 +206,11 @@ def agent_run(
                                      "answers, else process)."),
     poll: float = typer.Option(1.0, help="Seconds between two looks at the assignments when "
                                          "no NOTIFY wakes it."),
-    warm_start: bool = typer.Option(False, "--warm-start", envvar="DET_AGENT_WARM_START",
-                                    help="Process runtime: fork Python tasks from a warm "
-                                         "zygote with det's harness imported."),
+    warm_start: bool = typer.Option(True, "--warm-start/--cold-start",
+                                    envvar="DET_AGENT_WARM_START",
+                                    help="Process runtime: fork Python tasks from a zygote "
+                                         "with det's harness imported (--cold-start: a fresh "
+                                         "interpreter per task)."),
 ) -> None:
     """Run an agent: register this host's slots and run the tasks assigned to it."""
     from det.agent.daemon import Agent, AgentSettings, check_agent_id

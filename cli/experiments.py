@@ -2,11 +2,16 @@
 unarchive, delete, set (scheduling settings and the checkpoint GC policy)."""
 
 import ast
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
+import yaml
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from tqdm import tqdm
@@ -18,10 +23,11 @@ from det.cli.templates import get_template
 from det.configs import is_trial_class, read_config_file
 from det.configs.job import job_change
 from det.configs.load import parse_experiment_config, parse_yaml
+from det.configs.overrides import apply_overrides, make_test_config
 from det.configs.templates import merge
 from det.db import database_url, det_home
 from det.db.reconnect import Reconnecting
-from det.errors import ConfigError, DetError
+from det.errors import ConfigError, ContextError, DetError
 from det.queries.experiments import (
     CHECKPOINTS,
     STATE,
@@ -60,41 +66,70 @@ def check_entrypoint(entrypoint: str | list[str], ctx: Path) -> None:
         raise ConfigError("entrypoint", f"{entrypoint}: {path.name} defines no class {cls}")
 
 
-def expanded_config(config_file: Path, ctx: Path,
-                    template: dict | None = None) -> tuple[dict, str]:
+def expanded_config(config_file: Path, ctx: Path, template: dict | None = None,
+                    overrides: list[str] | None = None, test: bool = False
+                    ) -> tuple[dict, str]:
     """Read ``config_file`` and :func:`expand_config_text` it.
 
     Raises:
         ConfigError: unreadable or oversized file, or what expand_config_text raises.
     """
-    return expand_config_text(read_config_file(config_file), str(config_file), ctx, template)
+    return expand_config_text(read_config_file(config_file), str(config_file), ctx, template,
+                              overrides, test)
 
 
-def expand_config_text(text: str, source: str, ctx: Path,
-                       template: dict | None = None) -> tuple[dict, str]:
-    """Validate and expand the config ``text`` (read from ``source``), merged over
-    ``template`` (a template row: ``name``, ``config``; det.configs.templates) if given;
-    returns (expanded config, original text). The CLI and ``POST /api/v1/experiments`` both
-    submit through it.
+def expand_config_text(text: str, source: str, ctx: Path, template: dict | None = None,
+                       overrides: list[str] | None = None, test: bool = False
+                       ) -> tuple[dict, str]:
+    """Validate and expand the config ``text`` (read from ``source``), with ``overrides``
+    (``--config KEY=VALUE``) applied and merged over ``template`` (a template row: ``name``,
+    ``config``; det.configs.templates) if given; returns (expanded config, original text).
+    With ``test``, the config is first validated as it is, then made ``--test``'s small
+    experiment (``det.configs.overrides.make_test_config``); the original text is then
+    the test config's YAML, as with overrides. The CLI and ``POST /api/v1/experiments``
+    both submit through it.
 
-    The default checkpoint storage is a shared_fs directory under det's home.
+    The default checkpoint storage is a shared_fs directory under det's home; a
+    ``checkpoint_storage`` without ``type`` (GC settings only, as 0.38 allows) is merged over
+    it. Determined keys det does not use are printed as warnings on stderr, one line each.
 
     Raises:
         ConfigError: invalid YAML or config (or merge), or an entrypoint the context lacks.
     """
     data = parse_yaml(text, source)
+    if overrides:
+        data = apply_overrides(data, overrides)
+        text = yaml.safe_dump(data, sort_keys=False)
+    if test:
+        expanded_config_data(data, source, ctx, template)
+        from det.harness.local import local_hparams
+
+        data = make_test_config(data, local_hparams(data.get("hyperparameters") or {}))
+        text = yaml.safe_dump(data, sort_keys=False)
+    return expanded_config_data(data, source, ctx, template), text
+
+
+def expanded_config_data(data: object, source: str, ctx: Path,
+                         template: dict | None = None) -> dict:
+    """``expanded_config`` of already parsed YAML ``data`` read from ``source``."""
     if template is not None and isinstance(data, dict):
         data = merge(data, template["config"])
         source = f"{source} with template {template['name']!r}"
-    cfg = parse_experiment_config(data, source)
+    default_storage = {"type": "shared_fs", "host_path": str(det_home() / "checkpoints")}
+    if isinstance(data, dict) and isinstance(data.get("checkpoint_storage"), dict) \
+            and data["checkpoint_storage"].get("type") is None:
+        data = {**data, "checkpoint_storage": merge(data["checkpoint_storage"], default_storage)}
+    warnings: list[str] = []
+    cfg = parse_experiment_config(data, source, warnings)
+    for line in warnings:
+        typer.echo(line, err=True)
     check_entrypoint(cfg.entrypoint, ctx)
     expanded = cfg.expanded()
     if expanded.get("checkpoint_storage") is None:
         expanded["checkpoint_storage"] = {
-            "type": "shared_fs", "host_path": str(det_home() / "checkpoints"),
-            "storage_path": None, "save_experiment_best": 0, "save_trial_best": 1,
-            "save_trial_latest": 1}
-    return expanded, text
+            **default_storage, "storage_path": None, "save_experiment_best": 0,
+            "save_trial_best": 1, "save_trial_latest": 1}
+    return expanded
 
 
 @app.command("create")
@@ -103,47 +138,105 @@ def create(
     context_dir: Path = typer.Argument(..., help="Model-definition directory to upload."),
     local: bool = typer.Option(False, "--local", help="Run in this process, without a cluster."),
     test_mode: bool = typer.Option(
-        False, "--test-mode",
-        help="Only with --local: a few batches of training, validation, a checkpoint and a "
-             "restore, in this process."),
+        False, "--test-mode", "--test", "-t",
+        help="Test the config and code with a very small experiment: one batch of training, "
+             "a validation and a checkpoint. On the cluster, an archived test experiment whose "
+             "logs are followed; with --local, in this process (plus a restore)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Stream the first trial's logs."),
     force: bool = typer.Option(False, "--force",
                                help="Submit even if no agent of the pool could ever run it."),
     template: str = typer.Option(None, "--template",
                                  help="Merge this configuration template under the config "
                                       "(the config's own values win)."),
+    config_overrides: list[str] = typer.Option(
+        [], "--config", metavar="KEY=VALUE",
+        help="Override a config key (dotted, e.g. resources.slots_per_trial=2; the value is "
+             "YAML). Repeatable."),
+    paused: bool = typer.Option(False, "--paused", help="Do not activate the experiment."),
+    include: list[Path] = typer.Option(
+        [], "--include", "-i",
+        help="A file or directory added to the context, at its top level. Repeatable."),
 ) -> None:
     """Submit an experiment (one transaction: the experiment, its job and its context).
 
     Refused, unless --force, when the pool's agents could never hold one trial's slots
     (more slots than the pool has, or a pool without slots for a slot trial)."""
-    if test_mode and not local:
-        # Determined submits a small test experiment to the cluster for --test-mode alone;
-        # det does not (yet), and must not run the full experiment in its place.
-        raise DetError("--test-mode needs --local: det experiment create --local --test-mode "
-                       "CONFIG CONTEXT runs the test in this process; a test experiment on the "
-                       "cluster is not supported yet")
     tpl = None
     if template is not None:
         with db() as conn:
             tpl = get_template(conn, template)
-    expanded, original = expanded_config(config_file, context_dir, tpl)
-    if local:
-        from det.harness.local import run_local
+    with context_with(context_dir, include) as ctx:
+        expanded, original = expanded_config(config_file, ctx, tpl, config_overrides,
+                                             test=test_mode and not local)
+        if local:
+            from det.harness.local import run_local
 
-        run_local(expanded, context_dir, test_mode)
-        return
-    blob = context.pack(context_dir)
+            run_local(expanded, ctx, test_mode)
+            return
+        blob = context.pack(ctx)
     with db() as conn, conn.transaction():
         if not force:
             refuse_unfit(conn, expanded)
         row = conn.execute("SELECT det_create_experiment(%s, %s, %s, %s) AS id",
                            (Jsonb(expanded), original, blob, user())).fetchone()
+        if paused:
+            conn.execute("SELECT det_experiment_action(%s, 'pause')", (row["id"],))
+    if test_mode:
+        typer.echo(f"Created test experiment {row['id']}")
+        _follow_test(row["id"])
+        return
     typer.echo(f"Created experiment {row['id']}")
-    if follow:
+    if follow and not paused:
         from det.cli.trials import follow_experiment
 
         follow_experiment(row["id"])
+
+
+@contextmanager
+def context_with(context_dir: Path, include: list[Path]) -> Iterator[Path]:
+    """``context_dir``, or with ``include`` (files or directories) a temporary copy of it with
+    each added at its top level (Determined's ``--include``).
+
+    Raises ``ContextError`` for a missing include or one whose name the context already has.
+    """
+    if not include:
+        yield context_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="det-context-") as tmp:
+        root = Path(tmp) / "context"
+        shutil.copytree(context_dir, root, symlinks=True)
+        for path in include:
+            target = root / path.resolve().name
+            if not path.exists():
+                raise ContextError(f"--include {path}: no such file or directory")
+            if target.exists():
+                raise ContextError(f"--include {path}: the context already has "
+                                   f"{target.name}")
+            if path.is_dir():
+                shutil.copytree(path, target, symlinks=True)
+            else:
+                shutil.copy2(path, target)
+        yield root
+
+
+def _follow_test(exp_id: int) -> None:
+    """Follow a ``--test`` experiment's logs to its end, archive it, and say whether the test
+    passed (exit 1 if not)."""
+    from det.cli.trials import follow_experiment
+
+    follow_experiment(exp_id)
+    with Reconnecting(database_url(), row_factory=dict_row) as session:
+        while (state := session.run(
+                f"det experiment {exp_id}: state",
+                lambda c: c.execute(STATE, {"id": exp_id}).fetchone()["state"])) not in WAIT_EXIT:
+            time.sleep(0.5)
+    with db() as conn:
+        conn.execute("SELECT det_experiment_archive(%s, true)", (exp_id,))
+    if state != "COMPLETED":
+        raise DetError(f"test experiment {exp_id} ended {state}: the model definition test "
+                       "failed (see its logs above)")
+    typer.echo(f"Test experiment {exp_id} COMPLETED (archived): model definition test "
+               "succeeded")
 
 
 POOL_CAPACITY = """

@@ -63,8 +63,11 @@ def search_preview(text: str, source: str) -> dict:
         trials = searcher.max_trials
     else:
         trials = 1
-    unit, length = searcher.max_length.unit, searcher.max_length.value
-    units = trials * length
+    if searcher.max_length is None:  # each trial's code decides its length
+        unit, length, units = "", None, None
+    else:
+        unit, length = searcher.max_length.unit, searcher.max_length.value
+        units = trials * length
     return {"searcher": searcher.name, "unit": unit, "trials": trials, "units": units,
             "plan": [{"trials": trials, "length": length, "units": units}]}
 
@@ -89,6 +92,11 @@ def preview_search(
         )
     else:
         print_table(data["plan"], ["trials", "length", "units"],
-                    ["Trials", f"Trains to ({unit})", f"Units ({unit})"])
+                    ["Trials", f"Trains to ({unit or 'set by the code'})",
+                     f"Units ({unit or '-'})"])
     plural = "" if trials == 1 else "s"
+    if units is None:
+        typer.echo(f"{data['searcher']}: {trials} trial{plural}, each as long as its code "
+                   "trains")
+        return
     typer.echo(f"{data['searcher']}: {trials} trial{plural}, {units} {unit} of training in all")

@@ -8,7 +8,14 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from det.errors import ConfigError
@@ -44,11 +51,22 @@ class EnvironmentVariables(BaseModel):
 
 
 class Images(BaseModel):
-    """Per-device-type container image; None leaves the choice to the agent's runtime."""
+    """Per-device-type container image; None leaves the choice to the agent's runtime.
+    ``gpu`` is the reference's legacy name of ``cuda`` (§3.5)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     cpu: str | None = None
     cuda: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_is_cuda(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("gpu") is None:
+            return data
+        if data.get("cuda") not in (None, data["gpu"]):
+            raise PydanticCustomError("image_gpu", "give cuda or its legacy name gpu, not both",
+                                      {"dotted_path": "environment.image.gpu"})
+        return {**{k: v for k, v in data.items() if k != "gpu"}, "cuda": data["gpu"]}
 
 
 def _every_device(value: Any) -> Any:

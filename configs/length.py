@@ -1,9 +1,9 @@
 """Training lengths: ``{batches: N}``, ``{records: N}`` or ``{epochs: N}``.
 
 Used by ``searcher.max_length``, ``min_validation_period`` and ``min_checkpoint_period``
-(reference-facts §1.1, §3.2). det accepts only the unit form with an integer >= 1; the
-reference's bare "unitless" integer is not accepted. Values are at most 2**63 - 1: lengths are
-stored as PostgreSQL ``bigint``.
+(reference-facts §1.1, §3.2). The unit form takes an integer >= 1; a bare integer (the
+reference's 0.38 "unitless" length, which its trainer counts in batches) means batches. Values
+are at most 2**63 - 1: lengths are stored as PostgreSQL ``bigint``.
 """
 
 from dataclasses import dataclass
@@ -18,7 +18,12 @@ from det.configs.limits import INT64_MAX
 Unit = Literal["batches", "records", "epochs"]
 UNITS: tuple[Unit, ...] = ("batches", "records", "epochs")
 
-LENGTH_EXPECTED = "expected {batches|records|epochs: int}"
+LENGTH_EXPECTED = "expected {batches|records|epochs: int} or an int (batches)"
+
+UNBOUNDED = INT64_MAX
+"""The length of a searcher op when the config sets no ``searcher.max_length``: the trial's
+code decides how long it trains (``Trainer.fit(max_length=)`` or its own loop) and its clean
+exit ends the trial."""
 
 
 @dataclass(frozen=True)
@@ -34,14 +39,16 @@ class Length:
 
     @classmethod
     def parse(cls, data: Any) -> "Length":
-        """Accept a ``Length`` or a one-key mapping ``{batches|records|epochs: int}``, the int
-        from 1 to 2**63 - 1.
+        """Accept a ``Length``, a one-key mapping ``{batches|records|epochs: int}`` or a bare
+        int (batches), the int from 1 to 2**63 - 1.
 
-        Raises ``PydanticCustomError`` ("expected {batches|records|epochs: int}") otherwise, so
-        the error carries the field's location when used inside a model.
+        Raises ``PydanticCustomError`` (``LENGTH_EXPECTED``) otherwise, so the error carries
+        the field's location when used inside a model.
         """
         if isinstance(data, Length):
             return data
+        if isinstance(data, int) and not isinstance(data, bool):
+            data = {"batches": data}
         if isinstance(data, dict) and len(data) == 1:
             ((unit, value),) = data.items()
             if (
@@ -66,12 +73,16 @@ class Length:
     def __get_pydantic_json_schema__(
         cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
-        return {
-            "type": "object",
-            "description": "exactly one of batches, records, epochs",
-            "properties": {unit: {"type": "integer", "minimum": 1, "maximum": INT64_MAX}
-                           for unit in UNITS},
-            "additionalProperties": False,
-            "minProperties": 1,
-            "maxProperties": 1,
-        }
+        return {"anyOf": [
+            {
+                "type": "object",
+                "description": "exactly one of batches, records, epochs",
+                "properties": {unit: {"type": "integer", "minimum": 1, "maximum": INT64_MAX}
+                               for unit in UNITS},
+                "additionalProperties": False,
+                "minProperties": 1,
+                "maxProperties": 1,
+            },
+            {"type": "integer", "minimum": 1, "maximum": INT64_MAX,
+             "description": "batches (Determined 0.38's unitless length)"},
+        ]}

@@ -12,6 +12,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
+from det.configs.compat import strip_unused
 from det.configs.experiment import ExperimentConfig
 from det.configs.limits import (
     MAX_CONFIG_BYTES,
@@ -256,10 +257,18 @@ def parse_value(adapter: TypeAdapter[Any], value: Any, path: str) -> Any:
         raise ConfigError(path, _message(exc.errors()[0])) from None
 
 
-def parse_experiment_config(data: Any, source: str | None = None) -> ExperimentConfig:
-    """Validate a config dict (user input or a stored expanded config); ``ConfigError`` if bad."""
+def parse_experiment_config(data: Any, source: str | None = None,
+                            warnings: list[str] | None = None) -> ExperimentConfig:
+    """Validate a config dict (user input or a stored expanded config); ``ConfigError`` if bad.
+
+    Determined 0.38 keys det accepts but does not use are dropped first
+    (``det.configs.compat``); with ``warnings`` given, one line naming each is appended to it.
+    """
     if not isinstance(data, Mapping):
         raise ConfigError("", f"expected a mapping at the top level, got {_describe(data)}", source)
+    data, unused = strip_unused(data, source)
+    if warnings is not None:
+        warnings += [f"{source}: {w}" if source else w for w in unused]
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as exc:
@@ -321,14 +330,15 @@ def parse_yaml(text: str, source: str | None = None) -> Any:
     return data
 
 
-def load_experiment_config(text: str, source: str | None = None) -> ExperimentConfig:
+def load_experiment_config(text: str, source: str | None = None,
+                           warnings: list[str] | None = None) -> ExperimentConfig:
     """Parse experiment-config YAML ``text``; ``source`` (a file name) prefixes error messages.
 
     Raises ``ConfigError``: on a YAML syntax error (naming the line and column), an unknown
     key (``unknown key 'foo'``) or any invalid value (``searcher.max_length: expected
     {batches|records|epochs: int}``).
     """
-    return parse_experiment_config(parse_yaml(text, source), source)
+    return parse_experiment_config(parse_yaml(text, source), source, warnings)
 
 
 def experiment_json_schema() -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The ``searcher`` section: a union on ``name`` (reference-facts §1.1).
 
-``single``, ``random`` and ``grid`` run every trial to ``max_length`` (required here, since
-det's harness trains to the searcher's ``ValidateAfter`` target); ``adaptive_asha`` trains
+``single``, ``random`` and ``grid`` run every trial to ``max_length``; without one (optional
+since the reference's 0.38) each trial gets one op of ``length.UNBOUNDED`` and its own code
+decides when it is done (``Trainer.fit(max_length=)`` or its own loop); ``adaptive_asha`` trains
 trials to rung lengths up to ``max_length`` (``reconciler/searchers/asha.py``). Its
 ``max_time`` + ``time_metric`` (the reference's 0.38 length) become ``max_length`` when the
 time metric is batches, records or epochs.
@@ -52,7 +53,7 @@ class SingleSearcher(_SearcherBase):
     """One trial trained to ``max_length`` (random with max_trials=1, §1.3)."""
 
     name: Literal["single"]
-    max_length: Length
+    max_length: Length | None = None
 
 
 class RandomSearcher(_SearcherBase):
@@ -60,7 +61,7 @@ class RandomSearcher(_SearcherBase):
     alive at once (0 = no cap), each trained to ``max_length`` (§1.4)."""
 
     name: Literal["random"]
-    max_length: Length
+    max_length: Length | None = None
     max_trials: Annotated[int, Field(ge=1, le=MAX_TRIALS)]
     max_concurrent_trials: Annotated[int, Field(ge=0)] = 16
 
@@ -69,7 +70,7 @@ class GridSearcher(_SearcherBase):
     """One trial per grid point, at most ``max_concurrent_trials`` alive (0 = no cap), §1.5."""
 
     name: Literal["grid"]
-    max_length: Length
+    max_length: Length | None = None
     max_concurrent_trials: Annotated[int, Field(ge=0)] = 16
 
 

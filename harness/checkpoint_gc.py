@@ -4,7 +4,9 @@ The reconciler schedules it as a zero-slot allocation of an experiment with DELE
 checkpoints, so it runs on an agent of the experiment's pool, where the storage is reachable.
 It loops: take a batch of DELETING checkpoints (``det_gc_task_checkpoints``), remove their
 files, mark them DELETED (``det_gc_task_deleted``, which records the bytes freed), until none
-is left. Every step is idempotent, so a task killed at any point is finished by the next one:
+is left; for an experiment being deleted it then removes its TensorBoard files
+(``det_gc_task_tensorboards``, ``det.harness.tensorboard``).
+Every step is idempotent, so a task killed at any point is finished by the next one:
 files already gone count as removed, and rows are marked only after their files are gone.
 A storage error is written on the experiment (``det_gc_task_failed``) and the task exits 1.
 
@@ -26,6 +28,7 @@ from det.db import retry
 from det.errors import one_line
 from det.harness.errors import StorageError
 from det.harness.storage import FsspecStorage, storage_from_config
+from det.harness.tensorboard import delete_experiment_files
 
 log = logging.getLogger("det.checkpoint_gc")
 
@@ -90,6 +93,15 @@ class GcTask:
             count += len(batch)
             if marked == 0:
                 break  # none of them was ours to mark: never loop on the same batch
+        for experiment_id, storage in self._call(
+                "checkpoint GC: TensorBoard files",
+                "SELECT experiment_id, storage FROM det_gc_task_tensorboards(%s)", self.token):
+            try:
+                delete_experiment_files(self._storage(storage), experiment_id)
+            except StorageError as e:
+                self._call("checkpoint GC: report failure",
+                           "SELECT det_gc_task_failed(%s, %s)", self.token, str(e))
+                raise
         return count, freed
 
     def close(self) -> None:

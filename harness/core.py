@@ -17,6 +17,7 @@ from typing import Any
 from det.errors import DetError
 from det.harness.lengths import UnitConverter, parse_length
 from det.harness.storage import FsspecStorage, directory_sizes, storage_from_config
+from det.harness.tensorboard import TensorboardFiles
 from det.harness.transport import (
     DbTransport,
     LocalTransport,
@@ -58,23 +59,30 @@ class TrainContext:
     after every metric reported before it.
     """
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport,
+                 tensorboard: TensorboardFiles | None = None) -> None:
         self._transport = transport
+        self._tensorboard = tensorboard
+
+    def _report(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
+        self._transport.report_metrics(group, steps_completed, metrics)
+        if self._tensorboard is not None:
+            self._tensorboard.report(group, steps_completed, metrics)
 
     def report_training_metrics(self, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         """Report metrics of group ``training`` at ``steps_completed`` batches."""
-        self._transport.report_metrics("training", steps_completed, metrics)
+        self._report("training", steps_completed, metrics)
 
     def report_validation_metrics(self, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         """Report metrics of group ``validation`` at ``steps_completed`` batches; the platform
         tracks the trial's best ``searcher.metric`` from these."""
-        self._transport.report_metrics("validation", steps_completed, metrics)
+        self._report("validation", steps_completed, metrics)
 
     def report_metrics(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         """Report metrics of any non-empty group name."""
         if not group:
             raise DetError("metrics group must be a non-empty name")
-        self._transport.report_metrics(group, steps_completed, metrics)
+        self._report(group, steps_completed, metrics)
 
     def report_progress(self, op: "SearcherOperation", units: float) -> None:
         """Report ``units`` (in ``searcher.max_length``'s unit) done towards ``op``."""
@@ -98,9 +106,11 @@ class TrainContext:
 class CheckpointContext:
     """Store and restore checkpoints: directories named by a uuid in the configured storage."""
 
-    def __init__(self, transport: Transport, storage: FsspecStorage) -> None:
+    def __init__(self, transport: Transport, storage: FsspecStorage,
+                 tensorboard: TensorboardFiles | None = None) -> None:
         self._transport = transport
         self.storage = storage
+        self._tensorboard = tensorboard
 
     @contextmanager
     def store_path(self, metadata: Mapping[str, Any]) -> Iterator[tuple[pathlib.Path, str]]:
@@ -120,6 +130,8 @@ class CheckpointContext:
             (path / "metadata.json").write_text(json.dumps(dict(metadata), default=str))
             resources = directory_sizes(path)
         self._transport.report_checkpoint(uuid, steps, resources, dict(metadata))
+        if self._tensorboard is not None:
+            _sync(self._tensorboard)
 
     @contextmanager
     def restore_path(self, uuid: str) -> Iterator[pathlib.Path]:
@@ -279,6 +291,8 @@ class Context:
     searcher: SearcherContext
     distributed: DistributedContext
     transport: Transport
+    tensorboard: TensorboardFiles | None = None
+    """The trial's TensorBoard event files (on a cluster; ``None`` off it)."""
 
     def units(self) -> UnitConverter:
         """Converts lengths between batches and config units for this trial."""
@@ -296,8 +310,11 @@ def init(
     ``transport``: default ``DbTransport.from_env()`` (raises
     ``det.harness.errors.TaskEnvironmentError`` outside a det task). ``checkpoint_storage``
     overrides the config's section of that name (absent in both: a temporary directory).
+    With a ``DbTransport`` every reported metric is also a TensorBoard event in the trial's
+    storage (``det.harness.tensorboard``), synced at checkpoints and on exit.
     """
     transport = transport if transport is not None else DbTransport.from_env()
+    tensorboard = None
     try:
         info = transport.task_info()
         if info.slots > 1:
@@ -310,14 +327,31 @@ def init(
             checkpoint_storage if checkpoint_storage is not None
             else info.config.get("checkpoint_storage")
         )
+        if isinstance(transport, DbTransport):
+            tensorboard = TensorboardFiles(storage, info.experiment_id, info.trial_id)
         yield Context(
             info=info,
-            train=TrainContext(transport),
-            checkpoint=CheckpointContext(transport, storage),
+            train=TrainContext(transport, tensorboard),
+            checkpoint=CheckpointContext(transport, storage, tensorboard),
             preempt=PreemptContext(transport),
             searcher=SearcherContext(transport, info.config),
             distributed=DistributedContext(),
             transport=transport,
+            tensorboard=tensorboard,
         )
     finally:
-        transport.close()
+        try:
+            if tensorboard is not None:
+                _sync(tensorboard, close=True)
+        finally:
+            transport.close()
+
+
+def _sync(tensorboard: TensorboardFiles, close: bool = False) -> None:
+    """Copy the event files to storage; a storage failure is a warning, never the end of a
+    trial (the files are a copy of metrics the database holds)."""
+    try:
+        tensorboard.close() if close else tensorboard.sync()
+    except Exception as e:  # fsspec / botocore / OSError: one line, and training goes on
+        print(f"det.harness: warning: TensorBoard files not stored: {type(e).__name__}: {e}",
+              file=sys.stderr)

@@ -7,6 +7,7 @@ works in batches of ``hyperparameters.global_batch_size`` records; an epoch is
 short.
 """
 
+import abc
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,6 +16,38 @@ from typing import Any
 from det.errors import ConfigError
 
 UNITS = ("batches", "records", "epochs")
+
+
+@dataclass(frozen=True)
+class TrainUnit(abc.ABC):
+    """A length given in code (``Trainer.fit(max_length=Batch(100))``, 0.38's
+    ``pytorch.Batch`` / ``pytorch.Epoch``): ``value`` >= 1 of a unit."""
+
+    value: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.value, bool) or not isinstance(self.value, int) or self.value < 1:
+            raise ValueError(f"{type(self).__name__}: expected an int >= 1, got {self.value!r}")
+
+    @abc.abstractmethod
+    def to_batches(self, batches_per_epoch: int) -> int:
+        """This length in batches, an epoch being ``batches_per_epoch`` batches."""
+
+
+@dataclass(frozen=True)
+class Batch(TrainUnit):
+    """``value`` batches."""
+
+    def to_batches(self, batches_per_epoch: int) -> int:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Epoch(TrainUnit):
+    """``value`` passes over the training data loader."""
+
+    def to_batches(self, batches_per_epoch: int) -> int:
+        return self.value * batches_per_epoch
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,11 @@ The per-batch path does what a hand-written loop does plus a few attribute reads
 ``.item()``; losses are kept as detached tensors and reduced when reported.
 """
 
+import json
 import math
+import pathlib
 import random
+import shutil
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -21,15 +24,41 @@ from typing import Any
 import numpy as np
 import torch
 
-from det.errors import DetError
+from det.context import MAX_CONTEXT_BYTES, context_files
+from det.errors import ContextError, DetError
 from det.harness import core
 from det.harness.errors import MissingSearcherMetricError
-from det.harness.trial import InvalidHP, LRScheduler, PyTorchTrial, PyTorchTrialContext
+from det.harness.lengths import Batch, Epoch, TrainUnit
+from det.harness.trial import (
+    InvalidHP,
+    LRScheduler,
+    PyTorchCallback,
+    PyTorchTrial,
+    PyTorchTrialContext,
+    Reducer,
+)
 
-STATE_FILE = "state.pt"
-"""The trainer's file inside a checkpoint directory (``torch.save`` of a dict)."""
+STATE_FILE = "state_dict.pth"
+"""The trainer's file inside a checkpoint directory (``torch.save`` of a dict), named and keyed
+as Determined's (``models_state_dict``, ``optimizers_state_dict``, ...), next to
+``load_data.json`` and the trial's code under ``code/``: Determined's checkpoint layout, which
+``load_trial_from_checkpoint_path`` reads."""
 
-CHECKPOINT_FORMAT = "det.pytorch.v1"
+OLD_STATE_FILE = "state.pt"
+"""det's earlier file (format ``det.pytorch.v1``); still restored, so that a trial resumes
+across an upgrade."""
+
+LOAD_DATA_FILE = "load_data.json"
+"""What a checkpoint's trial is: ``trial_type``, ``trial_cls_spec`` (module:Class),
+``hparams`` and ``experiment_config``."""
+
+CODE_DIR = "code"
+"""The trial's code (its context directory) inside a checkpoint."""
+
+CHECKPOINT_FORMAT = "det.pytorch.v2"
+OLD_CHECKPOINT_FORMAT = "det.pytorch.v1"
+
+CHECKPOINT_POLICIES = ("best", "all", "none")
 
 
 
@@ -71,7 +100,8 @@ class Trainer:
     """Runs ``trial_class`` under ``core_context``.
 
     Construction seeds python / numpy / torch with the trial seed, then builds the
-    ``PyTorchTrialContext`` and the trial. ``fit()`` does the work.
+    ``PyTorchTrialContext`` and the trial. ``fit()`` does the work. ``Trainer.for_trial``
+    runs a trial the caller built (Determined 0.38's ``Trainer(trial, context)``).
     """
 
     def __init__(
@@ -80,66 +110,157 @@ class Trainer:
         core_context: core.Context,
         device: torch.device | None = None,
     ) -> None:
-        self.core = core_context
-        info = core_context.info
-        self.config = info.config
-        seed_everything(info.trial_seed)
-        self.context = PyTorchTrialContext(core_context, device)
-        self._invalid_hp: InvalidHP | None = None
+        seed_everything(core_context.info.trial_seed)
+        context = PyTorchTrialContext(core_context, device)
+        invalid_hp: InvalidHP | None = None
+        trial: PyTorchTrial | None
         try:
-            self.trial: PyTorchTrial | None = trial_class(self.context)
+            trial = trial_class(context)
         except InvalidHP as e:
-            self.trial, self._invalid_hp = None, e
+            trial, invalid_hp = None, e
+        self._bind(context, trial, invalid_hp)
+
+    @classmethod
+    def for_trial(cls, trial: PyTorchTrial, context: PyTorchTrialContext) -> "Trainer":
+        """A trainer of ``trial``, already built on ``context`` (seeding is the caller's:
+        ``det.harness.pytorch`` callers seed when they make the context)."""
+        trainer = cls.__new__(cls)
+        trainer._bind(context, trial, None)
+        return trainer
+
+    def _bind(self, context: PyTorchTrialContext, trial: PyTorchTrial | None,
+              invalid_hp: InvalidHP | None) -> None:
+        core_context = context.core
+        self.core = core_context
+        self.config = core_context.info.config
+        self.context = context
+        self.trial = trial
+        self._invalid_hp = invalid_hp
         self.units = core_context.units()
         searcher = self.config.get("searcher") or {}
         self.searcher_metric: str | None = searcher.get("metric")
-        self.scheduling_unit = int(self.config["scheduling_unit"])
-        self.validation_period = self.units.length_to_batches(
-            self.config.get("min_validation_period"), "min_validation_period"
-        )
-        self.checkpoint_period = self.units.length_to_batches(
-            self.config.get("min_checkpoint_period"), "min_checkpoint_period"
-        )
+        self.smaller_is_better = bool(searcher.get("smaller_is_better", True))
+        self.scheduling_unit = int(self.config.get("scheduling_unit") or 100)
+        # Set from the config once the training loader's length is known (_setup).
+        self.validation_period: int | None = None
+        self.checkpoint_period: int | None = None
+        self.checkpoint_policy: str | None = None
+        self.callbacks: dict[str, PyTorchCallback] = trial.build_callbacks() if trial else {}
         self.batches_trained = 0
         self.epoch_idx = 0
         self.batch_in_epoch = 0
         self.last_validation: tuple[int, dict[str, Any]] | None = None
         self.last_checkpoint: int | None = None
         self.latest_checkpoint_uuid: str | None = None
+        self._best: float | None = None
         self._outputs: list[Any] = []
         self._epoch_rng: torch.Tensor | None = None
         self._train_iter: Iterator[Any] | None = None
         self._val_loader: torch.utils.data.DataLoader | None = None
 
     # the workloads
-    def fit(self) -> str:
-        """Train through the searcher's ops. Returns ``"completed"`` (the searcher wants no
-        more), ``"preempted"`` (checkpointed at the platform's request), ``"stopped"``
-        (``context.set_stop_requested``), or ``"invalid_hp"`` (the trial raised
-        ``InvalidHP``; reported as an early exit).
+    def fit(
+        self,
+        max_length: TrainUnit | None = None,
+        *,
+        checkpoint_period: TrainUnit | None = None,
+        validation_period: TrainUnit | None = None,
+        reporting_period: TrainUnit | None = None,
+        checkpoint_policy: str | None = None,
+        latest_checkpoint: str | None = None,
+        step_zero_validation: bool = False,
+        test_mode: bool = False,
+    ) -> str:
+        """Train, then return ``"completed"`` (done), ``"preempted"`` (checkpointed at the
+        platform's request), ``"stopped"`` (``context.set_stop_requested``), or
+        ``"invalid_hp"`` (the trial raised ``InvalidHP``; reported as an early exit).
+
+        Without ``max_length`` it follows the searcher's operations (lengths in
+        ``searcher.max_length``'s unit). With ``max_length`` (``Batch(n)`` / ``Epoch(n)``, as
+        Determined 0.38's ``fit``) it trains that long, validates and checkpoints; the
+        trial's clean exit then ends it. The periods (``Batch`` / ``Epoch``) override
+        ``min_validation_period``, ``min_checkpoint_period`` and ``scheduling_unit``.
+        ``checkpoint_policy``: after a validation, checkpoint ``"all"`` the time, when it is
+        the ``"best"`` searcher metric so far, or ``"none"`` (default: neither, det's own
+        trainer checkpoints by period). ``latest_checkpoint`` (a uuid) overrides the trial's
+        own to resume from; ``step_zero_validation`` validates before training;
+        ``test_mode`` trains one batch, validates and checkpoints.
 
         Raises ``MissingSearcherMetricError`` when validation metrics lack
-        ``searcher.metric``; user code exceptions propagate unchanged.
+        ``searcher.metric`` (where one is needed), ``DetError`` without any length to train
+        to or for a bad ``checkpoint_policy``; user code exceptions propagate unchanged.
         """
+        if checkpoint_policy is not None and checkpoint_policy not in CHECKPOINT_POLICIES:
+            raise DetError(f"checkpoint_policy: expected one of {', '.join(CHECKPOINT_POLICIES)}"
+                           f", got {checkpoint_policy!r}")
+        self.checkpoint_policy = checkpoint_policy
         if self.trial is None:
             print(f"det.harness: invalid hyperparameters: {self._invalid_hp}", file=sys.stderr)
             self.core.train.report_early_exit(core.EarlyExitReason.INVALID_HP)
             return "invalid_hp"
         try:
-            return self._fit(self.trial)
+            self._setup(self.trial, checkpoint_period, validation_period, reporting_period,
+                        latest_checkpoint)
+            if step_zero_validation and self.batches_trained == 0:
+                self.validate()
+            if test_mode:
+                max_length = Batch(self.batches_trained + 1)
+            if max_length is None:
+                outcome = self._fit_ops()
+            else:
+                outcome = self._fit_length(max_length.to_batches(len(self._train_loader)))
         except InvalidHP as e:
             print(f"det.harness: invalid hyperparameters: {e}", file=sys.stderr)
             self.core.train.report_early_exit(core.EarlyExitReason.INVALID_HP)
             return "invalid_hp"
+        for callback in self.callbacks.values():
+            callback.on_trial_shutdown()
+        if self.context._tensorboard_writer is not None:
+            self.context._tensorboard_writer.flush()
+        return outcome
 
-    def _fit(self, trial: PyTorchTrial) -> str:
-        self._train_loader = trial.build_training_data_loader()
-        if len(self._train_loader) == 0:
+    def _setup(self, trial: PyTorchTrial, checkpoint_period: TrainUnit | None,
+               validation_period: TrainUnit | None, reporting_period: TrainUnit | None,
+               latest_checkpoint: str | None) -> None:
+        loader = trial.build_training_data_loader()
+        # Determined's pytorch.DataLoader wraps a torch one.
+        self._train_loader = loader.get_data_loader() if hasattr(loader, "get_data_loader") \
+            else loader
+        per_epoch = len(self._train_loader)
+        if per_epoch == 0:
             raise DetError("build_training_data_loader returned an empty data loader")
-        if self.core.info.latest_checkpoint:
-            self._restore(self.core.info.latest_checkpoint)
+        self.context._epoch_len = per_epoch
+        self.checkpoint_period = checkpoint_period.to_batches(per_epoch) if checkpoint_period \
+            else self._config_period("min_checkpoint_period", per_epoch)
+        self.validation_period = validation_period.to_batches(per_epoch) if validation_period \
+            else self._config_period("min_validation_period", per_epoch)
+        if reporting_period is not None:
+            self.scheduling_unit = reporting_period.to_batches(per_epoch)
+        latest = latest_checkpoint or self.core.info.latest_checkpoint
+        if latest:
+            self._restore(latest)
         else:
             self._new_epoch_iterator()
+        self.context._initial_batch = self.batches_trained
+        for callback in self.callbacks.values():
+            callback.on_trial_startup(self.batches_trained, latest)
+            callback.on_training_start()
+            if self.batch_in_epoch == 0:
+                callback.on_training_epoch_start(self.epoch_idx)
+
+    def _config_period(self, key: str, per_epoch: int) -> int | None:
+        """The config's period ``key`` in batches (``None``: none). Epochs are
+        ``records_per_epoch`` records, or without it (deprecated in 0.38, so often left out)
+        passes over the training loader of ``per_epoch`` batches."""
+        length = self.config.get(key)
+        if length and "epochs" in length and not self.units.records_per_epoch:
+            return Epoch(int(length["epochs"])).to_batches(per_epoch) or None
+        return self.units.length_to_batches(length, key)
+
+    def _fit_ops(self) -> str:
+        if not (self.config.get("searcher") or {}).get("max_length"):
+            raise DetError("no length to train to: pass Trainer.fit(max_length=...) or set "
+                           "searcher.max_length in the experiment config")
         for op in self.core.searcher.operations():
             target = self.units.to_batches(op.length, op.unit)
             outcome = self._train_to(target, op)
@@ -153,9 +274,19 @@ class Trainer:
         # desired STOPPED): that is completion, not preemption.
         return "completed" if self.core.searcher.out_of_work else "preempted"
 
-    def _train_to(self, target: int, op: core.SearcherOperation) -> str | None:
-        """Train until ``target`` batches, doing the periodic workloads on the way; returns
-        an outcome if the task must stop early, else ``None``."""
+    def _fit_length(self, target: int) -> str:
+        outcome = self._train_to(target, None)
+        if outcome is not None:
+            return outcome
+        self._validation_at_current_step()
+        if self.last_checkpoint != self.batches_trained:
+            self.checkpoint()
+        return "completed"
+
+    def _train_to(self, target: int, op: core.SearcherOperation | None) -> str | None:
+        """Train until ``target`` batches, doing the periodic workloads on the way (progress
+        is reported to ``op`` if given); returns an outcome if the task must stop early, else
+        ``None``."""
         su = self.scheduling_unit
         while self.batches_trained < target:
             b = self.batches_trained
@@ -167,7 +298,8 @@ class Trainer:
             b = self.batches_trained
             if b % su == 0 or b == target or interrupted:
                 self._report_training_metrics()
-                op.report_progress(self.units.from_batches(b, op.unit))
+                if op is not None:
+                    op.report_progress(self.units.from_batches(b, op.unit))
             if interrupted:
                 return self._interrupt()
             if b >= next_validation:
@@ -211,6 +343,7 @@ class Trainer:
         ]
         it = self._train_iter
         assert it is not None
+        epoch_len = len(self._train_loader)
         b, epoch, in_epoch = self.batches_trained, self.epoch_idx, self.batch_in_epoch
         interrupted = False
         while b < stop:
@@ -225,7 +358,7 @@ class Trainer:
                 continue
             if to_device is not None:
                 batch = to_device(batch)
-            ctx._batches_trained = b
+            ctx._batches_trained, ctx._batch_in_epoch = b, in_epoch
             out = trial.train_batch(batch, epoch, b)
             outputs.append(out.detach() if isinstance(out, torch.Tensor) else _detach(out))
             b += 1
@@ -233,6 +366,9 @@ class Trainer:
             for sched, freq in every_batch:
                 if b % freq == 0:
                     sched.step()
+            if in_epoch == epoch_len:  # the epoch ends with its last batch (its hooks run now)
+                self._end_epoch()
+                it, epoch, in_epoch = self._train_iter, self.epoch_idx, 0
         self.batches_trained = ctx._batches_trained = b
         self.batch_in_epoch = in_epoch
         return interrupted
@@ -244,6 +380,8 @@ class Trainer:
         self._train_iter = iter(self._train_loader)
 
     def _end_epoch(self) -> None:
+        for callback in self.callbacks.values():
+            callback.on_training_epoch_end(self.epoch_idx)
         self.epoch_idx += 1
         self.batch_in_epoch = 0
         self.context._epoch_idx = self.epoch_idx
@@ -251,12 +389,16 @@ class Trainer:
             if mode is LRScheduler.StepMode.STEP_EVERY_EPOCH and self.epoch_idx % freq == 0:
                 sched.step()
         self._new_epoch_iterator()
+        for callback in self.callbacks.values():
+            callback.on_training_epoch_start(self.epoch_idx)
 
     def _report_training_metrics(self) -> None:
         if self._outputs:
             metrics = reduce_training_outputs(self._outputs)
             self._outputs.clear()
             self.core.train.report_training_metrics(self.batches_trained, metrics)
+            for callback in self.callbacks.values():
+                callback.on_training_workload_end(metrics, [])
 
     def _epochs(self) -> float:
         return self.epoch_idx + self.batch_in_epoch / len(self._train_loader)
@@ -269,7 +411,13 @@ class Trainer:
         trial = self.trial
         assert trial is not None
         if self._val_loader is None:
-            self._val_loader = trial.build_validation_data_loader()
+            loader = trial.build_validation_data_loader()
+            self._val_loader = loader.get_data_loader() if hasattr(loader, "get_data_loader") \
+                else loader
+        for callback in self.callbacks.values():
+            callback.on_validation_start()
+        for reducer, _ in self.context.reducers:
+            reducer.reset()
         rng = torch.get_rng_state()
         models = self.context.models
         modes = [m.training for m in models]
@@ -286,15 +434,41 @@ class Trainer:
             for m, mode in zip(models, modes, strict=True):
                 m.train(mode)
             torch.set_rng_state(rng)
+        for reducer, name in self.context.reducers:
+            value = reducer.cross_slot_reduce(
+                self.core.distributed.allgather(reducer.per_slot_reduce()))
+            metrics.update({name: _scalar(value)} if name is not None
+                           else {k: _scalar(v) for k, v in value.items()})
         metrics["batches"] = self.batches_trained
         metrics["epochs"] = self._epochs()
         self.core.train.report_validation_metrics(self.batches_trained, metrics)
         self.last_validation = (self.batches_trained, metrics)
+        for callback in self.callbacks.values():
+            callback.on_validation_end(metrics)
+        if self._checkpoint_due_by_policy(metrics) and self.last_checkpoint != self.batches_trained:
+            self.checkpoint()
         return metrics
+
+    def _checkpoint_due_by_policy(self, metrics: dict[str, Any]) -> bool:
+        """Whether ``checkpoint_policy`` asks for a checkpoint after these metrics (``best``:
+        the searcher metric is the best so far; without a searcher metric, never)."""
+        if self.checkpoint_policy == "all":
+            return True
+        if self.checkpoint_policy != "best" or self.searcher_metric not in metrics:
+            return False
+        value = self._searcher_value(metrics)
+        better = self._best is None or (
+            value < self._best if self.smaller_is_better else value > self._best)
+        if better:
+            self._best = value
+        return better
 
     def _evaluate_batches(
         self, trial: PyTorchTrial, loader: torch.utils.data.DataLoader
     ) -> dict[str, Any]:
+        """Each metric of ``evaluate_batch`` over the loader, combined by the trial's
+        ``evaluation_reducer()`` (``AVG``: weighted by ``get_batch_length``)."""
+        reducers = trial.evaluation_reducer()
         sums: dict[str, Any] = {}
         counts: dict[str, int] = {}
         to_device = self.context.to_device
@@ -304,9 +478,21 @@ class Trainer:
             for key, value in trial.evaluate_batch(batch, idx).items():
                 if isinstance(value, torch.Tensor):
                     value = value.detach().double()
-                sums[key] = sums.get(key, 0.0) + value * n
-                counts[key] = counts.get(key, 0) + n
-        return {k: _scalar(sums[k] / counts[k]) for k in sums}
+                reducer = reducers.get(key, Reducer.AVG) if isinstance(reducers, dict) \
+                    else reducers
+                if key not in sums:
+                    sums[key], counts[key] = (value * n if reducer is Reducer.AVG else value), n
+                elif reducer is Reducer.AVG:
+                    sums[key], counts[key] = sums[key] + value * n, counts[key] + n
+                elif reducer is Reducer.SUM:
+                    sums[key] = sums[key] + value
+                elif reducer is Reducer.MAX:
+                    sums[key] = _extreme(sums[key], value, max)
+                else:
+                    sums[key] = _extreme(sums[key], value, min)
+        is_avg = (lambda k: reducers.get(k, Reducer.AVG) is Reducer.AVG) \
+            if isinstance(reducers, dict) else (lambda k: reducers is Reducer.AVG)
+        return {k: _scalar(sums[k] / counts[k] if is_avg(k) else sums[k]) for k in sums}
 
     def _validation_at_current_step(self) -> dict[str, Any]:
         if self.last_validation and self.last_validation[0] == self.batches_trained:
@@ -329,27 +515,37 @@ class Trainer:
 
     # checkpoints
     def checkpoint(self) -> str:
-        """Store the trial's state at the current step; returns the checkpoint uuid."""
+        """Store the trial's state at the current step in Determined's layout
+        (``state_dict.pth``, ``load_data.json``, ``code/``); returns the checkpoint uuid."""
         ctx = self.context
-        state = {
+        if ctx._tensorboard_writer is not None:  # its events go to storage with the checkpoint
+            ctx._tensorboard_writer.flush()
+        state: dict[str, Any] = {
             "format": CHECKPOINT_FORMAT,
-            "models": [m.state_dict() for m in ctx.models],
-            "optimizers": [o.state_dict() for o in ctx.optimizers],
-            "lr_schedulers": [s.state_dict() for s, _, _ in ctx.lr_schedulers],
-            "trainer": {
+            "models_state_dict": [m.state_dict() for m in ctx.models],
+            "optimizers_state_dict": [o.state_dict() for o in ctx.optimizers],
+            "lr_schedulers_state_dict": [s.state_dict() for s, _, _ in ctx.lr_schedulers],
+            "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
+            "det_trainer": {
                 "batches_trained": self.batches_trained,
                 "epoch_idx": self.epoch_idx,
                 "batch_in_epoch": self.batch_in_epoch,
                 "last_validation": self.last_validation,
+                "best": self._best,
             },
-            "rng": {
-                "epoch_start_torch": self._epoch_rng,
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                "numpy": np.random.get_state(),
-                "python": random.getstate(),
+            "rng_state": {
+                "epoch_start_cpu_rng_state": self._epoch_rng,
+                "cpu_rng_state": torch.get_rng_state(),
+                "gpu_rng_state": (torch.cuda.get_rng_state_all()
+                                  if torch.cuda.is_available() else None),
+                "np_rng_state": np.random.get_state(),
+                "random_rng_state": random.getstate(),
             },
         }
+        if ctx.scalers:
+            state["scaler_state_dict"] = ctx.scalers[0].state_dict()
+        for callback in self.callbacks.values():
+            callback.on_checkpoint_save_start(state)
         metadata = {
             "steps_completed": self.batches_trained,
             "format": CHECKPOINT_FORMAT,
@@ -359,9 +555,48 @@ class Trainer:
         }
         with self.core.checkpoint.store_path(metadata) as (path, uuid):
             torch.save(state, path / STATE_FILE)
+            self._write_load_data(path)
+            for callback in self.callbacks.values():
+                callback.on_checkpoint_write_end(str(path))
+        for callback in self.callbacks.values():
+            callback.on_checkpoint_upload_end(uuid)
         self.last_checkpoint = self.batches_trained
         self.latest_checkpoint_uuid = uuid
         return uuid
+
+    def _write_load_data(self, path: pathlib.Path) -> None:
+        """``load_data.json`` and ``code/`` (the trial's context directory: the working
+        directory in a task, the trial module's directory elsewhere; left out, with a
+        warning, past det's context size limit)."""
+        cls = type(self.trial)
+        module = sys.modules.get(cls.__module__)
+        module_file = getattr(module, "__file__", None)
+        # A class defined in the script that was run is imported by the script's name.
+        module_name = pathlib.Path(module_file).stem if cls.__module__ == "__main__" \
+            and module_file else cls.__module__
+        (path / LOAD_DATA_FILE).write_text(json.dumps({
+            "trial_type": "PyTorchTrial",
+            "experiment_config": self.config,
+            "hparams": self.context.get_hparams(),
+            "trial_cls_spec": f"{module_name}:{cls.__qualname__}",
+            "is_trainer": True,
+        }, default=str))
+        in_task = self.core.info.allocation_id != 0
+        root = pathlib.Path.cwd() if in_task or module_file is None \
+            else pathlib.Path(module_file).parent
+        try:
+            files = list(context_files(root))
+        except ContextError as e:
+            print(f"det.harness: checkpoint without code/: {e}", file=sys.stderr)
+            return
+        if sum(size for _, size in files) > MAX_CONTEXT_BYTES:
+            print(f"det.harness: checkpoint without code/: {root} is larger than the context "
+                  "limit", file=sys.stderr)
+            return
+        for rel, _ in files:
+            if (root / rel).is_file() and not (root / rel).is_symlink():
+                (path / CODE_DIR / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(root / rel, path / CODE_DIR / rel)
 
     def _restore(self, uuid: str) -> None:
         """Load checkpoint ``uuid`` and put the data loader at the same position: rebuild the
@@ -369,40 +604,80 @@ class Trainer:
         in that epoch (they are loaded, not trained)."""
         ctx = self.context
         with self.core.checkpoint.restore_path(uuid) as path:
-            state = torch.load(path / STATE_FILE, map_location=ctx.device, weights_only=False)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise DetError(f"checkpoint {uuid} is not a {CHECKPOINT_FORMAT} checkpoint")
+            state = _load_state(path, uuid, ctx.device)
+        for callback in self.callbacks.values():
+            callback.on_checkpoint_load_start(state)
         for kind, objects in (
-            ("models", ctx.models),
-            ("optimizers", ctx.optimizers),
-            ("lr_schedulers", [s for s, _, _ in ctx.lr_schedulers]),
+            ("models_state_dict", ctx.models),
+            ("optimizers_state_dict", ctx.optimizers),
+            ("lr_schedulers_state_dict", [s for s, _, _ in ctx.lr_schedulers]),
         ):
             if len(state[kind]) != len(objects):
                 raise DetError(
-                    f"checkpoint {uuid} holds {len(state[kind])} {kind}, the trial wrapped "
-                    f"{len(objects)}"
+                    f"checkpoint {uuid} holds {len(state[kind])} {kind.split('_state')[0]}, "
+                    f"the trial wrapped {len(objects)}"
                 )
             for obj, obj_state in zip(objects, state[kind], strict=True):
                 obj.load_state_dict(obj_state)
-        trainer = state["trainer"]
+        if ctx.scalers and "scaler_state_dict" in state:
+            ctx.scalers[0].load_state_dict(state["scaler_state_dict"])
+        for name, callback in self.callbacks.items():
+            if name in state.get("callbacks", {}):
+                callback.load_state_dict(state["callbacks"][name])
+        trainer = state["det_trainer"]
         self.batches_trained = ctx._batches_trained = trainer["batches_trained"]
         self.epoch_idx = ctx._epoch_idx = trainer["epoch_idx"]
         self.batch_in_epoch = trainer["batch_in_epoch"]
         self.last_validation = trainer["last_validation"]
+        self._best = trainer.get("best")
         self.last_checkpoint = self.batches_trained
         self.latest_checkpoint_uuid = uuid
-        rng = state["rng"]
-        if rng["epoch_start_torch"] is not None:
-            torch.set_rng_state(rng["epoch_start_torch"])
+        rng = state["rng_state"]
+        if rng["epoch_start_cpu_rng_state"] is not None:
+            torch.set_rng_state(rng["epoch_start_cpu_rng_state"])
         self._new_epoch_iterator()
         assert self._train_iter is not None
         for _ in range(self.batch_in_epoch):
             next(self._train_iter)
-        torch.set_rng_state(rng["torch"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
+        torch.set_rng_state(rng["cpu_rng_state"])
+        if rng["gpu_rng_state"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["gpu_rng_state"])
+        np.random.set_state(rng["np_rng_state"])
+        random.setstate(rng["random_rng_state"])
+
+
+def _load_state(path: pathlib.Path, uuid: str, device: torch.device) -> dict[str, Any]:
+    """The trainer state of the checkpoint at ``path``, in this version's keys (an earlier
+    ``det.pytorch.v1`` checkpoint is read too). Raises ``DetError`` for anything else."""
+    if (path / STATE_FILE).exists():
+        state = torch.load(path / STATE_FILE, map_location=device, weights_only=False)
+        if state.get("format") == CHECKPOINT_FORMAT:
+            return dict(state)
+    elif (path / OLD_STATE_FILE).exists():
+        old = torch.load(path / OLD_STATE_FILE, map_location=device, weights_only=False)
+        if old.get("format") == OLD_CHECKPOINT_FORMAT:
+            rng = old["rng"]
+            return {
+                "models_state_dict": old["models"],
+                "optimizers_state_dict": old["optimizers"],
+                "lr_schedulers_state_dict": old["lr_schedulers"],
+                "det_trainer": old["trainer"],
+                "rng_state": {
+                    "epoch_start_cpu_rng_state": rng["epoch_start_torch"],
+                    "cpu_rng_state": rng["torch"], "gpu_rng_state": rng["cuda"],
+                    "np_rng_state": rng["numpy"], "random_rng_state": rng["python"],
+                },
+            }
+    raise DetError(f"checkpoint {uuid} is not a checkpoint of det's PyTorch trainer")
+
+
+def _extreme(a: Any, b: Any, pick: Any) -> Any:
+    """The larger (``pick`` max) or smaller (min) of two metric values, element-wise for
+    tensors."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        a, b = torch.as_tensor(a), torch.as_tensor(b)
+        return torch.maximum(a, b) if pick is max else torch.minimum(a, b)
+    return pick(a, b)
 
 
 def _scalar(value: Any) -> Any:

@@ -7,6 +7,9 @@ and ``evaluate_batch`` (or ``evaluate_full_dataset``) at validation time.
 
 import abc
 import enum
+import pathlib
+import sys
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -25,12 +28,94 @@ class LRScheduler:
     """Step modes for ``PyTorchTrialContext.wrap_lr_scheduler``."""
 
     class StepMode(enum.Enum):
-        """When the trainer calls ``scheduler.step()``: after every ``frequency`` batches,
-        after every ``frequency`` epochs, or never (the trial steps it)."""
+        """When ``scheduler.step()`` is called: after every ``frequency`` batches, after
+        every ``frequency`` epochs, after every ``frequency`` optimizer steps (by
+        ``step_optimizer``, so gradient accumulation counts once), or never (the trial
+        steps it)."""
 
         STEP_EVERY_BATCH = "batch"
         STEP_EVERY_EPOCH = "epoch"
+        STEP_EVERY_OPTIMIZER_STEP = "optimizer_step"
         MANUAL_STEP = "manual"
+
+
+class Reducer(enum.Enum):
+    """How ``evaluate_batch`` values are combined over the validation set (the trial's
+    ``evaluation_reducer()``): ``AVG`` (det weights each batch by ``get_batch_length``),
+    ``SUM``, ``MAX``, ``MIN``."""
+
+    AVG = "avg"
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+
+
+class MetricReducer(abc.ABC):
+    """A custom reduction of one validation metric: ``reset()``, then ``update(...)`` from
+    the trial's ``evaluate_batch`` calls as it likes, then ``cross_slot_reduce`` of every
+    worker's ``per_slot_reduce()`` gives the value. Register with
+    ``context.wrap_reducer(reducer, name)``."""
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Forget what was accumulated (called before each validation)."""
+
+    @abc.abstractmethod
+    def per_slot_reduce(self) -> Any:
+        """This worker's partial result."""
+
+    @abc.abstractmethod
+    def cross_slot_reduce(self, per_slot_metrics: list[Any]) -> Any:
+        """The metric from every worker's partial result, in rank order."""
+
+
+class PyTorchCallback:
+    """Hooks into the trainer (``PyTorchTrial.build_callbacks``); each does nothing unless
+    overridden. ``state_dict`` / ``load_state_dict`` ride in checkpoints."""
+
+    def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: str | None) -> None:
+        """Before training starts or resumes at ``first_batch_idx``."""
+
+    def on_trial_shutdown(self) -> None:
+        """After the trainer's last workload."""
+
+    def on_training_start(self) -> None:
+        """Before the first batch of this run."""
+
+    def on_training_epoch_start(self, epoch_idx: int) -> None:
+        """Before the first batch of epoch ``epoch_idx``."""
+
+    def on_training_epoch_end(self, epoch_idx: int) -> None:
+        """After the last batch of epoch ``epoch_idx``."""
+
+    def on_training_workload_end(self, avg_metrics: dict[str, Any],
+                                 batch_metrics: list[Any]) -> None:
+        """After training metrics are reported (``avg_metrics``)."""
+
+    def on_validation_start(self) -> None:
+        """Before a validation."""
+
+    def on_validation_end(self, metrics: dict[str, Any]) -> None:
+        """After a validation, with its metrics."""
+
+    def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
+        """After the trainer wrote a checkpoint's files into ``checkpoint_dir``."""
+
+    def on_checkpoint_upload_end(self, uuid: str) -> None:
+        """After checkpoint ``uuid`` was stored and reported."""
+
+    def on_checkpoint_save_start(self, checkpoint: dict[str, Any]) -> None:
+        """Before the trainer saves ``checkpoint`` (the state dict; it may be changed)."""
+
+    def on_checkpoint_load_start(self, checkpoint: dict[str, Any]) -> None:
+        """Before the trainer loads ``checkpoint`` (the state dict)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to checkpoint."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
 
 
 class PyTorchTrialContext:
@@ -46,11 +131,26 @@ class PyTorchTrialContext:
         self.models: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_schedulers: list[tuple[Any, LRScheduler.StepMode, int]] = []
+        self.scalers: list[Any] = []
+        self.reducers: list[tuple[MetricReducer, str | None]] = []
         self._hparams = dict(core_context.info.hparams)
         self._config = core_context.info.config
         self._stop_requested = False
         self._batches_trained = 0
         self._epoch_idx = 0
+        # Kept current by the trainer, for is_epoch_start / is_epoch_end.
+        self._batch_in_epoch = 0
+        self._epoch_len: int | None = None
+        self._backward_passes: dict[int, int] = {}  # id(optimizer) -> backward passes per step
+        self._optimizer_steps = 0
+        self._initial_batch = 0
+        self._tensorboard_path: pathlib.Path | None = None
+        self._tensorboard_writer: Any = None
+
+    @property
+    def distributed(self) -> core.DistributedContext:
+        """The task's ``DistributedContext`` (ranks, collectives)."""
+        return self.core.distributed
 
     # objects to train and checkpoint
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -59,10 +159,50 @@ class PyTorchTrialContext:
         self.models.append(model)
         return model
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """Register ``optimizer`` for checkpointing; returns it."""
+    def wrap_optimizer(
+        self,
+        optimizer: torch.optim.Optimizer,
+        backward_passes_per_step: int = 1,
+        fp16_compression: bool | None = None,
+        average_aggregated_gradients: bool | None = None,
+    ) -> torch.optim.Optimizer:
+        """Register ``optimizer`` for checkpointing; returns it.
+
+        ``backward_passes_per_step`` > 1 accumulates gradients: ``step_optimizer`` steps (and
+        zeroes) only after every that many batches. ``fp16_compression`` and
+        ``average_aggregated_gradients`` tune Horovod's allreduce, which det does not use.
+        Raises ``ValueError`` for ``backward_passes_per_step`` < 1.
+        """
+        if backward_passes_per_step < 1:
+            raise ValueError(
+                f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         self.optimizers.append(optimizer)
+        self._backward_passes[id(optimizer)] = backward_passes_per_step
         return optimizer
+
+    def wrap_scaler(self, scaler: Any) -> Any:
+        """Register a ``torch.cuda.amp.GradScaler`` (mixed precision): ``backward`` scales the
+        loss with it, and it is checkpointed. Returns it."""
+        self.scalers.append(scaler)
+        return scaler
+
+    def autocast_forward_pass(self, to_wrap: torch.nn.Module) -> torch.nn.Module:
+        """Run ``to_wrap``'s forward under ``torch.autocast`` on the trial's device (mixed
+        precision); returns it."""
+        forward, device_type = to_wrap.forward, self.device.type
+
+        def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+            with torch.autocast(device_type=device_type):
+                return forward(*args, **kwargs)
+
+        to_wrap.forward = autocast_forward  # type: ignore[method-assign]
+        return to_wrap
+
+    def wrap_reducer(self, reducer: "MetricReducer", name: str | None = None) -> "MetricReducer":
+        """Register a custom validation metric: its value is reported as ``name`` (or, when
+        ``None``, its ``cross_slot_reduce`` must return a dict of metrics). Returns it."""
+        self.reducers.append((reducer, name))
+        return reducer
 
     def wrap_lr_scheduler(
         self,
@@ -84,7 +224,9 @@ class PyTorchTrialContext:
         retain_graph: bool = False,
         create_graph: bool = False,
     ) -> None:
-        """``loss.backward(...)``."""
+        """``loss.backward(...)``, the loss scaled first by the wrapped scaler if any."""
+        if self.scalers:
+            loss = self.scalers[0].scale(loss)
         loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)
 
     def step_optimizer(
@@ -92,15 +234,33 @@ class PyTorchTrialContext:
         optimizer: torch.optim.Optimizer,
         clip_grads: Callable[[Iterable[torch.nn.Parameter]], Any] | None = None,
         auto_zero_grads: bool = True,
+        scaler: Any | None = None,
     ) -> None:
         """Step ``optimizer``, first calling ``clip_grads(params)`` if given (e.g.
         ``lambda p: torch.nn.utils.clip_grad_norm_(p, 1.0)``), then zero its gradients unless
-        ``auto_zero_grads`` is false."""
+        ``auto_zero_grads`` is false. With ``scaler`` (a wrapped GradScaler) the gradients are
+        unscaled before clipping and the step goes through it. With
+        ``backward_passes_per_step`` N it does nothing but on every N-th batch. Lr schedulers
+        in ``STEP_EVERY_OPTIMIZER_STEP`` mode are stepped after it."""
+        passes = self._backward_passes.get(id(optimizer), 1)
+        if (self._batches_trained + 1) % passes != 0:
+            return
+        if scaler is not None and clip_grads is not None:
+            scaler.unscale_(optimizer)
         if clip_grads is not None:
             clip_grads([p for group in optimizer.param_groups for p in group["params"]])
-        optimizer.step()
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
         if auto_zero_grads:
             optimizer.zero_grad()
+        self._optimizer_steps += 1
+        for sched, mode, freq in self.lr_schedulers:
+            if (mode is LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP
+                    and self._optimizer_steps % freq == 0):
+                sched.step()
 
     def to_device(self, data: Any) -> Any:
         """``data`` (tensors in lists, tuples, dicts) moved to the trial's device."""
@@ -163,6 +323,41 @@ class PyTorchTrialContext:
         """Index of the epoch being trained (full passes over the training loader so far)."""
         return self._epoch_idx
 
+    def get_initial_batch(self) -> int:
+        """Batches trained when this run started (non-zero when it resumed a checkpoint)."""
+        return self._initial_batch
+
+    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
+        """Accepted for Determined's code (it configures torch's profiler there); det runs
+        no profiler, which a log line says."""
+        print("det.harness: set_profiler: det runs no profiler", file=sys.stderr)
+
+    def is_epoch_start(self) -> bool:
+        """Whether the batch being trained is the first of its epoch."""
+        return self._batch_in_epoch == 0
+
+    def is_epoch_end(self) -> bool:
+        """Whether the batch being trained is the last of its epoch."""
+        return self._epoch_len is not None and self._batch_in_epoch == self._epoch_len - 1
+
+    def get_tensorboard_path(self) -> pathlib.Path:
+        """The local directory of the trial's TensorBoard event files (copied to the trial's
+        storage on a cluster; a temporary directory off it)."""
+        if self._tensorboard_path is None:
+            files = self.core.tensorboard
+            self._tensorboard_path = files.path if files is not None else pathlib.Path(
+                tempfile.mkdtemp(prefix="det-tensorboard-"))
+        return self._tensorboard_path
+
+    def get_tensorboard_writer(self) -> Any:
+        """A ``torch.utils.tensorboard.SummaryWriter`` on ``get_tensorboard_path()`` (one per
+        trial): what it writes lands next to the reported metrics."""
+        if self._tensorboard_writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard_writer = SummaryWriter(log_dir=str(self.get_tensorboard_path()))
+        return self._tensorboard_writer
+
     def set_stop_requested(self, stop_requested: bool) -> None:
         """Ask the trainer to stop after the current batch: it validates, checkpoints and
         reports an early exit ``user_requested_stop``."""
@@ -210,6 +405,16 @@ class PyTorchTrial(abc.ABC):
     def evaluate_full_dataset(self, data_loader: torch.utils.data.DataLoader) -> dict[str, Any]:
         """Optional: metrics over the whole validation loader, computed by the trial."""
         raise NotImplementedError
+
+    def build_callbacks(self) -> dict[str, PyTorchCallback]:
+        """Optional: named ``PyTorchCallback``s the trainer calls (their state is
+        checkpointed under these names)."""
+        return {}
+
+    def evaluation_reducer(self) -> Reducer | dict[str, Reducer]:
+        """Optional: how ``evaluate_batch`` values are combined, one ``Reducer`` for every
+        metric or one per metric name (default ``Reducer.AVG``)."""
+        return Reducer.AVG
 
     def get_batch_length(self, batch: Any) -> int:
         """Records in ``batch``: the first dimension of its first tensor."""

@@ -153,22 +153,23 @@ RETURNING t.id AS trial_id, t.experiment_id, t.exit_reason
 
 # -- 5. Searchers ------------------------------------------------------------------------------
 
+# Each experiment with its unread events in order, in one statement (not one query per
+# experiment: a pass may search a thousand).
 EXPERIMENTS_TO_SEARCH = """
-SELECT e.id, e.config, e.searcher_state
+SELECT e.id, e.config, e.searcher_state, coalesce(v.events, '[]') AS events
   FROM experiments e
+  LEFT JOIN LATERAL (
+        SELECT jsonb_agg(jsonb_build_object('id', v.id, 'kind', v.kind, 'payload', v.payload,
+                                            'request_id', t.request_id::text)
+                         ORDER BY v.id) AS events
+          FROM searcher_events v JOIN trials t ON t.id = v.trial_id
+         WHERE v.experiment_id = e.id AND NOT v.consumed) v ON true
  WHERE e.state IN ('ACTIVE', 'PAUSED')
    AND (e.searcher_state IS NULL
         OR EXISTS (SELECT 1 FROM searcher_events v
                     WHERE v.experiment_id = e.id AND NOT v.consumed))
  ORDER BY e.id
    FOR UPDATE OF e
-"""
-
-PENDING_EVENTS = """
-SELECT v.id, v.kind, v.payload, t.request_id::text AS request_id
-  FROM searcher_events v JOIN trials t ON t.id = v.trial_id
- WHERE v.experiment_id = %(experiment_id)s AND NOT v.consumed
- ORDER BY v.id
 """
 
 CREATE_TRIAL = """

@@ -145,7 +145,7 @@ ASHA = ASHA_HEAD + "max_trials: 2, "
         ("entrypoint: x\nmax_restarts: many\n" + SEARCHER, "max_restarts", "expected an integer"),
         ("entrypoint: x\nmax_restarts: -1\n" + SEARCHER, "max_restarts", ">= 0"),
         (
-            "entrypoint: x\nsearcher: {name: random, metric: l, max_trials: 2, max_length: 100}",
+            "entrypoint: x\nsearcher: {name: random, metric: l, max_trials: 2, max_length: 1.5}",
             "searcher.max_length",
             "expected {batches|records|epochs: int}",
         ),
@@ -263,11 +263,10 @@ def test_bad_config_gives_one_line_naming_the_path(text: str, path: str, message
 def test_error_message_example_from_the_brief() -> None:
     with pytest.raises(ConfigError) as info:
         load_experiment_config(
-            "entrypoint: x\nsearcher: {name: single, metric: l, max_length: 5}", "const.yaml"
+            "entrypoint: x\nsearcher: {name: single, metric: l, max_length: five}", "const.yaml"
         )
-    assert (
-        str(info.value) == "const.yaml: searcher.max_length: expected {batches|records|epochs: int}"
-    )
+    assert str(info.value) == ("const.yaml: searcher.max_length: expected "
+                               "{batches|records|epochs: int} or an int (batches)")
 
 
 def test_entrypoint_forms() -> None:

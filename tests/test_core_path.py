@@ -203,3 +203,28 @@ def test_a_pool_whose_scheduling_fails_says_why_and_others_go_on(det, conn, tmp_
     assert rows["default"]["state"] == "ASSIGNED"
     assert rows["broken"]["state"] == "PENDING"
     assert rows["broken"]["pending_reason"].startswith("scheduling failed: ")
+
+
+def test_a_search_whose_writes_fail_ends_its_experiment_and_others_go_on(det, conn,
+                                                                          tmp_path) -> None:
+    """Issue 10, item 3, for the searcher step, whose writes go in one pipeline (issue 11):
+    a statement that fails there rolls back that experiment's savepoint only."""
+    conn.execute("""
+        CREATE FUNCTION refuse_experiment_1() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.experiment_id = 1 THEN RAISE EXCEPTION 'injected: no trials for 1'; END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_experiment_1 BEFORE INSERT ON trials
+            FOR EACH ROW EXECUTE FUNCTION refuse_experiment_1();
+    """)
+    det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+    det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+    r = det("reconcile", "--once")
+    states = {row["id"]: row["s"] for row in conn.execute(
+        "SELECT id, state::text AS s FROM experiments")}
+    assert states[1] in ("STOPPING_ERROR", "ERROR")
+    assert states[2] == "ACTIVE"
+    trials = conn.execute("SELECT experiment_id FROM trials").fetchall()
+    assert [t["experiment_id"] for t in trials] == [2]
+    assert "injected: no trials for 1" in r.stdout + r.stderr

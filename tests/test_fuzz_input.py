@@ -235,7 +235,7 @@ def places(ctx: Path, tmp_path: Path) -> dict[str, Path]:
        where=mostly(st.just(("config", "ctx")),
                     st.sampled_from([("missing", "ctx"), ("dir", "ctx"), ("config", "missing"),
                                      ("config", "file"), ("config", "bad-ctx")])),
-       flags=mostly(st.just(()), st.sampled_from([("--test-mode",), ("--force",)])))
+       flags=mostly(st.just(()), st.sampled_from([("--config", "max_restarts=2"), ("--force",)])))
 def test_a_config_is_schedulable_or_refused_in_one_line(
         cluster: Cluster, places: dict[str, Path], tmp_path: Path, text: bytes,
         where: tuple[str, str], flags: tuple[str, ...]) -> None:

@@ -80,8 +80,11 @@ def test_digits_const_reaches_90_percent(
     assert validations[-1][1]["batches"] == 300 and validations[-1][1]["epochs"] > 6
     (uuid, steps, resources, metadata), = transport.checkpoints
     assert steps == 300 and metadata["steps_completed"] == 300
-    assert set(resources) == {"state.pt", "metadata.json"}
-    assert resources["state.pt"] == (tmp_path / uuid / "state.pt").stat().st_size
+    # Determined's layout: the state, what the trial is, and its code
+    assert {"state_dict.pth", "load_data.json", "metadata.json"} <= set(resources)
+    assert resources["state_dict.pth"] == (tmp_path / uuid / "state_dict.pth").stat().st_size
+    assert all(r.startswith("code/") for r in set(resources) - {
+        "state_dict.pth", "load_data.json", "metadata.json"})
 
 
 def test_restore_resumes_at_same_step_with_identical_state(

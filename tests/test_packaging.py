@@ -49,7 +49,8 @@ def test_the_wheel_holds_every_module_and_data_file(wheel: Path) -> None:
         # Not det: hidden folders (.git, .venv), build outputs, what is run from a checkout.
         dirs[:] = [d for d in dirs if not (d.startswith(".") or d in ("build", "__pycache__")
                                            or d.endswith(".egg-info")
-                                           or (here == Path(".") and d in NOT_SHIPPED))]
+                                           or (here == Path(".")
+                                               and d in (*NOT_SHIPPED, "compat")))]
         modules |= {(here / f).as_posix() for f in files if f.endswith(".py")}
     modules.discard("setup.py")
     data = {p.relative_to(REPO).as_posix() for pattern in DATA for p in REPO.glob(pattern)
@@ -57,8 +58,14 @@ def test_the_wheel_holds_every_module_and_data_file(wheel: Path) -> None:
     assert "reconciler/schedulers/__init__.py" in modules and "db/migrations/0001_initial.sql" \
         in data
     with zipfile.ZipFile(wheel) as z:
-        shipped = {n.removeprefix("det/") for n in z.namelist() if n.startswith("det/")}
+        names = z.namelist()
+    shipped = {n.removeprefix("det/") for n in names if n.startswith("det/")}
     assert shipped == modules | data
+    # The top-level `determined` package (Determined's API, issue 13) from compat/determined.
+    compat = {p.relative_to(REPO / "compat").as_posix()
+              for p in (REPO / "compat" / "determined").rglob("*.py")}
+    assert "determined/pytorch/__init__.py" in compat
+    assert {n for n in names if n.startswith("determined/")} == compat
 
 
 @pytest.fixture
@@ -108,6 +115,10 @@ def test_installed_wheel_runs_digits_to_completed(venv: Path, db_url: str, tmp_p
                               "print(det.__file__); print(sysconfig.get_paths()['purelib'])")
     det_file, site_packages = map(Path, where.split())
     assert det_file.is_relative_to(site_packages) and site_packages.is_relative_to(venv), where
+    determined = run(python, "-c", "import determined, determined.core, determined.pytorch, "
+                                   "determined.launch.torch_distributed; "
+                                   "print(determined.__file__)")
+    assert Path(determined.strip()).is_relative_to(site_packages), determined
 
     cfg = yaml.safe_load((REPO / "examples" / "digits" / "const.yaml").read_text())
     cfg["searcher"]["max_length"] = {"batches": 20}

@@ -212,11 +212,11 @@ def test_bad_templates_are_one_line_and_write_nothing(det, conn, ctx, tmp_path) 
     assert conn.execute("SELECT count(*) AS n FROM templates").fetchone()["n"] == 0
 
     # A merge that makes an invalid config is refused, naming the key and the template.
-    random = "searcher: {name: random, metric: loss, max_trials: 2}\n"
+    random = "searcher: {name: random, max_trials: 2}\n"
     det("template", "set", "bad", str(write(tmp_path, "b.yaml", random)))
     no_searcher = write(tmp_path, "n.yaml", "entrypoint: model_def:MyTrial\n")
     r = det("experiment", "create", str(no_searcher), str(ctx), "--template", "bad", check=False)
-    assert one_line_error(r) == (f"Error: {no_searcher} with template 'bad': searcher.max_length: "
+    assert one_line_error(r) == (f"Error: {no_searcher} with template 'bad': searcher.metric: "
                                  "required key missing")
     # Each valid alone: a grid search over a hyperparameter without a count is not.
     det("template", "set", "grid", str(write(

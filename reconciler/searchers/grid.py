@@ -7,6 +7,7 @@ trial is not replaced: it was its grid point's only trial.
 """
 
 from det.configs import ExperimentConfig, GridSearcher
+from det.configs.length import UNBOUNDED
 from det.reconciler.searchers.actions import Action, ExitReason
 from det.reconciler.searchers.method import SearchMethod
 from det.reconciler.searchers.sampling import grid_points
@@ -23,7 +24,8 @@ class GridSearch(SearchMethod):
         self.searcher = config.searcher
 
     def target_length(self) -> int:
-        return self.searcher.max_length.value
+        length = self.searcher.max_length
+        return length.value if length else UNBOUNDED
 
     def total_trials(self, state: SearchState) -> int:
         return int(state.method_state["grid_size"])

@@ -7,6 +7,7 @@ created. For ``random``, a trial that exits with ``invalid_hp`` does not count a
 """
 
 from det.configs import ExperimentConfig, RandomSearcher, SingleSearcher
+from det.configs.length import UNBOUNDED
 from det.reconciler.searchers.actions import Action, ExitReason
 from det.reconciler.searchers.method import SearchMethod
 from det.reconciler.searchers.sampling import sample
@@ -30,7 +31,7 @@ class RandomSearch(SearchMethod):
             self.replace_invalid_hp = False
         else:
             raise TypeError(f"RandomSearch cannot run searcher {searcher.name!r}")
-        self.length = searcher.max_length.value
+        self.length = searcher.max_length.value if searcher.max_length else UNBOUNDED
 
     def target_length(self) -> int:
         return self.length

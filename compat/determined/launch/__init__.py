@@ -1,0 +1,2 @@
+"""``determined.launch``: the launchers Determined's entrypoints name
+(``python3 -m determined.launch.torch_distributed ...``, ``determined.launch.wrap_rank``)."""

@@ -1,0 +1,411 @@
+"""Issue 13: code and configs written for Determined 0.38 run on det unchanged.
+
+The programs under ``examples/determined_compat/`` are written in the style of Determined's
+documentation (Core API steps, a ``PyTorchTrial`` with the ``Trainer``); each runs here
+off-cluster (``python3 script.py``) and on a det cluster to COMPLETED, unchanged.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples" / "determined_compat"
+CORE = EXAMPLES / "core_api"
+
+
+def _python_first(env: dict[str, str]) -> dict[str, str]:
+    """Tasks' ``python3`` (entrypoints are shell commands) is this interpreter."""
+    return {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}
+
+
+def _off_cluster(script: Path, home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
+    env["HOME"] = str(home)
+    env.pop("XDG_DATA_HOME", None)
+    return subprocess.run([sys.executable, str(script), *args], cwd=script.parent, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+# --- off-cluster ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("step", ["0_start", "1_metrics", "2_checkpoints", "3_hpsearch",
+                                  "4_searcher_ops"])
+def test_core_api_steps_run_off_cluster(step: str, tmp_path: Path) -> None:
+    r = _off_cluster(CORE / f"{step}.py", tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_off_cluster_core_context_logs_metrics_and_stores_checkpoints_locally(
+        tmp_path: Path) -> None:
+    """As Determined's dummy contexts: metrics logged, checkpoints under
+    ~/.local/share/determined, one searcher op of length 1, no cluster info."""
+    r = _off_cluster(CORE / "2_checkpoints.py", tmp_path)
+    assert "report_validation_metrics(steps_completed=50, metrics={'total': 25.0})" in r.stderr
+    stored = sorted((tmp_path / ".local/share/determined").iterdir())
+    assert len(stored) == 5
+    state = json.loads((stored[0] / "state.json").read_text())
+    assert state["step"] in (10, 20, 30, 40, 50)
+    assert json.loads((stored[0] / "metadata.json").read_text())["steps_completed"] == state["step"]
+    r = _off_cluster(CORE / "4_searcher_ops.py", tmp_path)
+    assert "report_validation_metrics(steps_completed=1, metrics={'total': 1})" in r.stderr
+
+
+# --- on a det cluster ----------------------------------------------------------------------
+
+def _run_on_cluster(det, conn, config: Path, context: Path, timeout: float = 240) -> int:
+    det.env = _python_first(det.env)
+    out = det("experiment", "create", str(config), str(context)).stdout
+    exp = int(out.split()[-1])
+    if not det.procs:
+        det.start("reconciler", "reconcile", "--interval", "0.5")
+        det.start("agent", "agent", "run", "--slots", "4")
+    r = det("experiment", "wait", str(exp), check=False, timeout=timeout)
+    logs = "".join(det("trial", "logs", str(t["id"])).stdout for t in conn.execute(
+        "SELECT id FROM trials WHERE experiment_id = %s", (exp,)).fetchall())
+    assert r.returncode == 0, r.stdout + r.stderr + logs
+    return exp
+
+
+def test_core_api_steps_complete_on_a_det_cluster(det, conn, tmp_path) -> None:
+    """Steps 0-4, unchanged, each to COMPLETED; their metrics and checkpoints in the tables."""
+    ctx = tmp_path / "core_api"
+    shutil.copytree(CORE, ctx)
+    for step in ("0_start", "1_metrics", "2_checkpoints", "3_hpsearch", "4_searcher_ops"):
+        _run_on_cluster(det, conn, ctx / f"{step}.yaml", ctx)
+    metrics = conn.execute(
+        "SELECT t.experiment_id AS e, m.\"group\" AS g, count(*) AS n FROM metrics m "
+        "JOIN trials t ON t.id = m.trial_id GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
+    assert {(r["e"], r["g"]): r["n"] for r in metrics} == {
+        (2, "training"): 5, (2, "validation"): 1,
+        (3, "training"): 5, (3, "validation"): 1,
+        (4, "training"): 3 * 4, (4, "validation"): 3 * 4,
+        (5, "training"): 4, (5, "validation"): 1,
+    }
+    checkpoints = conn.execute(
+        "SELECT t.experiment_id AS e, count(*) AS n FROM checkpoints c JOIN trials t "
+        "ON t.id = c.trial_id GROUP BY 1 ORDER BY 1").fetchall()
+    assert [(r["e"], r["n"]) for r in checkpoints] == [(3, 5), (5, 1)]
+    trials = conn.execute("SELECT experiment_id AS e, count(*) AS n FROM trials "
+                          "GROUP BY 1 ORDER BY 1").fetchall()
+    assert [r["n"] for r in trials] == [1, 1, 1, 3, 1]
+
+
+def test_core_api_asha_search_with_max_time_completes_on_a_det_cluster(det, conn, tmp_path
+                                                                       ) -> None:
+    """0.38's adaptive_asha form (max_time + time_metric, no max_length) with a script that
+    trains its own length and never reads searcher operations: every trial ends when its code
+    does, and the search completes."""
+    ctx = tmp_path / "core_api"
+    shutil.copytree(CORE, ctx)
+    exp = _run_on_cluster(det, conn, ctx / "3_hpsearch_asha.yaml", ctx)
+    trials = conn.execute("SELECT state::text AS s FROM trials WHERE experiment_id = %s",
+                          (exp,)).fetchall()
+    assert [t["s"] for t in trials] == ["COMPLETED"] * 4
+
+
+# --- determined.pytorch --------------------------------------------------------------------
+
+PYTORCH = EXAMPLES / "pytorch"
+
+
+def test_trainer_script_runs_off_cluster_in_determineds_checkpoint_layout(tmp_path) -> None:
+    """`python3 train.py`: Trainer.fit(max_length=Epoch(3)) with validations every 16 batches;
+    the final checkpoint loads back with load_trial_from_checkpoint_path."""
+    r = _off_cluster(PYTORCH / "train.py", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "steps_completed=48" in r.stderr and "'max_error'" in r.stderr
+    (ckpt,) = (tmp_path / ".local/share/determined").iterdir()
+    assert {"state_dict.pth", "load_data.json", "metadata.json", "code"} <= {
+        p.name for p in ckpt.iterdir()}
+    assert (ckpt / "code" / "model_def.py").is_file()
+    load = subprocess.run(
+        [sys.executable, "-c", "import sys, torch; from determined import pytorch; "
+         "t = pytorch.load_trial_from_checkpoint_path(sys.argv[1]); "
+         "x = torch.tensor([[1.0]]); print(round(float(t.model(x)), 1))",
+         str(ckpt)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert load.returncode == 0, load.stderr
+    assert abs(float(load.stdout) - 0.84) < 0.25  # sin(1) = 0.84
+
+
+def test_pytorch_trials_complete_on_a_det_cluster(det, conn, tmp_path) -> None:
+    """The Trainer script (no searcher.max_length: fit's max_length decides; 0.38 keys det
+    does not use are warned about) and the same trial as a legacy `model_def:SineTrial`
+    entrypoint (bare-int max_length), each to COMPLETED; a downloaded checkpoint loads."""
+    ctx = tmp_path / "pytorch"
+    shutil.copytree(PYTORCH, ctx)
+    det.env = _python_first(det.env)
+    r = det("experiment", "create", str(ctx / "trainer.yaml"), str(ctx))
+    assert "warning: profiling: accepted for Determined compatibility" in r.stderr
+    exp = _run_on_cluster(det, conn, ctx / "legacy.yaml", ctx)
+    r = det("experiment", "wait", "1", check=False, timeout=240)
+    assert r.returncode == 0, r.stdout + det("trial", "logs", "1").stdout
+    rows = conn.execute(
+        "SELECT t.experiment_id AS e, max(m.steps_completed) AS steps FROM metrics m "
+        "JOIN trials t ON t.id = m.trial_id WHERE m.\"group\" = 'validation' "
+        "GROUP BY t.id ORDER BY t.id").fetchall()
+    assert [(r["e"], r["steps"]) for r in rows] == [(1, 48), (exp, 40), (exp, 40)]
+    uuid = conn.execute("SELECT latest_checkpoint::text AS u FROM trials WHERE id = 1"
+                        ).fetchone()["u"]
+    det("checkpoint", "download", uuid, "-o", str(tmp_path / "ckpt"))
+    load = subprocess.run(
+        [sys.executable, "-c", "import sys, torch; from determined import pytorch; "
+         "t = pytorch.load_trial_from_checkpoint_path(sys.argv[1]); "
+         "print(round(float(t.model(torch.tensor([[1.0]]))), 1))",
+         str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert load.returncode == 0, load.stderr
+    assert abs(float(load.stdout) - 0.84) < 0.25  # sin(1) = 0.84
+    code = subprocess.run(  # Determined's documented way to import a checkpoint's code
+        [sys.executable, "-c", "import sys, determined as det\n"
+         "with det.import_from_path(sys.argv[1] + '/code'):\n    import model_def\n"
+         "print(model_def.SineTrial.__name__, 'model_def' in sys.modules)",
+         str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert code.stdout.split() == ["SineTrial", "False"], code.stderr
+    # every reported metric and the trial's own SummaryWriter's scalars, as event files in
+    # the trial's storage
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    storage = Path(det.env["DET_HOME"]) / "checkpoints" / "tensorboard/experiment/1/trial/1"
+    events = EventAccumulator(str(storage))
+    events.Reload()
+    assert {"loss", "lr", "validation_loss", "val_max_error", "epoch_end_loss"} <= set(
+        events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("validation_loss")] == [16, 32, 48]
+    assert [e.step for e in events.Scalars("epoch_end_loss")] == [15, 31, 47]
+    state = torch.load(tmp_path / "ckpt" / "state_dict.pth", weights_only=False)
+    assert state["callbacks"] == {"counter": {"epochs": 3}}
+    assert json.loads((tmp_path / "ckpt" / "load_data.json").read_text())["trial_cls_spec"] \
+        == "model_def:SineTrial"
+
+
+# --- configs and `det experiment create` flags ---------------------------------------------
+
+def test_038_config_forms_are_accepted_and_unused_keys_warned_once_each() -> None:
+    from det.configs import load_experiment_config
+    from det.errors import ConfigError
+
+    warnings: list[str] = []
+    cfg = load_experiment_config(
+        "entrypoint: python3 train.py\n"
+        "searcher: {name: grid, metric: x, max_length: 100}\n"
+        "environment: {image: {cpu: a, gpu: b}, proxy_ports: [{proxy_port: 8080}],"
+        " add_capabilities: [SYS_ADMIN]}\n"
+        "profiling: {enabled: true, begin_on_batch: 0}\n"
+        "optimizations: {aggregation_frequency: 1}\n"
+        "resources: {devices: [], slots_per_trial: 1}\n", "c.yaml", warnings)
+    assert cfg.searcher.max_length.to_json() == {"batches": 100}  # a bare int is batches
+    assert (cfg.environment.image.cpu, cfg.environment.image.cuda) == ("a", "b")
+    assert sorted(w.split(": ")[2] for w in warnings) == [
+        "environment.add_capabilities", "environment.proxy_ports", "optimizations",
+        "profiling", "resources.devices"]
+    assert all(w.startswith("c.yaml: warning: ") for w in warnings)
+    for kind in ("single", "random", "grid"):  # max_length optional: the code decides
+        extra = ", max_trials: 2" if kind == "random" else ""
+        cfg = load_experiment_config(f"entrypoint: x\nsearcher: {{name: {kind}, metric: x{extra}}}")
+        assert cfg.searcher.max_length is None
+    with pytest.raises(ConfigError, match="unknown key 'profilng'"):
+        load_experiment_config("entrypoint: x\nsearcher: {name: single, metric: x}\n"
+                               "profilng: {}")
+    with pytest.raises(ConfigError, match="^profiling: expected a mapping"):
+        load_experiment_config("entrypoint: x\nsearcher: {name: single, metric: x}\n"
+                               "profiling: yes")
+
+
+def test_config_overrides_and_the_test_config() -> None:
+    from det.configs.overrides import apply_overrides, make_test_config
+    from det.errors import ConfigError
+
+    config = {"resources": None, "searcher": {"name": "random", "metric": "l"}}
+    out = apply_overrides(config, ["resources.slots_per_trial=2", "searcher.max_trials=3",
+                                   "labels=a,b", "data={x: 1}"])
+    assert out == {"resources": {"slots_per_trial": 2},
+                   "searcher": {"name": "random", "metric": "l", "max_trials": 3},
+                   "labels": ["a", "b"], "data": {"x": 1}}
+    assert config["resources"] is None  # not modified
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        apply_overrides(config, ["resources"])
+    with pytest.raises(ConfigError, match="^searcher.metric: --config"):
+        apply_overrides(config, ["searcher.metric.x=1"])
+    test = make_test_config({**config, "max_restarts": 5}, {"lr": 0.1})
+    assert test["searcher"] == {"name": "single", "metric": "l", "smaller_is_better": True,
+                                "max_length": {"batches": 1}}
+    assert test["hyperparameters"] == {"lr": {"type": "const", "val": 0.1}}
+    assert (test["max_restarts"], test["scheduling_unit"]) == (0, 1)
+
+
+def test_create_flags_config_paused_include_and_test(det, conn, tmp_path) -> None:
+    """`--config KEY=VALUE`, `--paused`, `-i` and `--test` as Determined's CLI means them."""
+    ctx = tmp_path / "pytorch"
+    shutil.copytree(PYTORCH, ctx)
+    (ctx / "model_def.py").rename(tmp_path / "model_def.py")  # comes back with -i
+    det.env = _python_first(det.env)
+    r = det("experiment", "create", str(ctx / "legacy.yaml"), str(ctx), "--paused",
+            "--config", "searcher.max_trials=1", "--config", "max_restarts=1",
+            "-i", str(tmp_path / "model_def.py"))
+    assert r.stdout.strip() == "Created experiment 1"
+    row = conn.execute("SELECT state::text AS s, config FROM experiments").fetchone()
+    assert row["s"] == "PAUSED"
+    assert (row["config"]["searcher"]["max_trials"], row["config"]["max_restarts"]) == (1, 1)
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--slots", "2")
+    det("experiment", "activate", "1")
+    assert det("experiment", "wait", "1", check=False, timeout=240).returncode == 0
+    shutil.copy(tmp_path / "model_def.py", ctx / "model_def.py")
+    r = det("experiment", "create", "--test", str(ctx / "legacy.yaml"), str(ctx), timeout=240)
+    assert "Created test experiment 2" in r.stdout
+    assert "model definition test succeeded" in r.stdout
+    row = conn.execute("SELECT archived, config FROM experiments WHERE id = 2").fetchone()
+    assert row["archived"] and row["config"]["searcher"]["max_length"] == {"batches": 1}
+    steps = conn.execute("SELECT max(m.steps_completed) AS s FROM metrics m JOIN trials t "
+                         "ON t.id = m.trial_id WHERE t.experiment_id = 2").fetchone()["s"]
+    assert steps == 1
+
+
+def test_no_op_fixture_through_determineds_launcher_on_a_det_cluster(det, conn, tmp_path
+                                                                     ) -> None:
+    """`python3 -m determined.launch.torch_distributed --trial model_def:NoOpTrial` (the form
+    Determined rewrites a legacy entrypoint to), with a typeless checkpoint_storage (GC
+    settings over the cluster's default storage)."""
+    ctx = tmp_path / "no_op"
+    shutil.copytree(EXAMPLES / "no_op", ctx)
+    _run_on_cluster(det, conn, ctx / "single.yaml", ctx)
+    rows = conn.execute("SELECT steps_completed AS s FROM metrics WHERE \"group\" = "
+                        "'validation' ORDER BY id").fetchall()
+    assert [r["s"] for r in rows] == [10, 20, 30]
+    checkpoints = conn.execute("SELECT steps_completed AS s FROM checkpoints "
+                               "WHERE state = 'COMPLETED' ORDER BY s").fetchall()
+    assert [r["s"] for r in checkpoints] == [10, 20, 30]  # save_trial_best 30 kept them all
+    config = conn.execute("SELECT config FROM experiments").fetchone()["config"]
+    assert config["checkpoint_storage"]["type"] == "shared_fs"
+
+
+def test_wrap_rank_prefixes_each_line() -> None:
+    r = subprocess.run([sys.executable, "-m", "determined.launch.wrap_rank", "3", "--", "sh",
+                        "-c", "echo one; echo two >&2; exit 4"], capture_output=True, text=True)
+    assert (r.returncode, r.stdout, r.stderr) == (4, "[rank=3] one\n", "[rank=3] two\n")
+
+
+def test_trainer_in_process_config_epochs_without_records_per_epoch(tmp_path, monkeypatch
+                                                                    ) -> None:
+    """Off-cluster pytorch.init(hparams=, exp_conf=) + Trainer in this process: a config period
+    in epochs without records_per_epoch (deprecated in 0.38) counts passes over the loader;
+    InvalidHP raised by the trial ends it as an early exit."""
+    import importlib.util
+
+    import determined as det
+    from determined import pytorch
+
+    for name in [k for k in os.environ if k.startswith("DET_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    spec = importlib.util.spec_from_file_location("compat_sine", PYTORCH / "model_def.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    hparams = {"global_batch_size": 32, "hidden": 4, "lr": 0.01}
+    with pytorch.init(hparams=hparams, exp_conf={"min_validation_period": {"epochs": 1}}) as ctx:
+        trainer = pytorch.Trainer(module.SineTrial(ctx), ctx)
+        trainer.fit(max_length=pytorch.Epoch(2), checkpoint_policy="none")
+    transport = ctx.core.transport
+    assert [s for g, s, _ in transport.metrics if g == "validation"] == [16, 32]
+    assert [c[1] for c in transport.checkpoints] == [32]  # the final one only
+
+    class Invalid(module.SineTrial):
+        def train_batch(self, batch, epoch_idx, batch_idx):
+            raise det.InvalidHP("lr too small")
+
+    with pytorch.init(hparams=hparams) as ctx:
+        pytorch.Trainer(Invalid(ctx), ctx).fit(max_length=pytorch.Batch(2))
+    assert ctx.core.transport.early_exit == "invalid_hp"
+
+
+def test_cluster_info_has_038s_shape_on_a_det_cluster(det, conn, tmp_path) -> None:
+    ctx = tmp_path / "info"
+    ctx.mkdir()
+    (ctx / "info.py").write_text(
+        "import json, determined as det\n"
+        "i = det.get_cluster_info()\n"
+        "print('INFO', json.dumps({'trial': i.trial.trial_id, 'exp': i.trial.experiment_id,\n"
+        "    'hparams': i.trial.hparams, 'name': i.trial._config['name'],\n"
+        "    'rank': i.container_rank, 'type': i.task_type, 'url': i.master_url,\n"
+        "    'latest': i.latest_checkpoint, 'slots': i.slot_ids}))\n")
+    (ctx / "info.yaml").write_text(
+        "name: info\nentrypoint: python3 info.py\nhyperparameters: {a: 1}\n"
+        "searcher: {name: single, metric: x}\nmax_restarts: 0\n")
+    _run_on_cluster(det, conn, ctx / "info.yaml", ctx)
+    line = next(x for x in det("trial", "logs", "1").stdout.splitlines() if "INFO {" in x)
+    info = json.loads(line.split("INFO ", 1)[1])
+    assert info == {"trial": 1, "exp": 1, "hparams": {"a": 1}, "name": "info", "rank": 0,
+                    "type": "TRIAL", "url": det.env["DET_DB_URL"], "latest": None,
+                    "slots": [0]}
+
+
+def test_context_mixed_precision_accumulation_and_optimizer_step_schedulers(
+        tmp_path, monkeypatch) -> None:
+    """wrap_optimizer(backward_passes_per_step=2) steps every second batch;
+    STEP_EVERY_OPTIMIZER_STEP schedulers follow the optimizer's steps; wrap_scaler and
+    autocast_forward_pass run (on the CPU here); is_epoch_start / is_epoch_end; callbacks."""
+    from determined import pytorch
+
+    for name in [k for k in os.environ if k.startswith("DET_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    seen: list[tuple[int, bool, bool, float]] = []
+    hooks: list[str] = []
+
+    class Hooks(pytorch.PyTorchCallback):
+        def on_training_epoch_start(self, epoch_idx: int) -> None:
+            hooks.append(f"start {epoch_idx}")
+
+        def on_training_epoch_end(self, epoch_idx: int) -> None:
+            hooks.append(f"end {epoch_idx}")
+
+        def on_validation_end(self, metrics: dict) -> None:
+            hooks.append(f"validated {metrics['batches']}")
+
+    class Amp(pytorch.PyTorchTrial):
+        def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+            self.context = context
+            self.model = context.autocast_forward_pass(context.wrap_model(torch.nn.Linear(2, 1)))
+            self.opt = context.wrap_optimizer(
+                torch.optim.SGD(self.model.parameters(), lr=1.0), backward_passes_per_step=2)
+            self.sched = context.wrap_lr_scheduler(
+                torch.optim.lr_scheduler.StepLR(self.opt, step_size=1, gamma=0.5),
+                step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP)
+            self.scaler = context.wrap_scaler(torch.amp.GradScaler("cpu"))
+
+        def build_training_data_loader(self) -> pytorch.DataLoader:
+            return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.ones(8, 2)),
+                                      batch_size=2)
+
+        def build_validation_data_loader(self) -> pytorch.DataLoader:
+            return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.ones(2, 2)),
+                                      batch_size=2)
+
+        def build_callbacks(self) -> dict:
+            return {"hooks": Hooks()}
+
+        def train_batch(self, batch, epoch_idx: int, batch_idx: int) -> torch.Tensor:
+            loss = self.model(batch[0]).float().pow(2).mean()
+            self.context.backward(loss)
+            self.context.step_optimizer(self.opt, scaler=self.scaler)
+            seen.append((batch_idx, self.context.is_epoch_start(), self.context.is_epoch_end(),
+                         self.sched.get_last_lr()[0]))
+            return loss
+
+        def evaluate_batch(self, batch, batch_idx: int) -> dict:
+            return {"loss": self.model(batch[0]).float().pow(2).mean()}
+
+    with pytorch.init(hparams={"global_batch_size": 2}) as ctx:
+        pytorch.Trainer(Amp(ctx), ctx).fit(max_length=pytorch.Batch(6),
+                                           validation_period=pytorch.Epoch(1))
+    assert [s[0] for s in seen] == [0, 1, 2, 3, 4, 5]
+    assert [(s[1], s[2]) for s in seen] == [(True, False), (False, False), (False, False),
+                                            (False, True), (True, False), (False, False)]
+    assert [s[3] for s in seen] == [1.0, 0.5, 0.5, 0.25, 0.25, 0.125]  # one step per 2 batches
+    assert hooks == ["start 0", "end 0", "start 1", "validated 4", "validated 6"]

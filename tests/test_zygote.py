@@ -1,0 +1,182 @@
+"""Warm task start (``det.agent.zygote``): which tasks start warm, and that a forked task is
+its own process: environment, directory, arguments, output, exit code, database connection,
+and death with the zygote that forked it.
+
+The zygote tests fork real processes from a real zygote; the end-to-end test runs a Core API
+search through a real reconciler and a ``--warm-start`` agent on a real database.
+"""
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+from psycopg.rows import dict_row
+
+from det.agent.zygote import Zygote, python_command
+
+PYTHON = Path(sys.executable)
+HERE_PATH = str(PYTHON.parent)
+
+
+@pytest.mark.parametrize("argv, hook, expected", [
+    ([str(PYTHON), "train.py", "--lr", "0.1"], False, ["train.py", "--lr", "0.1"]),
+    (["sh", "-c", f"{PYTHON.name} -m pkg.mod a b"], False, ["-m", "pkg.mod", "a", "b"]),
+    (["sh", "-c", f"{PYTHON.name} train.py > out.txt"], False, None),  # shell syntax
+    (["sh", "-c", f"X=1 {PYTHON.name} train.py"], False, None),  # an assignment is syntax too
+    ([str(PYTHON), "-u", "train.py"], False, None),  # interpreter options: start cold
+    ([str(PYTHON), "-m"], False, None),
+    ([str(PYTHON)], False, None),
+    (["bash", "train.sh"], False, None),  # not Python
+    ([str(PYTHON), "train.py"], True, None),  # a startup hook runs in a shell first
+])
+def test_which_tasks_start_warm(tmp_path, argv, hook, expected) -> None:
+    if hook:
+        (tmp_path / "startup-hook.sh").write_text("export A=1\n")
+    env = {"PATH": f"{HERE_PATH}:/usr/bin:/bin"}
+    assert python_command(argv, env, tmp_path) == expected
+
+
+def test_another_interpreter_starts_cold(tmp_path) -> None:
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "python3").symlink_to(PYTHON.resolve())  # same binary, another environment
+    env = {"PATH": f"{other}:/usr/bin:/bin"}
+    assert python_command(["python3", "train.py"], env, tmp_path) is None
+
+
+@pytest.fixture
+def zygote():
+    z = Zygote()
+    yield z
+    z.close()
+
+
+def run(zygote: Zygote, args: list[str], env: dict[str, str], cwd: Path,
+        timeout: float = 30) -> tuple[int, str, str]:
+    child = zygote.spawn(args, env, cwd)
+    out, err = child.stdout.read().decode(), child.stderr.read().decode()
+    codes: list[int] = []
+    wait_for(lambda: codes.append(child.poll()) or codes[-1] is not None, timeout,
+             "the task's exit code")
+    return codes[-1], out, err
+
+
+SCRIPT = """
+import os, sys
+print("env", os.environ.get("TASK_VAR"), "leak", os.environ.get("AGENT_ONLY"))
+print("cwd", os.getcwd())
+print("argv", sys.argv)
+print("path0", sys.path[0])
+print("to stderr", file=sys.stderr)
+sys.exit(int(os.environ["EXIT"]))
+"""
+
+
+def test_a_forked_task_has_its_own_environment_directory_and_exit_code(zygote,
+                                                                          tmp_path) -> None:
+    os.environ["AGENT_ONLY"] = "agent"  # the zygote's own environment must not reach tasks
+    try:
+        (tmp_path / "train.py").write_text(SCRIPT)
+        env = {"PATH": os.environ["PATH"], "TASK_VAR": "one", "EXIT": "3"}
+        code, out, err = run(zygote, ["train.py", "--x", "1"], env, tmp_path)
+    finally:
+        del os.environ["AGENT_ONLY"]
+    assert code == 3
+    assert out.splitlines() == ["env one leak None", f"cwd {tmp_path}",
+                                "argv ['train.py', '--x', '1']", f"path0 {tmp_path}"]
+    assert err == "to stderr\n"
+    # Two tasks from the same zygote: each sees only its own environment.
+    env2 = {**env, "TASK_VAR": "two", "EXIT": "0"}
+    code, out, _ = run(zygote, ["train.py"], env2, tmp_path)
+    assert code == 0 and out.startswith("env two leak None")
+
+
+def test_a_module_an_exception_and_a_signal(zygote, tmp_path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "main.py").write_text("import sys\nprint('module', __name__, sys.argv)\n")
+    (tmp_path / "boom.py").write_text("raise ValueError('boom')\n")
+    (tmp_path / "die.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    env = {"PATH": os.environ["PATH"]}
+    code, out, _ = run(zygote, ["-m", "pkg.main", "a"], env, tmp_path)
+    # as `python -m` sets it: argv[0] is the module's file
+    assert (code, out) == (0, f"module __main__ ['{pkg / 'main.py'}', 'a']\n")
+    code, _, err = run(zygote, ["boom.py"], env, tmp_path)
+    assert code == 1 and "ValueError: boom" in err
+    code, _, _ = run(zygote, ["die.py"], env, tmp_path)
+    assert code == -signal.SIGKILL
+
+
+def test_tasks_die_with_their_zygote_and_a_new_one_starts(zygote, tmp_path) -> None:
+    (tmp_path / "sleep.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    env = {"PATH": os.environ["PATH"]}
+    child = zygote.spawn(["sleep.py"], env, tmp_path)
+    assert child.stdout.readline() == b"up\n"
+    os.kill(zygote._proc.pid, signal.SIGKILL)
+    assert wait_for(child.poll, 30, "the task to read as killed") == -signal.SIGKILL
+    wait_for(lambda: not Path(f"/proc/{child.pid}").exists()
+             or "Z" in Path(f"/proc/{child.pid}/stat").read_text().split(")")[1][:3],
+             30, "the task process to die with its zygote")
+    (tmp_path / "ok.py").write_text("print('again')\n")
+    assert run(zygote, ["ok.py"], env, tmp_path)[:2] == (0, "again\n")
+
+
+TRAIN = """
+import os
+from det.harness import core
+
+with core.init() as ctx:
+    parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read().split(b"\\0")
+    print("allocation", os.environ["DET_ALLOCATION_ID"], "parent", b" ".join(parent).decode())
+    opened = ctx.transport._session.run("opened", lambda conn: conn.execute(
+        "SELECT extract(epoch FROM backend_start) FROM pg_stat_activity "
+        "WHERE pid = pg_backend_pid()").fetchone()[0])
+    print("connected", os.environ["DET_ALLOCATION_ID"], opened)
+    step = 0
+    for op in ctx.searcher.operations():
+        while step < op.length:
+            step += 1
+            ctx.train.report_training_metrics(steps_completed=step, metrics={"loss": 1 / step})
+        ctx.train.report_validation_metrics(steps_completed=step, metrics={"loss": 1 / step})
+        op.report_completed(1 / step)
+"""
+
+
+def test_a_warm_agent_runs_a_search_each_task_with_its_own_connection(det, conn,
+                                                                      tmp_path) -> None:
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "train.py").write_text(TRAIN)
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text("name: warm\nentrypoint: python3 train.py\nmax_restarts: 0\n"
+                   "searcher: {name: random, metric: loss, max_trials: 4, "
+                   "max_concurrent_trials: 2, max_length: {batches: 5}}\n"
+                   "hyperparameters: {x: {type: double, minval: 0, maxval: 1}}\n")
+    det("experiment", "create", str(cfg), str(ctx))
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--slots", "2", "--runtime", "process", "--warm-start")
+    assert det("experiment", "wait", "1", check=False, timeout=180).returncode == 0, \
+        det.log("agent")
+    with conn.cursor(row_factory=dict_row) as cur:
+        trials = cur.execute("SELECT state::text AS s, (SELECT count(*) FROM metrics m "
+                             "WHERE m.trial_id = t.id) AS n FROM trials t").fetchall()
+        lines = [r["line"] for r in cur.execute(
+            "SELECT line FROM task_logs WHERE line LIKE 'allocation %%' "
+            "OR line LIKE 'connected %%'").fetchall()]
+        started_at = {r["id"]: float(r["t"]) for r in cur.execute(
+            "SELECT id::text AS id, extract(epoch FROM started_at) AS t FROM allocations")}
+    assert [t["s"] for t in trials] == ["COMPLETED"] * 4
+    assert all(t["n"] == 6 for t in trials)  # 5 training rows and 1 validation row each
+    started = [x for x in lines if x.startswith("allocation")]
+    assert len(started) == 4
+    assert len({x.split()[1] for x in started}) == 4  # each its own allocation
+    assert all("det.agent.zygote" in x for x in started)  # forked, not started cold
+    # Each task's connection was opened after the agent claimed its run (so after the fork):
+    # the zygote holds no connection that its children could share.
+    connected = [x.split() for x in lines if x.startswith("connected")]
+    assert len(connected) == 4
+    assert all(float(opened) > started_at[alloc] for _, alloc, opened in connected)

@@ -158,6 +158,8 @@ def live_progress(conn: psycopg.Connection, ids: list[int]) -> dict[int, float]:
     out = {}
     for row in conn.execute(LIVE, {"ids": ids}).fetchall():
         config, state = row["config"], dict(row["searcher_state"])
+        if not config["searcher"].get("max_length"):
+            continue  # each trial's code decides its length: the saved progress stands
         unit = next(iter(config["searcher"]["max_length"]))
         trials = {t["request_id"]: t for t in row["trials"]}
         records = []

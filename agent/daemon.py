@@ -13,6 +13,9 @@ this agent against the tasks it runs (docs/architecture.md).
 * ended here (its main process exited; see the runtimes): flush its logs, report TERMINATED
   with exit code and reason, remove its remains;
 * running here, state not yet RUNNING (the report was lost with the connection): report it.
+The same rules hold for this agent's share of a gang allocation whose chief is another agent
+(distributed training across agents, :mod:`det.agent.gang`); that share starts once the
+chief's agent recorded the rendezvous endpoint, and ending badly it ends the whole run.
 It wakes on NOTIFY on its channel (:func:`det.db.channels.agent`) and also polls, so a lost
 notification only delays work.
 
@@ -39,6 +42,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from det import context
+from det.agent import gang
 from det.agent.devices import Slot
 from det.agent.heartbeat import Heartbeat
 from det.agent.logs import LogShipper
@@ -66,15 +70,6 @@ SHUTDOWN_RETRY_SECONDS = 10.0
 AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 AGENT_ID_RULE = ("1 to 63 ASCII letters, digits, '.', '_' or '-', starting with a letter or "
                  "digit")
-
-ASSIGNMENTS = """
-SELECT a.id, a.desired_state::text AS desired, a.state::text AS state, a.spec,
-       array(SELECT h.slot_id FROM allocation_slots h
-              WHERE h.allocation_id = a.id AND NOT h.released ORDER BY h.slot_id) AS slot_ids
-  FROM allocations a
- WHERE a.agent_id = %(agent)s AND a.state <> 'TERMINATED'
- ORDER BY a.id
-"""
 
 # Live allocations of this agent with the time of their last shipped log line, for adoption.
 LIVE_HERE = """
@@ -149,6 +144,7 @@ class Agent:
         self.ended: dict[int, Exit] = {}  # ends not yet reported, in the order they happened
         self.killing: set[int] = set()  # tasks being killed (SIGKILL sent)
         self.claimed: set[int] = set()  # claims made by this process, not yet launched
+        self.nodes: set[int] = set()  # allocations this agent runs a share of, not the chief
         self.last_launch = float("-inf")  # time.monotonic() of the latest launch
         self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
@@ -242,13 +238,16 @@ class Agent:
 
     def reconcile(self) -> None:
         """One pass over this agent's assignments (see the module rules)."""
-        assigned = self._connect().execute(ASSIGNMENTS, {"agent": self.s.agent_id}).fetchall()
+        assigned = self._connect().execute(gang.ASSIGNMENTS,
+                                           {"agent": self.s.agent_id}).fetchall()
         for row in assigned:
             alloc_id = row["id"]
             task = self.tasks.get(alloc_id)
             if alloc_id in self.ended:
                 continue  # reported before the next pass
-            if task is not None:
+            if row["chief"] != self.s.agent_id:
+                self._reconcile_node(row, task)
+            elif task is not None:
                 if row["desired"] == "KILLED":
                     self._kill(alloc_id)
                 elif row["state"] in ("ASSIGNED", "PULLING", "STARTING"):
@@ -265,6 +264,23 @@ class Agent:
                 log.warning("allocation %s ended without this agent; killing its task",
                             alloc_id)
             self._kill(alloc_id)
+
+    def _reconcile_node(self, row: dict, task: Task | None) -> None:
+        """The same rules for a share of a gang allocation whose chief is another agent: it
+        starts once the chief's agent recorded the rendezvous (until then the claim answers
+        NULL and the next pass tries again)."""
+        alloc_id = row["id"]
+        self.nodes.add(alloc_id)
+        if task is not None:
+            if row["desired"] == "KILLED":
+                self._kill(alloc_id)
+            elif row["node_state"] == "STARTING":
+                self._report(alloc_id, "RUNNING")  # the first report was lost
+        elif row["node_state"] is None or alloc_id in self.claimed:
+            if row["desired"] == "RUNNING":
+                self._launch(row)
+        elif row["node_state"] != "TERMINATED":
+            self._end(alloc_id, Exit(None, "agent restarted; the task was lost with it"))
 
     def _report_ends(self) -> None:
         """Report the ends not yet reported, once the task logs are written."""
@@ -303,8 +319,7 @@ class Agent:
         # Recorded before the claim: its answer may be lost with the connection after the
         # claim committed (STARTING), and the next pass claims again rather than give up.
         self.claimed.add(alloc_id)
-        token = self._connect().execute("SELECT det_agent_claim(%s, %s) AS token",
-                                        (self.s.agent_id, alloc_id)).fetchone()["token"]
+        token, gang_vars = self._claim(row)
         if token is None:
             self.claimed.discard(alloc_id)
             return
@@ -317,9 +332,10 @@ class Agent:
             if spec.trial_id is not None:
                 env["DET_TRIAL_ID"] = str(spec.trial_id)
             by_id = {s.slot_id: s for s in self.slots}
+            held = [by_id[i] for i in row["slot_ids"] if i in by_id]
+            env.update(gang.gang_env(self.s.agent_id, held, **gang_vars))
             launch = Launch(alloc_id, spec.argv(self.runtime.python),
-                            env, self._prepare_dir(alloc_id, spec.context_id), spec,
-                            [by_id[i] for i in row["slot_ids"] if i in by_id])
+                            env, self._prepare_dir(alloc_id, spec.context_id), spec, held)
             self.tasks[alloc_id] = self.runtime.launch(launch)
         except Exception as e:  # any launch failure ends the run with a readable reason
             if retry.is_connection_lost(e):
@@ -333,6 +349,27 @@ class Agent:
         self.last_launch = time.monotonic()
         log.info("allocation %s: started %s", alloc_id, " ".join(launch.argv))
         self._report(alloc_id, "RUNNING")
+
+    def _claim(self, row: dict) -> tuple[str | None, dict[str, Any]]:
+        """Claim the run (the chief's agent) or this agent's share of it (another agent of a
+        gang): the task's token, or None when it is not to start (yet), and the gang's
+        ``nodes``, ``node_rank`` and ``rendezvous`` for :func:`det.agent.gang.gang_env`.
+        The chief's agent of a gang records the rendezvous endpoint here."""
+        conn, me, alloc_id = self._connect(), self.s.agent_id, row["id"]
+        if row["chief"] != me:
+            node = conn.execute(gang.CLAIM_NODE, (me, alloc_id)).fetchone()["node"]
+            if node is None:
+                return None, {}
+            return node["token"], {"nodes": node["nodes"], "node_rank": node["node_rank"],
+                                   "rendezvous": node["rendezvous"]}
+        token = conn.execute("SELECT det_agent_claim(%s, %s) AS token",
+                             (me, alloc_id)).fetchone()["token"]
+        if token is None or not row["spans"]:
+            return token, {}
+        endpoint = f"{gang.host_address()}:{gang.free_port()}"
+        conn.execute(gang.SET_RENDEZVOUS, (me, alloc_id, endpoint))
+        nodes = conn.execute(gang.GANG_AGENTS, (alloc_id,)).fetchone()["nodes"]
+        return token, {"nodes": nodes, "node_rank": 0, "rendezvous": endpoint}
 
     def _prepare_dir(self, alloc_id: int, context_id: int | None) -> Path:
         """A fresh copy of the context for this run; contexts are unpacked once per agent."""
@@ -353,8 +390,11 @@ class Agent:
 
     def _report(self, alloc_id: int, state: str, code: int | None = None,
                 reason: str | None = None) -> None:
-        self._connect().execute("SELECT det_agent_report(%s, %s, %s, %s, %s)",
-                                (self.s.agent_id, alloc_id, state, code, reason))
+        report = gang.REPORT_NODE if alloc_id in self.nodes \
+            else "SELECT det_agent_report(%s, %s, %s, %s, %s)"
+        self._connect().execute(report, (self.s.agent_id, alloc_id, state, code, reason))
+        if state == "TERMINATED":
+            self.nodes.discard(alloc_id)
 
     # -- the host side: never touches the database ------------------------------------------
 

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from det.configs.entrypoint import Entrypoint, entrypoint_argv
+from det.configs.entrypoint import Entrypoint, entrypoint_argv, is_trial_class
 from det.configs.environment import BindMount, EnvironmentConfig
 from det.configs.experiment import CheckpointStorage, Resources
 from det.errors import ConfigError
@@ -44,10 +44,14 @@ class AllocationSpec(BaseModel):
         return self
 
     def argv(self, python: str) -> list[str]:
-        """The command line of the task, ``python`` being the interpreter it runs under."""
+        """The command line of the task, ``python`` being the interpreter it runs under; a
+        trial class with ``slots_per_trial`` > 1 runs under ``det.launch.torch_distributed``."""
         if self.kind == "checkpoint_gc":
             return [python, "-m", "det.harness.checkpoint_gc"]
         assert self.entrypoint is not None  # checked by the validator
+        if self.resources.slots_per_trial > 1 and is_trial_class(self.entrypoint):
+            # One worker per slot (issue 12): the trial class runs under det's launcher.
+            return [python, "-m", "det.launch.torch_distributed", "--trial", self.entrypoint]
         return entrypoint_argv(self.entrypoint, python)
 
     @classmethod

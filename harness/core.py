@@ -3,11 +3,16 @@
 ``with core.init() as ctx:`` gives ``ctx.train`` (metrics), ``ctx.checkpoint``,
 ``ctx.preempt``, ``ctx.searcher``, ``ctx.distributed`` and ``ctx.info`` (reference-facts §6.1).
 On a cluster the transport is ``DbTransport.from_env()``; off-cluster pass a ``LocalTransport``.
+Among several workers (``det.launch.torch_distributed``) the chief alone talks to the
+platform for searcher ops, preemption and checkpoints, and broadcasts what the others need
+(``DistributedContext``, :mod:`det.harness.distributed`).
 """
 
 import json
+import os
 import pathlib
 import sys
+import tempfile
 import uuid as uuidlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from det.errors import DetError
+from det.harness.distributed import DistributedContext
 from det.harness.lengths import UnitConverter, parse_length
 from det.harness.storage import FsspecStorage, directory_sizes, storage_from_config
 from det.harness.tensorboard import TensorboardFiles
@@ -107,23 +113,41 @@ class CheckpointContext:
     """Store and restore checkpoints: directories named by a uuid in the configured storage."""
 
     def __init__(self, transport: Transport, storage: FsspecStorage,
-                 tensorboard: TensorboardFiles | None = None) -> None:
+                 tensorboard: TensorboardFiles | None = None,
+                 distributed: DistributedContext | None = None) -> None:
         self._transport = transport
         self.storage = storage
         self._tensorboard = tensorboard
+        self._dist = distributed or DistributedContext()
 
     @contextmanager
-    def store_path(self, metadata: Mapping[str, Any]) -> Iterator[tuple[pathlib.Path, str]]:
+    def store_path(
+        self, metadata: Mapping[str, Any], shard: bool = False
+    ) -> Iterator[tuple[pathlib.Path, str]]:
         """Yield ``(path, uuid)``: write the checkpoint's files under ``path`` (a local
         ``pathlib.Path``). On a clean exit ``metadata.json`` is added, the files are in storage
         and the checkpoint is reported with its ``{relative path: bytes}`` resources.
 
+        Under several workers, the chief alone calls it, or, with ``shard=True``, every worker
+        together: each writes its own files under its own ``path``, and they all land in one
+        checkpoint (the chief's uuid), reported by the chief once every worker's files are
+        stored. Two workers writing the same file name raise ``DetError`` on every worker.
+
         ``metadata`` must hold ``steps_completed`` (batches; GC joins checkpoints to
-        validations on it, reference-facts §8); raises ``DetError`` otherwise.
+        validations on it, reference-facts §8); raises ``DetError`` otherwise, and on a worker
+        other than the chief without ``shard``.
         """
         if "steps_completed" not in metadata:
             raise DetError("checkpoint metadata must include 'steps_completed' (batches)")
         steps = int(metadata["steps_completed"])
+        if shard and self._dist.size > 1:
+            with self._store_shard(metadata, steps) as stored:
+                yield stored
+            return
+        if self._dist.rank != 0:
+            raise DetError(f"worker {self._dist.rank}: only the chief stores a checkpoint; "
+                           "call store_path(metadata, shard=True) on every worker to store "
+                           "one in shards")
         uuid = str(uuidlib.uuid4())
         with self.storage.store_dir(uuid) as path:
             yield path, uuid
@@ -132,6 +156,30 @@ class CheckpointContext:
         self._transport.report_checkpoint(uuid, steps, resources, dict(metadata))
         if self._tensorboard is not None:
             _sync(self._tensorboard)
+
+    @contextmanager
+    def _store_shard(self, metadata: Mapping[str, Any],
+                     steps: int) -> Iterator[tuple[pathlib.Path, str]]:
+        dist = self._dist
+        uuid = dist.broadcast(str(uuidlib.uuid4()) if dist.rank == 0 else None)
+        with tempfile.TemporaryDirectory(prefix=f"det-ckpt-{uuid}-{dist.rank}-") as tmp:
+            path = pathlib.Path(tmp)
+            yield path, uuid
+            if dist.rank == 0:
+                (path / "metadata.json").write_text(json.dumps(dict(metadata), default=str))
+            mine = directory_sizes(path)
+            shares = dist.allgather(mine)
+            owners: dict[str, int] = {}
+            clashes = sorted({f for rank, share in enumerate(shares) for f in share
+                              if owners.setdefault(f, rank) != rank})
+            if clashes:
+                raise DetError(f"checkpoint {uuid}: several workers wrote {', '.join(clashes)}; "
+                               "give each worker's files names of their own (by rank)")
+            self.storage.add_files(uuid, path)
+        dist.allgather(None)  # a barrier: every share is in storage before the report
+        if dist.rank == 0:
+            resources = {f: n for share in shares for f, n in share.items()}
+            self._transport.report_checkpoint(uuid, steps, resources, dict(metadata))
 
     @contextmanager
     def restore_path(self, uuid: str) -> Iterator[pathlib.Path]:
@@ -153,46 +201,62 @@ class CheckpointContext:
 
 
 class PreemptContext:
-    """Whether the platform wants this task to stop (pause, preemption, kill)."""
+    """Whether the platform wants this task to stop (pause, preemption, kill).
 
-    def __init__(self, transport: Transport) -> None:
+    Under several workers the chief decides and broadcasts its answer, so every worker
+    agrees; ``should_preempt`` is then a collective every worker must call together."""
+
+    def __init__(self, transport: Transport,
+                 distributed: DistributedContext | None = None) -> None:
         self._transport = transport
+        self._dist = distributed or DistributedContext()
         self._acknowledged = False
 
     def should_preempt(self, auto_ack: bool = True) -> bool:
-        """True once the platform asked the task to stop. Cheap (reads a flag); the first
-        true answer is acknowledged when ``auto_ack``. The task should then checkpoint and
-        exit 0."""
-        if not self._transport.should_preempt():
+        """True once the platform asked the task to stop. Cheap (reads a flag; one broadcast
+        under several workers); the first true answer is acknowledged (by the chief) when
+        ``auto_ack``. The task should then checkpoint and exit 0."""
+        asked = self._transport.should_preempt() if self._dist.rank == 0 else False
+        if self._dist.size > 1:
+            asked = bool(self._dist.broadcast(asked))
+        if not asked:
             return False
         if auto_ack and not self._acknowledged:
             self.acknowledge_preemption_signal()
         return True
 
     def acknowledge_preemption_signal(self) -> None:
-        """Tell the platform the coming exit is a preemption, not a completion."""
+        """Tell the platform the coming exit is a preemption, not a completion (the chief
+        does; on other workers it only remembers the answer)."""
         self._acknowledged = True
-        self._transport.acknowledge_preemption()
+        if self._dist.rank == 0:
+            self._transport.acknowledge_preemption()
 
 
 class SearcherOperation:
     """Train until ``length`` (absolute, in the unit of ``searcher.max_length``), validate,
     then ``report_completed(searcher metric)``."""
 
-    def __init__(self, transport: Transport, op: SearcherOp, unit: str) -> None:
+    def __init__(self, transport: Transport, op: SearcherOp, unit: str,
+                 is_chief: bool = True) -> None:
         self._transport = transport
         self.id = op.id
         self.length = op.length
         self.unit = unit
+        self._is_chief = is_chief
         self._completed = False
 
     def report_progress(self, units: float) -> None:
-        """Units done so far (absolute, same unit as ``length``)."""
-        self._transport.report_progress(self.id, units)
+        """Units done so far (absolute, same unit as ``length``); only the chief's report is
+        sent (other workers' calls do nothing)."""
+        if self._is_chief:
+            self._transport.report_progress(self.id, units)
 
     def report_completed(self, searcher_metric: float) -> None:
-        """Close the op with the searcher metric's value."""
-        self._transport.complete_op(self.id, float(searcher_metric))
+        """Close the op with the searcher metric's value (sent by the chief only; every
+        worker calls it before asking for the next op)."""
+        if self._is_chief:
+            self._transport.complete_op(self.id, float(searcher_metric))
         self._completed = True
 
     @property
@@ -202,10 +266,14 @@ class SearcherOperation:
 
 
 class SearcherContext:
-    """The searcher's requests to this trial."""
+    """The searcher's requests to this trial. Under several workers the chief asks the
+    platform and broadcasts each answer, so ``operations()`` is a collective."""
 
-    def __init__(self, transport: Transport, config: Mapping[str, Any]) -> None:
+    def __init__(self, transport: Transport, config: Mapping[str, Any],
+                 distributed: DistributedContext | None = None) -> None:
         self._transport = transport
+        self._dist = distributed or DistributedContext()
+        self._out_of_work = False
         max_length = (config.get("searcher") or {}).get("max_length")
         self._unit = parse_length(max_length, "searcher.max_length")[0] if max_length else "batches"
 
@@ -217,67 +285,29 @@ class SearcherContext:
     def out_of_work(self) -> bool:
         """Whether the searcher said it wants nothing more from this trial (rather than the
         wait for the next op ending because the task is being preempted)."""
-        return self._transport.out_of_work
+        return self._out_of_work
+
+    def _next_op(self) -> SearcherOp | None:
+        answer = None
+        if self._dist.rank == 0:
+            answer = (self._transport.current_op(), self._transport.out_of_work)
+        if self._dist.size > 1:
+            answer = self._dist.broadcast(answer)
+        op, self._out_of_work = answer
+        return op
 
     def operations(self) -> Iterator[SearcherOperation]:
         """Yield the trial's open ops until the searcher wants nothing more (the transport
         answers ``None``). Each op must be completed before the next is fetched; raises
         ``DetError`` if the caller moved on without ``report_completed``."""
-        while (op := self._transport.current_op()) is not None:
-            operation = SearcherOperation(self._transport, op, self._unit)
+        while (op := self._next_op()) is not None:
+            operation = SearcherOperation(self._transport, op, self._unit, self._dist.rank == 0)
             yield operation
             if not operation.completed:
                 raise DetError(
                     f"searcher operation {op.id} was not completed: call "
                     "op.report_completed(metric) before asking for the next one"
                 )
-
-
-@dataclass(frozen=True)
-class DistributedContext:
-    """The task's place among its workers; det runs one process per trial today."""
-
-    rank: int = 0
-    size: int = 1
-    local_rank: int = 0
-    local_size: int = 1
-    cross_rank: int = 0
-    cross_size: int = 1
-
-    def get_rank(self) -> int:
-        """Global rank (0 is the chief)."""
-        return self.rank
-
-    def get_size(self) -> int:
-        """Number of workers."""
-        return self.size
-
-    def get_local_rank(self) -> int:
-        """Rank on this host."""
-        return self.local_rank
-
-    def get_local_size(self) -> int:
-        """Workers on this host."""
-        return self.local_size
-
-    def get_num_agents(self) -> int:
-        """Hosts taking part."""
-        return self.cross_size
-
-    def gather(self, obj: Any) -> list[Any]:
-        """Every worker's ``obj`` at the chief, in rank order."""
-        return [obj]
-
-    def allgather(self, obj: Any) -> list[Any]:
-        """Every worker's ``obj`` on every worker, in rank order."""
-        return [obj]
-
-    def broadcast(self, obj: Any) -> Any:
-        """The chief's ``obj``."""
-        return obj
-
-    def close(self) -> None:
-        """Nothing to release for one process."""
 
 
 @dataclass
@@ -304,38 +334,48 @@ def init(
     *,
     transport: Transport | None = None,
     checkpoint_storage: Mapping[str, Any] | None = None,
+    distributed: DistributedContext | None = None,
 ) -> Iterator[Context]:
-    """Open the task's contexts; close the transport on exit.
+    """Open the task's contexts; close the transport (and a process group it joined) on exit.
 
     ``transport``: default ``DbTransport.from_env()`` (raises
     ``det.harness.errors.TaskEnvironmentError`` outside a det task). ``checkpoint_storage``
     overrides the config's section of that name (absent in both: a temporary directory).
-    With a ``DbTransport`` every reported metric is also a TensorBoard event in the trial's
-    storage (``det.harness.tensorboard``), synced at checkpoints and on exit.
+    With a ``DbTransport`` every metric the chief reports is also a TensorBoard event in the
+    trial's storage (``det.harness.tensorboard``), synced at checkpoints and on exit.
+    ``distributed``: default ``DistributedContext.from_torch_distributed()`` in a worker that
+    the launcher started among several (``WORLD_SIZE`` > 1), else the one-process context;
+    only the chief (rank 0) reports searcher progress and completions and acknowledges
+    preemption.
     """
     transport = transport if transport is not None else DbTransport.from_env()
+    dist = distributed
     tensorboard = None
     try:
+        if dist is None:
+            dist = (DistributedContext.from_torch_distributed()
+                    if int(os.environ.get("WORLD_SIZE", "1")) > 1 else DistributedContext())
         info = transport.task_info()
-        if info.slots > 1:
+        if info.slots > dist.size:
             print(
-                f"det.harness: warning: {info.slots} slots allocated, but det runs one "
-                "training process per trial; the others stay idle",
+                f"det.harness: warning: {info.slots} slots allocated but {dist.size} "
+                "worker(s) run; start the script with python -m det.launch.torch_distributed "
+                "to use them all",
                 file=sys.stderr,
             )
         storage = storage_from_config(
             checkpoint_storage if checkpoint_storage is not None
             else info.config.get("checkpoint_storage")
         )
-        if isinstance(transport, DbTransport):
+        if isinstance(transport, DbTransport) and dist.rank == 0:  # the chief reports
             tensorboard = TensorboardFiles(storage, info.experiment_id, info.trial_id)
         yield Context(
             info=info,
             train=TrainContext(transport, tensorboard),
-            checkpoint=CheckpointContext(transport, storage, tensorboard),
-            preempt=PreemptContext(transport),
-            searcher=SearcherContext(transport, info.config),
-            distributed=DistributedContext(),
+            checkpoint=CheckpointContext(transport, storage, tensorboard, dist),
+            preempt=PreemptContext(transport, dist),
+            searcher=SearcherContext(transport, info.config, dist),
+            distributed=dist,
             transport=transport,
             tensorboard=tensorboard,
         )
@@ -344,7 +384,11 @@ def init(
             if tensorboard is not None:
                 _sync(tensorboard, close=True)
         finally:
-            transport.close()
+            try:
+                transport.close()
+            finally:
+                if dist is not None and distributed is None:
+                    dist.close()
 
 
 def _sync(tensorboard: TensorboardFiles, close: bool = False) -> None:

@@ -4,10 +4,12 @@ Run by the agent in the unpacked context directory (the cwd, put on ``sys.path``
 ``DET_DB_URL``, ``DET_ALLOCATION_ID`` and ``DET_ALLOCATION_TOKEN`` set. Exits 0 when the
 searcher wants nothing more, when preempted (after a checkpoint), on a stop request and on
 ``InvalidHP``. SIGTERM (the agent stopping the task) is treated like a preemption request:
-checkpoint at the next batch, exit 0. On any other exception it prints the traceback to stderr
-and exits 1 (the agent reports the exit code).
+checkpoint at the next batch, exit 0; except in a worker among several, started by
+``det.launch.torch_distributed``, where it ends the worker. On any other exception it prints
+the traceback to stderr and exits 1 (the agent reports the exit code).
 """
 
+import os
 import pathlib
 import signal
 import sys
@@ -28,7 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trial_class = load_trial_class(args[0], pathlib.Path.cwd())
         transport = DbTransport.from_env()
-        signal.signal(signal.SIGTERM, lambda signum, frame: transport.request_preemption())
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            # Under the launcher SIGTERM comes from torchrun stopping the workers because one
+            # failed: the default (exit) is right, a checkpoint could not complete.
+            signal.signal(signal.SIGTERM, lambda signum, frame: transport.request_preemption())
         with core.init(transport=transport) as ctx:
             outcome = Trainer(trial_class, ctx).fit()
     except Exception:

@@ -52,6 +52,16 @@ class FsspecStorage:
             with ByteProgress(f"checkpoint {uuid}: upload", total, upload=True) as progress:
                 self.fs.put(tmp + "/", self.url(uuid), recursive=True, callback=progress)
 
+    def add_files(self, uuid: str, local: pathlib.Path) -> None:
+        """Copy the files under the local directory ``local`` into checkpoint ``uuid``, next to
+        those already there (each worker's share of a sharded checkpoint)."""
+        if self._local:
+            shutil.copytree(local, self.url(uuid), dirs_exist_ok=True)
+            return
+        total = sum(directory_sizes(local).values())
+        with ByteProgress(f"checkpoint {uuid}: upload", total, upload=True) as progress:
+            self.fs.put(str(local) + "/", self.url(uuid), recursive=True, callback=progress)
+
     @contextmanager
     def restore_dir(self, uuid: str) -> Iterator[pathlib.Path]:
         """Yield a local directory holding checkpoint ``uuid`` (read it, don't modify it).

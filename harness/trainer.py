@@ -10,6 +10,14 @@ position and RNG state.
 
 The per-batch path does what a hand-written loop does plus a few attribute reads: no I/O, no
 ``.item()``; losses are kept as detached tensors and reduced when reported.
+
+Under several workers (``core_context.distributed.size > 1``, issue 12) every worker runs
+this loop in step: the training loader is re-made over a ``DistributedSampler`` (each worker
+a disjoint shard of every epoch, seeded by the trial seed), validation is split across the
+workers and its sums and counts added up (so the metrics equal one worker's on the same
+data), training metrics are averaged over the workers, the chief alone reports and writes
+checkpoints (holding every worker's RNG state), and the workers agree whether to stop
+before each batch (:class:`StopAgreement`).
 """
 
 import json
@@ -18,7 +26,7 @@ import pathlib
 import random
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -36,6 +44,7 @@ from det.harness.trial import (
     PyTorchTrial,
     PyTorchTrialContext,
     Reducer,
+    unwrap_model,
 )
 
 STATE_FILE = "state_dict.pth"
@@ -110,7 +119,8 @@ class Trainer:
         core_context: core.Context,
         device: torch.device | None = None,
     ) -> None:
-        seed_everything(core_context.info.trial_seed)
+        # Each worker draws its own dropout masks; DDP gives all the chief's initial weights.
+        seed_everything(core_context.info.trial_seed + core_context.distributed.rank)
         context = PyTorchTrialContext(core_context, device)
         invalid_hp: InvalidHP | None = None
         trial: PyTorchTrial | None
@@ -132,6 +142,8 @@ class Trainer:
               invalid_hp: InvalidHP | None) -> None:
         core_context = context.core
         self.core = core_context
+        self.dist = core_context.distributed
+        self.is_chief = self.dist.rank == 0
         self.config = core_context.info.config
         self.context = context
         self.trial = trial
@@ -157,6 +169,8 @@ class Trainer:
         self._epoch_rng: torch.Tensor | None = None
         self._train_iter: Iterator[Any] | None = None
         self._val_loader: torch.utils.data.DataLoader | None = None
+        self._val_shard_loader: torch.utils.data.DataLoader | None = None
+        self._agreement: StopAgreement | None = None
 
     # the workloads
     def fit(
@@ -196,7 +210,8 @@ class Trainer:
         self.checkpoint_policy = checkpoint_policy
         if self.trial is None:
             print(f"det.harness: invalid hyperparameters: {self._invalid_hp}", file=sys.stderr)
-            self.core.train.report_early_exit(core.EarlyExitReason.INVALID_HP)
+            if self.is_chief:
+                self.core.train.report_early_exit(core.EarlyExitReason.INVALID_HP)
             return "invalid_hp"
         try:
             self._setup(self.trial, checkpoint_period, validation_period, reporting_period,
@@ -211,7 +226,8 @@ class Trainer:
                 outcome = self._fit_length(max_length.to_batches(len(self._train_loader)))
         except InvalidHP as e:
             print(f"det.harness: invalid hyperparameters: {e}", file=sys.stderr)
-            self.core.train.report_early_exit(core.EarlyExitReason.INVALID_HP)
+            if self.is_chief:
+                self.core.train.report_early_exit(core.EarlyExitReason.INVALID_HP)
             return "invalid_hp"
         for callback in self.callbacks.values():
             callback.on_trial_shutdown()
@@ -224,8 +240,9 @@ class Trainer:
                latest_checkpoint: str | None) -> None:
         loader = trial.build_training_data_loader()
         # Determined's pytorch.DataLoader wraps a torch one.
-        self._train_loader = loader.get_data_loader() if hasattr(loader, "get_data_loader") \
-            else loader
+        self._train_loader = self._shard(
+            loader.get_data_loader() if hasattr(loader, "get_data_loader") else loader,
+            training=True)
         per_epoch = len(self._train_loader)
         if per_epoch == 0:
             raise DetError("build_training_data_loader returned an empty data loader")
@@ -326,7 +343,8 @@ class Trainer:
         self._validation_at_current_step()
         if self.last_checkpoint != self.batches_trained:
             self.checkpoint()
-        self.core.train.report_early_exit(core.EarlyExitReason.USER_REQUESTED_STOP)
+        if self.is_chief:
+            self.core.train.report_early_exit(core.EarlyExitReason.USER_REQUESTED_STOP)
         return "stopped"
 
     def _train_batches(self, stop: int) -> bool:
@@ -335,7 +353,7 @@ class Trainer:
         trial, ctx = self.trial, self.context
         assert trial is not None
         outputs = self._outputs
-        preempt = self.core.transport.should_preempt
+        preempt = self._stop_check()
         to_device = ctx.to_device if ctx.device.type != "cpu" else None
         every_batch = [
             (s, f) for s, mode, f in ctx.lr_schedulers
@@ -347,7 +365,7 @@ class Trainer:
         b, epoch, in_epoch = self.batches_trained, self.epoch_idx, self.batch_in_epoch
         interrupted = False
         while b < stop:
-            if ctx._stop_requested or preempt():
+            if preempt():
                 interrupted = True
                 break
             try:
@@ -373,10 +391,37 @@ class Trainer:
         self.batch_in_epoch = in_epoch
         return interrupted
 
+    def _stop_check(self) -> Any:
+        """The hot loop's question "stop before this batch?": the stop flag or the
+        preemption flag (a read); under several workers a :class:`StopAgreement`."""
+        ctx, transport = self.context, self.core.transport
+        if self.dist.size == 1:
+            return lambda: ctx._stop_requested or transport.should_preempt()
+        if self._agreement is None:
+            chief = self.is_chief
+            self._agreement = StopAgreement(self.dist, lambda: (
+                ctx._stop_requested, chief and transport.should_preempt()))
+        return self._agreement
+
+    def _shard(self, loader: torch.utils.data.DataLoader,
+               training: bool) -> torch.utils.data.DataLoader:
+        """``loader`` re-made to read this worker's shard. One worker keeps its loader,
+        except that a plainly shuffled training loader is re-made the same way as for
+        several: the epoch's order then depends on the trial seed alone, and N workers
+        together train on the very batches one worker would (each batch split N ways)."""
+        if self.dist.size == 1 and not (training and _plainly_shuffled(loader)):
+            return loader
+        return shard_loader(loader, self.dist.rank, self.dist.size, self.core.info.trial_seed,
+                            training)
+
     def _new_epoch_iterator(self) -> None:
-        # The sampler draws its shuffle seed from torch's RNG when the iterator is created;
-        # keep that state so a restore can rebuild the same epoch order.
+        # The sampler draws its shuffle seed from torch's RNG when the iterator is created
+        # (a DistributedSampler from the trial seed and the epoch); keep that state so a
+        # restore can rebuild the same epoch order.
         self._epoch_rng = torch.get_rng_state()
+        sampler = getattr(self._train_loader, "sampler", None)
+        if isinstance(sampler, torch.utils.data.DistributedSampler):
+            sampler.set_epoch(self.epoch_idx)
         self._train_iter = iter(self._train_loader)
 
     def _end_epoch(self) -> None:
@@ -393,10 +438,17 @@ class Trainer:
             callback.on_training_epoch_start(self.epoch_idx)
 
     def _report_training_metrics(self) -> None:
-        if self._outputs:
-            metrics = reduce_training_outputs(self._outputs)
-            self._outputs.clear()
-            self.core.train.report_training_metrics(self.batches_trained, metrics)
+        # Every worker trained the same batches since the last report: a plain mean of the
+        # workers' means is the mean over all of them.
+        metrics = reduce_training_outputs(self._outputs) if self._outputs else {}
+        self._outputs.clear()
+        if self.dist.size > 1:
+            per_worker = self.dist.allgather(metrics)
+            keys = {k for m in per_worker for k in m}
+            metrics = {k: float(np.mean([m[k] for m in per_worker if k in m])) for k in keys}
+        if metrics:
+            if self.is_chief:
+                self.core.train.report_training_metrics(self.batches_trained, metrics)
             for callback in self.callbacks.values():
                 callback.on_training_workload_end(metrics, [])
 
@@ -418,6 +470,8 @@ class Trainer:
             callback.on_validation_start()
         for reducer, _ in self.context.reducers:
             reducer.reset()
+        full_dataset = (
+            type(trial).evaluate_full_dataset is not PyTorchTrial.evaluate_full_dataset)
         rng = torch.get_rng_state()
         models = self.context.models
         modes = [m.training for m in models]
@@ -425,11 +479,15 @@ class Trainer:
             m.eval()
         try:
             with torch.no_grad():
-                if type(trial).evaluate_full_dataset is not PyTorchTrial.evaluate_full_dataset:
-                    raw = trial.evaluate_full_dataset(self._val_loader)
-                    metrics = {k: _scalar(v) for k, v in raw.items()}
+                if full_dataset:
+                    # The trial computes over the whole set: the chief does, and tells.
+                    metrics = {}
+                    if self.is_chief:
+                        raw = trial.evaluate_full_dataset(self._val_loader)
+                        metrics = {k: _scalar(v) for k, v in raw.items()}
+                    metrics = self.dist.broadcast(metrics)
                 else:
-                    metrics = self._evaluate_batches(trial, self._val_loader)
+                    metrics = self._evaluate_batches(trial, self._val_shard())
         finally:
             for m, mode in zip(models, modes, strict=True):
                 m.train(mode)
@@ -441,7 +499,8 @@ class Trainer:
                            else {k: _scalar(v) for k, v in value.items()})
         metrics["batches"] = self.batches_trained
         metrics["epochs"] = self._epochs()
-        self.core.train.report_validation_metrics(self.batches_trained, metrics)
+        if self.is_chief:
+            self.core.train.report_validation_metrics(self.batches_trained, metrics)
         self.last_validation = (self.batches_trained, metrics)
         for callback in self.callbacks.values():
             callback.on_validation_end(metrics)
@@ -490,9 +549,32 @@ class Trainer:
                     sums[key] = _extreme(sums[key], value, max)
                 else:
                     sums[key] = _extreme(sums[key], value, min)
-        is_avg = (lambda k: reducers.get(k, Reducer.AVG) is Reducer.AVG) \
-            if isinstance(reducers, dict) else (lambda k: reducers is Reducer.AVG)
-        return {k: _scalar(sums[k] / counts[k] if is_avg(k) else sums[k]) for k in sums}
+        def reducer_of(k: str) -> Reducer:
+            return reducers.get(k, Reducer.AVG) if isinstance(reducers, dict) else reducers
+
+        if self.dist.size > 1:
+            # Each worker reduced its shard; combining the shards' sums (weighted by records)
+            # and extremes gives the whole validation set's metrics.
+            shares = self.dist.allgather({k: (_numeric(sums[k]), counts[k]) for k in sums})
+            sums, counts = {}, {}
+            for share in shares:
+                for k, (value, n) in share.items():
+                    value = np.asarray(value, dtype=np.float64)
+                    if k not in sums:
+                        sums[k], counts[k] = value, n
+                    elif reducer_of(k) in (Reducer.AVG, Reducer.SUM):
+                        sums[k], counts[k] = sums[k] + value, counts[k] + n
+                    else:
+                        pick = np.maximum if reducer_of(k) is Reducer.MAX else np.minimum
+                        sums[k] = pick(sums[k], value)
+        return {k: _scalar(sums[k] / counts[k] if reducer_of(k) is Reducer.AVG else sums[k])
+                for k in sums}
+
+    def _val_shard(self) -> torch.utils.data.DataLoader:
+        assert self._val_loader is not None
+        if self._val_shard_loader is None:
+            self._val_shard_loader = self._shard(self._val_loader, training=False)
+        return self._val_shard_loader
 
     def _validation_at_current_step(self) -> dict[str, Any]:
         if self.last_validation and self.last_validation[0] == self.batches_trained:
@@ -516,13 +598,37 @@ class Trainer:
     # checkpoints
     def checkpoint(self) -> str:
         """Store the trial's state at the current step in Determined's layout
-        (``state_dict.pth``, ``load_data.json``, ``code/``); returns the checkpoint uuid."""
+        (``state_dict.pth``, ``load_data.json``, ``code/``); returns the checkpoint uuid.
+        Under several workers the chief writes it, with every worker's RNG state (gathered),
+        and every worker gets its uuid."""
+        rng = self._rng_state()
+        ranks_rng = self.dist.gather(rng) if self.dist.size > 1 else None
+        uuid = self._store(rng, ranks_rng) if self.is_chief else ""
+        if self.dist.size > 1:
+            uuid = self.dist.broadcast(uuid)
+        for callback in self.callbacks.values():
+            callback.on_checkpoint_upload_end(uuid)
+        self.last_checkpoint = self.batches_trained
+        self.latest_checkpoint_uuid = uuid
+        return uuid
+
+    def _rng_state(self) -> dict[str, Any]:
+        return {
+            "epoch_start_cpu_rng_state": self._epoch_rng,
+            "cpu_rng_state": torch.get_rng_state(),
+            "gpu_rng_state": (torch.cuda.get_rng_state_all()
+                              if torch.cuda.is_available() else None),
+            "np_rng_state": np.random.get_state(),
+            "random_rng_state": random.getstate(),
+        }
+
+    def _store(self, rng: dict[str, Any], ranks_rng: list[Any] | None) -> str:
         ctx = self.context
         if ctx._tensorboard_writer is not None:  # its events go to storage with the checkpoint
             ctx._tensorboard_writer.flush()
         state: dict[str, Any] = {
             "format": CHECKPOINT_FORMAT,
-            "models_state_dict": [m.state_dict() for m in ctx.models],
+            "models_state_dict": [unwrap_model(m).state_dict() for m in ctx.models],
             "optimizers_state_dict": [o.state_dict() for o in ctx.optimizers],
             "lr_schedulers_state_dict": [s.state_dict() for s, _, _ in ctx.lr_schedulers],
             "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
@@ -533,14 +639,8 @@ class Trainer:
                 "last_validation": self.last_validation,
                 "best": self._best,
             },
-            "rng_state": {
-                "epoch_start_cpu_rng_state": self._epoch_rng,
-                "cpu_rng_state": torch.get_rng_state(),
-                "gpu_rng_state": (torch.cuda.get_rng_state_all()
-                                  if torch.cuda.is_available() else None),
-                "np_rng_state": np.random.get_state(),
-                "random_rng_state": random.getstate(),
-            },
+            "rng_state": rng,
+            "rng_state_per_rank": ranks_rng,
         }
         if ctx.scalers:
             state["scaler_state_dict"] = ctx.scalers[0].state_dict()
@@ -558,10 +658,6 @@ class Trainer:
             self._write_load_data(path)
             for callback in self.callbacks.values():
                 callback.on_checkpoint_write_end(str(path))
-        for callback in self.callbacks.values():
-            callback.on_checkpoint_upload_end(uuid)
-        self.last_checkpoint = self.batches_trained
-        self.latest_checkpoint_uuid = uuid
         return uuid
 
     def _write_load_data(self, path: pathlib.Path) -> None:
@@ -618,7 +714,8 @@ class Trainer:
                     f"the trial wrapped {len(objects)}"
                 )
             for obj, obj_state in zip(objects, state[kind], strict=True):
-                obj.load_state_dict(obj_state)
+                target = unwrap_model(obj) if kind == "models_state_dict" else obj
+                target.load_state_dict(obj_state)
         if ctx.scalers and "scaler_state_dict" in state:
             ctx.scalers[0].load_state_dict(state["scaler_state_dict"])
         for name, callback in self.callbacks.items():
@@ -633,6 +730,9 @@ class Trainer:
         self.last_checkpoint = self.batches_trained
         self.latest_checkpoint_uuid = uuid
         rng = state["rng_state"]
+        per_rank = state.get("rng_state_per_rank")
+        if per_rank and len(per_rank) == self.dist.size:
+            rng = per_rank[self.dist.rank]
         if rng["epoch_start_cpu_rng_state"] is not None:
             torch.set_rng_state(rng["epoch_start_cpu_rng_state"])
         self._new_epoch_iterator()
@@ -644,6 +744,100 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["gpu_rng_state"])
         np.random.set_state(rng["np_rng_state"])
         random.setstate(rng["random_rng_state"])
+
+
+class StopAgreement:
+    """Whether every worker stops before the next batch: true when the chief was asked to
+    stop (preemption) or any worker requested a stop, the same answer on every worker.
+
+    Agreed one batch late, so that no batch waits on it: each call takes the answer of the
+    all-reduce the previous call started (which ran alongside that batch) and, unless it
+    says stop, starts the next one. A flag raised before batch ``k`` stops the workers
+    before batch ``k + 1``. Every worker calls it at the same batches, and the collectives
+    in between (metrics, validation, checkpoints) come in the same order on all of them.
+    """
+
+    def __init__(self, dist: core.DistributedContext,
+                 flags: Callable[[], tuple[bool, bool]]) -> None:
+        self._dist = dist
+        self._flags = flags
+        self._pending: Callable[[], tuple[bool, ...]] | None = None
+
+    def __call__(self) -> bool:
+        if self._pending is None:
+            self._pending = self._dist.any_true_async(*self._flags())
+        stop = any(self._pending())
+        self._pending = None if stop else self._dist.any_true_async(*self._flags())
+        return stop
+
+
+class StridedSampler(torch.utils.data.Sampler[int]):
+    """Indices ``rank, rank + size, ...`` of a dataset of ``length``: one worker's share of
+    the validation set, every record in exactly one share (no padding, unlike
+    ``DistributedSampler``, so that the workers' sums add up to the whole set's)."""
+
+    def __init__(self, length: int, rank: int, size: int) -> None:
+        self._indices = range(rank, length, size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._indices)
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+
+def shard_loader(loader: torch.utils.data.DataLoader, rank: int, size: int, seed: int,
+                 training: bool) -> torch.utils.data.DataLoader:
+    """``loader`` re-made to read worker ``rank``'s share of its dataset, with the same batch
+    size, collation and workers: for training a ``DistributedSampler`` (shuffled, seeded by
+    ``seed`` and the epoch, when ``loader`` shuffled; every worker gets as many batches), for
+    validation a :class:`StridedSampler`. An ``IterableDataset`` is returned as is (the
+    trial shards it itself, e.g. by ``context.distributed.rank``).
+
+    The training order is the same for any number of workers: the seeded permutation of
+    the epoch, dealt out in turn, so worker ``r``'s batch ``k`` holds records
+    ``k * B * size + r, + size, ...``, and the workers' batches ``k`` together are one
+    worker's batch ``k`` at ``size`` times the batch size (an epoch's last, partial batch
+    aside: ``DistributedSampler`` pads the shards to equal lengths with a few repeats).
+
+    Raises ``DetError`` for a loader with a custom sampler or batch sampler, which det cannot
+    split (shard its dataset by rank in the trial instead).
+    """
+    data = torch.utils.data
+    if isinstance(loader.dataset, data.IterableDataset):
+        return loader
+    plain = (data.RandomSampler, data.SequentialSampler)
+    if loader.batch_size is None or not isinstance(loader.sampler, plain) \
+            or type(loader.batch_sampler) is not data.BatchSampler:
+        raise DetError(
+            "cannot split this data loader across workers: it has a custom sampler or batch "
+            "sampler; give build_*_data_loader a plain DataLoader (batch_size, shuffle) or "
+            "shard the dataset by context.distributed.rank")
+    if training:
+        sampler: data.Sampler[int] = data.DistributedSampler(
+            loader.dataset, num_replicas=size, rank=rank,
+            shuffle=isinstance(loader.sampler, data.RandomSampler), seed=seed)
+    else:
+        sampler = StridedSampler(len(loader.dataset), rank, size)  # type: ignore[arg-type]
+    return data.DataLoader(
+        loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+        num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers)
+
+
+def _plainly_shuffled(loader: torch.utils.data.DataLoader) -> bool:
+    data = torch.utils.data
+    return (not isinstance(loader.dataset, data.IterableDataset)
+            and type(loader.sampler) is data.RandomSampler and loader.generator is None
+            and type(loader.batch_sampler) is data.BatchSampler)
+
+
+def _numeric(value: Any) -> Any:
+    """A metric sum as a float or a nested list (picklable without torch tensors)."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    return value
 
 
 def _load_state(path: pathlib.Path, uuid: str, device: torch.device) -> dict[str, Any]:

@@ -127,7 +127,7 @@ class PyTorchTrialContext:
 
     def __init__(self, core_context: core.Context, device: torch.device | None = None) -> None:
         self.core = core_context
-        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device or _default_device(core_context.distributed.local_rank)
         self.models: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_schedulers: list[tuple[Any, LRScheduler.StepMode, int]] = []
@@ -154,8 +154,22 @@ class PyTorchTrialContext:
 
     # objects to train and checkpoint
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Move ``model`` to the device and register it for checkpointing; returns it."""
+        """Move ``model`` to the device and register it for checkpointing; returns it, as a
+        ``DistributedDataParallel`` under several workers (gradients are averaged across
+        them in ``backward``; every worker starts from the chief's parameters).
+
+        Buffers (batch-norm statistics) are synchronized at the start, not at each forward
+        (``forward_sync_buffers=False``): validation shards differ in length across workers,
+        and a collective inside a forward would wait for a worker that has none left; the
+        chief's buffers are the ones checkpointed.
+        """
         model = model.to(self.device)
+        if self.distributed.size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            model = DistributedDataParallel(
+                model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                forward_sync_buffers=False, gradient_as_bucket_view=True)
         self.models.append(model)
         return model
 
@@ -366,6 +380,21 @@ class PyTorchTrialContext:
     def get_stop_requested(self) -> bool:
         """Whether a stop was requested."""
         return self._stop_requested
+
+
+def _default_device(local_rank: int) -> torch.device:
+    """This worker's GPU (the agent shows each task only its own), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's module inside a ``DistributedDataParallel`` wrapper (else ``model``):
+    checkpoints hold its state dict, so they load under any number of workers."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 class PyTorchTrial(abc.ABC):

@@ -15,11 +15,15 @@ UPDATE agents SET state = 'LOST'
 RETURNING id
 """
 
-# Runs on lost agents end with no exit code: the settle step counts them as failures.
+# Runs on lost agents end with no exit code: the settle step counts them as failures. A gang
+# spanning agents ends when any of its agents is lost (issue 12).
 END_LOST_ALLOCATIONS = """
 UPDATE allocations a SET state = 'TERMINATED', exit_reason = 'agent lost', ended_at = now()
-  FROM agents g
- WHERE g.id = a.agent_id AND g.state = 'LOST' AND a.state <> 'TERMINATED'
+ WHERE a.state <> 'TERMINATED'
+   AND (a.agent_id IN (SELECT id FROM agents WHERE state = 'LOST')
+        OR a.id IN (SELECT h.allocation_id FROM allocation_slots h JOIN agents g
+                      ON g.id = h.agent_id
+                     WHERE g.state = 'LOST' AND NOT h.released))
 RETURNING a.id
 """
 

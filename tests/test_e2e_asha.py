@@ -42,9 +42,10 @@ def check_search(det, conn, trials: int) -> None:
 
 def test_asha_stops_and_promotes_trials(det, conn, tmp_path) -> None:
     # 4 trials, rungs at 80, 160 and 320 batches, one at a time: the order of results, and so
-    # the promotions, are the same every time. With this seed trial 1 beats trial 2 at rung 0,
-    # so trial 2's result promotes trial 1, whose run had ended: a second run resumes it.
-    cfg = digits_config(tmp_path, "adaptive.yaml", reproducibility={"experiment_seed": 3},
+    # the promotions, are the same every time. With this seed a later trial's result promotes
+    # an earlier trial whose run had ended: a second run resumes it. (Seed 3 did until the
+    # training order came to depend on the trial seed alone, issue 12.)
+    cfg = digits_config(tmp_path, "adaptive.yaml", reproducibility={"experiment_seed": 2},
                         **{"searcher.max_trials": 4, "searcher.divisor": 2,
                            "searcher.max_concurrent_trials": 1})
     start_cluster(det)

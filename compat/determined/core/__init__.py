@@ -242,8 +242,9 @@ class CheckpointContext(det_core.CheckpointContext):
 class PreemptContext(det_core.PreemptContext):
     """``core_context.preempt``: ``should_preempt()``, ``acknowledge_preemption_signal()``."""
 
-    def __init__(self, transport: Transport, mode: PreemptMode) -> None:
-        super().__init__(transport)
+    def __init__(self, transport: Transport, mode: PreemptMode,
+                 distributed: DistributedContext | None = None) -> None:
+        super().__init__(transport, distributed)
         self.mode = mode
 
     def start(self) -> "PreemptContext":
@@ -266,8 +267,9 @@ class SearcherOperation(det_core.SearcherOperation):
 class SearcherContext(det_core.SearcherContext):
     """``core_context.searcher`` (deprecated in 0.38, still used by many scripts)."""
 
-    def __init__(self, transport: Transport, config: Mapping[str, Any], on_cluster: bool) -> None:
-        super().__init__(transport, config)
+    def __init__(self, transport: Transport, config: Mapping[str, Any], on_cluster: bool,
+                 distributed: DistributedContext | None = None) -> None:
+        super().__init__(transport, config, distributed)
         # Off-cluster the one operation has length 1, as Determined's dummy searcher's.
         self._max_length = (config.get("searcher") or {}).get("max_length") if on_cluster \
             else {"batches": 1}
@@ -283,8 +285,8 @@ class SearcherContext(det_core.SearcherContext):
             raise DetError("core_context.searcher: the experiment config sets no "
                            "searcher.max_length, so there are no searcher operations; train "
                            "for a length the code decides")
-        while (op := self._transport.current_op()) is not None:
-            operation = SearcherOperation(self._transport, op, self._unit)
+        while (op := self._next_op()) is not None:  # the chief asks and tells the others
+            operation = SearcherOperation(self._transport, op, self._unit, self._dist.rank == 0)
             self._current = operation
             yield operation
             if not operation.completed:
@@ -327,10 +329,11 @@ class Context:
         self._close = close
         self.info = info
         self.distributed = distributed
-        self.searcher = SearcherContext(inner.transport, inner.info.config, info is not None)
+        self.searcher = SearcherContext(inner.transport, inner.info.config, info is not None,
+                                        distributed)
         self.train = TrainContext(inner.train, self.searcher)
         self.checkpoint = CheckpointContext(inner.checkpoint, distributed, info is not None)
-        self.preempt = PreemptContext(inner.transport, preempt_mode)
+        self.preempt = PreemptContext(inner.transport, preempt_mode, distributed)
         self.profiler = ProfilerContext()
 
     @property
@@ -410,13 +413,14 @@ def init_for(
         seed = int((config.get("reproducibility") or {}).get("experiment_seed") or 0)
         transport = OffClusterTransport(config, dict(hparams or {}), trial_seed=seed, ops=[1],
                                         echo=False)
+    if distributed is None and info is None:
+        distributed = DummyDistributedContext()
+    # det's init makes the task's DistributedContext when none is given (from torch's
+    # environment under the launcher), and its contexts ask through the chief.
     cm = det_core.init(transport=transport,
-                       checkpoint_storage=_storage(checkpoint_storage, info is not None))
+                       checkpoint_storage=_storage(checkpoint_storage, info is not None),
+                       distributed=distributed)
     inner = cm.__enter__()
-    if distributed is not None:
-        inner.distributed = distributed
-    elif info is None:
-        inner.distributed = DummyDistributedContext()
     return Context(inner, info, inner.distributed, preempt_mode,
                    lambda: cm.__exit__(None, None, None))
 

@@ -1,0 +1,78 @@
+"""The agent's side of a gang launch (issue 12): what each agent of a distributed trial
+tells its share of the workers, and the statements it needs beyond a one-agent run.
+
+Every agent holding slots of an allocation launches one task, det's launcher, with the slots
+it holds there (``DET_SLOT_IDS``); :mod:`det.launch.torch_distributed` turns it into one
+worker per slot. When the allocation spans agents, the chief's agent (``allocations.
+agent_id``) picks a free port on its host and records ``host:port`` in the allocation's row
+(``det_agent_set_rendezvous``) before it starts its workers; each other agent waits until
+that is recorded, then claims its node (``det_agent_claim_node``: its own token, its node
+rank) and starts its workers pointing at the chief's endpoint. Coordination goes through
+the database, data through torch.
+"""
+
+import json
+import socket
+
+from det.agent.devices import Slot
+
+# An agent's work: the allocations it is the chief of, and those it holds slots of as another
+# node of a gang (``node_state``: its share's state once claimed, else NULL).
+ASSIGNMENTS = """
+SELECT a.id, a.desired_state::text AS desired, a.state::text AS state, a.spec,
+       a.agent_id AS chief, NULL::text AS node_state,
+       array(SELECT h.slot_id FROM allocation_slots h
+              WHERE h.allocation_id = a.id AND h.agent_id = %(agent)s AND NOT h.released
+              ORDER BY h.slot_id) AS slot_ids,
+       a.slots_needed > (SELECT count(*) FROM allocation_slots h
+                         WHERE h.allocation_id = a.id AND h.agent_id = %(agent)s) AS spans
+  FROM allocations a
+ WHERE a.agent_id = %(agent)s AND a.state <> 'TERMINATED'
+UNION ALL
+SELECT a.id, a.desired_state::text, a.state::text, a.spec, a.agent_id,
+       n.state::text,
+       array(SELECT h.slot_id FROM allocation_slots h
+              WHERE h.allocation_id = a.id AND h.agent_id = %(agent)s AND NOT h.released
+              ORDER BY h.slot_id),
+       true
+  FROM allocations a
+  LEFT JOIN allocation_nodes n ON n.allocation_id = a.id AND n.agent_id = %(agent)s
+ WHERE a.agent_id <> %(agent)s AND a.state <> 'TERMINATED'
+   AND a.id IN (SELECT h.allocation_id FROM allocation_slots h
+                 WHERE h.agent_id = %(agent)s AND NOT h.released)
+ ORDER BY id
+"""
+
+GANG_AGENTS = "SELECT det_gang_agents(%s) AS nodes"
+SET_RENDEZVOUS = "SELECT det_agent_set_rendezvous(%s, %s, %s)"
+CLAIM_NODE = "SELECT det_agent_claim_node(%s, %s) AS node"
+REPORT_NODE = "SELECT det_agent_report_node(%s, %s, %s, %s, %s)"
+
+
+def host_address() -> str:
+    """The address other hosts reach this one at (its hostname's), else loopback."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for torchrun's store on the chief."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def gang_env(agent_id: str, slots: list[Slot], nodes: list[str] | None = None,
+             node_rank: int = 0, rendezvous: str | None = None) -> dict[str, str]:
+    """The variables the launcher reads (:mod:`det.launch.gang`) for the slots this agent
+    holds of one allocation; ``nodes`` (the agents in node order), ``node_rank`` and
+    ``rendezvous`` (``host:port``) when it spans agents."""
+    env = {"DET_SLOT_IDS": json.dumps([s.slot_id for s in slots]),
+           "DET_GANG_AGENTS": ",".join(nodes or [agent_id])}
+    if nodes and len(nodes) > 1 and rendezvous:
+        host, port = rendezvous.rsplit(":", 1)
+        env.update({"DET_NNODES": str(len(nodes)), "DET_NODE_RANK": str(node_rank),
+                    "DET_MASTER_ADDR": host, "DET_MASTER_PORT": port})
+    return env

@@ -51,6 +51,10 @@ class StateError(DetError):
     """The requested action is not legal in the object's current state."""
 
 
+class AuthError(DetError):
+    """A login or token was refused: a wrong user or password, a bad or expired token."""
+
+
 class DatabaseError(DetError):
     """The database cannot be reached or answered with an error a user should see."""
 

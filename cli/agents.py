@@ -6,19 +6,12 @@ scheduler places nothing new there. Both go through SQL functions (migration 2).
 
 import typer
 
-from det.cli.cluster import AGENTS
 from det.cli.output import print_json, print_table
 from det.cli.session import db
+from det.queries.cluster import AGENTS, SLOTS
 
 slot_app = typer.Typer(no_args_is_help=True)
 
-SLOTS = """
-SELECT agent_id, slot_id, type, device_name, device_uuid, memory_mb, enabled, resource_pool,
-       agent_state::text, allocation_id, trial_id
-  FROM reporting.slot_usage
- WHERE %(agent)s::text IS NULL OR agent_id = %(agent)s
- ORDER BY agent_id, slot_id
-"""
 
 
 def list_agents(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:

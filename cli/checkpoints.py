@@ -8,6 +8,7 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.errors import NotFoundError, StateError
 from det.harness.storage import storage_from_config
+from det.queries.trials import CHECKPOINT
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -18,8 +19,6 @@ SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_
   FROM checkpoints c JOIN trials t ON t.id = c.trial_id
  WHERE t.experiment_id = %(id)s ORDER BY c.trial_id, c.steps_completed
 """
-
-ONE = "SELECT uuid::text AS uuid, state, storage FROM checkpoints WHERE uuid::text = %(uuid)s"
 
 
 @app.command("list")
@@ -49,7 +48,7 @@ def download(
     """Copy a checkpoint's files from its storage (shared_fs, directory or s3) into a local
     directory, showing the bytes as they come."""
     with db() as conn:
-        row = conn.execute(ONE, {"uuid": uuid}).fetchone()
+        row = conn.execute(CHECKPOINT, {"uuid": uuid}).fetchone()
     if row is None:
         raise NotFoundError(f"checkpoint {uuid} not found")
     if row["state"] != "COMPLETED":

@@ -17,10 +17,11 @@ from pathlib import Path
 import typer
 
 from det.cli.output import print_json, print_table
-from det.cli.session import db
+from det.cli.session import db, user
 from det.cli.supervisor import STOP_GRACE, Child, Supervisor, read_pid
 from det.db import database_url, det_home, embedded
 from det.errors import DetError
+from det.queries.cluster import AGENTS
 from det.reconciler import leader
 
 cluster_app = typer.Typer(no_args_is_help=True)
@@ -28,18 +29,11 @@ db_app = typer.Typer(no_args_is_help=True)
 agent_app = typer.Typer(no_args_is_help=True)
 
 # Processes the supervisor runs: name -> det sub-command.
-PROCESSES = {"reconciler": ["reconcile"], "agent": ["agent", "run"]}
+PROCESSES = {"reconciler": ["reconcile"], "agent": ["agent", "run"], "server": ["serve"]}
 
-AGENTS = """
-SELECT g.id, g.hostname, g.resource_pool, g.state::text AS state, g.runtime, g.last_heartbeat,
-       count(s.slot_id) AS slots,
-       count(h.slot_id) AS used
-  FROM agents g
-  LEFT JOIN slots s ON s.agent_id = g.id
-  LEFT JOIN allocation_slots h ON h.agent_id = s.agent_id AND h.slot_id = s.slot_id
-                              AND NOT h.released
- GROUP BY g.id ORDER BY g.id
-"""
+WEB_PORT = 8080
+"""The port `det cluster up` serves the REST API and WebUI on (det serve)."""
+
 
 
 def _run_dir() -> Path:
@@ -58,9 +52,11 @@ def up(
     slots: int = typer.Option(None, help="CPU slots of the local agent (default: CPU count)."),
     runtime: str = typer.Option(None, help="The local agent's runtime, docker or process "
                                            "(default: docker when an engine answers)."),
+    web_port: int = typer.Option(WEB_PORT, "--web-port", min=0, max=65535,
+                                 help="Port of the REST API and WebUI on 127.0.0.1 (0: none)."),
 ) -> None:
     """Start the database (embedded unless DET_DB_URL is set) and a supervisor that keeps a
-    reconciler and an agent running."""
+    reconciler, an agent and the web server (det serve) running."""
     url = database_url(start=True)
     with db():
         pass  # brings the schema up to date before the processes start
@@ -73,23 +69,32 @@ def up(
     args += ["--slots", str(slots)] if slots is not None else []
     args += ["--runtime", runtime] if runtime is not None else []
     args += ["--watch-embedded"] if _embedded_home() is not None else []
+    args += ["--web-port", str(web_port)]
     logfile = open(_run_dir() / "supervisor.log", "ab")  # noqa: SIM115 (handed to the child)
     proc = subprocess.Popen(args, env={**os.environ, "DET_DB_URL": url}, stdout=logfile,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     typer.echo(f"supervisor: started (pid {proc.pid}), running a reconciler and an agent; "
                f"logs in {_run_dir()}")
+    if web_port:
+        typer.echo(f"web: http://127.0.0.1:{web_port}/ (REST API and WebUI; user "
+                   f"{user()}, password DET_PASSWORD or empty)")
 
 
 @cluster_app.command("supervise", hidden=True)
 def supervise(slots: int = typer.Option(None), runtime: str = typer.Option(None),
-              watch_embedded: bool = typer.Option(False, "--watch-embedded")) -> None:
+              watch_embedded: bool = typer.Option(False, "--watch-embedded"),
+              web_port: int = typer.Option(0, "--web-port")) -> None:
     """Run the supervisor in the foreground (what `det cluster up` starts); its children find
     the database through DET_DB_URL, which `up` sets."""
     agent = [*PROCESSES["agent"]]
     agent += ["--slots", str(slots)] if slots is not None else []
     agent += ["--runtime", runtime] if runtime is not None else []
     children = [Child("reconciler", PROCESSES["reconciler"]), Child("agent", agent)]
+    (_run_dir() / "server.url").unlink(missing_ok=True)
+    if web_port:
+        children.append(Child("server", [*PROCESSES["server"], "--port", str(web_port)]))
+        (_run_dir() / "server.url").write_text(f"http://127.0.0.1:{web_port}/")
     home = det_home() if watch_embedded else None
     Supervisor(children, _run_dir(), dict(os.environ), home).run()
 
@@ -110,7 +115,7 @@ def down() -> None:
             if left:
                 os.kill(left, signal.SIGKILL)
             (_run_dir() / f"{name}.pid").unlink(missing_ok=True)
-        typer.echo("supervisor: stopped, with its reconciler and agent")
+        typer.echo("supervisor: stopped, with its reconciler, agent and web server")
     home = _embedded_home()
     if home is not None:
         stopped = embedded.stop(home)
@@ -125,13 +130,15 @@ def status(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
     with db() as conn:
         leading = leader.current(conn)
         agents = conn.execute(AGENTS).fetchall()
+    web = _web_url() if processes["server"] else None
     if json_:
-        print_json({"database": url, "processes": processes, "leader": leading,
+        print_json({"database": url, "processes": processes, "web": web, "leader": leading,
                     "agents": agents})
         return
     typer.echo(f"database: {url}")
     for name, pid in processes.items():
-        typer.echo(f"{name}: " + (f"running (pid {pid})" if pid else "not running here"))
+        at = f" at {web}" if name == "server" and web else ""
+        typer.echo(f"{name}: " + (f"running (pid {pid}){at}" if pid else "not running here"))
     if leading and leading["alive"]:
         typer.echo(f"leader: {leading['holder']} since {leading['since']:%Y-%m-%d %H:%M:%S}, "
                    f"last pass {leading['last_pass']:%H:%M:%S}")
@@ -144,6 +151,14 @@ def status(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
     print_table(agents, ["id", "hostname", "resource_pool", "state", "runtime", "slots", "used",
                          "last_heartbeat"],
                 ["Agent", "Host", "Pool", "State", "Runtime", "Slots", "Used", "Heartbeat"])
+
+
+def _web_url() -> str | None:
+    """The URL of the web server `det cluster up` started, if any."""
+    try:
+        return (_run_dir() / "server.url").read_text().strip() or None
+    except OSError:
+        return None
 
 
 @db_app.command("migrate")

@@ -3,17 +3,18 @@ unarchive, delete, set (scheduling settings and the checkpoint GC policy)."""
 
 import ast
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 
 import typer
 import yaml
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+from tqdm import tqdm
 
 from det import context
 from det.cli.output import print_json, print_table
@@ -26,47 +27,21 @@ from det.configs.overrides import apply_overrides, make_test_config
 from det.configs.templates import merge
 from det.db import database_url, det_home
 from det.db.reconnect import Reconnecting
-from det.errors import ConfigError, ContextError, DetError, NotFoundError
+from det.errors import ConfigError, ContextError, DetError
+from det.queries.experiments import (
+    CHECKPOINTS,
+    STATE,
+    TRIALS,
+    ListFilter,
+    add_rungs,
+    get_experiment,
+    job_of,
+    list_experiments,
+)
 from det.reconciler.schedulers import Agent, Task
 from det.reconciler.schedulers.fitting import never_fits
-from det.reconciler.searchers import trial_rungs
 
 app = typer.Typer(no_args_is_help=True)
-
-LIST = """
-SELECT id, name, state::text AS state, round(progress * 100)::integer AS progress, trials,
-       owner, start_time AS started, end_time AS ended, best_validation, searcher, metric
-  FROM reporting.experiments WHERE %(all)s OR NOT archived ORDER BY id
-"""
-
-EXPERIMENT = """
-SELECT e.id, e.name, e.description, e.state::text AS state, e.owner, e.progress, e.config,
-       e.start_time, e.end_time, j.resource_pool, j.priority, j.weight, j.id AS job_id,
-       e.archived, e.checkpoint_gc_error, e.delete_requested_at
-  FROM experiments e JOIN jobs j ON j.id = e.job_id WHERE e.id = %(id)s
-"""
-
-TRIALS = """
-SELECT id, request_id::text AS request_id, state::text AS state, hparams, steps_completed,
-       best_validation, restarts, latest_checkpoint, exit_reason, start_time, end_time
-  FROM trials WHERE experiment_id = %(id)s ORDER BY id
-"""
-
-# Read only for adaptive_asha, whose describe shows each trial's rung (it holds the RNG state,
-# so it stays out of EXPERIMENT).
-SEARCHER_STATE = "SELECT searcher_state FROM experiments WHERE id = %(id)s"
-
-CHECKPOINTS = """
-SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_at,
-       (SELECT m."values" FROM metrics m
-         WHERE m.trial_id = c.trial_id AND m."group" = 'validation'
-           AND m.steps_completed = c.steps_completed
-         ORDER BY m.id DESC LIMIT 1) AS validation
-  FROM checkpoints c JOIN trials t ON t.id = c.trial_id
- WHERE t.experiment_id = %(id)s ORDER BY c.trial_id, c.steps_completed
-"""
-
-STATE = "SELECT state::text AS state FROM experiments WHERE id = %(id)s"
 
 # `det experiment wait` exit codes, by terminal state.
 WAIT_EXIT = {"COMPLETED": 0, "ERROR": 1, "CANCELED": 2}
@@ -94,23 +69,33 @@ def check_entrypoint(entrypoint: str | list[str], ctx: Path) -> None:
 def expanded_config(config_file: Path, ctx: Path, template: dict | None = None,
                     overrides: list[str] | None = None, test: bool = False
                     ) -> tuple[dict, str]:
-    """Read, validate and expand ``config_file``, with ``overrides`` (``--config KEY=VALUE``)
-    applied and merged over ``template`` (a template row: ``name``, ``config``;
-    det.configs.templates) if given; returns (expanded config, original text). With
-    ``test``, the config is first validated as it is, then made ``--test``'s small
+    """Read ``config_file`` and :func:`expand_config_text` it.
+
+    Raises:
+        ConfigError: unreadable or oversized file, or what expand_config_text raises.
+    """
+    return expand_config_text(read_config_file(config_file), str(config_file), ctx, template,
+                              overrides, test)
+
+
+def expand_config_text(text: str, source: str, ctx: Path, template: dict | None = None,
+                       overrides: list[str] | None = None, test: bool = False
+                       ) -> tuple[dict, str]:
+    """Validate and expand the config ``text`` (read from ``source``), with ``overrides``
+    (``--config KEY=VALUE``) applied and merged over ``template`` (a template row: ``name``,
+    ``config``; det.configs.templates) if given; returns (expanded config, original text).
+    With ``test``, the config is first validated as it is, then made ``--test``'s small
     experiment (``det.configs.overrides.make_test_config``); the original text is then
-    the test config's YAML, as with overrides.
+    the test config's YAML, as with overrides. The CLI and ``POST /api/v1/experiments``
+    both submit through it.
 
     The default checkpoint storage is a shared_fs directory under det's home; a
     ``checkpoint_storage`` without ``type`` (GC settings only, as 0.38 allows) is merged over
     it. Determined keys det does not use are printed as warnings on stderr, one line each.
 
     Raises:
-        ConfigError: unreadable or oversized file, invalid config (or merge), or an
-            entrypoint the context lacks.
+        ConfigError: invalid YAML or config (or merge), or an entrypoint the context lacks.
     """
-    text = read_config_file(config_file)
-    source = str(config_file)
     data = parse_yaml(text, source)
     if overrides:
         data = apply_overrides(data, overrides)
@@ -191,7 +176,7 @@ def create(
         blob = context.pack(ctx)
     with db() as conn, conn.transaction():
         if not force:
-            _refuse_unfit(conn, expanded)
+            refuse_unfit(conn, expanded)
         row = conn.execute("SELECT det_create_experiment(%s, %s, %s, %s) AS id",
                            (Jsonb(expanded), original, blob, user())).fetchone()
         if paused:
@@ -260,7 +245,7 @@ SELECT g.id, count(s.slot_id) AS slots FROM agents g LEFT JOIN slots s ON s.agen
 """
 
 
-def _refuse_unfit(conn, expanded: dict) -> None:
+def refuse_unfit(conn, expanded: dict) -> None:
     """Raise ConfigError if no agent now registered in the job's pools (any of them, when
     ``resources.resource_pool`` is a list) could ever run one trial. A pool with no agents
     yet is let through: agents may join it later."""
@@ -288,20 +273,12 @@ def list_(
 ) -> None:
     """Experiments: id, name, state, progress, trials, owner, started."""
     with db() as conn:
-        rows = conn.execute(LIST, {"all": all_}).fetchall()
+        rows = list_experiments(conn, ListFilter(archived=all_))
     if json_:
         print_json(rows)
         return
     print_table(rows, ["id", "name", "state", "progress", "trials", "owner", "started"],
                 ["ID", "Name", "State", "Progress %", "Trials", "Owner", "Started"])
-
-
-def get_experiment(conn, exp_id: int) -> dict:
-    """The experiment row. Raises NotFoundError."""
-    row = conn.execute(EXPERIMENT, {"id": exp_id}).fetchone()
-    if row is None:
-        raise NotFoundError(f"experiment {exp_id} not found")
-    return row
 
 
 @app.command("describe")
@@ -315,13 +292,7 @@ def describe(
         exp = get_experiment(conn, exp_id)
         trials = conn.execute(TRIALS, {"id": exp_id}).fetchall()
         ckpts = conn.execute(CHECKPOINTS, {"id": exp_id}).fetchall()
-        asha = exp["config"]["searcher"]["name"] in ("adaptive_asha", "tpe")
-        if asha:
-            state = conn.execute(SEARCHER_STATE, {"id": exp_id}).fetchone()["searcher_state"]
-            rungs = trial_rungs(exp["config"], state)
-            for t in trials:
-                rung = rungs.get(t["request_id"])
-                t["rung"] = asdict(rung) if rung else None
+        asha = add_rungs(conn, exp, trials)
     if json_:
         print_json({**exp, "trials": trials, "checkpoints": ckpts})
         return
@@ -342,7 +313,7 @@ def describe(
     if exp["checkpoint_gc_error"]:
         typer.echo(f"checkpoint GC failed: {exp['checkpoint_gc_error']}")
     typer.echo("\nTrials:")
-    print_table(trials, ["id", "state", "hparams", "steps_completed", "best_validation",
+    print_table(trials, ["id", "state", "hparams", "batches", "best_validation",
                          "restarts", "exit_reason"],
                 ["ID", "State", "Hyperparameters", "Batches", f"Best {metric}", "Restarts",
                  "Exit"])
@@ -393,16 +364,24 @@ def wait(
     exp_id: int = typer.Argument(..., metavar="ID"),
     interval: float = typer.Option(1.0, help="Seconds between checks."),
 ) -> None:
-    """Block until the experiment ends. Exit code: 0 COMPLETED, 1 ERROR, 2 CANCELED.
-    Rides out database restarts: it reconnects and goes on waiting."""
+    """Block until the experiment ends, showing its progress on a terminal (batches trained
+    so far count). Exit code: 0 COMPLETED, 1 ERROR, 2 CANCELED. Rides out database restarts:
+    it reconnects and goes on waiting."""
     with db() as conn:
         get_experiment(conn, exp_id)
+    what = f"det experiment wait {exp_id}"
+    # tqdm draws only on a terminal (disable=None); elsewhere only the final line is printed.
+    with Reconnecting(database_url(), row_factory=dict_row) as session, \
+            tqdm(total=100, desc=f"Experiment {exp_id}", unit="%", disable=None,
+                 file=sys.stderr, bar_format="{desc}: {percentage:3.0f}%|{bar}|") as bar:
+        def read(conn) -> str:
+            state = conn.execute(STATE, {"id": exp_id}).fetchone()["state"]
+            if not bar.disable:  # the live progress only where it is drawn
+                bar.n = round(get_experiment(conn, exp_id)["progress"] * 100)
+                bar.set_description(f"Experiment {exp_id} {state}")
+            return state
 
-    def read_state(conn) -> str:
-        return conn.execute(STATE, {"id": exp_id}).fetchone()["state"]
-
-    with Reconnecting(database_url(), row_factory=dict_row) as session:
-        while (state := session.run(f"det experiment wait {exp_id}", read_state)) not in WAIT_EXIT:
+        while (state := session.run(what, read)) not in WAIT_EXIT:
             time.sleep(interval)
     typer.echo(f"Experiment {exp_id}: {state}")
     raise typer.Exit(WAIT_EXIT[state])
@@ -449,16 +428,10 @@ set_app = typer.Typer(no_args_is_help=True)
 app.add_typer(set_app, name="set",
               help="Change an experiment's scheduling settings or checkpoint GC policy.")
 
-JOB_OF = "SELECT job_id FROM experiments WHERE id = %(id)s"
-
-
 def _set_job(exp_id: int, field: str, value: str) -> None:
     value = job_change(field, value)  # checked before the transaction: a bad value changes nothing
     with db() as conn, conn.transaction():
-        row = conn.execute(JOB_OF, {"id": exp_id}).fetchone()
-        if row is None:
-            raise NotFoundError(f"experiment {exp_id} not found")
-        conn.execute("SELECT det_job_update(%s, %s, %s)", (row["job_id"], field, value))
+        conn.execute("SELECT det_job_update(%s, %s, %s)", (job_of(conn, exp_id), field, value))
     typer.echo(f"Experiment {exp_id}: {field} set to {value}")
 
 

@@ -19,6 +19,7 @@ from det.cli import (
     pools,
     preview,
     queue,
+    serve,
     simulate,
     templates,
     trials,
@@ -52,6 +53,7 @@ app.add_typer(agents.slot_app, name="slot", help="List and drain slots.")
 app.command("reconcile")(cluster.reconcile)
 queue.app.command("simulate")(simulate.simulate)
 app.command("preview-search")(preview.preview_search)
+app.command("serve")(serve.serve)
 
 _debug = False
 

@@ -10,26 +10,10 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.configs import read_config_file
 from det.configs.cluster import ClusterConfig, load_cluster_config
+from det.queries.cluster import POOLS, STORED
 
 config_app = typer.Typer(no_args_is_help=True)
 pool_app = typer.Typer(no_args_is_help=True)
-
-STORED = "SELECT config, original, applied_at FROM cluster_config"
-
-POOLS = """
-SELECT r.name, r.description, det_pool_scheduler(r.name) AS scheduler,
-       r.max_aux_containers_per_agent,
-       (SELECT count(*) FROM agents g WHERE g.resource_pool = r.name AND g.state <> 'LOST')
-           AS agents,
-       (SELECT count(*) FROM slots s JOIN agents g ON g.id = s.agent_id
-         WHERE g.resource_pool = r.name AND g.state = 'ACTIVE' AND s.enabled) AS slots_total,
-       (SELECT count(*) FROM allocation_slots h JOIN agents g ON g.id = h.agent_id
-         WHERE g.resource_pool = r.name AND NOT h.released) AS slots_used,
-       (SELECT count(*) FROM reporting.job_queue q
-         WHERE q.resource_pool = r.name AND q.status = 'STATE_QUEUED') AS queued_jobs
-  FROM resource_pools r ORDER BY r.name
-"""
-
 
 @config_app.command("apply")
 def apply(config_file: Path = typer.Argument(..., help="Cluster config (YAML).")) -> None:

@@ -26,14 +26,16 @@ from det.reconciler.searchers import asha_preview
 from det.reconciler.searchers.sampling import grid_axis
 
 
-def preview_search(
-    config_file: Path = typer.Argument(..., help="Experiment config (YAML).",
-                                       metavar="CONFIG_FILE"),
-    json_: bool = typer.Option(False, "--json", help="Print JSON."),
-) -> None:
-    """Show the trials a search will create and the training it will run."""
-    text = read_config_file(config_file)
-    config = load_experiment_config(text, source=str(config_file))
+def search_preview(text: str, source: str) -> dict:
+    """The plan of the search the config ``text`` describes: ``searcher``, ``unit``,
+    ``trials``, ``units`` (of training in all) and, per bracket and rung, ``rungs``
+    (adaptive_asha, tpe), else ``plan``. `det preview-search` and
+    ``POST /api/v1/preview-search`` show it.
+
+    Raises:
+        ConfigError: an invalid config, naming the field.
+    """
+    config = load_experiment_config(text, source=source)
     searcher = config.searcher
     if isinstance(searcher, AdaptiveAshaSearcher | TPESearcher):
         asha = searcher if isinstance(searcher, AdaptiveAshaSearcher) else searcher.as_asha()
@@ -51,38 +53,50 @@ def preview_search(
             for b, preview in enumerate(brackets)
             for i, rung in enumerate(preview.rungs)
         ]
-        if not json_:
-            print_table(
-                rows,
-                ["bracket", "rung", "length", "trials", "stopped", "units"],
-                ["Bracket", "Rung", f"Trains to ({unit})", "Trials", "Stop here",
-                 f"Units ({unit})"],
-            )
         trials = sum(preview.bracket.max_trials for preview in brackets)
         units = sum(preview.units for preview in brackets)
+        return {"searcher": searcher.name, "unit": unit, "trials": trials, "units": units,
+                "rungs": rows}
+    if isinstance(searcher, GridSearcher):
+        trials = math.prod(len(grid_axis(hp)) for _, hp in iter_leaves(config.hyperparameters))
+    elif isinstance(searcher, RandomSearcher):
+        trials = searcher.max_trials
     else:
-        if isinstance(searcher, GridSearcher):
-            trials = math.prod(len(grid_axis(hp)) for _, hp in iter_leaves(config.hyperparameters))
-        elif isinstance(searcher, RandomSearcher):
-            trials = searcher.max_trials
-        else:
-            trials = 1
-        if searcher.max_length is None:  # each trial's code decides its length
-            unit, length, units = "", None, None
-        else:
-            unit, length = searcher.max_length.unit, searcher.max_length.value
-            units = trials * length
-        rows = [{"trials": trials, "length": length, "units": units}]
-        if not json_:
-            print_table(rows, ["trials", "length", "units"],
-                        ["Trials", f"Trains to ({unit or 'set by the code'})",
-                         f"Units ({unit or '-'})"])
+        trials = 1
+    if searcher.max_length is None:  # each trial's code decides its length
+        unit, length, units = "", None, None
+    else:
+        unit, length = searcher.max_length.unit, searcher.max_length.value
+        units = trials * length
+    return {"searcher": searcher.name, "unit": unit, "trials": trials, "units": units,
+            "plan": [{"trials": trials, "length": length, "units": units}]}
+
+
+def preview_search(
+    config_file: Path = typer.Argument(..., help="Experiment config (YAML).",
+                                       metavar="CONFIG_FILE"),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show the trials a search will create and the training it will run."""
+    data = search_preview(read_config_file(config_file), str(config_file))
     if json_:
-        print_json({"searcher": searcher.name, "unit": unit, "trials": trials, "units": units,
-                    "rungs" if "rung" in rows[0] else "plan": rows})
+        print_json(data)
         return
+    unit, trials, units = data["unit"], data["trials"], data["units"]
+    if "rungs" in data:
+        print_table(
+            data["rungs"],
+            ["bracket", "rung", "length", "trials", "stopped", "units"],
+            ["Bracket", "Rung", f"Trains to ({unit})", "Trials", "Stop here",
+             f"Units ({unit})"],
+        )
+    else:
+        print_table(data["plan"], ["trials", "length", "units"],
+                    ["Trials", f"Trains to ({unit or 'set by the code'})",
+                     f"Units ({unit or '-'})"])
     plural = "" if trials == 1 else "s"
     if units is None:
-        typer.echo(f"{searcher.name}: {trials} trial{plural}, each as long as its code trains")
+        typer.echo(f"{data['searcher']}: {trials} trial{plural}, each as long as its code "
+                   "trains")
         return
-    typer.echo(f"{searcher.name}: {trials} trial{plural}, {units} {unit} of training in all")
+    typer.echo(f"{data['searcher']}: {trials} trial{plural}, {units} {unit} of training in all")

@@ -9,38 +9,9 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.db import database_url
 from det.db.reconnect import Reconnecting
-from det.errors import NotFoundError
+from det.queries.trials import FIRST_TRIAL, LOGS_AFTER, METRICS, TERMINAL, get_trial
 
 app = typer.Typer(no_args_is_help=True)
-
-TRIAL = """
-SELECT t.id, t.experiment_id, t.state::text AS state, t.hparams, t.seed, t.restarts, t.runs,
-       t.steps_completed, t.best_validation, t.latest_checkpoint::text AS latest_checkpoint,
-       t.exit_reason, t.start_time, t.end_time
-  FROM trials t WHERE t.id = %(id)s
-"""
-
-LOGS_AFTER = """
-SELECT id, ts, stream, line FROM task_logs
- WHERE trial_id = %(trial)s AND id > %(after)s ORDER BY id LIMIT 5000
-"""
-
-FIRST_TRIAL = "SELECT min(id) AS id FROM trials WHERE experiment_id = %(id)s"
-
-METRICS = """
-SELECT "group", steps_completed, "values" FROM metrics
- WHERE trial_id = %(id)s ORDER BY steps_completed, id
-"""
-
-TERMINAL = {"COMPLETED", "CANCELED", "ERROR"}
-
-
-def _trial(conn, trial_id: int) -> dict:
-    row = conn.execute(TRIAL, {"id": trial_id}).fetchone()
-    if row is None:
-        raise NotFoundError(f"trial {trial_id} not found")
-    return row
-
 
 def stream_logs(trial_id: int, follow: bool, interval: float = 0.5) -> None:
     """Print the trial's logs; with ``follow``, keep printing until the trial ends.
@@ -49,12 +20,13 @@ def stream_logs(trial_id: int, follow: bool, interval: float = 0.5) -> None:
     (lines are read by id, so none is printed twice or skipped).
     """
     with db() as conn:
-        _trial(conn, trial_id)
+        get_trial(conn, trial_id)
     what = f"det trial logs {trial_id}"
     after = 0
 
     def lines(conn) -> list[dict]:
-        return conn.execute(LOGS_AFTER, {"trial": trial_id, "after": after}).fetchall()
+        return conn.execute(LOGS_AFTER, {"trial": trial_id, "after": after,
+                                          "limit": 5000}).fetchall()
 
     with Reconnecting(database_url(), row_factory=dict_row) as session:
         while True:
@@ -65,7 +37,8 @@ def stream_logs(trial_id: int, follow: bool, interval: float = 0.5) -> None:
                 after = r["id"]
             if rows:
                 continue
-            if not follow or session.run(what, lambda c: _trial(c, trial_id))["state"] in TERMINAL:
+            state = session.run(what, lambda c: get_trial(c, trial_id))["state"] if follow else ""
+            if not follow or state in TERMINAL:
                 # One more read: lines flushed between the last read and the state check.
                 if not session.run(what, lines):
                     return
@@ -100,12 +73,12 @@ def describe(
 ) -> None:
     """The trial's state, hyperparameters and metrics."""
     with db() as conn:
-        trial = _trial(conn, trial_id)
+        trial = get_trial(conn, trial_id)
         metrics = conn.execute(METRICS, {"id": trial_id}).fetchall()
     if json_:
         print_json({**trial, "metrics": metrics})
         return
-    print_table([trial], ["id", "experiment_id", "state", "steps_completed", "best_validation",
+    print_table([trial], ["id", "experiment_id", "state", "batches", "best_validation",
                           "restarts", "latest_checkpoint"],
                 ["ID", "Experiment", "State", "Batches", "Best", "Restarts", "Checkpoint"])
     typer.echo(f"\nhyperparameters: {trial['hparams']}\n")

@@ -12,6 +12,21 @@ import hashlib
 RECONCILER = "det_reconciler"
 """Wakes the reconciler: user actions, agent reports, searcher events (sent from SQL)."""
 
+WEB = "det_web"
+"""Wakes det serve's event streams (sent from SQL: ``det_web_event``). The payload is the
+topics that changed, space-separated (built below), or ``*`` for all of them."""
+
+ALL_TOPICS = "*"
+
+EXPERIMENTS = "experiments"
+"""The experiment list: an experiment was submitted or changed state, progress or archived."""
+
+QUEUE = "queue"
+"""The job queue: jobs, their runs or the agents changed."""
+
+CLUSTER = "cluster"
+"""Agents and slots: joined, lost, enabled, disabled, taken or released."""
+
 MAX_BYTES = 63
 
 
@@ -30,3 +45,13 @@ def agent(agent_id: str) -> str:
 def allocation(allocation_id: int) -> str:
     """The channel a task LISTENs on for its preemption (desired state left RUNNING)."""
     return _bounded("alloc", str(int(allocation_id)))
+
+
+def experiment_topic(exp_id: int) -> str:
+    """The topic of one experiment's page: its state, trials, metrics (det_web_event)."""
+    return f"experiment:{int(exp_id)}"
+
+
+def trial_topic(trial_id: int) -> str:
+    """The topic of one trial's page: its state, metrics and logs (det_web_event)."""
+    return f"trial:{int(trial_id)}"

@@ -10,7 +10,7 @@ import re
 
 import psycopg
 
-from det.errors import DatabaseError, DetError, NotFoundError, StateError
+from det.errors import AuthError, DatabaseError, DetError, NotFoundError, StateError
 
 # What a violated table constraint means to a user (constraints named by PostgreSQL's
 # defaults: <table>_<column>_check, <table>_<column>_fkey). ``{key}`` stands for the value
@@ -42,7 +42,7 @@ _BY_STATE: dict[str, type[DetError]] = {
     "22023": DetError,  # invalid_parameter_value: a bad argument, named in the message
     "23505": DetError,  # unique_violation: a name already taken, named in the message
     "23514": StateError,  # check_violation: an illegal state change or value
-    "28000": DetError,  # invalid_authorization_specification: a bad token
+    "28000": AuthError,  # invalid_authorization_specification: a bad token
 }
 
 

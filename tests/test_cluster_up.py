@@ -89,3 +89,35 @@ def test_a_zombie_is_not_running(tmp_path) -> None:
         time.sleep(0.01)
     assert not alive(child.pid) and read_pid(tmp_path, "agent") is None
     child.wait()
+
+
+def test_cluster_up_serves_the_rest_api_and_webui(local, tmp_path) -> None:
+    """`det cluster up` starts det serve under the supervisor; status shows where it is."""
+    import httpx
+    from test_api import free_port
+
+    port = free_port()
+    out = local("cluster", "up", "--runtime", "process", "--slots", "1", "--web-port",
+                str(port)).stdout
+    url = f"http://127.0.0.1:{port}/"
+    assert f"web: {url}" in out
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{url}api/v1/openapi.json", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(answers, 60, "the web server to answer")
+    token = httpx.post(f"{url}api/v1/auth/login",
+                       json={"username": "tester", "password": ""}).json()["token"]
+    r = httpx.get(f"{url}api/v1/agents", headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200
+    assert "<title>det</title>" in httpx.get(f"{url}ui/").text
+    status = _status(local)
+    assert status["processes"]["server"] and status["web"] == url
+    assert f"server: running (pid {status['processes']['server']}) at {url}" in \
+        local("cluster", "status").stdout
+    server = status["processes"]["server"]
+    local("cluster", "down", timeout=120)
+    assert not (psutil.pid_exists(server) and psutil.Process(server).status() != "zombie")

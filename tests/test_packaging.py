@@ -18,7 +18,8 @@ from conftest import REPO
 # Run from a checkout, not part of det (setup.py says the same).
 NOT_SHIPPED = {"tests", "examples", "bench"}
 # Files other than modules that det reads at run time (pyproject.toml, package-data).
-DATA = ["schema.sql", "agent/image/Dockerfile", "db/migrations/*.sql"]
+DATA = ["schema.sql", "agent/image/Dockerfile", "db/migrations/*.sql",
+        "api/static/*", "api/static/vendor/*"]  # the WebUI's files (det serve)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,8 @@ def test_the_wheel_holds_every_module_and_data_file(wheel: Path) -> None:
                                                and d in (*NOT_SHIPPED, "compat")))]
         modules |= {(here / f).as_posix() for f in files if f.endswith(".py")}
     modules.discard("setup.py")
-    data = {p.relative_to(REPO).as_posix() for pattern in DATA for p in REPO.glob(pattern)}
+    data = {p.relative_to(REPO).as_posix() for pattern in DATA for p in REPO.glob(pattern)
+            if p.is_file()}
     assert "reconciler/schedulers/__init__.py" in modules and "db/migrations/0001_initial.sql" \
         in data
     with zipfile.ZipFile(wheel) as z:

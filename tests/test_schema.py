@@ -45,7 +45,7 @@ def test_terminal_states_are_final(conn) -> None:
     with pytest.raises(psycopg.errors.CheckViolation, match="illegal state change"):
         conn.execute("UPDATE experiments SET state = 'ACTIVE', end_time = NULL WHERE id = %s",
                      (eid,))
-    with pytest.raises(psycopg.errors.InvalidParameterValue, match="cannot pause"):
+    with pytest.raises(psycopg.errors.CheckViolation, match="cannot pause"):
         conn.execute("SELECT det_experiment_action(%s, 'pause')", (eid,))
 
 

@@ -1,0 +1,100 @@
+"""The ASGI application: REST routers, error handlers, the event hub, the WebUI's files."""
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from importlib import resources
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from det.api import errors
+from det.api.events import Hub
+from det.api.routes import auth, cluster, events, experiments, queue, trials
+from det.api.session import DEFAULT_TOKEN_TTL
+from det.db import connect, migrate
+
+POOL_SIZE = 16
+"""Most database connections one server process holds for requests (plus one listening)."""
+
+STATIC = resources.files("det.api") / "static"
+
+
+def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
+    """The server for the database at ``url``; ``token_ttl``: seconds a login lasts.
+
+    On start it brings the schema up to date (as every det process does), opens its
+    connection pool and starts the event hub's listening connection.
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        with connect(url) as conn:
+            migrate(conn)
+        # check: a connection the server dropped (a restart) is replaced before a request
+        # gets it, so requests ride out a database restart.
+        pool = ConnectionPool(url, min_size=2, max_size=POOL_SIZE, open=True,
+                              kwargs={"row_factory": dict_row},
+                              check=ConnectionPool.check_connection)
+        hub = Hub(url)
+        app.state.pool, app.state.hub, app.state.token_ttl = pool, hub, token_ttl
+        listener = asyncio.create_task(hub.run())
+        try:
+            yield
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+            pool.close()
+
+    app = FastAPI(title="det", version="0.1.0", lifespan=lifespan,
+                  description="det's REST API: experiments, trials, the job queue, agents and "
+                              "pools, over det's PostgreSQL control plane. Log in with "
+                              "POST /api/v1/auth/login and send the token as "
+                              "'Authorization: Bearer TOKEN'.",
+                  openapi_url="/api/v1/openapi.json", docs_url="/api/v1/docs",
+                  redoc_url=None)
+    errors.install(app)
+    app.add_middleware(ServerTiming)
+    for r in (auth, experiments, trials, queue, cluster, events):
+        app.include_router(r.router)
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/ui/")
+
+    @app.get("/ui/{path:path}", include_in_schema=False)
+    def ui(path: str) -> FileResponse:
+        # One page; its script routes by the URL's hash.
+        return FileResponse(str(STATIC / "index.html"), headers={"Cache-Control": "no-cache"})
+
+    return app
+
+
+class ServerTiming:
+    """Adds ``Server-Timing: app;dur=MS`` to every answer: the milliseconds from the request's
+    arrival to its answer's headers (bench/api.py reads it: server time, without the
+    client's)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+
+        async def timed_send(message) -> None:
+            if message["type"] == "http.response.start":
+                ms = (time.perf_counter() - start) * 1000
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"server-timing", f"app;dur={ms:.2f}".encode())]}
+            await send(message)
+
+        await self.app(scope, receive, timed_send)

@@ -1,0 +1,163 @@
+"""``/api/v1/experiments``: list, get, create, pause / activate / cancel / kill, archive,
+priority and weight, learning curves, checkpoints."""
+
+import base64
+import binascii
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from fastapi import APIRouter, Query
+from psycopg.types.json import Jsonb
+from pydantic import BaseModel, ConfigDict, Field
+
+from det import context
+from det.api.session import Session, session
+from det.cli.experiments import expand_config_text, refuse_unfit
+from det.cli.preview import search_preview
+from det.cli.templates import get_template
+from det.configs.job import job_change
+from det.errors import ContextError, DetError
+from det.queries import experiments as q
+from det.queries.trials import metric_series
+
+router = APIRouter(prefix="/api/v1", tags=["experiments"])
+
+Action = Literal["pause", "activate", "cancel", "kill"]
+
+
+@router.get("/experiments")
+def list_experiments(
+    s: Session = session,
+    state: list[str] | None = Query(None, description="Only these states (repeatable)."),
+    owner: str | None = Query(None, max_length=255),
+    name: str | None = Query(None, max_length=255, description="Name contains (any case)."),
+    archived: bool = Query(False, description="Include archived experiments."),
+    sort: str = Query("-id", description="id, name, state, progress, started, ended, owner, "
+                                         "trials or best_validation; - first: descending."),
+    limit: int = Query(100, description=f"Page size, 0 to {q.MAX_PAGE}."),
+    offset: int = Query(0),
+) -> dict:
+    """Experiments (state, progress %, best metric, owner, times, searcher), filtered, sorted
+    and paged; ``pagination.total`` counts all that match."""
+    f = q.ListFilter(archived=archived, states=tuple(state) if state else None, owner=owner,
+                     name=name, sort=sort, limit=limit, offset=offset)
+    rows = q.list_experiments(s.conn, f)
+    return {"experiments": rows,
+            "pagination": {"offset": offset, "limit": limit,
+                           "total": q.count_experiments(s.conn, f)}}
+
+
+class CreateExperiment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    config: str = Field(description="The experiment config, YAML text.")
+    context: str = Field(description="The model-definition directory as a base64 tar.gz "
+                                     "(what `det experiment create` uploads).")
+    template: str | None = Field(None, description="A configuration template to merge under.")
+    force: bool = Field(False, description="Submit even if no agent of the pool could run it.")
+
+
+@router.post("/experiments", status_code=201)
+def create_experiment(body: CreateExperiment, s: Session = session) -> dict:
+    """Submit an experiment: the config is checked and expanded as `det experiment create`
+    does (400 naming the field), the context unpacked and its entrypoint checked."""
+    try:
+        blob = base64.b64decode(body.context, validate=True)
+    except binascii.Error as e:
+        raise ContextError(f"context: expected base64 of a tar.gz ({e})") from e
+    if len(blob) > context.MAX_CONTEXT_BYTES:
+        raise ContextError(f"context: {len(blob)} bytes, more than the "
+                           f"{context.MAX_CONTEXT_BYTES} allowed")
+    tpl = get_template(s.conn, body.template) if body.template is not None else None
+    with tempfile.TemporaryDirectory(prefix="det-api-ctx-") as tmp:
+        context.unpack(blob, Path(tmp))
+        expanded, original = expand_config_text(body.config, "config", Path(tmp), tpl)
+    if not body.force:
+        refuse_unfit(s.conn, expanded)
+    exp_id = s.conn.execute("SELECT det_create_experiment(%s, %s, %s, %s) AS id",
+                            (Jsonb(expanded), original, blob, s.user)).fetchone()["id"]
+    return {"id": exp_id}
+
+
+@router.get("/experiments/{exp_id}")
+def get_experiment(exp_id: int, s: Session = session) -> dict:
+    """The experiment (config included), its trials (hyperparameters, state, batches,
+    best validation; ``rung`` for adaptive_asha and tpe) and checkpoints."""
+    exp = q.get_experiment(s.conn, exp_id)
+    trials = s.conn.execute(q.TRIALS, {"id": exp_id}).fetchall()
+    q.add_rungs(s.conn, exp, trials)
+    ckpts = s.conn.execute(q.CHECKPOINTS, {"id": exp_id}).fetchall()
+    return {**exp, "trials": trials, "checkpoints": ckpts}
+
+
+@router.post("/experiments/{exp_id}/{action}")
+def act(exp_id: int, action: Action, s: Session = session) -> dict:
+    """pause | activate | cancel | kill; 409 where the state does not allow it."""
+    state = s.conn.execute("SELECT det_experiment_action(%s, %s)::text AS s",
+                           (exp_id, action)).fetchone()["s"]
+    return {"id": exp_id, "state": state}
+
+
+class Archive(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    archived: bool
+
+
+@router.put("/experiments/{exp_id}/archived")
+def archive(exp_id: int, body: Archive, s: Session = session) -> dict:
+    """Archive (hide from the default list) or unarchive; only an ended experiment can be
+    archived (409)."""
+    s.conn.execute("SELECT det_experiment_archive(%s, %s)", (exp_id, body.archived))
+    return {"id": exp_id, "archived": body.archived}
+
+
+class JobSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    priority: int | str | None = None
+    weight: float | str | None = None
+
+
+@router.patch("/experiments/{exp_id}")
+def set_job(exp_id: int, body: JobSettings, s: Session = session) -> dict:
+    """Set the experiment's priority (priority scheduler) or weight (fair share)."""
+    changes = {k: job_change(k, str(v), k) for k, v in body.model_dump().items()
+               if v is not None}
+    if not changes:
+        raise DetError("nothing to update: give priority or weight")
+    job = q.job_of(s.conn, exp_id)
+    for field, value in changes.items():
+        s.conn.execute("SELECT det_job_update(%s, %s, %s)", (job, field, value))
+    return {"id": exp_id, **{k: v for k, v in body.model_dump().items() if v is not None}}
+
+
+@router.get("/experiments/{exp_id}/metrics")
+def experiment_metrics(
+    exp_id: int, s: Session = session,
+    group: str = Query("validation", max_length=255),
+    max_points: int | None = Query(2000, description="Per trial; empty: every row."),
+) -> dict:
+    """Learning curves: each trial's metrics of ``group``, downsampled in SQL."""
+    q.get_experiment(s.conn, exp_id)
+    trials = s.conn.execute(q.TRIALS, {"id": exp_id}).fetchall()
+    return {"group": group, "trials": [
+        {"trial_id": t["id"], "hparams": t["hparams"],
+         "rows": metric_series(s.conn, t["id"], group, max_points)} for t in trials]}
+
+
+@router.get("/experiments/{exp_id}/checkpoints")
+def experiment_checkpoints(exp_id: int, s: Session = session) -> dict:
+    """The checkpoints of its trials, with the validation metrics at each one's step."""
+    q.get_experiment(s.conn, exp_id)
+    return {"checkpoints": s.conn.execute(q.CHECKPOINTS, {"id": exp_id}).fetchall()}
+
+
+class Preview(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    config: str = Field(description="The experiment config, YAML text.")
+
+
+@router.post("/preview-search")
+def preview_search(body: Preview, s: Session = session) -> dict:
+    """The trials a search will create and the training it will run (`det preview-search`):
+    per bracket and rung for adaptive_asha and tpe."""
+    return search_preview(body.config, "config")

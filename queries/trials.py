@@ -1,0 +1,127 @@
+"""Reading trials: one trial, its logs, its metrics (whole, or downsampled in SQL)."""
+
+import psycopg
+
+from det.errors import DetError, NotFoundError
+
+TRIAL = """
+SELECT t.id, t.experiment_id, t.state::text AS state, t.hparams, t.seed, t.restarts, t.runs,
+       t.steps_completed, t.best_validation, t.latest_checkpoint::text AS latest_checkpoint,
+       t.exit_reason, t.start_time, t.end_time,
+       greatest(t.steps_completed,
+                (SELECT max(m.steps_completed) FROM metrics m
+                  WHERE m.trial_id = t.id AND m."group" = 'training')) AS batches
+  FROM trials t WHERE t.id = %(id)s
+"""
+
+LOGS_AFTER = """
+SELECT id, ts, stream, line FROM task_logs
+ WHERE trial_id = %(trial)s AND id > %(after)s ORDER BY id LIMIT %(limit)s
+"""
+
+# The last lines, for a log tail: newest first, reversed by the caller.
+LOGS_TAIL = """
+SELECT id, ts, stream, line FROM task_logs
+ WHERE trial_id = %(trial)s ORDER BY id DESC LIMIT %(limit)s
+"""
+
+# A trial's runs (its restarts are the runs after the first): where each ran, how it ended
+# and why.
+RUNS = """
+SELECT run, state::text AS state, agent_id, slots_needed, exit_code, exit_reason,
+       created_at, started_at, ended_at, pending_reason
+  FROM allocations WHERE trial_id = %(id)s ORDER BY run
+"""
+
+FIRST_TRIAL = "SELECT min(id) AS id FROM trials WHERE experiment_id = %(id)s"
+
+METRICS = """
+SELECT "group", steps_completed, "values" FROM metrics
+ WHERE trial_id = %(id)s ORDER BY steps_completed, id
+"""
+
+# One group's rows after a metrics id (what an event stream has not sent yet).
+METRICS_AFTER = """
+SELECT id, "group", steps_completed, "values", reported_at FROM metrics
+ WHERE trial_id = %(trial)s AND (%(group)s::text IS NULL OR "group" = %(group)s)
+   AND id > %(after)s
+ ORDER BY id LIMIT %(limit)s
+"""
+
+# At most n rows of one group, spread evenly over its range of batches: n probes of the
+# (trial, group, steps) index, each taking the first row at or after its point, the last
+# at the last batch reported. Its cost grows with n, not with the rows stored (a series of
+# millions of rows answers in milliseconds); rows between two probes are skipped, not
+# averaged, so every point shown is one that was reported.
+SERIES = """
+WITH span AS (
+    SELECT (SELECT steps_completed FROM metrics
+             WHERE trial_id = %(trial)s AND "group" = %(group)s
+             ORDER BY steps_completed LIMIT 1) AS lo,
+           (SELECT steps_completed FROM metrics
+             WHERE trial_id = %(trial)s AND "group" = %(group)s
+             ORDER BY steps_completed DESC LIMIT 1) AS hi
+)
+SELECT DISTINCT m.id, m.steps_completed, m."values", m.reported_at
+  FROM span, generate_series(0, %(n)s - 1) k
+ CROSS JOIN LATERAL (
+       SELECT x.id, x.steps_completed, x."values", x.reported_at FROM metrics x
+        WHERE x.trial_id = %(trial)s AND x."group" = %(group)s
+          AND x.steps_completed >= span.lo + (span.hi - span.lo) * k / (%(n)s - 1)
+        ORDER BY x.steps_completed LIMIT 1) m
+ WHERE span.lo IS NOT NULL
+ ORDER BY m.steps_completed, m.id
+"""
+
+SERIES_ALL = """
+SELECT id, steps_completed, "values", reported_at FROM metrics
+ WHERE trial_id = %(trial)s AND "group" = %(group)s
+ ORDER BY steps_completed, id LIMIT %(limit)s
+"""
+
+CHECKPOINT = """
+SELECT uuid::text AS uuid, state, storage FROM checkpoints WHERE uuid::text = %(uuid)s
+"""
+
+MAX_POINTS = 100_000
+"""Most rows one metrics series returns; more need ``max_points`` (downsampling)."""
+
+TERMINAL = {"COMPLETED", "CANCELED", "ERROR"}
+
+
+def get_trial(conn: psycopg.Connection, trial_id: int) -> dict:
+    """The trial row (TRIAL). Raises NotFoundError."""
+    row = conn.execute(TRIAL, {"id": trial_id}).fetchone()
+    if row is None:
+        raise NotFoundError(f"trial {trial_id} not found")
+    return row
+
+
+def metric_series(conn: psycopg.Connection, trial_id: int, group: str,
+                  max_points: int | None) -> list[dict]:
+    """The trial's metrics rows of ``group`` (``id``, ``steps_completed``, ``values``,
+    ``reported_at``) in batch order: all of them (at most :data:`MAX_POINTS`), or at most
+    ``max_points`` spread over the batches (SERIES).
+
+    Raises:
+        DetError: ``max_points`` below 2 or above MAX_POINTS.
+    """
+    if max_points is None:
+        return conn.execute(SERIES_ALL, {"trial": trial_id, "group": group,
+                                         "limit": MAX_POINTS}).fetchall()
+    if not 2 <= max_points <= MAX_POINTS:
+        raise DetError(f"max_points: expected 2 to {MAX_POINTS}, not {max_points}")
+    return conn.execute(SERIES, {"trial": trial_id, "group": group,
+                                 "n": max_points}).fetchall()
+
+# Metrics rows of some trials reported after a metrics id: what an event stream has not sent
+# yet. The primary key's range from ``after`` holds only the rows written since (all trials'),
+# so this stays cheap however long the series are.
+METRICS_SINCE = """
+SELECT id, trial_id, "group", steps_completed, "values" FROM metrics
+ WHERE id > %(after)s AND trial_id = ANY (%(trials)s) ORDER BY id LIMIT 10000
+"""
+
+LAST_METRIC_ID = "SELECT coalesce(max(id), 0) AS id FROM metrics"
+
+LAST_LOG_ID = "SELECT coalesce(max(id), 0) AS id FROM task_logs WHERE trial_id = %(trial)s"

@@ -2,7 +2,8 @@
 by selenium) against ``det serve``, a reconciler, an agent and a running digits experiment:
 log in, watch the learning curve gain points without reloading, pause and activate from the
 page, move a job to the top of the queue, see the agent's slots. Screenshots of each page go
-to ``docs/`` (shown in the README).
+to ``$DET_SCREENSHOTS`` (``DET_SCREENSHOTS=docs`` refreshes the README's), else to a temporary
+directory: a test run leaves the source tree as it was.
 
 The fixture installs the browser with apt-get where it can (root, apt available) and skips,
 saying why, where it cannot.
@@ -18,7 +19,6 @@ from conftest import wait_for
 from test_api import Server
 
 REPO = Path(__file__).resolve().parent.parent
-DOCS = REPO / "docs"
 
 DIGITS = """
 name: digits-webui
@@ -90,8 +90,11 @@ def click(browser, css: str) -> None:
 
 
 def shot(browser, name: str) -> None:
-    DOCS.mkdir(exist_ok=True)
-    browser.save_screenshot(str(DOCS / f"webui-{name}.png"))
+    default = Path(os.environ.get("TMPDIR", "/tmp")) / "det-webui"
+    where = REPO / os.environ["DET_SCREENSHOTS"] if os.environ.get("DET_SCREENSHOTS") \
+        else default
+    where.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(where / f"webui-{name}.png"))
 
 
 def test_watch_and_steer_a_digits_experiment(browser, det, det_env, tmp_path: Path) -> None:

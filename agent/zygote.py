@@ -43,6 +43,8 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
+import setproctitle
+
 PRELOAD = ("det.harness.core",)
 """Modules the zygote imports before it forks anything: what every det task imports."""
 
@@ -231,6 +233,9 @@ def _serve(sock: socket.socket) -> dict:
     child only) the request the child is to run."""
     for name in PRELOAD:
         __import__(name)
+    # Titles are set up while the environment is the process's own (the children's will
+    # replace it): this one call makes room for theirs.
+    setproctitle.setproctitle(f"det zygote of agent {os.getppid()}")
     # What the zygote holds is never freed by its children: keep the collector out of it, or
     # each child's collections (and its exit's) touch every page and copy it (~0.1 s a task).
     gc.freeze()
@@ -316,6 +321,8 @@ def _become(request: dict) -> list[str]:
         sys.stdout.reconfigure(write_through=True)
         sys.stderr.reconfigure(write_through=True)
     args = request["argv"]
+    # What `ps` shows, as a cold start would: the task's command, not the zygote's.
+    setproctitle.setproctitle(shlex.join([Path(sys.executable).name, *args]))
     first = os.getcwd() if args[0] == "-m" else str(Path(args[0]).resolve().parent)
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
              if p and p not in sys.path]

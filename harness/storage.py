@@ -108,19 +108,24 @@ class FsspecStorage:
 
         Raises ``StorageError`` when the storage refuses (permissions, network, a bad bucket).
         """
-        src = self.url(uuid)
+        return self.remove_tree(self.url(uuid),
+                                f"checkpoint {uuid}: cannot remove {self.describe(uuid)}")
+
+    def remove_tree(self, url: str, failure: str) -> bool:
+        """Remove everything under ``url`` (a path in this storage). Idempotent: False when
+        nothing was there. Raises ``StorageError`` starting with ``failure`` when the storage
+        refuses."""
         try:
-            self.fs.invalidate_cache(src)
-            if not self.fs.exists(src):
+            self.fs.invalidate_cache(url)
+            if not self.fs.exists(url):
                 return False
-            self.fs.rm(src, recursive=True)
-            self.fs.invalidate_cache(src)
+            self.fs.rm(url, recursive=True)
+            self.fs.invalidate_cache(url)
             return True
         except FileNotFoundError:
             return False
         except Exception as e:  # botocore, OSError: the storage's own words, on one line
-            raise StorageError(f"checkpoint {uuid}: cannot remove {self.describe(uuid)}: "
-                               f"{type(e).__name__}: {e}") from e
+            raise StorageError(f"{failure}: {type(e).__name__}: {e}") from e
 
 
 def directory_sizes(root: pathlib.Path) -> dict[str, int]:

@@ -19,7 +19,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from det.harness.errors import StorageError
 from det.harness.storage import FsspecStorage
 
 
@@ -37,18 +36,8 @@ def delete_experiment_files(storage: FsspecStorage, experiment_id: int) -> bool:
     """Remove an experiment's event files (its deletion's GC task does). Idempotent: False
     when there were none. Raises ``StorageError`` when the storage refuses."""
     url = f"{storage.base}/{experiment_dir(experiment_id)}"
-    try:
-        storage.fs.invalidate_cache(url)
-        if not storage.fs.exists(url):
-            return False
-        storage.fs.rm(url, recursive=True)
-        storage.fs.invalidate_cache(url)
-        return True
-    except FileNotFoundError:
-        return False
-    except Exception as e:  # botocore, OSError: the storage's own words, on one line
-        raise StorageError(f"experiment {experiment_id}: cannot remove its TensorBoard files "
-                           f"at {url}: {type(e).__name__}: {e}") from e
+    return storage.remove_tree(
+        url, f"experiment {experiment_id}: cannot remove its TensorBoard files at {url}")
 
 
 def tag(group: str, name: str) -> str:

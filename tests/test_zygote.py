@@ -116,6 +116,8 @@ def test_tasks_die_with_their_zygote_and_a_new_one_starts(zygote, tmp_path) -> N
     env = {"PATH": os.environ["PATH"]}
     child = zygote.spawn(["sleep.py"], env, tmp_path)
     assert child.stdout.readline() == b"up\n"
+    # `ps` shows the task's own command, not the zygote's
+    assert b"sleep.py" in Path(f"/proc/{child.pid}/cmdline").read_bytes()
     os.kill(zygote._proc.pid, signal.SIGKILL)
     assert wait_for(child.poll, 30, "the task to read as killed") == -signal.SIGKILL
     wait_for(lambda: not Path(f"/proc/{child.pid}").exists()
@@ -174,7 +176,7 @@ def test_a_warm_agent_runs_a_search_each_task_with_its_own_connection(det, conn,
     started = [x for x in lines if x.startswith("allocation")]
     assert len(started) == 4
     assert len({x.split()[1] for x in started}) == 4  # each its own allocation
-    assert all("det.agent.zygote" in x for x in started)  # forked, not started cold
+    assert all("det zygote" in x for x in started)  # forked, not started cold
     # Each task's connection was opened after the agent claimed its run (so after the fork):
     # the zygote holds no connection that its children could share.
     connected = [x.split() for x in lines if x.startswith("connected")]

@@ -123,3 +123,26 @@ def test_the_spec_the_reconciler_writes_is_the_one_agents_read(det, conn, tmp_pa
     spec = AllocationSpec.parse(row["spec"], row["id"])
     assert (spec.trial_id, spec.experiment_id, spec.entrypoint) == (1, 1, "true")
     assert spec.bind_mounts[0].read_only and spec.resources.shm_size == 2**30
+
+
+def test_scheduling_pauses_the_collector_and_restores_it() -> None:
+    """The scheduling step runs with the cyclic collector paused (issue 11) and leaves it as
+    it found it, also when the step raises."""
+    import gc
+
+    import pytest
+
+    from det.reconciler.placement import collector_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collector_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("a failing pool")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

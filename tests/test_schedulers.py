@@ -1,7 +1,6 @@
 """The pure schedulers: spec examples, the 7-step priority example pass by pass, scenario
 files, and hypothesis properties of every scheduler."""
 
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -55,13 +54,13 @@ def test_fair_share_pass_on_eight_slots() -> None:
 
 
 def test_fair_share_preempts_a_job_above_its_share_newest_first() -> None:
-    a = [replace(t, running=True, on={"g": (i,)}) for i, t in enumerate(job("a", 8))]
+    a = [t._replace(running=True, on={"g": (i,)}) for i, t in enumerate(job("a", 8))]
     tasks = a + job("b", 8)
     d = schedule(FAIR, [agent("g", 8, used=8)], tasks)
     assert d.release == ["a.7", "a.6", "a.5", "a.4"] and not d.allocate
     assert "above its fair share" not in d.reasons["b.0"]
     # Tasks already stopping count first: nothing more is preempted.
-    stopping = [replace(t, stopping=True) if t.id in d.release else t for t in a]
+    stopping = [t._replace(stopping=True) if t.id in d.release else t for t in a]
     assert schedule(FAIR, [agent("g", 8, used=8)], stopping + job("b", 8)).release == []
 
 
@@ -93,7 +92,7 @@ def test_fitting_best_packs_worst_spreads_and_gangs_are_all_or_nothing() -> None
 
 def test_priority_without_preemption_waits_in_order() -> None:
     cfg = SchedulerConfig(type="priority")
-    low = [replace(t, running=True, on={"g": (i,)}, priority=50)
+    low = [t._replace(running=True, on={"g": (i,)}, priority=50)
            for i, t in enumerate(job("low", 4))]
     tasks = low + job("high", 1, slots=2, priority=10) + job("later", 1, priority=60)
     d = schedule(cfg, [agent("g", 4, used=4)], tasks)
@@ -101,10 +100,28 @@ def test_priority_without_preemption_waits_in_order() -> None:
     assert d.reasons["later.0"].startswith("behind 1 job(s) of higher priority")
 
 
+def test_waiting_reasons_name_the_first_holders_and_count_the_rest() -> None:
+    """Reasons are worded once per (slots, own job holds) and reused; the holders named are
+    the first four by id, whatever the order of the queue (issue 11 keeps five of them)."""
+    cfg = SchedulerConfig(type="priority")
+    running = [Task(f"r{j}", j, 1, priority=50, running=True, on={"g": (j,)})
+               for j in (12, 3, 7, 1, 30, 2)]
+    tasks = running + job("high", 2, slots=2, priority=10) + job("later", 2, priority=60)
+    d = schedule(cfg, [agent("g", 6, used=6)], tasks)
+    held = "slots are held by jobs 1, 2, 3 and 3 more"
+    assert d.reasons["high.0"] == d.reasons["high.1"] == f"waiting for 2 free slot(s); {held}"
+    assert d.reasons["later.0"] == ("behind 1 job(s) of higher priority; "
+                                    f"waiting for 1 free slot(s); {held}")
+    assert d.reasons["later.1"] is d.reasons["later.0"]  # worded once for the level
+    own = running + [Task("mine", 3, 1, priority=60)]  # its own job is not named
+    assert schedule(cfg, [agent("g", 6, used=6)], own).reasons["mine"] == (
+        "waiting for 1 free slot(s); slots are held by jobs 1, 2, 7 and 2 more")
+
+
 def test_preemption_reuses_slots_freed_earlier_in_the_pass() -> None:
     """Two 1-slot priority-10 tasks, a full 4-slot agent of two 2-slot priority-50 tasks:
     evicting the last one frees room for both, so the first keeps running (issue 10, item 6)."""
-    low = [replace(t, running=True, on={"g": (2 * i, 2 * i + 1)}, priority=50)
+    low = [t._replace(running=True, on={"g": (2 * i, 2 * i + 1)}, priority=50)
            for i, t in enumerate(job("low", 2, slots=2))]
     tasks = low + job("high", 2, priority=10)
     d = schedule(PRIO, [agent("g", 4, used=4)], tasks)
@@ -156,10 +173,10 @@ class Cluster:
             runs = {}
             for t in self.tasks:
                 if t.id in d.allocate:
-                    runs[t.id] = replace(t, running=True,
+                    runs[t.id] = t._replace(running=True,
                                          on={a: tuple(s) for a, s in d.allocate[t.id].items()})
                 elif t.id in d.release:  # checkpoints, exits, and waits for another run
-                    runs[t.id] = replace(t, running=False, on={})
+                    runs[t.id] = t._replace(running=False, on={})
             self.tasks = [runs.get(t.id, t) for t in self.tasks]
 
     def live_agents(self) -> list[Agent]:
@@ -258,13 +275,13 @@ def clusters(draw, max_agents: int = 5, runs: st.SearchStrategy = st.booleans(),
             a = agents[0]
             if aux[a.id] < a.max_aux:
                 aux[a.id] += 1
-                t = replace(t, running=True, on={a.id: ()})
+                t = t._replace(running=True, on={a.id: ()})
         elif fit and draw(runs):
             for a, s in fit.items():
                 free[a] = [x for x in free[a] if x not in s]
-            t = replace(t, running=True, on={a: tuple(s) for a, s in fit.items()})
+            t = t._replace(running=True, on={a: tuple(s) for a, s in fit.items()})
         if t.running:
-            t = replace(t, stopping=draw(st.sampled_from([False, False, False, True])))
+            t = t._replace(stopping=draw(st.sampled_from([False, False, False, True])))
         tasks.append(t)
     agents = [Agent(a.id, a.slots, tuple(free[a.id]), aux[a.id], a.max_aux) for a in agents]
     return agents, tasks

@@ -10,6 +10,7 @@ Agents are bucketed by free-slot count, so a fit costs O(slots per agent · log 
 O(agents): a pass over 10,000 tasks and 1,000 agents stays cheap.
 """
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 
 from sortedcontainers import SortedList
@@ -22,8 +23,13 @@ Fit = dict[Id, list[int]]
 class _Buckets:
     """Agents by a count (free slots, free aux places): ``{count: agents in id order}``."""
 
-    def __init__(self) -> None:
-        self.by: dict[int, SortedList] = {}
+    def __init__(self, counts: Sequence[int]) -> None:
+        """``counts[rank]``: agent ``rank``'s count (0: in no bucket)."""
+        ranks: dict[int, list[int]] = {}
+        for i, n in enumerate(counts):
+            if n:
+                ranks.setdefault(n, []).append(i)
+        self.by: dict[int, SortedList] = {n: SortedList(r) for n, r in ranks.items()}
 
     def move(self, rank: int, old: int | None, new: int | None) -> None:
         if old:
@@ -47,15 +53,12 @@ class Pool:
         self.rank = {a.id: i for i, a in enumerate(self.agents)}
         self.free = [sorted(a.free) for a in self.agents]
         self.aux_free = [max(0, a.max_aux - a.aux_running) for a in self.agents]
-        self.slots = _Buckets()
-        self.aux = _Buckets()
-        self.idle: dict[int, SortedList] = {}  # size -> agents with every slot free
+        self.slots = _Buckets([len(f) for f in self.free])
+        self.aux = _Buckets(self.aux_free)
+        # size -> agents with every slot free
+        self.idle = _Buckets([len(a.slots) if len(f) == len(a.slots) else 0
+                              for a, f in zip(self.agents, self.free, strict=True)]).by
         self.sizes = sorted({len(a.slots) for a in self.agents}, reverse=True)  # for gangs
-        for i, a in enumerate(self.agents):
-            self.slots.move(i, None, len(self.free[i]))
-            self.aux.move(i, None, self.aux_free[i])
-            if self.free[i] and len(self.free[i]) == len(a.slots):
-                self.idle.setdefault(len(a.slots), SortedList()).add(i)
         self._unfit: dict[int, str | None] = {}
         # Slot counts with no fit since resources last came back (give_back): reserving only
         # takes, so they still have none; a pass over 100,000 waiting tasks looks a few up.
@@ -174,26 +177,28 @@ class Holders:
     """Which jobs hold resources, to name them in reasons ("slots are held by jobs 3 and 7")."""
 
     def __init__(self, tasks: Iterable[Task]) -> None:
-        self.held = {str(t.job) for t in tasks if t.running}
-        self.jobs = sorted(self.held, key=lambda j: (len(j), j))
+        self.held = {t.job for t in tasks if t.running}
+        # Reasons name at most the first four others, so five are kept (of up to 100,000).
+        self.jobs = heapq.nsmallest(5, map(str, self.held), key=lambda j: (len(j), j))
         # the reason depends only on the slots and on whether the task's own job holds some:
         # a pass over 100,000 waiting tasks words a handful of reasons
-        self._said: dict[tuple[int, str | None], str] = {}
+        self._said: dict[tuple[int, Id | None], str] = {}
 
     def waiting(self, task: Task) -> str:
         """The reason of a task that would fit in an emptier pool."""
-        job = str(task.job)
-        key = (task.slots, job if job in self.held else None)
-        if key not in self._said:
-            self._said[key] = self._waiting(task.slots, job)
-        return self._said[key]
+        holds = task.job in self.held
+        key = (task.slots, task.job if holds else None)
+        said = self._said.get(key)
+        if said is None:
+            said = self._said[key] = self._waiting(task.slots, str(task.job), holds)
+        return said
 
-    def _waiting(self, slots: int, job: str) -> str:
+    def _waiting(self, slots: int, job: str, holds: bool) -> str:
         what = "an aux container place" if slots == 0 else f"{slots} free slot(s)"
-        others = [j for j in self.jobs[:5] if j != job][:4]
+        others = [j for j in self.jobs if j != job][:4]
         if not others:
             return f"waiting for {what}"
-        more = len(self.jobs) - (job in self.held) - 3
+        more = len(self.held) - holds - 3
         if len(others) == 1:
             held = f"job {others[0]}"
         elif more > 0:

@@ -16,6 +16,7 @@ task; :func:`schedule` turns it into a :class:`~.model.Decision`.
 
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import groupby
+from operator import attrgetter
 from typing import NamedTuple
 
 from sortedcontainers import SortedKeyList
@@ -63,17 +64,22 @@ def plan(agents: Sequence[Agent], tasks: Sequence[Task], *, preemption: bool = F
     part in the order its scratch pool was changed."""
     steps: list[Step] = []
     for part in split(tasks):
-        steps += _plan(part, preemption, Pool(agents, fitting_policy))
+        if part:  # a pool's scratch copy costs a walk of its agents
+            steps += _plan(part, preemption, Pool(agents, fitting_policy))
     return steps
 
 
 def _plan(tasks: Sequence[Task], preemption: bool, pool: Pool) -> Iterator[Step]:
     order = {t.id: i for i, t in enumerate(tasks)}
-    ranked = sorted(tasks, key=lambda t: (t.priority, order[t.id]))
+    by_priority = attrgetter("priority")
+    ranked = sorted(tasks, key=by_priority)  # stable: queue order within a priority
     holders = Holders(tasks)
     evicting = _Evictions([t for t in tasks if t.running], order)
     blocked_by: set = set()  # jobs of higher priority with a task that did not fit
-    for _, level in groupby([t for t in ranked if not t.running], key=lambda t: t.priority):
+    for _, level in groupby([t for t in ranked if not t.running], key=by_priority):
+        # the same for the whole level; worded once, as is each reason it prefixes
+        behind = _behind(blocked_by) if blocked_by else None
+        behind_and: dict[str, str] = {}
         failed = []
         for t in level:
             reason = pool.never_fits(t.slots)
@@ -90,15 +96,19 @@ def _plan(tasks: Sequence[Task], preemption: bool, pool: Pool) -> Iterator[Step]
             elif not blocked_by or (preemption and t.preemptible):
                 yield Step(t, fit, None)
             else:
-                yield Step(t, fit, _behind(blocked_by))
+                yield Step(t, fit, behind)
         for t in failed:
             step = evicting.make_room(t, pool) if preemption else None
             if step is not None:
                 yield step
-            elif blocked_by:
-                yield Step(t, None, _behind(blocked_by) + "; " + holders.waiting(t))
-            else:
-                yield Step(t, None, holders.waiting(t))
+                continue
+            reason = holders.waiting(t)
+            if behind:
+                said = behind_and.get(reason)
+                if said is None:
+                    said = behind_and[reason] = f"{behind}; {reason}"
+                reason = said
+            yield Step(t, None, reason)
         blocked_by |= {t.job for t in failed}
 
 

@@ -17,7 +17,8 @@ def schedule(agents: Sequence[Agent], tasks: Sequence[Task], *,
     """One pass over ``tasks`` (queue order) on ``agents``; see the module rules."""
     out = Decision()
     for part in split(tasks):
-        _schedule(part, Pool(agents, fitting_policy), out)
+        if part:  # a pool's scratch copy costs a walk of its agents
+            _schedule(part, Pool(agents, fitting_policy), out)
     return out
 
 

@@ -8,18 +8,23 @@ up to date; then the steady-state pass (cluster full, the rest of the queue
 waiting, reasons to refresh) is run ``--repeats`` times, each rolled back, and its median
 printed split into read (SQL), decide (the pure scheduler) and write (SQL), with the
 benchmark process's peak RSS so far (the reconciler's footprint for such a pool: it holds the
-same rows, objects and decision during a pass). Figures only.
+same rows, objects and decision during a pass). With ``--daemons SECONDS``, a real
+``det reconcile`` and a process-runtime ``det agent run`` (in a pool of its own, so it is
+given none of the bench's jobs) then run that long against the last queue, and their peak
+RSS is printed. Figures only.
 
     python bench/scheduler_pass.py [--agents 1000] [--jobs 1000,2000,5000,10000] [--repeats 5]
+                                   [--daemons 15]
 """
 
 import argparse
 import resource
 import statistics
 import time
+from pathlib import Path
 
 import psycopg
-from private_db import private_database
+from private_db import det_process, private_database, stop
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -65,11 +70,33 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def daemons_peak_rss(url: str, seconds: float) -> dict[str, float]:
+    """Peak RSS (MiB, VmHWM) of ``det reconcile`` and ``det agent run`` after ``seconds``
+    against the queue at ``url``; the agent registers in pool ``rss``, empty of jobs."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO resource_pools (name) VALUES ('rss') ON CONFLICT DO NOTHING")
+    procs = {"reconciler": det_process(url, "reconcile", "--interval", "1",
+                                       "--agent-timeout", "1000000"),
+             "agent": det_process(url, "agent", "run", "--id", "rss", "--resource-pool", "rss",
+                                  "--slots", "8", "--runtime", "process")}
+    time.sleep(seconds)
+    peak = {}
+    for name, p in procs.items():
+        status = Path(f"/proc/{p.pid}/status").read_text()
+        kib = next(line.split()[1] for line in status.splitlines()
+                   if line.startswith("VmHWM:"))
+        peak[name] = int(kib) / 1024
+    stop(list(procs.values()))
+    return peak
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--agents", type=int, default=1000)
     p.add_argument("--jobs", default="1000,2000,5000,10000")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--daemons", type=float, default=0,
+                   help="seconds to run a reconciler and an agent on the last queue")
     args = p.parse_args()
     print(f"{args.agents} agents x 8 slots; median of {args.repeats} steady-state passes (ms)")
     print(f"{'scheduler':<12} {'jobs':>6} {'first':>8} {'read':>8} {'decide':>8} {'write':>8}"
@@ -100,6 +127,10 @@ def main() -> None:
                 print(f"{name:<12} {n:>6} {first * 1e3:>8.1f} {read * 1e3:>8.1f} "
                       f"{decide * 1e3:>8.1f} {write * 1e3:>8.1f} "
                       f"{(read + decide + write) * 1e3:>8.1f} {peak_rss_mib():>8.0f}", flush=True)
+        if args.daemons:
+            peak = daemons_peak_rss(db.url, args.daemons)
+            print(f"after {args.daemons:.0f} s on the last queue, peak RSS: reconciler "
+                  f"{peak['reconciler']:.0f} MiB, agent {peak['agent']:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -83,6 +83,7 @@ SELECT a.id, (SELECT l.ts FROM task_logs l WHERE l.allocation_id = a.id
 """
 
 CONTEXT_BLOB = "SELECT data FROM context_blobs WHERE id = %(id)s"
+CLAIM = "SELECT det_agent_claim(%s, %s) AS token"
 
 
 @dataclass
@@ -244,6 +245,7 @@ class Agent:
         """One pass over this agent's assignments (see the module rules)."""
         assigned = self._connect().execute(gang.ASSIGNMENTS,
                                            {"agent": self.s.agent_id}).fetchall()
+        to_launch: list[dict] = []
         for row in assigned:
             alloc_id = row["id"]
             task = self.tasks.get(alloc_id)
@@ -259,9 +261,10 @@ class Agent:
             elif row["desired"] != "RUNNING":
                 self._end(alloc_id, Exit(0, "stopped before it started"))
             elif row["state"] in ("ASSIGNED", "PULLING") or alloc_id in self.claimed:
-                self._launch(row)
+                to_launch.append(row)
             else:
                 self._end(alloc_id, Exit(None, "agent restarted; the task was lost with it"))
+        self._launch(to_launch)
         # Ended without this agent (it was declared lost meanwhile): the run is over.
         for alloc_id in self.tasks.keys() - {row["id"] for row in assigned}:
             if alloc_id in self.nodes:
@@ -288,7 +291,7 @@ class Agent:
                 self._report(alloc_id, "RUNNING")  # the first report was lost
         elif row["node_state"] is None or alloc_id in self.claimed:
             if row["desired"] == "RUNNING":
-                self._launch(row)
+                self._launch([row])
         elif row["node_state"] != "TERMINATED":
             self._end(alloc_id, Exit(None, "agent restarted; the task was lost with it"))
 
@@ -297,8 +300,11 @@ class Agent:
         if not self.ended:
             return
         self.logs.flush()
-        for alloc_id, end in list(self.ended.items()):
-            self._report(alloc_id, "TERMINATED", end.code, end.reason)
+        ends = list(self.ended.items())
+        with self._connect().pipeline():  # one round trip for them all
+            for alloc_id, end in ends:
+                self._report(alloc_id, "TERMINATED", end.code, end.reason)
+        for alloc_id, _ in ends:  # reported (a report lost with the connection is made again)
             del self.ended[alloc_id]
 
     def _end(self, alloc_id: int, end: Exit) -> None:
@@ -306,33 +312,55 @@ class Agent:
         self.ended[alloc_id] = end
         self._report_ends()
 
-    def _launch(self, row: dict) -> None:
+    def _launch(self, rows: list[dict]) -> None:
+        """Launch the assigned runs ``rows``: claim them (one round trip for those this agent
+        runs alone), start each, then report them RUNNING (one round trip). 1,000 tiny tasks
+        on 32 slots start in batches of 32 (issue 11)."""
+        ready = [(row, spec) for row in rows if (spec := self._fetched(row)) is not None]
+        # Recorded before the claim: its answer may be lost with the connection after the
+        # claim committed (STARTING), and the next pass claims again rather than give up.
+        self.claimed.update(row["id"] for row, _ in ready)
+        claims = self._claim([row for row, _ in ready])
+        started = []
+        for (row, spec), (token, gang_vars) in zip(ready, claims, strict=True):
+            if token is None:
+                self.claimed.discard(row["id"])
+            elif self._start_task(row, spec, token, gang_vars):
+                started.append(row["id"])
+        if started:
+            with self._connect().pipeline():
+                for alloc_id in started:
+                    self._report(alloc_id, "RUNNING")
+
+    def _fetched(self, row: dict) -> AllocationSpec | None:
+        """The run's spec once what it needs is here (its image); None while fetching (state
+        PULLING) or when the run ended here because it cannot start."""
         alloc_id = row["id"]
         try:
             spec = AllocationSpec.parse(row["spec"], alloc_id)
         except ConfigError as e:
             self._end(alloc_id, Exit(None, f"launch failed: {e}"))
-            return
+            return None
         try:
             fetching = self.runtime.fetch(alloc_id, spec)
         except Exception as e:  # the engine refused even to look
             self._end(alloc_id, Exit(None, f"launch failed: {e}"))
-            return
+            return None
         if fetching is not None:
             if not fetching.done():
                 if row["state"] == "ASSIGNED":
                     self._report(alloc_id, "PULLING")
-                return
+                return None
             if fetching.exception() is not None:
                 self._end(alloc_id, Exit(None, str(fetching.exception())))
-                return
-        # Recorded before the claim: its answer may be lost with the connection after the
-        # claim committed (STARTING), and the next pass claims again rather than give up.
-        self.claimed.add(alloc_id)
-        token, gang_vars = self._claim(row)
-        if token is None:
-            self.claimed.discard(alloc_id)
-            return
+                return None
+        return spec
+
+    def _start_task(self, row: dict, spec: AllocationSpec, token: str,
+               gang_vars: dict[str, Any]) -> bool:
+        """Start a claimed run through the runtime; False when it could not start (its end is
+        reported)."""
+        alloc_id = row["id"]
         try:
             env = {**env_for_device(spec.environment, self.device_type),
                    "DET_DB_URL": self.url, "DET_ALLOCATION_ID": str(alloc_id),
@@ -354,17 +382,29 @@ class Agent:
                       exc_info=not isinstance(e, DetError))
             self.claimed.discard(alloc_id)
             self._end(alloc_id, Exit(None, f"launch failed: {e}"))
-            return
+            return False
         self.claimed.discard(alloc_id)
         self.last_launch = time.monotonic()
         log.info("allocation %s: started %s", alloc_id, " ".join(launch.argv))
-        self._report(alloc_id, "RUNNING")
+        return True
 
-    def _claim(self, row: dict) -> tuple[str | None, dict[str, Any]]:
-        """Claim the run (the chief's agent) or this agent's share of it (another agent of a
-        gang): the task's token, or None when it is not to start (yet), and the gang's
-        ``nodes``, ``node_rank`` and ``rendezvous`` for :func:`det.agent.gang.gang_env`.
-        The chief's agent of a gang records the rendezvous endpoint here."""
+    def _claim(self, rows: list[dict]) -> list[tuple[str | None, dict[str, Any]]]:
+        """Claim each run (the chief's agent) or this agent's share of it (another agent of a
+        gang), in ``rows``' order: the task's token, or None when it is not to start (yet),
+        and the gang's ``nodes``, ``node_rank`` and ``rendezvous`` for
+        :func:`det.agent.gang.gang_env`. The runs this agent holds alone are claimed in one
+        pipeline; the chief's agent of a gang records the rendezvous endpoint here."""
+        conn, me = self._connect(), self.s.agent_id
+        alone = [row["id"] for row in rows if row["chief"] == me and not row["spans"]]
+        tokens = {}
+        if alone:
+            with conn.pipeline():
+                claims = {alloc_id: conn.execute(CLAIM, (me, alloc_id)) for alloc_id in alone}
+            tokens = {alloc_id: cur.fetchone()["token"] for alloc_id, cur in claims.items()}
+        return [(tokens[row["id"]], {}) if row["id"] in tokens else self._claim_gang(row)
+                for row in rows]
+
+    def _claim_gang(self, row: dict) -> tuple[str | None, dict[str, Any]]:
         conn, me, alloc_id = self._connect(), self.s.agent_id, row["id"]
         if row["chief"] != me:
             node = conn.execute(gang.CLAIM_NODE, (me, alloc_id)).fetchone()["node"]
@@ -372,10 +412,9 @@ class Agent:
                 return None, {}
             return node["token"], {"nodes": node["nodes"], "node_rank": node["node_rank"],
                                    "rendezvous": node["rendezvous"]}
-        token = conn.execute("SELECT det_agent_claim(%s, %s) AS token",
-                             (me, alloc_id)).fetchone()["token"]
-        if token is None or not row["spans"]:
-            return token, {}
+        token = conn.execute(CLAIM, (me, alloc_id)).fetchone()["token"]
+        if token is None:
+            return None, {}
         endpoint = f"{gang.host_address()}:{gang.free_port()}"
         conn.execute(gang.SET_RENDEZVOUS, (me, alloc_id, endpoint))
         nodes = conn.execute(gang.GANG_AGENTS, (alloc_id,)).fetchone()["nodes"]

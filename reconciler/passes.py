@@ -5,7 +5,8 @@ The steps follow docs/architecture.md ("The reconciler pass"); their SQL is in
 scheduler). NOTIFYs are queued inside the transaction, so Postgres delivers them at commit.
 
 No single object may fail the whole pass: the work on each run, experiment, pool and wake-up
-is :func:`~det.reconciler.isolation.isolated`.
+is isolated (:mod:`det.reconciler.isolation`): a savepoint per object, or per batch of objects
+with each isolated again when the batch fails.
 """
 
 import logging
@@ -18,7 +19,7 @@ from det.db import channels
 from det.reasons import EarlyExitReason
 from det.reconciler import queries as q
 from det.reconciler import searchers
-from det.reconciler.isolation import isolated
+from det.reconciler.isolation import isolated, isolated_each
 from det.reconciler.placement import place
 from det.reconciler.trials import RunEnd, settle
 
@@ -70,9 +71,8 @@ def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassR
         _place(conn, r)
         wake = [channels.agent(a) for a in sorted(r.agents)]
         wake += [channels.allocation(a) for a in sorted(r.allocations)]
-        for channel in wake:
-            isolated(conn, f"wake {channel}", lambda c=channel: conn.execute(
-                q.NOTIFY, {"channel": c}))
+        isolated_each(conn, wake, lambda c: f"wake {c}",
+                      lambda c: conn.execute(q.NOTIFY, {"channel": c}))
         conn.execute(q.RECORD_PASS, {"holder": holder})
     return r
 
@@ -86,11 +86,11 @@ def _agents(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None
 
 
 def _settle(conn: psycopg.Connection, r: PassResult) -> None:
-    for run in conn.execute(q.UNSETTLED_RUNS).fetchall():
-        isolated(conn, f"settling allocation {run['allocation_id']}",
-                 lambda run=run: _settle_one(conn, run),
-                 lambda msg, run=run: conn.execute(q.SETTLE_FAILED, {**run, "message": msg}))
-        r.changes += 1
+    runs = conn.execute(q.UNSETTLED_RUNS).fetchall()
+    isolated_each(conn, runs, lambda run: f"settling allocation {run['allocation_id']}",
+                  lambda run: _settle_one(conn, run),
+                  lambda run, msg: conn.execute(q.SETTLE_FAILED, {**run, "message": msg}))
+    r.changes += len(runs)
 
 
 def _settle_one(conn: psycopg.Connection, run: dict) -> None:
@@ -145,14 +145,13 @@ def _finish_closed_trials(conn: psycopg.Connection, r: PassResult) -> None:
 
 
 def _search(conn: psycopg.Connection, r: PassResult) -> None:
-    for exp in conn.execute(q.EXPERIMENTS_TO_SEARCH).fetchall():
-        events = exp["events"]
-        # A searcher that cannot go on ends its experiment; other experiments carry on.
-        isolated(conn, f"experiment {exp['id']}: searcher",
-                 lambda exp=exp, events=events: _search_one(conn, exp, events),
-                 lambda _msg, exp=exp: conn.execute(q.SHUTDOWN_EXPERIMENT, {
-                     "experiment_id": exp["id"], "state": "STOPPING_ERROR"}))
-        r.changes += 1
+    exps = conn.execute(q.EXPERIMENTS_TO_SEARCH).fetchall()
+    # A searcher that cannot go on ends its experiment; other experiments carry on.
+    isolated_each(conn, exps, lambda exp: f"experiment {exp['id']}: searcher",
+                  lambda exp: _search_one(conn, exp, exp["events"]),
+                  lambda exp, _msg: conn.execute(q.SHUTDOWN_EXPERIMENT, {
+                      "experiment_id": exp["id"], "state": "STOPPING_ERROR"}))
+    r.changes += len(exps)
 
 
 def _finish_stopping_trials(conn: psycopg.Connection, r: PassResult) -> None:
@@ -169,13 +168,12 @@ def _finish_stopping_trials(conn: psycopg.Connection, r: PassResult) -> None:
 def _finish_experiments(conn: psycopg.Connection, r: PassResult) -> None:
     """End the experiments whose trials are all done, and apply each one's checkpoint GC
     policy in the same transaction (reference-facts §5: GC runs when an experiment ends)."""
-    for row in conn.execute(q.FINISH_EXPERIMENTS).fetchall():
-        eid = row["id"]
-        isolated(conn, f"experiment {eid}: checkpoint GC",
-                 lambda eid=eid: conn.execute(q.CHECKPOINT_GC, {"experiment_id": eid}),
-                 lambda msg, eid=eid: conn.execute(q.GC_DECISION_FAILED,
-                                                   {"experiment_id": eid, "message": msg}))
-        r.changes += 1
+    ended = [row["id"] for row in conn.execute(q.FINISH_EXPERIMENTS).fetchall()]
+    isolated_each(conn, ended, lambda eid: f"experiment {eid}: checkpoint GC",
+                  lambda eid: conn.execute(q.CHECKPOINT_GC, {"experiment_id": eid}),
+                  lambda eid, msg: conn.execute(q.GC_DECISION_FAILED,
+                                                {"experiment_id": eid, "message": msg}))
+    r.changes += len(ended)
 
 
 def _checkpoint_gc_tasks(conn: psycopg.Connection, r: PassResult) -> None:
@@ -198,30 +196,29 @@ def _search_one(conn: psycopg.Connection, exp: dict, events: list[dict]) -> None
     state, actions = searchers.searcher_step(
         exp["config"], exp["searcher_state"], [_to_event(v) for v in events])
     eid = exp["id"]
-    # One round trip for the experiment's writes, in order (a search of 200 trials writes
-    # about ten statements per pass); an error still surfaces here, inside its savepoint.
-    with conn.pipeline():
-        for a in actions:
-            match a:
-                case searchers.Create():
-                    conn.execute(q.CREATE_TRIAL, {
-                        "experiment_id": eid, "request_id": a.request_id,
-                        "hparams": Jsonb(a.hparams), "seed": a.seed})
-                case searchers.ValidateAfter():
-                    conn.execute(q.ADD_OP, {"experiment_id": eid, "request_id": a.request_id,
-                                            "length": a.length})
-                case searchers.Close():
-                    conn.execute(q.CLOSE_TRIAL, {"experiment_id": eid,
-                                                 "request_id": a.request_id})
-                case searchers.Shutdown():
-                    outcome = ("STOPPING_ERROR" if a.failure else
-                               "STOPPING_CANCELED" if a.cancel else "STOPPING_COMPLETED")
-                    conn.execute(q.SHUTDOWN_EXPERIMENT, {"experiment_id": eid,
-                                                         "state": outcome})
-        conn.execute(q.SAVE_SEARCHER, {
-            "experiment_id": eid, "state": Jsonb(state),
-            "progress": min(1.0, max(0.0, searchers.searcher_progress(exp["config"], state)))})
-        conn.execute(q.CONSUME_EVENTS, {"ids": [v["id"] for v in events]})
+    # The writes go in the pipeline of isolated_each (a search of 200 trials writes about
+    # ten statements per pass): their results are not read here.
+    for a in actions:
+        match a:
+            case searchers.Create():
+                conn.execute(q.CREATE_TRIAL, {
+                    "experiment_id": eid, "request_id": a.request_id,
+                    "hparams": Jsonb(a.hparams), "seed": a.seed})
+            case searchers.ValidateAfter():
+                conn.execute(q.ADD_OP, {"experiment_id": eid, "request_id": a.request_id,
+                                        "length": a.length})
+            case searchers.Close():
+                conn.execute(q.CLOSE_TRIAL, {"experiment_id": eid,
+                                             "request_id": a.request_id})
+            case searchers.Shutdown():
+                outcome = ("STOPPING_ERROR" if a.failure else
+                           "STOPPING_CANCELED" if a.cancel else "STOPPING_COMPLETED")
+                conn.execute(q.SHUTDOWN_EXPERIMENT, {"experiment_id": eid,
+                                                     "state": outcome})
+    conn.execute(q.SAVE_SEARCHER, {
+        "experiment_id": eid, "state": Jsonb(state),
+        "progress": min(1.0, max(0.0, searchers.searcher_progress(exp["config"], state)))})
+    conn.execute(q.CONSUME_EVENTS, {"ids": [v["id"] for v in events]})
 
 
 def _to_event(row: dict) -> searchers.Event:

@@ -146,3 +146,26 @@ def test_scheduling_pauses_the_collector_and_restores_it() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_batch_isolates_each_object_only_when_one_fails(conn) -> None:
+    """Issue 11 batches a pass's objects in one savepoint (two round trips); issue 10's rule
+    still holds: a failing object (a database error, or an error of its decision) is rolled
+    back and recorded alone, the others take effect."""
+    from det.reconciler.isolation import isolated_each
+
+    conn.execute("CREATE TABLE done (n int CHECK (n <> 2))")
+
+    def work(n: int) -> None:
+        if n == 4:
+            raise KeyError("no decision for 4")
+        conn.execute("INSERT INTO done VALUES (%s)", (n,))
+
+    failed: list[tuple[int, str]] = []
+    with conn.transaction():
+        isolated_each(conn, [1, 3], str, work, lambda n, m: failed.append((n, m)))
+        isolated_each(conn, [5, 2, 6, 4, 7], str, work, lambda n, m: failed.append((n, m)))
+        isolated_each(conn, [], str, work)
+    assert [r["n"] for r in conn.execute("SELECT n FROM done ORDER BY n")] == [1, 3, 5, 6, 7]
+    assert [n for n, _ in failed] == [2, 4]
+    assert "done_n_check" in failed[0][1] and failed[1][1] == "'no decision for 4'"

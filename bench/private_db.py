@@ -4,6 +4,7 @@ Benchmarks are run by hand (``python bench/NAME.py``); this module sits beside t
 imported as ``private_db``.
 """
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import psycopg
 
 from det.db import embedded, migrate
@@ -68,3 +70,48 @@ def stop(procs: list[subprocess.Popen]) -> None:
         p.terminate()
     for p in procs:
         p.wait()
+
+
+def postgres_cpu(home: Path | None) -> float:
+    """CPU seconds of the embedded server under ``home`` (0 for another server): its
+    postmaster with its exited backends (counted in its children's times), and its live
+    processes."""
+    if home is None:
+        return 0.0
+    main = next((p for p in psutil.process_iter(["name", "cmdline"])
+                 if p.info["name"] == "postgres"
+                 and str(home) in " ".join(p.info["cmdline"] or ())  # None: it just exited
+                 and "-D" in (p.info["cmdline"] or ())), None)
+    if main is None:
+        return 0.0
+    total = 0.0
+    for p in [main, *main.children()]:
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def own_cpu(proc) -> float:
+    t = psutil.Process(proc.pid).cpu_times()
+    return t.user + t.system
+
+
+def tasks_cpu(agent) -> float:
+    """CPU seconds of the agent's tasks: the ones it reaped, and its live children (the
+    zygote, with the tasks it reaped)."""
+    p = psutil.Process(agent.pid)
+    t = p.cpu_times()
+    total = t.children_user + t.children_system
+    for c in p.children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            ct = c.cpu_times()
+            total += ct.user + ct.system + ct.children_user + ct.children_system
+    return total
+
+
+def busy_cpu() -> float:
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - t.iowait

@@ -16,7 +16,12 @@ From the database's own clock (``allocations``) it prints:
 - per task, p50 of: created -> assigned (the reconciler's placement), assigned -> started
   (the agent's wake-up and claim), started -> running (context, fork/exec, report),
   running -> ended (the task's own run, its output drained, the end reported), and
-  ended -> the experiment's end (the settle and the experiment's finish);
+  ended -> the experiment's end (the settle and the experiment's finish); and per slot, p50
+  of freed -> assigned again (a run's end reported -> the next run on its slot placed: the
+  reconciler's wake-up and pass);
+- CPU milliseconds per task of PostgreSQL (embedded only), the reconciler, the agent and the
+  tasks (with their wrappers), and of the whole machine, from submission to the last end:
+  on a shared machine, what each part costs, whatever the load.
 
 With ``--profile DIR`` the reconciler and the agent run under cProfile (stopped by SIGTERM, so
 the profiles are written): the number of reconciler passes and their mean time, the agent's
@@ -33,7 +38,15 @@ import time
 from pathlib import Path
 
 import psycopg
-from private_db import det_process, private_database, stop
+from private_db import (
+    busy_cpu,
+    det_process,
+    own_cpu,
+    postgres_cpu,
+    private_database,
+    stop,
+    tasks_cpu,
+)
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -70,6 +83,17 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.assigned
     ON e.id = t.experiment_id
 """
 
+# Each slot's runs in turn (allocation_slots keeps released rows): the previous one's end ->
+# the next one's placement.
+REUSE = """
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.assigned_at - p.ended_at))
+         * 1000 AS reused
+  FROM (SELECT allocation_id, lag(allocation_id) OVER (PARTITION BY agent_id, slot_id
+                                                        ORDER BY allocation_id) AS prev
+          FROM allocation_slots) h
+  JOIN allocations a ON a.id = h.allocation_id JOIN allocations p ON p.id = h.prev
+"""
+
 # (module file, function) of the steps summed up from the profiles.
 STEPS = {"reconciler": [("passes.py", "run_pass"), ("passes.py", "_settle"),
                         ("passes.py", "_search"), ("placement.py", "place")],
@@ -90,12 +114,21 @@ def _print_profile(path: Path, name: str, top: int) -> None:
     stats.sort_stats("cumulative").print_stats(top)
 
 
-def run(url: str, config: dict, n: int) -> tuple[dict, dict, int, float]:
+def cpu(home: Path | None, reconciler, agent) -> list[float]:
+    """CPU seconds so far: postgres, reconciler, agent, tasks, the whole machine."""
+    return [postgres_cpu(home), own_cpu(reconciler), own_cpu(agent), tasks_cpu(agent),
+            busy_cpu()]
+
+
+def run(url: str, config: dict, n: int, home: Path | None,
+        procs: list) -> tuple[dict, dict, int, float, list[float]]:
     """Submit ``n`` one-trial experiments in one transaction once the agent is up, wait for
-    all to end; returns (rates, stages, experiments not COMPLETED, wall seconds)."""
+    all to end; returns (rates, stages, experiments not COMPLETED, wall seconds, CPU seconds
+    of :func:`cpu` spent meanwhile)."""
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         while not conn.execute("SELECT 1 FROM agents WHERE state = 'ACTIVE'").fetchone():
             time.sleep(0.1)
+        cpu0 = cpu(home, *procs)
         t0 = time.monotonic()
         with conn.transaction():
             for _ in range(n):
@@ -105,9 +138,11 @@ def run(url: str, config: dict, n: int) -> tuple[dict, dict, int, float]:
                            "('COMPLETED', 'ERROR', 'CANCELED')").fetchone()["n"] < n:
             time.sleep(0.2)
         wall = time.monotonic() - t0
-        return (conn.execute(RATES).fetchone(), conn.execute(STAGES).fetchone(),
+        spent = [b - a for a, b in zip(cpu0, cpu(home, *procs), strict=True)]
+        return (conn.execute(RATES).fetchone(),
+                {**conn.execute(STAGES).fetchone(), **conn.execute(REUSE).fetchone()},
                 conn.execute("SELECT count(*) AS n FROM experiments "
-                             "WHERE state <> 'COMPLETED'").fetchone()["n"], wall)
+                             "WHERE state <> 'COMPLETED'").fetchone()["n"], wall, spent)
 
 
 def main() -> None:
@@ -131,7 +166,7 @@ def main() -> None:
                  det_process(db.url, "agent", "run", "--id", "bench", "--slots",
                              str(args.slots), "--runtime", "process", profile=profile("agent"))]
         try:
-            rates, stages, failed, wall = run(db.url, config, args.n)
+            rates, stages, failed, wall, spent = run(db.url, config, args.n, db.home, procs)
         finally:
             stop(procs)
     print(f"{rates['n']} trivial tasks (entrypoint true), {args.slots} slots, one agent; "
@@ -142,6 +177,10 @@ def main() -> None:
     print(f"  submit -> all ended {wall:.1f} s (database span {rates['span']:.1f} s)")
     print("  per task, p50 ms: " + "  ".join(
         f"{k} {stages[k]:.0f}" for k in ("placed", "claimed", "launched", "ran", "settled")))
+    print(f"  per slot, p50 ms: freed -> assigned again {stages['reused']:.0f}")
+    print("  CPU ms per task: " + ", ".join(
+        f"{name} {1000 * s / args.n:.2f}" for name, s in zip(
+            ("postgres", "reconciler", "agent", "tasks", "machine"), spent, strict=True)))
     if args.profile is not None:
         for name in ("reconciler", "agent"):
             _print_profile(args.profile / f"{name}.prof", name, args.top)

@@ -13,7 +13,6 @@ run under cProfile and their top functions are printed. Figures only.
 """
 
 import argparse
-import contextlib
 import os
 import subprocess
 import sys
@@ -21,10 +20,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import psycopg
 import yaml
-from private_db import det_process, private_database, stop
+from private_db import (
+    busy_cpu,
+    det_process,
+    own_cpu,
+    postgres_cpu,
+    private_database,
+    stop,
+    tasks_cpu,
+)
 from psycopg.rows import dict_row
 from task_throughput import STAGES, _print_profile
 
@@ -37,51 +43,6 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY gap) * 1000 AS p50,
           FROM allocations a WINDOW w AS (PARTITION BY a.trial_id ORDER BY a.id)) g
  WHERE gap IS NOT NULL
 """
-
-
-def postgres_cpu(home: Path | None) -> float:
-    """CPU seconds of the embedded server under ``home`` (0 for another server): its
-    postmaster with its exited backends (counted in its children's times), and its live
-    processes."""
-    if home is None:
-        return 0.0
-    main = next((p for p in psutil.process_iter(["name", "cmdline"])
-                 if p.info["name"] == "postgres"
-                 and str(home) in " ".join(p.info["cmdline"] or ())  # None: it just exited
-                 and "-D" in (p.info["cmdline"] or ())), None)
-    if main is None:
-        return 0.0
-    total = 0.0
-    for p in [main, *main.children()]:
-        try:
-            t = p.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
-
-
-def own_cpu(proc) -> float:
-    t = psutil.Process(proc.pid).cpu_times()
-    return t.user + t.system
-
-
-def tasks_cpu(agent) -> float:
-    """CPU seconds of the agent's tasks: the ones it reaped, and its live children (the
-    zygote, with the tasks it reaped)."""
-    p = psutil.Process(agent.pid)
-    t = p.cpu_times()
-    total = t.children_user + t.children_system
-    for c in p.children():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            ct = c.cpu_times()
-            total += ct.user + ct.system + ct.children_user + ct.children_system
-    return total
-
-
-def busy_cpu() -> float:
-    t = psutil.cpu_times()
-    return sum(t) - t.idle - t.iowait
 
 
 def config(trials: int, concurrent: int, entrypoint: str) -> dict:

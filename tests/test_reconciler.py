@@ -169,3 +169,45 @@ def test_a_batch_isolates_each_object_only_when_one_fails(conn) -> None:
     assert [r["n"] for r in conn.execute("SELECT n FROM done ORDER BY n")] == [1, 3, 5, 6, 7]
     assert [n for n, _ in failed] == [2, 4]
     assert "done_n_check" in failed[0][1] and failed[1][1] == "'no decision for 4'"
+
+
+BURST = """name: burst
+entrypoint: 'echo "task $DET_ALLOCATION_ID"; exit $((DET_ALLOCATION_ID % 3))'
+searcher: {name: single, metric: loss, max_length: {batches: 1}}
+max_restarts: 0
+"""
+
+
+def test_a_burst_of_tiny_tasks_is_claimed_started_and_reported_once_each(det, conn) -> None:
+    """Issue 11: a pass's runs are settled and searched in one batch, and the agent claims
+    the runs assigned to it in one round trip, starts them, then reports them RUNNING in one
+    and their ends in one. 40 one-trial experiments on 8 slots: every run starts once, with
+    its own allocation id, and its output, exit code and times are recorded."""
+    from psycopg.types.json import Jsonb
+
+    from det.configs import load_experiment_config
+
+    cfg = load_experiment_config(BURST).expanded()
+    with conn.transaction():
+        for _ in range(40):
+            conn.execute("SELECT det_create_experiment(%s, '', NULL, 'tester')", (Jsonb(cfg),))
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--slots", "8", "--runtime", "process")
+    wait_for(lambda: conn.execute(
+        "SELECT count(*) AS n FROM experiments WHERE state IN ('COMPLETED', 'ERROR')"
+    ).fetchone()["n"] == 40, 120, "40 experiments to end")
+    runs = conn.execute(
+        "SELECT id, state::text AS s, exit_code, started_at <= running_at AND "
+        "running_at <= ended_at AS ordered FROM allocations ORDER BY id").fetchall()
+    assert len(runs) == 40
+    assert all(r["s"] == "TERMINATED" and r["ordered"] for r in runs)
+    assert [r["exit_code"] for r in runs] == [r["id"] % 3 for r in runs]
+    lines = conn.execute("SELECT allocation_id AS a, line FROM task_logs "
+                         "WHERE line LIKE 'task %%'").fetchall()
+    assert sorted((r["a"], r["line"]) for r in lines) == [(r["id"], f"task {r['id']}")
+                                                          for r in runs]
+    ended = conn.execute("SELECT state::text AS s, count(*) AS n FROM experiments "
+                         "GROUP BY 1").fetchall()
+    zero = sum(1 for r in runs if r["id"] % 3 == 0)
+    assert {r["s"]: r["n"] for r in ended} == {"COMPLETED": zero, "ERROR": 40 - zero}
+    assert "launch failed" not in det.log("agent")

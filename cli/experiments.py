@@ -421,6 +421,21 @@ def unarchive(exp_id: int = typer.Argument(..., metavar="ID")) -> None:
     typer.echo(f"Experiment {exp_id}: unarchived")
 
 
+@app.command("move")
+def move(
+    exp_id: int = typer.Argument(..., metavar="ID"),
+    workspace_name: str = typer.Argument(..., help="Destination workspace."),
+    project_name: str = typer.Argument(..., help="Destination project (of that workspace)."),
+) -> None:
+    """Move an experiment, with its trials, checkpoints and logs, to another project (Editor
+    where it is and where it goes)."""
+    with db() as conn:
+        conn.execute("SELECT det_experiment_move(%s, %s, %s)",
+                     (exp_id, workspace_name, project_name))
+    typer.echo(f"Experiment {exp_id}: moved to project {project_name} of workspace "
+               f"{workspace_name}")
+
+
 @app.command("delete")
 def delete(
     exp_id: int = typer.Argument(..., metavar="ID"),

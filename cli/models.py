@@ -282,6 +282,17 @@ def unarchive(model: str = typer.Argument(..., metavar="NAME",
     _set_archived(model, False)
 
 
+@app.command("move")
+def move(
+    model: str = typer.Argument(..., metavar="NAME", help="Model name or id."),
+    workspace: str = typer.Option(..., "--workspace-name", "-w", help="Destination workspace."),
+) -> None:
+    """Move a model, with its versions, to another workspace (Editor in both)."""
+    with db() as conn:
+        conn.execute("SELECT det_model_move(%s, %s)", (model, workspace))
+    typer.echo(f"Model {model}: moved to workspace {workspace}")
+
+
 @app.command("delete")
 def delete(
     model: str = typer.Argument(..., metavar="NAME", help="Model name or id."),

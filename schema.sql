@@ -3048,8 +3048,10 @@ SELECT e.id, e.name, e.state, e.owner, e.progress, e.start_time, e.end_time, e.a
        (SELECT CASE WHEN (e.config #>> '{searcher,smaller_is_better}')::boolean
                     THEN min(t.best_validation) ELSE max(t.best_validation) END
           FROM trials t WHERE t.experiment_id = e.id) AS best_validation,
-       j.resource_pool, j.priority, j.weight
-FROM experiments e JOIN jobs j ON j.id = e.job_id;
+       j.resource_pool, j.priority, j.weight, e.project_id, p.name AS project,
+       p.workspace_id, w.name AS workspace
+FROM experiments e JOIN jobs j ON j.id = e.job_id
+JOIN projects p ON p.id = e.project_id JOIN workspaces w ON w.id = p.workspace_id;
 
 CREATE VIEW reporting.trials WITH (security_invoker = true) AS
 SELECT t.id, t.experiment_id, t.state, t.hparams, t.restarts, t.steps_completed,

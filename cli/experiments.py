@@ -287,16 +287,22 @@ def refuse_unfit(conn, expanded: dict) -> None:
 @app.command("list")
 def list_(
     all_: bool = typer.Option(False, "--all", "-a", help="Include archived experiments."),
+    workspace: str = typer.Option(None, "--workspace", "-w", help="Only this workspace's."),
+    project: str = typer.Option(None, "--project", help="Only this project's."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Experiments: id, name, state, progress, trials, owner, started."""
+    """The experiments you may view: id, name, state, progress, trials, owner, workspace,
+    project, started."""
     with db() as conn:
-        rows = list_experiments(conn, ListFilter(archived=all_))
+        rows = list_experiments(conn, ListFilter(archived=all_, workspace=workspace,
+                                                 project=project))
     if json_:
         print_json(rows)
         return
-    print_table(rows, ["id", "name", "state", "progress", "trials", "owner", "started"],
-                ["ID", "Name", "State", "Progress %", "Trials", "Owner", "Started"])
+    print_table(rows, ["id", "name", "state", "progress", "trials", "owner", "workspace",
+                       "project", "started"],
+                ["ID", "Name", "State", "Progress %", "Trials", "Owner", "Workspace", "Project",
+                 "Started"])
 
 
 @app.command("describe")

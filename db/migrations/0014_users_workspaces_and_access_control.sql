@@ -1551,7 +1551,18 @@ ALTER FUNCTION det_gc_task_failed(text, text) SECURITY DEFINER SET search_path =
 
 -- Reports run with the caller's rights, under row-level security.
 ALTER VIEW checkpoint_pins SET (security_invoker = true);
-ALTER VIEW reporting.experiments SET (security_invoker = true);
+CREATE OR REPLACE VIEW reporting.experiments WITH (security_invoker = true) AS
+SELECT e.id, e.name, e.state, e.owner, e.progress, e.start_time, e.end_time, e.archived,
+       e.config #>> '{searcher,name}' AS searcher,
+       e.config #>> '{searcher,metric}' AS metric,
+       (SELECT count(*) FROM trials t WHERE t.experiment_id = e.id) AS trials,
+       (SELECT CASE WHEN (e.config #>> '{searcher,smaller_is_better}')::boolean
+                    THEN min(t.best_validation) ELSE max(t.best_validation) END
+          FROM trials t WHERE t.experiment_id = e.id) AS best_validation,
+       j.resource_pool, j.priority, j.weight, e.project_id, p.name AS project,
+       p.workspace_id, w.name AS workspace
+FROM experiments e JOIN jobs j ON j.id = e.job_id
+JOIN projects p ON p.id = e.project_id JOIN workspaces w ON w.id = p.workspace_id;
 ALTER VIEW reporting.trials SET (security_invoker = true);
 ALTER VIEW reporting.job_queue SET (security_invoker = true);
 ALTER VIEW reporting.slot_usage SET (security_invoker = true);

@@ -101,8 +101,9 @@ MAX_PAGE = 1000
 class ListFilter:
     """What ``det experiment list`` and ``GET /api/v1/experiments`` select: ``archived``
     includes archived ones; ``states`` (experiment_state names), ``owner``, ``name`` (a
-    case-insensitive substring), ``workspace`` and ``project`` (exact names) narrow; ``sort`` is a key of :data:`SORTS`, ``-`` first for
-    descending; ``limit`` (None: all) and ``offset`` page."""
+    case-insensitive substring), ``workspace`` and ``project`` (exact names) narrow; ``sort``
+    is a key of :data:`SORTS`, ``-`` first for descending; ``limit`` (None: all) and
+    ``offset`` page."""
 
     archived: bool = False
     states: tuple[str, ...] | None = None

@@ -55,7 +55,8 @@ def _seed_experiment_data(c: Cluster, exp: int) -> None:
     c.owner.execute("""
         WITH t AS (INSERT INTO trials (experiment_id, request_id, hparams, seed)
                    VALUES (%(e)s, gen_random_uuid(), '{}', 0) RETURNING id),
-             a AS (INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec)
+             a AS (INSERT INTO allocations (job_id, trial_id, run, resource_pool,
+                                            slots_needed, spec)
                    SELECT e.job_id, t.id, 1, 'default', 1, '{}' FROM experiments e, t
                     WHERE e.id = %(e)s RETURNING id, trial_id),
              m AS (INSERT INTO metrics (trial_id, allocation_id, "group", steps_completed,

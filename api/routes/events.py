@@ -72,12 +72,15 @@ async def experiments(
     request: Request,
     state: list[str] | None = Query(None), owner: str | None = Query(None, max_length=255),
     name: str | None = Query(None, max_length=255), archived: bool = Query(False),
+    workspace: str | None = Query(None, max_length=255),
+    project: str | None = Query(None, max_length=255),
     sort: str = Query("-id"), limit: int = Query(100), offset: int = Query(0),
 ) -> StreamingResponse:
     """The experiment list page (filters as ``GET /experiments``), whenever it changes."""
     await _auth(request)
     f = qe.ListFilter(archived=archived, states=tuple(state) if state else None, owner=owner,
-                      name=name, sort=sort, limit=limit, offset=offset)
+                      name=name, workspace=workspace, project=project, sort=sort, limit=limit,
+                      offset=offset)
 
     def read(conn, st: Stream) -> list[str]:
         page = {"experiments": qe.list_experiments(conn, f),

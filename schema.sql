@@ -3169,8 +3169,9 @@ BEGIN
 END $$;
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA public FROM PUBLIC;
--- and from functions later migrations add: each grants its own
-ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+-- and from the functions later migrations add (the global default of the role that runs
+-- them: a per-schema one cannot take a privilege away): each grants its own
+ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 REVOKE ALL ON SCHEMA reporting FROM PUBLIC;
 GRANT USAGE ON SCHEMA reporting TO det_user;
 

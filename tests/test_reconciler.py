@@ -190,7 +190,7 @@ def test_a_burst_of_tiny_tasks_is_claimed_started_and_reported_once_each(det, co
     cfg = load_experiment_config(BURST).expanded()
     with conn.transaction():
         for _ in range(40):
-            conn.execute("SELECT det_create_experiment(%s, '', NULL, 'tester')", (Jsonb(cfg),))
+            conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(cfg),))
     det.start("reconciler", "reconcile", "--interval", "0.5")
     det.start("agent", "agent", "run", "--slots", "8", "--runtime", "process")
     wait_for(lambda: conn.execute(

@@ -18,7 +18,8 @@ From the database's own clock (``allocations``) it prints:
   running -> ended (the task's own run, its output drained, the end reported), and
   ended -> the experiment's end (the settle and the experiment's finish); and per slot, p50
   of freed -> assigned again (a run's end reported -> the next run on its slot placed: the
-  reconciler's wake-up and pass);
+  reconciler's wake-up and pass; ``assigned_at`` is the placing pass's start, so a pass that
+  began before the end was reported, and still saw it, gives a negative figure);
 - CPU milliseconds per task of PostgreSQL (embedded only), the reconciler, the agent and the
   tasks (with their wrappers), and of the whole machine, from submission to the last end:
   on a shared machine, what each part costs, whatever the load.
@@ -83,14 +84,14 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.assigned
     ON e.id = t.experiment_id
 """
 
-# Each slot's runs in turn (allocation_slots keeps released rows): the previous one's end ->
-# the next one's placement.
+# Each slot's runs in the order they were placed on it (allocation_slots keeps released
+# rows): the previous one's end -> the next one's placement.
 REUSE = """
 SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.assigned_at - p.ended_at))
          * 1000 AS reused
-  FROM (SELECT allocation_id, lag(allocation_id) OVER (PARTITION BY agent_id, slot_id
-                                                        ORDER BY allocation_id) AS prev
-          FROM allocation_slots) h
+  FROM (SELECT h.allocation_id, lag(h.allocation_id) OVER (
+                 PARTITION BY h.agent_id, h.slot_id ORDER BY a.assigned_at) AS prev
+          FROM allocation_slots h JOIN allocations a ON a.id = h.allocation_id) h
   JOIN allocations a ON a.id = h.allocation_id JOIN allocations p ON p.id = h.prev
 """
 

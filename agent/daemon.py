@@ -75,14 +75,10 @@ AGENT_ID_RULE = ("1 to 63 ASCII letters, digits, '.', '_' or '-', starting with 
                  "digit")
 
 # Live allocations of this agent with the time of their last shipped log line, for adoption.
-LIVE_HERE = """
-SELECT a.id, (SELECT l.ts FROM task_logs l WHERE l.allocation_id = a.id
-               ORDER BY l.id DESC LIMIT 1) AS last_log
-  FROM allocations a
- WHERE a.agent_id = %(agent)s AND a.state <> 'TERMINATED'
-"""
+LIVE_HERE = "SELECT id, last_log FROM det_agent_live_allocations(%(agent)s)"
 
-CONTEXT_BLOB = "SELECT data FROM context_blobs WHERE id = %(id)s"
+# A context a live allocation of this agent launches (NULL for any other).
+CONTEXT_BLOB = "SELECT det_agent_context(%(agent)s, %(id)s) AS data"
 
 
 @dataclass
@@ -390,7 +386,11 @@ class Agent:
             return dest
         cached = self.s.work_dir / "contexts" / str(context_id)
         if not cached.is_dir():
-            blob = self._connect().execute(CONTEXT_BLOB, {"id": context_id}).fetchone()["data"]
+            blob = self._connect().execute(CONTEXT_BLOB, {"agent": self.s.agent_id,
+                                                          "id": context_id}).fetchone()["data"]
+            if blob is None:
+                raise DetError(f"context {context_id}: no live allocation of agent "
+                               f"{self.s.agent_id} launches it")
             partial = cached.with_suffix(".partial")
             shutil.rmtree(partial, ignore_errors=True)
             context.unpack(blob, partial)

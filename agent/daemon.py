@@ -86,7 +86,8 @@ class AgentSettings:
     """``agent_id``: unique name (default: the hostname); ``pool``: its resource pool;
     ``work_dir``: where task directories live; ``runtime``: ``docker``, ``process``, or None
     for docker when an engine answers, else process; ``heartbeat``/``poll``: seconds;
-    ``warm_start``: the process runtime forks Python tasks from a zygote."""
+    ``warm_start``: the process runtime forks Python tasks from a zygote; ``task_url``: the
+    database URL its tasks get (a role that runs only task functions), None for its own."""
 
     agent_id: str
     pool: str
@@ -95,6 +96,7 @@ class AgentSettings:
     heartbeat: float = 5.0
     poll: float = 1.0
     warm_start: bool = True
+    task_url: str | None = None
 
 
 def check_agent_id(agent_id: str, field: str = "agent id") -> None:
@@ -127,7 +129,8 @@ def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
 
 
 class Agent:
-    """One agent process. ``url``: the database URL, also handed to its tasks.
+    """One agent process. ``url``: its database URL, also its tasks' unless
+    ``settings.task_url`` gives theirs.
 
     Raises:
         DetError: the agent id breaks the rule of :func:`check_agent_id`.
@@ -148,7 +151,9 @@ class Agent:
         self.last_launch = float("-inf")  # time.monotonic() of the latest launch
         self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
-        self.runtime = choose_runtime(settings.runtime, self.logs, settings.agent_id, url,
+        self.task_url = settings.task_url or url
+        self.runtime = choose_runtime(settings.runtime, self.logs, settings.agent_id,
+                                      self.task_url,
                                       self.device_type, settings.warm_start)
         self.heartbeat = Heartbeat(url, settings.agent_id, settings.heartbeat, self._register)
         # A lost connection's backoff is spent watching the tasks (see _tend_for).
@@ -331,10 +336,11 @@ class Agent:
             return
         try:
             env = {**env_for_device(spec.environment, self.device_type),
-                   "DET_DB_URL": self.url, "DET_ALLOCATION_ID": str(alloc_id),
+                   "DET_DB_URL": self.task_url, "DET_ALLOCATION_ID": str(alloc_id),
                    "DET_ALLOCATION_TOKEN": token, "DET_AGENT_ID": self.s.agent_id,
                    "DET_EXPERIMENT_ID": str(spec.experiment_id),
-                   "PYTHONUNBUFFERED": "1"}
+                   # its sessions' application_name: who is who in pg_stat_activity
+                   "PGAPPNAME": f"det-task-{alloc_id}", "PYTHONUNBUFFERED": "1"}
             if spec.trial_id is not None:
                 env["DET_TRIAL_ID"] = str(spec.trial_id)
             by_id = {s.slot_id: s for s in self.slots}

@@ -15,6 +15,7 @@ from det.cli import (
     cluster,
     experiments,
     image,
+    login,
     models,
     pools,
     preview,
@@ -44,6 +45,9 @@ cluster.cluster_app.add_typer(pools.config_app, name="config",
 app.add_typer(pools.pool_app, name="resource-pool", help="Resource pools.")
 app.add_typer(queue.app, name="job", help="The job queue: order, priorities, why a job waits.")
 app.add_typer(cluster.db_app, name="db", help="Database schema.")
+user_app = typer.Typer(no_args_is_help=True)
+login.register(user_app)
+app.add_typer(user_app, name="user", help="Users: log in and out, who you are.")
 app.add_typer(image.app, name="image", help="Build the default task image.")
 app.add_typer(cluster.agent_app, name="agent", help="Run, list and drain agents.")
 cluster.agent_app.command("list")(agents.list_agents)

@@ -1,12 +1,13 @@
-"""What every command shares: the database connection (schema brought up to date first) and
-the user's name."""
+"""What every command shares: the database connection (as the CLI's det user, on a schema
+that is current: only ``det cluster up`` and the reconciler migrate it) and the user's name."""
 
 import getpass
 import os
 
 import psycopg
 
-from det.db import connect, migrate
+from det.db import connect
+from det.db.migrate import require_current
 
 
 def user() -> str:
@@ -15,11 +16,17 @@ def user() -> str:
 
 
 def db() -> psycopg.Connection:
-    """A connection (dict rows, autocommit off) to a database whose schema is current.
+    """A connection (dict rows, autocommit off) as the CLI's det user
+    (:func:`det.db.connect.database_url`) to a database whose schema is current.
 
     Raises:
-        det.errors.DatabaseError: the database cannot be reached.
+        det.errors.DatabaseError: the database cannot be reached, or its schema is behind
+            this det's ("run det cluster up").
     """
     conn = connect()
-    migrate(conn)
+    try:
+        require_current(conn)
+    except BaseException:
+        conn.close()
+        raise
     return conn

@@ -134,3 +134,31 @@ def migrate(conn: psycopg.Connection, directory: Traversable | None = None) -> l
             raise DatabaseError(f"migration {mig.file}: {e.diag.message_primary or e}") from e
         applied.append(mig.version)
     return applied
+
+
+def latest_version(directory: Traversable | None = None) -> int:
+    """The newest migration det ships (from the file names alone: nothing is parsed)."""
+    directory = directory if directory is not None else migrations_dir()
+    return max(int(m.group(1)) for f in directory.iterdir() if (m := _FILE.match(f.name)))
+
+
+def require_current(conn: psycopg.Connection) -> None:
+    """Check that the database has every migration this det ships, for the clients that do
+    not migrate (the CLI as a det user, agents): only the schema's owner migrates (``det
+    cluster up``, the reconciler). Leaves ``conn`` idle.
+
+    Raises:
+        DatabaseError: the schema is behind (or not det's): "run det cluster up". A lost
+            connection is raised as psycopg's error.
+    """
+    latest = latest_version()
+    try:
+        with conn.transaction():
+            (version,) = conn.cursor(row_factory=tuple_row).execute(
+                "SELECT det_schema_version()").fetchone()
+    except psycopg.errors.UndefinedFunction:
+        version = None  # older than migration 0015, or not a det database
+    if version is None or version < latest:
+        raise DatabaseError(f"the database's schema is at migration {version or 'none'}, this "
+                            f"det needs {latest}: run `det cluster up` (or `det db migrate` as "
+                            "the database's owner) to bring it up to date")

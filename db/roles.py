@@ -48,6 +48,8 @@ def provision(conn: psycopg.Connection, home: Path) -> str:
                     sql.Identifier(role), sql.Literal(verifier(conn, role, password))))
             passfile.store(file, role, password)
     admin = getpass.getuser()
+    if admin in (embedded.OWNER, *ACTORS):
+        return admin  # an OS user named like det's own roles is that role (its entry is kept)
     if passfile.lookup(file, admin) is None:
         password = passfile.new_password()
         exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (admin,)).fetchone()

@@ -75,6 +75,16 @@ def whoami() -> None:
         typer.echo(conn.execute("SELECT session_user AS name").fetchone()["name"])
 
 
+def keep_password(name: str, password: str) -> None:
+    """After ``name``'s password changed: update det's password-file entry for ``name`` at
+    this server, if it has one (the CLI's own user: logged in, or the embedded default), so
+    later commands still connect."""
+    _params, (host, port) = _server()
+    file = passfile.path(det_home())
+    if passfile.lookup(file, name, host, port) is not None:
+        passfile.store(file, name, password, host, port)
+
+
 def register(user_app: typer.Typer) -> None:
     """Add ``login``, ``logout`` and ``whoami`` to ``det user``."""
     user_app.command("login")(login)

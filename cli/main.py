@@ -11,6 +11,7 @@ import typer
 
 from det.cli import (
     agents,
+    audit,
     checkpoints,
     cluster,
     experiments,
@@ -20,10 +21,13 @@ from det.cli import (
     pools,
     preview,
     queue,
+    rbac,
     serve,
     simulate,
     templates,
     trials,
+    users,
+    workspaces,
 )
 from det.db.sqlstate import translate
 from det.errors import DetError
@@ -38,6 +42,14 @@ app.add_typer(trials.app, name="t", hidden=True)
 app.add_typer(checkpoints.app, name="checkpoint", help="List and download checkpoints.")
 app.add_typer(models.app, name="model", help="The model registry: models and their versions.")
 app.add_typer(templates.app, name="template", help="Configuration templates.")
+login.register(users.app)
+app.add_typer(users.app, name="user", help="Users: create, list, deactivate, passwords, log "
+                                           "in and out, who you are.")
+app.add_typer(users.group_app, name="user-group", help="Groups of users.")
+app.add_typer(workspaces.app, name="workspace", help="Workspaces: projects, pools, members.")
+app.add_typer(workspaces.project_app, name="project", help="Projects of a workspace.")
+app.add_typer(rbac.app, name="rbac", help="Roles: list, assign, unassign, your permissions.")
+app.add_typer(audit.app, name="audit", help="The audit log (ClusterAdmin).")
 app.add_typer(templates.app, name="tpl", hidden=True)
 app.add_typer(cluster.cluster_app, name="cluster", help="Run a local cluster.")
 cluster.cluster_app.add_typer(pools.config_app, name="config",
@@ -45,9 +57,6 @@ cluster.cluster_app.add_typer(pools.config_app, name="config",
 app.add_typer(pools.pool_app, name="resource-pool", help="Resource pools.")
 app.add_typer(queue.app, name="job", help="The job queue: order, priorities, why a job waits.")
 app.add_typer(cluster.db_app, name="db", help="Database schema.")
-user_app = typer.Typer(no_args_is_help=True)
-login.register(user_app)
-app.add_typer(user_app, name="user", help="Users: log in and out, who you are.")
 app.add_typer(image.app, name="image", help="Build the default task image.")
 app.add_typer(cluster.agent_app, name="agent", help="Run, list and drain agents.")
 cluster.agent_app.command("list")(agents.list_agents)

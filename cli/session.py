@@ -1,5 +1,5 @@
 """What every command shares: the database connection (as the CLI's det user, on a schema
-that is current: only ``det cluster up`` and the reconciler migrate it) and the user's name."""
+that is current: only the schema's owner migrates it) and the user's name."""
 
 import getpass
 import os
@@ -7,7 +7,7 @@ import os
 import psycopg
 
 from det.db import connect
-from det.db.migrate import require_current
+from det.db.migrate import ensure_current
 
 
 def user() -> str:
@@ -20,12 +20,12 @@ def db() -> psycopg.Connection:
     (:func:`det.db.connect.database_url`) to a database whose schema is current.
 
     Raises:
-        det.errors.DatabaseError: the database cannot be reached, or its schema is behind
-            this det's ("run det cluster up").
+        det.errors.DatabaseError: the database cannot be reached, or its schema is behind and
+            this user may not upgrade it ("run det cluster up").
     """
     conn = connect()
     try:
-        require_current(conn)
+        ensure_current(conn)
     except BaseException:
         conn.close()
         raise

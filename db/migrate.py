@@ -144,8 +144,8 @@ def latest_version(directory: Traversable | None = None) -> int:
 
 def require_current(conn: psycopg.Connection) -> None:
     """Check that the database has every migration this det ships, for the clients that do
-    not migrate (the CLI as a det user, agents): only the schema's owner migrates (``det
-    cluster up``, the reconciler). Leaves ``conn`` idle.
+    not migrate (the CLI as a det user, agents, det serve): only the schema's owner migrates
+    (``det cluster up``, the reconciler). Leaves ``conn`` idle.
 
     Raises:
         DatabaseError: the schema is behind (or not det's): "run det cluster up". A lost
@@ -162,3 +162,22 @@ def require_current(conn: psycopg.Connection) -> None:
         raise DatabaseError(f"the database's schema is at migration {version or 'none'}, this "
                             f"det needs {latest}: run `det cluster up` (or `det db migrate` as "
                             "the database's owner) to bring it up to date")
+
+
+def ensure_current(conn: psycopg.Connection) -> None:
+    """Make sure the schema is current before a command acts: a session that may create in
+    the schema (its owner: ``det cluster up``, the reconciler, an admin's URL) applies what is
+    missing (:func:`migrate`); anyone else (a det user, det serve's role) only checks
+    (:func:`require_current`), since it may not change the schema.
+
+    Raises:
+        DatabaseError: migrations are missing and this session may not apply them, or what
+            :func:`migrate` raises.
+    """
+    with conn.transaction():
+        may_migrate = conn.cursor(row_factory=tuple_row).execute(
+            "SELECT has_schema_privilege('public', 'CREATE')").fetchone()[0]
+    if may_migrate:
+        migrate(conn)
+    else:
+        require_current(conn)

@@ -507,7 +507,7 @@ def test_queue_and_cluster_streams(server: Server, api, ctx, conn) -> None:
 def test_metrics_notify_sparingly(conn, db_url: str) -> None:
     """A trial reporting many batches a second wakes the servers a few times a second, not
     once per batch (web_event_marks); each NOTIFY is one statement's, never one per row."""
-    exp = conn.execute("SELECT det_create_experiment(%s, '', NULL, 'me') AS id", (Jsonb({
+    exp = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id", (Jsonb({
         "name": "x", "resources": {"resource_pool": "default", "weight": 1.0},
         "searcher": {"metric": "loss", "smaller_is_better": True}}),)).fetchone()["id"]
     _, token = running_trial(conn, exp)

@@ -206,3 +206,19 @@ def test_a_container_gets_the_socket_directory_and_nothing_else_of_the_database(
     sources = {source for source, _ro in mounts(config_for([Slot(0, "cpu")], url=url)).values()}
     assert str(embedded.socket_dir(home)) in sources
     assert not any(Path(s).is_relative_to(embedded.data_dir(home)) for s in sources)
+
+
+def test_login_against_a_server_named_by_det_db_url(det, conn, tmp_path) -> None:
+    """With DET_DB_URL the URL's user is the CLI's until a login; the password is kept under
+    that server's host, and the URL's own credentials come back at logout."""
+    conn.execute("SELECT det_user_create('carol', %s, false)",
+                 (roles.verifier(conn, "carol", "pw-carol"),))
+    owner = conn.execute("SELECT session_user::text AS u").fetchone()["u"]
+    assert det("user", "whoami").stdout.strip() == owner
+    assert "logged in as carol" in det("user", "login", "carol", "--password", "pw-carol").stdout
+    assert det("user", "whoami").stdout.strip() == "carol"
+    host = conninfo_to_dict(det.env["DET_DB_URL"]).get("host") or "localhost"
+    file = passfile.path(Path(det.env["DET_HOME"]))
+    assert passfile.lookup(file, "carol", str(host), "*") == "pw-carol"
+    det("user", "logout")
+    assert det("user", "whoami").stdout.strip() == owner

@@ -43,6 +43,7 @@ def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
                               check=ConnectionPool.check_connection)
         hub = Hub(url)
         app.state.pool, app.state.hub, app.state.token_ttl = pool, hub, token_ttl
+        app.state.url = url
         listener = asyncio.create_task(hub.run())
         try:
             yield

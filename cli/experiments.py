@@ -164,7 +164,7 @@ def create(
                                   help="Workspace to place it in (with --project; default: "
                                        "the config's workspace key, else Uncategorized)."),
     project: str = typer.Option(None, "--project", help="Project (of --workspace) to place it in."),
-    project_id: int = typer.Option(None, "--project_id", "--project-id",
+    project_id: int = typer.Option(None, "--project_id",
                                    help="Place it in the project with this id."),
 ) -> None:
     """Submit an experiment (one transaction: the experiment, its job and its context), owned

@@ -2,8 +2,8 @@
 workspaces they may view), and where a new experiment goes."""
 
 import psycopg
-import yaml
 
+from det.configs.load import parse_yaml
 from det.errors import ConfigError, NotFoundError
 
 LIST = """
@@ -72,8 +72,8 @@ def placement(conn: psycopg.Connection, config_text: str, source: str, workspace
         return row["workspace"], row["project"]
     if workspace is None and project is None:
         try:
-            data = yaml.safe_load(config_text)
-        except yaml.YAMLError:
+            data = parse_yaml(config_text, source)
+        except ConfigError:
             data = None  # the config's own check reports it, with its line
         if isinstance(data, dict):
             workspace, project = data.get("workspace") or None, data.get("project") or None

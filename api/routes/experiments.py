@@ -33,16 +33,20 @@ def list_experiments(
     state: list[str] | None = Query(None, description="Only these states (repeatable)."),
     owner: str | None = Query(None, max_length=255),
     name: str | None = Query(None, max_length=255, description="Name contains (any case)."),
+    workspace: str | None = Query(None, max_length=255, description="Only this workspace's."),
+    project: str | None = Query(None, max_length=255, description="Only this project's."),
     archived: bool = Query(False, description="Include archived experiments."),
     sort: str = Query("-id", description="id, name, state, progress, started, ended, owner, "
                                          "trials or best_validation; - first: descending."),
     limit: int = Query(100, description=f"Page size, 0 to {q.MAX_PAGE}."),
     offset: int = Query(0),
 ) -> dict:
-    """Experiments (state, progress %, best metric, owner, times, searcher), filtered, sorted
-    and paged; ``pagination.total`` counts all that match."""
+    """The experiments the user may view (state, progress %, best metric, owner, workspace,
+    project, times, searcher), filtered, sorted and paged; ``pagination.total`` counts all
+    that match."""
     f = q.ListFilter(archived=archived, states=tuple(state) if state else None, owner=owner,
-                     name=name, sort=sort, limit=limit, offset=offset)
+                     name=name, workspace=workspace, project=project, sort=sort, limit=limit,
+                     offset=offset)
     rows = q.list_experiments(s.conn, f)
     return {"experiments": rows,
             "pagination": {"offset": offset, "limit": limit,

@@ -17,7 +17,7 @@ from pathlib import Path
 import typer
 
 from det.cli.output import print_json, print_table
-from det.cli.session import db, user
+from det.cli.session import db
 from det.cli.supervisor import STOP_GRACE, Child, Supervisor, read_pid
 from det.db import connect, database_url, det_home, embedded, migrate, owner_url, role_url, roles
 from det.db.migrate import require_current
@@ -82,8 +82,9 @@ def up(
     typer.echo(f"supervisor: started (pid {proc.pid}), running a reconciler and an agent; "
                f"logs in {_run_dir()}")
     if web_port:
-        typer.echo(f"web: http://127.0.0.1:{web_port}/ (REST API and WebUI; user "
-                   f"{user()}, password DET_PASSWORD or empty)")
+        who = admin or "a det user"
+        typer.echo(f"web: http://127.0.0.1:{web_port}/ (REST API and WebUI; log in as {who} "
+                   "once `det user change-password` gave it a password you know)")
 
 
 @cluster_app.command("supervise", hidden=True)
@@ -100,8 +101,8 @@ def supervise(slots: int = typer.Option(None), runtime: str = typer.Option(None)
     urls: dict[str, dict[str, str]] = {name: {} for name in PROCESSES}
     if home is not None:
         owner = embedded.role_url(home, embedded.OWNER)
-        # det serve keeps the owner's URL until it sets each request's role (issue 14, api).
-        urls = {"reconciler": {"DET_DB_URL": owner}, "server": {"DET_DB_URL": owner},
+        urls = {"reconciler": {"DET_DB_URL": owner},
+                "server": {"DET_DB_URL": embedded.role_url(home, roles.WEB)},
                 "agent": {"DET_DB_URL": embedded.role_url(home, roles.AGENT),
                           "DET_TASK_DB_URL": roles.task_url(home)}}
     children = [Child("reconciler", PROCESSES["reconciler"], env=urls["reconciler"]),

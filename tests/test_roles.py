@@ -143,7 +143,10 @@ def test_a_task_reaches_only_its_own_functions_and_no_det_process_is_a_superuser
     config = tmp_path / "probe.yaml"
     config.write_text(f"name: probe\nentrypoint: {sys.executable} probe.py\nmax_restarts: 0\n"
                       "searcher: {name: single, metric: loss, max_length: {batches: 1}}\n")
-    out = local("cluster", "up", "--runtime", "process", "--slots", "1", "--web-port", "0")
+    from test_api import free_port
+
+    out = local("cluster", "up", "--runtime", "process", "--slots", "1", "--web-port",
+                str(free_port()))
     assert "ClusterAdmin" in out.stdout
     local("experiment", "create", str(config), str(ctx))
 
@@ -165,6 +168,7 @@ def test_a_task_reaches_only_its_own_functions_and_no_det_process_is_a_superuser
     assert supers <= {"det-reconciler", "det-test"} and "det-reconciler" in supers
     users = {name: user for name, user, _su in sessions}
     assert users["det-agent"] == "det_agent"
+    assert users["det-server"] == "det_web"
     assert users["det-task-1"] == "det_task"
     release.touch()
     assert local("experiment", "wait", "1", timeout=120).returncode == 0

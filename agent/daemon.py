@@ -75,14 +75,10 @@ AGENT_ID_RULE = ("1 to 63 ASCII letters, digits, '.', '_' or '-', starting with 
                  "digit")
 
 # Live allocations of this agent with the time of their last shipped log line, for adoption.
-LIVE_HERE = """
-SELECT a.id, (SELECT l.ts FROM task_logs l WHERE l.allocation_id = a.id
-               ORDER BY l.id DESC LIMIT 1) AS last_log
-  FROM allocations a
- WHERE a.agent_id = %(agent)s AND a.state <> 'TERMINATED'
-"""
+LIVE_HERE = "SELECT id, last_log FROM det_agent_live_allocations(%(agent)s)"
 
-CONTEXT_BLOB = "SELECT data FROM context_blobs WHERE id = %(id)s"
+# A context a live allocation of this agent launches (NULL for any other).
+CONTEXT_BLOB = "SELECT det_agent_context(%(agent)s, %(id)s) AS data"
 CLAIM = "SELECT det_agent_claim(%s, %s) AS token"
 
 
@@ -91,7 +87,8 @@ class AgentSettings:
     """``agent_id``: unique name (default: the hostname); ``pool``: its resource pool;
     ``work_dir``: where task directories live; ``runtime``: ``docker``, ``process``, or None
     for docker when an engine answers, else process; ``heartbeat``/``poll``: seconds;
-    ``warm_start``: the process runtime forks Python tasks from a zygote."""
+    ``warm_start``: the process runtime forks Python tasks from a zygote; ``task_url``: the
+    database URL its tasks get (a role that runs only task functions), None for its own."""
 
     agent_id: str
     pool: str
@@ -100,6 +97,7 @@ class AgentSettings:
     heartbeat: float = 5.0
     poll: float = 1.0
     warm_start: bool = True
+    task_url: str | None = None
 
 
 def check_agent_id(agent_id: str, field: str = "agent id") -> None:
@@ -132,7 +130,8 @@ def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
 
 
 class Agent:
-    """One agent process. ``url``: the database URL, also handed to its tasks.
+    """One agent process. ``url``: its database URL, also its tasks' unless
+    ``settings.task_url`` gives theirs.
 
     Raises:
         DetError: the agent id breaks the rule of :func:`check_agent_id`.
@@ -153,7 +152,9 @@ class Agent:
         self.last_launch = float("-inf")  # time.monotonic() of the latest launch
         self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
-        self.runtime = choose_runtime(settings.runtime, self.logs, settings.agent_id, url,
+        self.task_url = settings.task_url or url
+        self.runtime = choose_runtime(settings.runtime, self.logs, settings.agent_id,
+                                      self.task_url,
                                       self.device_type, settings.warm_start)
         self.heartbeat = Heartbeat(url, settings.agent_id, settings.heartbeat, self._register)
         # A lost connection's backoff is spent watching the tasks (see _tend_for).
@@ -363,10 +364,11 @@ class Agent:
         alloc_id = row["id"]
         try:
             env = {**env_for_device(spec.environment, self.device_type),
-                   "DET_DB_URL": self.url, "DET_ALLOCATION_ID": str(alloc_id),
+                   "DET_DB_URL": self.task_url, "DET_ALLOCATION_ID": str(alloc_id),
                    "DET_ALLOCATION_TOKEN": token, "DET_AGENT_ID": self.s.agent_id,
                    "DET_EXPERIMENT_ID": str(spec.experiment_id),
-                   "PYTHONUNBUFFERED": "1"}
+                   # its sessions' application_name: who is who in pg_stat_activity
+                   "PGAPPNAME": f"det-task-{alloc_id}", "PYTHONUNBUFFERED": "1"}
             if spec.trial_id is not None:
                 env["DET_TRIAL_ID"] = str(spec.trial_id)
             by_id = {s.slot_id: s for s in self.slots}
@@ -429,7 +431,11 @@ class Agent:
             return dest
         cached = self.s.work_dir / "contexts" / str(context_id)
         if not cached.is_dir():
-            blob = self._connect().execute(CONTEXT_BLOB, {"id": context_id}).fetchone()["data"]
+            blob = self._connect().execute(CONTEXT_BLOB, {"agent": self.s.agent_id,
+                                                          "id": context_id}).fetchone()["data"]
+            if blob is None:
+                raise DetError(f"context {context_id}: no live allocation of agent "
+                               f"{self.s.agent_id} launches it")
             partial = cached.with_suffix(".partial")
             shutil.rmtree(partial, ignore_errors=True)
             context.unpack(blob, partial)

@@ -18,31 +18,7 @@ from det.agent.devices import Slot
 
 # An agent's work: the allocations it is the chief of, and those it holds slots of as another
 # node of a gang (``node_state``: its share's state once claimed, else NULL).
-ASSIGNMENTS = """
-SELECT a.id, a.desired_state::text AS desired, a.state::text AS state, a.spec,
-       a.agent_id AS chief, NULL::text AS node_state,
-       array(SELECT h.slot_id FROM allocation_slots h
-              WHERE h.allocation_id = a.id AND h.agent_id = %(agent)s AND NOT h.released
-              ORDER BY h.slot_id) AS slot_ids,
-       a.slots_needed > (SELECT count(*) FROM allocation_slots h
-                         WHERE h.allocation_id = a.id AND h.agent_id = %(agent)s) AS spans
-  FROM allocations a
- WHERE a.agent_id = %(agent)s AND a.state <> 'TERMINATED'
-UNION ALL
-SELECT a.id, a.desired_state::text, a.state::text, a.spec, a.agent_id,
-       n.state::text,
-       array(SELECT h.slot_id FROM allocation_slots h
-              WHERE h.allocation_id = a.id AND h.agent_id = %(agent)s AND NOT h.released
-              ORDER BY h.slot_id),
-       true
-  FROM allocations a
-  LEFT JOIN allocation_nodes n ON n.allocation_id = a.id AND n.agent_id = %(agent)s
- WHERE a.agent_id <> %(agent)s AND a.state <> 'TERMINATED'
-   AND a.id IN (SELECT h.allocation_id FROM allocation_slots h
-                 WHERE h.agent_id = %(agent)s AND NOT h.released)
- ORDER BY id
-"""
-
+ASSIGNMENTS = "SELECT * FROM det_agent_assignments(%(agent)s)"
 GANG_AGENTS = "SELECT det_gang_agents(%s) AS nodes"
 SET_RENDEZVOUS = "SELECT det_agent_set_rendezvous(%s, %s, %s)"
 CLAIM_NODE = "SELECT det_agent_claim_node(%s, %s) AS node"

@@ -17,9 +17,10 @@ from pathlib import Path
 import typer
 
 from det.cli.output import print_json, print_table
-from det.cli.session import db, user
+from det.cli.session import db
 from det.cli.supervisor import STOP_GRACE, Child, Supervisor, read_pid
-from det.db import database_url, det_home, embedded
+from det.db import connect, database_url, det_home, embedded, migrate, owner_url, role_url, roles
+from det.db.migrate import require_current
 from det.errors import DetError
 from det.queries.cluster import AGENTS
 from det.reconciler import leader
@@ -57,10 +58,14 @@ def up(
 ) -> None:
     """Start the database (embedded unless DET_DB_URL is set) and a supervisor that keeps a
     reconciler, an agent and the web server (det serve) running."""
-    url = database_url(start=True)
-    with db():
-        pass  # brings the schema up to date before the processes start
+    url = owner_url(start=True)
+    with connect(url) as conn:
+        migrate(conn)  # the schema is current before the processes start
+        home = _embedded_home()
+        admin = roles.provision(conn, home) if home is not None else None
     typer.echo(f"database: {url}")
+    if admin is not None:
+        typer.echo(f"user: {admin} (ClusterAdmin; `det user login` switches)")
     pid = read_pid(_run_dir(), "supervisor")
     if pid:
         typer.echo(f"supervisor: already running (pid {pid}); `det cluster down` stops it")
@@ -71,31 +76,42 @@ def up(
     args += ["--watch-embedded"] if _embedded_home() is not None else []
     args += ["--web-port", str(web_port)]
     logfile = open(_run_dir() / "supervisor.log", "ab")  # noqa: SIM115 (handed to the child)
-    proc = subprocess.Popen(args, env={**os.environ, "DET_DB_URL": url}, stdout=logfile,
+    proc = subprocess.Popen(args, env=dict(os.environ), stdout=logfile,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     typer.echo(f"supervisor: started (pid {proc.pid}), running a reconciler and an agent; "
                f"logs in {_run_dir()}")
     if web_port:
-        typer.echo(f"web: http://127.0.0.1:{web_port}/ (REST API and WebUI; user "
-                   f"{user()}, password DET_PASSWORD or empty)")
+        who = admin or "a det user"
+        typer.echo(f"web: http://127.0.0.1:{web_port}/ (REST API and WebUI; log in as {who} "
+                   "once `det user change-password` gave it a password you know)")
 
 
 @cluster_app.command("supervise", hidden=True)
 def supervise(slots: int = typer.Option(None), runtime: str = typer.Option(None),
               watch_embedded: bool = typer.Option(False, "--watch-embedded"),
               web_port: int = typer.Option(0, "--web-port")) -> None:
-    """Run the supervisor in the foreground (what `det cluster up` starts); its children find
-    the database through DET_DB_URL, which `up` sets."""
+    """Run the supervisor in the foreground (what `det cluster up` starts). Its children
+    connect with DET_DB_URL if set; with the embedded database, each with its own role: the
+    reconciler as the owner, the agent as det_agent, giving its tasks det_task's URL."""
     agent = [*PROCESSES["agent"]]
     agent += ["--slots", str(slots)] if slots is not None else []
     agent += ["--runtime", runtime] if runtime is not None else []
-    children = [Child("reconciler", PROCESSES["reconciler"]), Child("agent", agent)]
+    home = det_home() if watch_embedded else None
+    urls: dict[str, dict[str, str]] = {name: {} for name in PROCESSES}
+    if home is not None:
+        owner = embedded.role_url(home, embedded.OWNER)
+        urls = {"reconciler": {"DET_DB_URL": owner},
+                "server": {"DET_DB_URL": embedded.role_url(home, roles.WEB)},
+                "agent": {"DET_DB_URL": embedded.role_url(home, roles.AGENT),
+                          "DET_TASK_DB_URL": roles.task_url(home)}}
+    children = [Child("reconciler", PROCESSES["reconciler"], env=urls["reconciler"]),
+                Child("agent", agent, env=urls["agent"])]
     (_run_dir() / "server.url").unlink(missing_ok=True)
     if web_port:
-        children.append(Child("server", [*PROCESSES["server"], "--port", str(web_port)]))
+        children.append(Child("server", [*PROCESSES["server"], "--port", str(web_port)],
+                              env=urls["server"]))
         (_run_dir() / "server.url").write_text(f"http://127.0.0.1:{web_port}/")
-    home = det_home() if watch_embedded else None
     Supervisor(children, _run_dir(), dict(os.environ), home).run()
 
 
@@ -164,9 +180,7 @@ def _web_url() -> str | None:
 @db_app.command("migrate")
 def migrate_cmd() -> None:
     """Apply the schema migrations this database lacks (idempotent)."""
-    from det.db import connect, migrate
-
-    with connect() as conn:
+    with connect(owner_url()) as conn:
         applied = migrate(conn)
     typer.echo(f"applied migrations {applied}" if applied else "schema is up to date")
 
@@ -185,10 +199,11 @@ def reconcile(
     from det.reconciler.loop import run
     from det.reconciler.passes import Settings
 
-    retry.call("reconciler: migrate", lambda: db().close(),
+    url = owner_url()
+    retry.call("reconciler: migrate", lambda: _migrate(url),
                give_up_after=60.0 if once else None)
     _exit_on_sigterm()
-    run(database_url(), Settings(agent_timeout=agent_timeout, interval=interval, lease=lease),
+    run(url, Settings(agent_timeout=agent_timeout, interval=interval, lease=lease),
         once=once)
 
 
@@ -211,6 +226,10 @@ def agent_run(
                                     help="Process runtime: fork Python tasks from a zygote "
                                          "with det's harness imported (--cold-start: a fresh "
                                          "interpreter per task)."),
+    task_db_url: str = typer.Option(None, envvar="DET_TASK_DB_URL",
+                                    help="The database URL its tasks connect with, as a role "
+                                         "that runs only task functions (default: the "
+                                         "agent's own URL)."),
 ) -> None:
     """Run an agent: register this host's slots and run the tasks assigned to it."""
     from det.agent.daemon import Agent, AgentSettings, check_agent_id
@@ -226,13 +245,20 @@ def agent_run(
         agent_id = socket.gethostname()
         check_agent_id(agent_id, "--id (default: this host's name)")
     check_agent_id(agent_id, "--id")
-    with db():
-        pass
+    url = role_url(roles.AGENT)
+    with connect(url) as conn:
+        require_current(conn)
     settings = AgentSettings(agent_id=agent_id, pool=resource_pool,
                              work_dir=work_dir or det_home() / "agent" / agent_id,
-                             runtime=runtime, poll=poll, warm_start=warm_start)
+                             runtime=runtime, poll=poll, warm_start=warm_start,
+                             task_url=task_db_url)
     _exit_on_sigterm()
-    Agent(database_url(), settings, discover(slots)).run()
+    Agent(url, settings, discover(slots)).run()
+
+
+def _migrate(url: str) -> None:
+    with connect(url) as conn:
+        migrate(conn)
 
 
 def _exit_on_sigterm() -> None:

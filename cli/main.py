@@ -16,6 +16,7 @@ from det.cli import (
     cluster,
     experiments,
     image,
+    login,
     models,
     pools,
     preview,
@@ -41,7 +42,9 @@ app.add_typer(trials.app, name="t", hidden=True)
 app.add_typer(checkpoints.app, name="checkpoint", help="List and download checkpoints.")
 app.add_typer(models.app, name="model", help="The model registry: models and their versions.")
 app.add_typer(templates.app, name="template", help="Configuration templates.")
-app.add_typer(users.app, name="user", help="Users: create, list, deactivate, passwords.")
+login.register(users.app)
+app.add_typer(users.app, name="user", help="Users: create, list, deactivate, passwords, log "
+                                           "in and out, who you are.")
 app.add_typer(users.group_app, name="user-group", help="Groups of users.")
 app.add_typer(workspaces.app, name="workspace", help="Workspaces: projects, pools, members.")
 app.add_typer(workspaces.project_app, name="project", help="Projects of a workspace.")

@@ -3,7 +3,7 @@
 import typer
 
 from det.api.session import DEFAULT_TOKEN_TTL
-from det.db import database_url
+from det.db import role_url, roles
 
 
 def serve(
@@ -18,6 +18,6 @@ def serve(
 
     from det.api import create_app
 
-    app = create_app(database_url(), token_ttl=token_ttl)
+    app = create_app(role_url(roles.WEB), token_ttl=token_ttl)
     typer.echo(f"det serve: http://{host}:{port}/ (API docs: /api/v1/docs)")
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)

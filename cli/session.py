@@ -1,5 +1,5 @@
-"""What every command shares: the database connection (schema brought up to date first) and
-the user's name."""
+"""What every command shares: the database connection (as the CLI's det user, on a schema
+that is current: only the schema's owner migrates it) and the user's name."""
 
 import getpass
 import os
@@ -16,12 +16,17 @@ def user() -> str:
 
 
 def db() -> psycopg.Connection:
-    """A connection (dict rows, autocommit off) to a database whose schema is current.
+    """A connection (dict rows, autocommit off) as the CLI's det user
+    (:func:`det.db.connect.database_url`) to a database whose schema is current.
 
     Raises:
         det.errors.DatabaseError: the database cannot be reached, or its schema is behind and
-            this user may not upgrade it.
+            this user may not upgrade it ("run det cluster up").
     """
     conn = connect()
-    ensure_current(conn)
+    try:
+        ensure_current(conn)
+    except BaseException:
+        conn.close()
+        raise
     return conn

@@ -61,10 +61,13 @@ def read_pid(run_dir: Path, name: str) -> int | None:
 
 @dataclass
 class Child:
-    """One supervised det process: ``argv`` after ``det``; its log is ``<run_dir>/<name>.log``."""
+    """One supervised det process: ``argv`` after ``det``; ``env``: what it adds to the
+    supervisor's environment (its database URL); its log is ``<run_dir>/<name>.log``. Its
+    database sessions are named ``det-<name>`` (``application_name``, in pg_stat_activity)."""
 
     name: str
     argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     started: float = 0.0
     failures: int = 0
@@ -126,8 +129,9 @@ class Supervisor:
             return
         logfile = open(self.run_dir / f"{child.name}.log", "ab")  # noqa: SIM115 (the child's)
         child.proc = subprocess.Popen([sys.executable, "-m", "det.cli.main", *child.argv],
-                                      env=self.env, stdout=logfile, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL)
+                                      env={**self.env, "PGAPPNAME": f"det-{child.name}",
+                                           **child.env}, stdout=logfile,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         logfile.close()
         child.started = now
         (self.run_dir / f"{child.name}.pid").write_text(str(child.proc.pid))

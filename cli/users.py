@@ -7,8 +7,10 @@ verifier (libpq's PQencryptPasswordConn) that PostgreSQL keeps and checks at log
 import psycopg
 import typer
 
+from det.cli import login
 from det.cli.output import print_json, print_table
 from det.cli.session import db
+from det.db import roles
 from det.errors import DetError, NotFoundError
 
 app = typer.Typer(no_args_is_help=True)
@@ -54,8 +56,7 @@ def password_verifier(conn: psycopg.Connection, username: str, password: str) ->
     """
     if not password:
         raise DetError("password: must not be empty")
-    return conn.pgconn.encrypt_password(password.encode(), username.encode(),
-                                        b"scram-sha-256").decode()
+    return roles.verifier(conn, username, password)
 
 
 def _new_password(password: str | None, prompt: str) -> str:
@@ -144,6 +145,7 @@ def change_password(
         new = _new_password(password, f"New password for {name}")
         verifier = password_verifier(conn, name, new)
         conn.execute("SELECT det_user_set_password(%s, %s)", (name, verifier))
+    login.keep_password(name, new)
     typer.echo(f"Changed the password of {name}")
 
 

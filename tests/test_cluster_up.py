@@ -1,6 +1,7 @@
 """`det cluster up` as a user runs it: the embedded database, a supervisor that restarts a
 crashed reconciler, agent or database, and the truth in `det cluster status` (issue 10)."""
 
+import getpass
 import json
 import os
 import signal
@@ -109,8 +110,11 @@ def test_cluster_up_serves_the_rest_api_and_webui(local, tmp_path) -> None:
             return False
 
     wait_for(answers, 60, "the web server to answer")
+    # The cluster admin (the OS user's det account) logs in once it has a password it knows.
+    local("user", "change-password", "--password", "known")
+    assert local("user", "whoami").stdout.strip() == getpass.getuser()
     token = httpx.post(f"{url}api/v1/auth/login",
-                       json={"username": "tester", "password": ""}).json()["token"]
+                       json={"username": getpass.getuser(), "password": "known"}).json()["token"]
     r = httpx.get(f"{url}api/v1/agents", headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 200
     assert "<title>det</title>" in httpx.get(f"{url}ui/").text

@@ -1619,6 +1619,8 @@ TO det_task;
 GRANT EXECUTE ON FUNCTION
     det_web_login(text, text, double precision), det_web_auth(text), det_web_logout(text)
 TO det_web;
+-- a request logs out after det serve took its user's role: ending a login takes its token
+GRANT EXECUTE ON FUNCTION det_web_logout(text) TO det_user;
 
 GRANT EXECUTE ON FUNCTION
     -- user actions (SECURITY DEFINER, each checks its caller's permission)

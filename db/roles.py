@@ -1,0 +1,73 @@
+"""The embedded server's login roles and their passwords (issue 14).
+
+Each det actor connects with its own role (the roles and their grants are schema.sql's,
+migration 0014): the reconciler and migrations as the owner, agents as ``det_agent`` (agent
+functions only), tasks as ``det_task`` (token-checked task functions only), ``det serve`` as
+``det_web``, the CLI as a det user. ``det cluster up`` gives the actors' roles random
+passwords the first time it runs, and makes the OS user's det account (a ClusterAdmin) the
+CLI's default user, so the embedded default asks no password. Passwords go to the server as
+SCRAM-SHA-256 verifiers computed here, never in clear, and are kept in det's password file
+(:mod:`det.db.passfile`).
+"""
+
+import getpass
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+from psycopg import sql
+
+from det.db import embedded, passfile
+from det.errors import DatabaseError
+
+AGENT = "det_agent"
+TASK = "det_task"
+WEB = "det_web"
+ACTORS = (AGENT, TASK, WEB)
+
+
+def verifier(conn: psycopg.Connection, role: str, password: str) -> str:
+    """The SCRAM-SHA-256 verifier of ``password`` for ``role`` (what PostgreSQL stores)."""
+    return conn.pgconn.encrypt_password(password.encode(), role.encode(),
+                                        b"scram-sha-256").decode()
+
+
+def provision(conn: psycopg.Connection, home: Path) -> str:
+    """Give each actor role a password if det's password file has none for it, and create
+    the OS user's det account (ClusterAdmin, ``det_user_create``) if absent, or give it a new
+    password if the file lost it. ``conn``: the owner's, on the migrated ``det`` database.
+    Returns the account's name. Each password is set and committed before it is written to
+    the file, so a crash in between only leaves a password the next run replaces.
+    """
+    file = passfile.path(home)
+    for role in ACTORS:
+        if passfile.lookup(file, role) is None:
+            password = passfile.new_password()
+            with conn.transaction():
+                conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                    sql.Identifier(role), sql.Literal(verifier(conn, role, password))))
+            passfile.store(file, role, password)
+    admin = getpass.getuser()
+    if admin in (embedded.OWNER, *ACTORS):
+        return admin  # an OS user named like det's own roles is that role (its entry is kept)
+    if passfile.lookup(file, admin) is None:
+        password = passfile.new_password()
+        exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (admin,)).fetchone()
+        with conn.transaction():
+            conn.execute("SELECT det_user_set_password(%s, %s)" if exists
+                         else "SELECT det_user_create(%s, %s, true)",
+                         (admin, verifier(conn, admin, password)))
+        passfile.store(file, admin, password)
+    return admin
+
+
+def task_url(home: Path) -> str:
+    """The URL a task of the embedded server connects with: ``det_task`` with its password in
+    the URL itself (a task container sees the socket directory and nothing else of det's
+    home). It reaches only det_task's functions, each checking the task's own token."""
+    password = passfile.lookup(passfile.path(home), TASK)
+    if password is None:
+        raise DatabaseError(f"{passfile.path(home)}: no password for {TASK}; "
+                            "run `det cluster up`")
+    return (f"postgresql://{TASK}:{quote(password, safe='')}@/{embedded.DB_NAME}"
+            f"?host={quote(str(embedded.socket_dir(home)), safe='/')}")

@@ -1527,9 +1527,11 @@ BEGIN
 END $$;
 
 CREATE FUNCTION det_complete_op(p_token text, p_op_id bigint, p_metric double precision)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The trial trained to the op's length and validated: record the searcher metric and queue a
--- validation_completed event for the searcher. Completing an op twice is a no-op.
+-- validation_completed event for the searcher. Completing an op twice is a no-op. Under a
+-- searcher with a time metric the validation row itself was the event
+-- (det_timed_validation), so none is queued here.
 DECLARE
     a allocations := det_auth(p_token);
     o searcher_ops;
@@ -1541,7 +1543,8 @@ BEGIN
         INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
         SELECT t.experiment_id, t.id, 'validation_completed',
                jsonb_build_object('length', o.length, 'metric', p_metric)
-        FROM trials t WHERE t.id = a.trial_id;
+        FROM trials t JOIN experiments e ON e.id = t.experiment_id
+        WHERE t.id = a.trial_id AND e.config #>> '{searcher,time_metric}' IS NULL;
         PERFORM pg_notify('det_reconciler', 'searcher');
     END IF;
 END $$;
@@ -2253,3 +2256,39 @@ FROM model_versions v
 JOIN models m ON m.id = v.model_id
 JOIN checkpoints c ON c.uuid = v.checkpoint_uuid
 JOIN trials t ON t.id = c.trial_id;
+
+-- adaptive_asha in Determined 0.38's form: validation rows carrying the time metric are the
+-- searcher's events (issue 13; reference-facts §1.7).
+
+CREATE FUNCTION det_timed_validation() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- A validation row of a trial whose searcher has a time metric (adaptive_asha's max_time +
+-- time_metric) is a validation_completed event at length floor(<time metric>), with the
+-- searcher metric (null when not a number: it ranks worst). A row without a numeric time
+-- metric is no event; the harness refuses to report one (TrainContext).
+DECLARE
+    v_searcher jsonb;
+    v_time jsonb;
+    v_metric jsonb;
+BEGIN
+    SELECT e.config -> 'searcher' INTO v_searcher
+      FROM trials t JOIN experiments e ON e.id = t.experiment_id WHERE t.id = NEW.trial_id;
+    IF v_searcher ->> 'time_metric' IS NULL THEN
+        RETURN NULL;
+    END IF;
+    v_time := NEW."values" -> (v_searcher ->> 'time_metric');
+    IF jsonb_typeof(v_time) IS DISTINCT FROM 'number' THEN
+        RETURN NULL;
+    END IF;
+    v_metric := NEW."values" -> (v_searcher ->> 'metric');
+    INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
+    SELECT t.experiment_id, t.id, 'validation_completed', jsonb_build_object(
+               'length', greatest(least(floor(v_time::numeric), 9223372036854775807), 0)::bigint,
+               'metric', CASE WHEN jsonb_typeof(v_metric) = 'number' THEN v_metric END)
+      FROM trials t WHERE t.id = NEW.trial_id;
+    PERFORM pg_notify('det_reconciler', 'searcher');
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER metrics_timed_validation AFTER INSERT ON metrics
+    FOR EACH ROW WHEN (NEW."group" = 'validation') EXECUTE FUNCTION det_timed_validation();

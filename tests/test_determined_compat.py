@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_asha import reference_stops, searcher_of
+
+from det.reconciler.searchers.asha import asha_brackets, trial_rungs
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "determined_compat"
@@ -36,7 +39,7 @@ def _off_cluster(script: Path, home: Path, *args: str) -> subprocess.CompletedPr
 # --- off-cluster ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("step", ["0_start", "1_metrics", "2_checkpoints", "3_hpsearch",
-                                  "4_searcher_ops"])
+                                  "3_hpsearch_asha", "4_searcher_ops"])
 def test_core_api_steps_run_off_cluster(step: str, tmp_path: Path) -> None:
     r = _off_cluster(CORE / f"{step}.py", tmp_path)
     assert r.returncode == 0, r.stderr
@@ -97,17 +100,62 @@ def test_core_api_steps_complete_on_a_det_cluster(det, conn, tmp_path) -> None:
     assert [r["n"] for r in trials] == [1, 1, 1, 3, 1]
 
 
-def test_core_api_asha_search_with_max_time_completes_on_a_det_cluster(det, conn, tmp_path
-                                                                       ) -> None:
-    """0.38's adaptive_asha form (max_time + time_metric, no max_length) with a script that
-    trains its own length and never reads searcher operations: every trial ends when its code
-    does, and the search completes."""
+def test_core_api_asha_with_max_time_stops_trials_through_should_preempt(det, conn, tmp_path
+                                                                          ) -> None:
+    """0.38's adaptive_asha (max_time + time_metric, no max_length) with a script that trains
+    its own length, never reads searcher operations and reports `batches` with each
+    validation: the searcher stops the trials below a rung's cut, each stopped run sees
+    should_preempt() and exits, and the search completes. Which trials reach max_time is
+    what 0.38's rule gives for the reports in the order the searcher read them."""
     ctx = tmp_path / "core_api"
     shutil.copytree(CORE, ctx)
     exp = _run_on_cluster(det, conn, ctx / "3_hpsearch_asha.yaml", ctx)
-    trials = conn.execute("SELECT state::text AS s FROM trials WHERE experiment_id = %s",
-                          (exp,)).fetchall()
-    assert [t["s"] for t in trials] == ["COMPLETED"] * 4
+    assert conn.execute("SELECT state::text AS s FROM experiments WHERE id = %s",
+                        (exp,)).fetchone()["s"] == "COMPLETED"
+    trials = conn.execute(
+        "SELECT t.id, t.request_id::text AS rid, t.state::text AS state, t.closed, "
+        "       max(m.steps_completed) AS last, bool_or(a.preempt_acked) AS acked, "
+        "       bool_or(a.desired_state = 'STOPPED') AS told "
+        "  FROM trials t JOIN allocations a ON a.trial_id = t.id "
+        "  JOIN metrics m ON m.trial_id = t.id AND m.\"group\" = 'validation' "
+        " WHERE t.experiment_id = %s GROUP BY t.id ORDER BY t.id", (exp,)).fetchall()
+    assert len(trials) == 8
+    assert all(t["state"] == "COMPLETED" and t["closed"] for t in trials)
+
+    # Each validation row was one searcher event: (trial, batches, loss), in its order.
+    events = conn.execute(
+        "SELECT t.request_id::text AS rid, (v.payload ->> 'length')::int AS time, "
+        "       (v.payload ->> 'metric')::float8 AS metric "
+        "  FROM searcher_events v JOIN trials t ON t.id = v.trial_id "
+        " WHERE v.experiment_id = %s AND v.kind = 'validation_completed' ORDER BY v.id",
+        (exp,)).fetchall()
+    rows = conn.execute(
+        "SELECT t.request_id::text AS rid, (m.\"values\" ->> 'batches')::int AS time, "
+        "       (m.\"values\" ->> 'loss')::float8 AS metric "
+        "  FROM metrics m JOIN trials t ON t.id = m.trial_id "
+        " WHERE t.experiment_id = %s AND m.\"group\" = 'validation'", (exp,)).fetchall()
+    key = lambda r: (r["rid"], r["time"], r["metric"])  # noqa: E731
+    assert sorted(map(key, events)) == sorted(map(key, rows))
+
+    config = conn.execute("SELECT config, searcher_state FROM experiments WHERE id = %s",
+                          (exp,)).fetchone()
+    (bracket,) = asha_brackets(searcher_of(config["config"]))
+    assert bracket.rungs == (4, 8, 16, 32)
+    stopped, rung_of = reference_stops(bracket.rungs, 2, [key(e) for e in events])
+    assert stopped == {t["rid"] for t in trials}  # 0.38 stops every trial, at the top too
+    top = {rid for rid, rung in rung_of.items() if rung == len(bracket.rungs) - 1}
+    rungs = trial_rungs(config["config"], config["searcher_state"])
+    assert {rid for rid, r in rungs.items() if r.status == "done"} == top
+    assert {rid: r.rung for rid, r in rungs.items()} == rung_of
+    # The trials stopped below the top learned it through should_preempt (acknowledged) and
+    # ended before max_time, each saving a checkpoint on its way out.
+    early = [t for t in trials if t["rid"] not in top]
+    assert early and all(t["told"] and t["acked"] and t["last"] < 32 for t in early)
+    assert 1 <= len(top) < 8
+    checkpointed = {r["rid"] for r in conn.execute(
+        "SELECT DISTINCT t.request_id::text AS rid FROM checkpoints c JOIN trials t "
+        "ON t.id = c.trial_id WHERE t.experiment_id = %s", (exp,)).fetchall()}
+    assert {t["rid"] for t in early} <= checkpointed
 
 
 # --- determined.pytorch --------------------------------------------------------------------

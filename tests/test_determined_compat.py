@@ -163,6 +163,33 @@ def test_core_api_asha_with_max_time_stops_trials_through_should_preempt(det, co
 PYTORCH = EXAMPLES / "pytorch"
 
 
+def test_trainer_under_asha_with_max_time_reports_the_time_metric(det, conn, tmp_path) -> None:
+    """The Trainer script, unchanged, under 0.38's adaptive_asha form: its validations carry
+    `batches` (the time metric), so the searcher ranks them at rungs 16 and 48 and the search
+    completes with the trials 0.38's rule sends to the top."""
+    ctx = tmp_path / "pytorch"
+    shutil.copytree(PYTORCH, ctx)
+    exp = _run_on_cluster(det, conn, ctx / "trainer_asha.yaml", ctx)
+    config = conn.execute("SELECT config, searcher_state, state::text AS state "
+                          "FROM experiments WHERE id = %s", (exp,)).fetchone()
+    assert config["state"] == "COMPLETED"
+    events = conn.execute(
+        "SELECT t.request_id::text AS rid, (v.payload ->> 'length')::int AS time, "
+        "       (v.payload ->> 'metric')::float8 AS metric "
+        "  FROM searcher_events v JOIN trials t ON t.id = v.trial_id "
+        " WHERE v.experiment_id = %s AND v.kind = 'validation_completed' ORDER BY v.id",
+        (exp,)).fetchall()
+    assert {e["time"] for e in events} <= {16, 32, 48} and len(events) >= 4
+    (bracket,) = asha_brackets(searcher_of(config["config"]))
+    assert bracket.rungs == (16, 48)
+    _, rung_of = reference_stops(bracket.rungs, 3, [
+        (e["rid"], e["time"], e["metric"]) for e in events])
+    rungs = trial_rungs(config["config"], config["searcher_state"])
+    assert {rid: r.rung for rid, r in rungs.items()} == rung_of
+    assert {rid for rid, r in rungs.items() if r.status == "done"} == {
+        rid for rid, rung in rung_of.items() if rung == 1}
+
+
 def test_trainer_script_runs_off_cluster_in_determineds_checkpoint_layout(tmp_path) -> None:
     """`python3 train.py`: Trainer.fit(max_length=Epoch(3)) with validations every 16 batches;
     the final checkpoint loads back with load_trial_from_checkpoint_path."""

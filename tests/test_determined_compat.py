@@ -14,8 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from psycopg.types.json import Jsonb
 from test_asha import reference_stops, searcher_of
 
+from det.configs import parse_experiment_config
+from det.harness import core
+from det.harness.errors import MissingSearcherMetricError
+from det.harness.transport import LocalTransport
 from det.reconciler.searchers.asha import asha_brackets, trial_rungs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -156,6 +161,62 @@ def test_core_api_asha_with_max_time_stops_trials_through_should_preempt(det, co
         "SELECT DISTINCT t.request_id::text AS rid FROM checkpoints c JOIN trials t "
         "ON t.id = c.trial_id WHERE t.experiment_id = %s", (exp,)).fetchall()}
     assert {t["rid"] for t in early} <= checkpointed
+
+
+def asha_time_config(**searcher: object) -> dict:
+    return parse_experiment_config({
+        "name": "x", "entrypoint": "true",
+        "hyperparameters": {"rate": {"type": "double", "minval": 0.1, "maxval": 0.5}},
+        "searcher": {"name": "adaptive_asha", "metric": "loss", "max_trials": 2,
+                     "time_metric": "batches", "max_time": 8, **searcher},
+        "reproducibility": {"experiment_seed": 1}}).expanded()
+
+
+def test_validation_metrics_without_the_time_metric_are_refused() -> None:
+    """Under max_time + time_metric every validation report is a searcher result: it must
+    carry searcher.metric and a number under searcher.time_metric (a tensor counts)."""
+    config = asha_time_config()
+    with core.init(transport=LocalTransport(config, {}, echo=False)) as ctx:
+        with pytest.raises(MissingSearcherMetricError,
+                           match=r"time metric 'batches' \(searcher.time_metric\)"):
+            ctx.train.report_validation_metrics(4, {"loss": 1.0, "batches": "4"})
+        with pytest.raises(MissingSearcherMetricError, match=r"searcher metric 'loss'"):
+            ctx.train.report_validation_metrics(4, {"batches": 4})
+        ctx.train.report_validation_metrics(4, {"loss": 1.0, "batches": torch.tensor(4)})
+        assert ctx.transport.metrics == [("validation", 4, {"loss": 1.0, "batches": 4})]
+
+
+def test_validation_rows_are_the_searchers_events_under_max_time(conn) -> None:
+    """det_timed_validation: a validation row with a numeric time metric is one
+    validation_completed event at floor(time) (a non-numeric metric: null, ranked worst);
+    training rows and rows without the time metric are none; det_complete_op queues none."""
+    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL, 'me') AS id",
+                       (Jsonb(asha_time_config()),)).fetchone()["id"]
+    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
+    trial = conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
+                         "VALUES (%s, gen_random_uuid(), '{}', 0) RETURNING id",
+                         (eid,)).fetchone()["id"]
+    alloc = conn.execute(
+        "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec, "
+        "state, agent_id) SELECT job_id, %s, 1, 'default', 1, '{}', 'ASSIGNED', 'a1' "
+        "FROM experiments WHERE id = %s RETURNING id", (trial, eid)).fetchone()["id"]
+    token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+    op = conn.execute("INSERT INTO searcher_ops (trial_id, length) VALUES (%s, 8) RETURNING id",
+                      (trial,)).fetchone()["id"]
+    rows = [("training", 4, {"loss": 1.0, "batches": 4}),
+            ("validation", 4, {"loss": 1.0, "batches": 4.7}),
+            ("validation", 5, {"loss": "NaN", "batches": 5}),
+            ("validation", 6, {"loss": 0.5})]
+    conn.execute("SELECT det_report_metrics_batch(%s, NULL, NULL, %s, %s, %s::jsonb[])",
+                 (token, [r[0] for r in rows], [r[1] for r in rows],
+                  [Jsonb(r[2]) for r in rows]))
+    conn.execute("SELECT det_complete_op(%s, %s, 0.5)", (token, op))
+    events = conn.execute("SELECT kind, payload FROM searcher_events WHERE trial_id = %s "
+                          "ORDER BY id", (trial,)).fetchall()
+    assert [(e["kind"], e["payload"]) for e in events] == [
+        ("validation_completed", {"length": 4, "metric": 1.0}),
+        ("validation_completed", {"length": 5, "metric": None})]
 
 
 # --- determined.pytorch --------------------------------------------------------------------

@@ -582,6 +582,12 @@ def test_preview_search_command(tmp_path: Path, capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert "16 trials" in out and f"{2058 + 1750} batches" in out
     assert "62" in out and "250" in out
+    asha.write_text(  # 0.38's form: rungs in the time metric, whatever its name
+        "entrypoint: a:B\nsearcher: {name: adaptive_asha, metric: loss, max_trials: 8,"
+        " divisor: 2, mode: aggressive, max_time: 32, time_metric: seconds}\n"
+    )
+    preview_search(asha, json_=False)
+    assert "8 trials, 80 seconds of training" in capsys.readouterr().out
 
     grid = tmp_path / "grid.yaml"
     grid.write_text(

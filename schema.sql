@@ -212,6 +212,7 @@ CREATE TABLE trials (
     exit_reason        text,
     start_time         timestamptz NOT NULL DEFAULT now(),
     end_time           timestamptz,
+    metadata           jsonb NOT NULL DEFAULT '{}',
     UNIQUE (experiment_id, request_id)
 );
 COMMENT ON COLUMN trials.request_id IS
@@ -219,6 +220,9 @@ COMMENT ON COLUMN trials.request_id IS
     'cannot create a trial twice.';
 COMMENT ON COLUMN trials.closed IS 'The searcher wants no more work from this trial.';
 COMMENT ON COLUMN trials.steps_completed IS 'Batches trained as of the latest checkpoint.';
+COMMENT ON COLUMN trials.metadata IS
+    'What the trial''s code recorded with set_metadata (det_set_trial_metadata): a JSON '
+    'object, merged key by key.';
 CREATE INDEX trials_experiment ON trials (experiment_id);
 
 CREATE TABLE searcher_ops (
@@ -2292,3 +2296,54 @@ END $$;
 
 CREATE TRIGGER metrics_timed_validation AFTER INSERT ON metrics
     FOR EACH ROW WHEN (NEW."group" = 'validation') EXECUTE FUNCTION det_timed_validation();
+
+-- Trial metadata (Determined 0.38's TrainContext.set_metadata / get_metadata).
+
+CREATE FUNCTION det_merge_metadata(p_current jsonb, p_addition jsonb, p_path text DEFAULT '')
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE SET search_path = public, pg_temp AS $$
+-- p_addition merged into p_current (both objects): objects merge key by key, a new key is
+-- added, and a key that already holds another value is refused, naming its dotted path (the
+-- reference's run metadata never overwrites a key). Setting a key to the value it holds is a
+-- no-op, so a call retried after a lost commit acknowledgement succeeds.
+DECLARE
+    k text;
+    v jsonb;
+    v_path text;
+BEGIN
+    FOR k, v IN SELECT * FROM jsonb_each(p_addition) LOOP
+        v_path := CASE WHEN p_path = '' THEN k ELSE p_path || '.' || k END;
+        IF NOT p_current ? k OR p_current -> k = v THEN
+            p_current := jsonb_set(p_current, ARRAY[k], v);
+        ELSIF jsonb_typeof(v) = 'object' AND jsonb_typeof(p_current -> k) = 'object' THEN
+            p_current := jsonb_set(p_current, ARRAY[k],
+                                   det_merge_metadata(p_current -> k, v, v_path));
+        ELSE
+            RAISE EXCEPTION 'metadata key "%" is already set (to %); a key cannot be changed',
+                v_path, p_current -> k USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    RETURN p_current;
+END $$;
+
+CREATE FUNCTION det_set_trial_metadata(p_token text, p_metadata jsonb) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Merge p_metadata (an object) into the calling trial's metadata (det_merge_metadata);
+-- returns the trial's metadata after it.
+DECLARE
+    a allocations := det_auth(p_token);
+    v_merged jsonb;
+BEGIN
+    IF jsonb_typeof(p_metadata) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'metadata must be a JSON object, not %',
+            coalesce(jsonb_typeof(p_metadata), 'null') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE trials SET metadata = det_merge_metadata(metadata, p_metadata)
+     WHERE id = a.trial_id RETURNING metadata INTO v_merged;
+    RETURN v_merged;
+END $$;
+
+CREATE FUNCTION det_trial_metadata(p_token text) RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The calling trial's metadata.
+    SELECT metadata FROM trials WHERE id = (det_auth(p_token)).trial_id;
+$$;

@@ -126,6 +126,20 @@ class TrainContext:
         """The experiment's best ``searcher.metric`` so far, or ``None``."""
         return self._transport.experiment_best_validation()
 
+    def set_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
+        """Merge ``metadata`` into the trial's metadata (``trials.metadata``) and return all
+        of it: new keys are added and nested mappings merged key by key; setting a key to the
+        value it holds changes nothing. Raises ``DetError`` for a key already set to another
+        value (as the reference's run metadata, which never overwrites a key) and for
+        ``metadata`` that is not a mapping."""
+        if not isinstance(metadata, Mapping):
+            raise DetError(f"metadata: expected a mapping, got {type(metadata).__name__}")
+        return self._transport.set_trial_metadata(metadata)
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The trial's metadata: what ``set_metadata`` merged so far, over all its runs."""
+        return self._transport.trial_metadata()
+
 
 class CheckpointContext:
     """Store and restore checkpoints: directories named by a uuid in the configured storage."""

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 import torch
 from psycopg.types.json import Jsonb
@@ -172,6 +173,22 @@ def asha_time_config(**searcher: object) -> dict:
         "reproducibility": {"experiment_seed": 1}}).expanded()
 
 
+def task_token(conn, config: dict) -> tuple[int, str]:
+    """A trial of a new experiment with ``config`` and the token of its claimed run."""
+    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL, 'me') AS id",
+                       (Jsonb(config),)).fetchone()["id"]
+    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
+    trial = conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
+                         "VALUES (%s, gen_random_uuid(), '{}', 0) RETURNING id",
+                         (eid,)).fetchone()["id"]
+    alloc = conn.execute(
+        "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec, "
+        "state, agent_id) SELECT job_id, %s, 1, 'default', 1, '{}', 'ASSIGNED', 'a1' "
+        "FROM experiments WHERE id = %s RETURNING id", (trial, eid)).fetchone()["id"]
+    return trial, conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+
+
 def test_validation_metrics_without_the_time_metric_are_refused() -> None:
     """Under max_time + time_metric every validation report is a searcher result: it must
     carry searcher.metric and a number under searcher.time_metric (a tensor counts)."""
@@ -190,18 +207,7 @@ def test_validation_rows_are_the_searchers_events_under_max_time(conn) -> None:
     """det_timed_validation: a validation row with a numeric time metric is one
     validation_completed event at floor(time) (a non-numeric metric: null, ranked worst);
     training rows and rows without the time metric are none; det_complete_op queues none."""
-    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL, 'me') AS id",
-                       (Jsonb(asha_time_config()),)).fetchone()["id"]
-    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
-                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
-    trial = conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
-                         "VALUES (%s, gen_random_uuid(), '{}', 0) RETURNING id",
-                         (eid,)).fetchone()["id"]
-    alloc = conn.execute(
-        "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec, "
-        "state, agent_id) SELECT job_id, %s, 1, 'default', 1, '{}', 'ASSIGNED', 'a1' "
-        "FROM experiments WHERE id = %s RETURNING id", (trial, eid)).fetchone()["id"]
-    token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+    trial, token = task_token(conn, asha_time_config())
     op = conn.execute("INSERT INTO searcher_ops (trial_id, length) VALUES (%s, 8) RETURNING id",
                       (trial,)).fetchone()["id"]
     rows = [("training", 4, {"loss": 1.0, "batches": 4}),
@@ -217,6 +223,68 @@ def test_validation_rows_are_the_searchers_events_under_max_time(conn) -> None:
     assert [(e["kind"], e["payload"]) for e in events] == [
         ("validation_completed", {"length": 4, "metric": 1.0}),
         ("validation_completed", {"length": 5, "metric": None})]
+
+
+METADATA_SCRIPT = """
+import determined as det
+
+with det.core.init() as core_context:
+    print("start:", core_context.train.get_metadata())
+    core_context.train.set_metadata({"data": {"rows": 100}, "tags": ["a", "b"]})
+    merged = core_context.train.set_metadata({"data": {"source": "s3", "rows": 100}})
+    print("merged:", merged)
+    try:
+        core_context.train.set_metadata({"data": {"rows": 5}})
+    except Exception as e:  # 0.38 raises its API error type here
+        print("refused:", e)
+    print("end:", core_context.train.get_metadata())
+"""
+
+
+def test_trial_metadata_is_set_and_read_by_the_trials_code(det, conn, tmp_path) -> None:
+    """TrainContext.set_metadata / get_metadata on a det cluster: keys are added and nested
+    objects merged into trials.metadata; a key set to another value is refused, naming it;
+    `det trial describe` shows it."""
+    (tmp_path / "meta.py").write_text(METADATA_SCRIPT)
+    (tmp_path / "meta.yaml").write_text(
+        "name: metadata\nentrypoint: python3 meta.py\n"
+        "searcher: {name: single, metric: loss}\nmax_restarts: 0\n")
+    exp = _run_on_cluster(det, conn, tmp_path / "meta.yaml", tmp_path)
+    trial = conn.execute("SELECT id, metadata FROM trials WHERE experiment_id = %s",
+                         (exp,)).fetchone()
+    expected = {"data": {"rows": 100, "source": "s3"}, "tags": ["a", "b"]}
+    assert trial["metadata"] == expected
+    logs = det("trial", "logs", str(trial["id"])).stdout
+    assert "start: {}" in logs and f"merged: {expected}" in logs and f"end: {expected}" in logs
+    assert 'refused: metadata key "data.rows" is already set (to 100)' in logs
+    described = json.loads(det("trial", "describe", str(trial["id"]), "--json").stdout)
+    assert described["metadata"] == expected
+
+
+def test_trial_metadata_functions_check_the_token_and_the_shape(conn) -> None:
+    _, token = task_token(conn, asha_time_config())
+    with pytest.raises(psycopg.errors.InvalidAuthorizationSpecification):
+        conn.execute("SELECT det_set_trial_metadata('forged', '{}')")
+    with pytest.raises(psycopg.errors.InvalidParameterValue,
+                       match="must be a JSON object, not array"):
+        conn.execute("SELECT det_set_trial_metadata(%s, '[1]')", (token,))
+    assert conn.execute("SELECT det_set_trial_metadata(%s, %s) AS m",
+                        (token, Jsonb({"a": {"b": 1}}))).fetchone()["m"] == {"a": {"b": 1}}
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match='key "a" is already set'):
+        conn.execute("SELECT det_set_trial_metadata(%s, '{\"a\": 2}')", (token,))
+    assert conn.execute("SELECT det_trial_metadata(%s) AS m", (token,)).fetchone()["m"] == {
+        "a": {"b": 1}}
+
+
+def test_off_cluster_metadata_follows_the_same_rule(tmp_path) -> None:
+    """Off-cluster the metadata lives in the process (the reference's dummy context has none
+    and raises AttributeError); the merge rule is the database's."""
+    (tmp_path / "meta.py").write_text(METADATA_SCRIPT)
+    r = _off_cluster(tmp_path / "meta.py", tmp_path)
+    assert r.returncode == 0, r.stderr
+    expected = {"data": {"rows": 100, "source": "s3"}, "tags": ["a", "b"]}
+    assert f"end: {expected}" in r.stdout
+    assert 'refused: metadata key "data.rows" is already set (to 100)' in r.stdout
 
 
 # --- determined.pytorch --------------------------------------------------------------------

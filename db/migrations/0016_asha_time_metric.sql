@@ -58,3 +58,59 @@ END $$;
 
 CREATE TRIGGER metrics_timed_validation AFTER INSERT ON metrics
     FOR EACH ROW WHEN (NEW."group" = 'validation') EXECUTE FUNCTION det_timed_validation();
+
+-- Trial metadata (Determined 0.38's TrainContext.set_metadata / get_metadata): a JSON object
+-- the trial's code builds up, key by key.
+ALTER TABLE trials ADD COLUMN metadata jsonb NOT NULL DEFAULT '{}';
+COMMENT ON COLUMN trials.metadata IS
+    'What the trial''s code recorded with set_metadata (det_set_trial_metadata): a JSON '
+    'object, merged key by key.';
+
+CREATE FUNCTION det_merge_metadata(p_current jsonb, p_addition jsonb, p_path text DEFAULT '')
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE SET search_path = public, pg_temp AS $$
+-- p_addition merged into p_current (both objects): objects merge key by key, a new key is
+-- added, and a key that already holds another value is refused, naming its dotted path (the
+-- reference's run metadata never overwrites a key). Setting a key to the value it holds is a
+-- no-op, so a call retried after a lost commit acknowledgement succeeds.
+DECLARE
+    k text;
+    v jsonb;
+    v_path text;
+BEGIN
+    FOR k, v IN SELECT * FROM jsonb_each(p_addition) LOOP
+        v_path := CASE WHEN p_path = '' THEN k ELSE p_path || '.' || k END;
+        IF NOT p_current ? k OR p_current -> k = v THEN
+            p_current := jsonb_set(p_current, ARRAY[k], v);
+        ELSIF jsonb_typeof(v) = 'object' AND jsonb_typeof(p_current -> k) = 'object' THEN
+            p_current := jsonb_set(p_current, ARRAY[k],
+                                   det_merge_metadata(p_current -> k, v, v_path));
+        ELSE
+            RAISE EXCEPTION 'metadata key "%" is already set (to %); a key cannot be changed',
+                v_path, p_current -> k USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    RETURN p_current;
+END $$;
+
+CREATE FUNCTION det_set_trial_metadata(p_token text, p_metadata jsonb) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Merge p_metadata (an object) into the calling trial's metadata (det_merge_metadata);
+-- returns the trial's metadata after it.
+DECLARE
+    a allocations := det_auth(p_token);
+    v_merged jsonb;
+BEGIN
+    IF jsonb_typeof(p_metadata) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'metadata must be a JSON object, not %',
+            coalesce(jsonb_typeof(p_metadata), 'null') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE trials SET metadata = det_merge_metadata(metadata, p_metadata)
+     WHERE id = a.trial_id RETURNING metadata INTO v_merged;
+    RETURN v_merged;
+END $$;
+
+CREATE FUNCTION det_trial_metadata(p_token text) RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The calling trial's metadata.
+    SELECT metadata FROM trials WHERE id = (det_auth(p_token)).trial_id;
+$$;

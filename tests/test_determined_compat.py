@@ -338,6 +338,28 @@ def test_trainer_script_runs_off_cluster_in_determineds_checkpoint_layout(tmp_pa
     assert abs(float(load.stdout) - 0.84) < 0.25  # sin(1) = 0.84
 
 
+def test_legacy_trial_checkpoints_as_the_configs_checkpoint_policy(det, conn, tmp_path
+                                                                   ) -> None:
+    """`model_def:SineTrial` (det.harness.run) validates at batches 20 and 40: with
+    `checkpoint_policy: all` it checkpoints after each, with `none` only at its end."""
+    ctx = tmp_path / "pytorch"
+    shutil.copytree(PYTORCH, ctx)
+    det.env = _python_first(det.env)
+    for policy in ("all", "none"):
+        det("experiment", "create", str(ctx / "legacy.yaml"), str(ctx), "--config",
+            f"checkpoint_policy={policy}", "--config", "searcher.max_trials=1")
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--slots", "2")
+    for exp in (1, 2):
+        r = det("experiment", "wait", str(exp), check=False, timeout=240)
+        assert r.returncode == 0, r.stdout + r.stderr
+    rows = conn.execute(
+        "SELECT t.experiment_id AS e, array_agg(c.steps_completed ORDER BY c.steps_completed) "
+        "AS steps FROM checkpoints c JOIN trials t ON t.id = c.trial_id GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert [(r["e"], r["steps"]) for r in rows] == [(1, [20, 40]), (2, [40])]
+
+
 def test_pytorch_trials_complete_on_a_det_cluster(det, conn, tmp_path) -> None:
     """The Trainer script (no searcher.max_length: fit's max_length decides; 0.38 keys det
     does not use are warned about) and the same trial as a legacy `model_def:SineTrial`

@@ -338,6 +338,63 @@ def test_trainer_script_runs_off_cluster_in_determineds_checkpoint_layout(tmp_pa
     assert abs(float(load.stdout) - 0.84) < 0.25  # sin(1) = 0.84
 
 
+REDUCER_TRIAL = """
+import logging
+
+import torch
+from torch.utils.data import TensorDataset
+
+import determined as det
+from determined import pytorch
+
+
+class ReducerTrial(pytorch.PyTorchTrial):
+    def __init__(self, context):
+        self.context = context
+        self.model = context.wrap_model(torch.nn.Linear(1, 1))
+        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.0))
+
+    def build_training_data_loader(self):
+        return pytorch.DataLoader(TensorDataset(torch.ones(4, 1)), batch_size=4)
+
+    def build_validation_data_loader(self):
+        x = torch.arange(10, dtype=torch.float32).reshape(10, 1)
+        return pytorch.DataLoader(TensorDataset(x), batch_size=4)
+
+    def train_batch(self, batch, epoch_idx, batch_idx):
+        loss = self.model(batch[0]).sum() * 0
+        self.context.backward(loss)
+        self.context.step_optimizer(self.opt)
+        return {"loss": loss}
+
+    def evaluate_batch(self, batch, batch_idx):
+        return {"mean_x": batch[0].mean(), "max_x": batch[0].max()}
+
+    def evaluation_reducer(self):
+        return {"mean_x": pytorch.Reducer.AVG, "max_x": pytorch.Reducer.MAX}
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format=det.LOG_FORMAT)
+    with pytorch.init(hparams={"global_batch_size": 4}) as train_context:
+        trainer = pytorch.Trainer(ReducerTrial(train_context), train_context)
+        trainer.fit(max_length=pytorch.Batch(1), checkpoint_policy="none")
+"""
+
+
+def test_reducer_avg_is_the_mean_over_batches_as_determineds(tmp_path) -> None:
+    """10 validation records in batches of 4, 4 and 2 (means of x 1.5, 5.5, 8.5): AVG is
+    their plain mean, 5.1667, the short batch counting as much as a full one; Determined
+    0.38.1 reports the same (5.1666665) for this script, where a mean weighted by records
+    would be 4.5."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "reducer_trial.py").write_text(REDUCER_TRIAL)
+    r = _off_cluster(code / "reducer_trial.py", tmp_path / "home")
+    assert r.returncode == 0, r.stderr
+    assert "'mean_x': 5.16666666" in r.stderr and "'max_x': 9.0" in r.stderr, r.stderr
+
+
 def test_legacy_trial_checkpoints_as_the_configs_checkpoint_policy(det, conn, tmp_path
                                                                    ) -> None:
     """`model_def:SineTrial` (det.harness.run) validates at batches 20 and 40: with

@@ -179,6 +179,7 @@ CREATE TABLE experiments (
     end_time        timestamptz,
     checkpoint_gc_error text,
     delete_requested_at timestamptz,
+    tensorboards_deleted_at timestamptz,
     CHECK ((end_time IS NULL) = (state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')))
 );
 COMMENT ON COLUMN experiments.config IS 'The expanded config: every default filled in.';
@@ -187,6 +188,9 @@ COMMENT ON COLUMN experiments.checkpoint_gc_error IS
     '`det experiment describe`; cleared once no checkpoint of the experiment is DELETING.';
 COMMENT ON COLUMN experiments.delete_requested_at IS
     '`det experiment delete` asked for it: its rows go once its checkpoints'' files are gone.';
+COMMENT ON COLUMN experiments.tensorboards_deleted_at IS
+    'When the GC task of its deletion removed its TensorBoard files (det_purge_experiment waits '
+    'for it when a trial of it ran, checkpoints or not).';
 -- Experiments being deleted, looked at by every pass.
 CREATE INDEX experiments_deleting ON experiments (id) WHERE delete_requested_at IS NOT NULL;
 COMMENT ON COLUMN experiments.searcher_state IS
@@ -1812,11 +1816,13 @@ BEGIN
     UPDATE experiments SET archived = p_archived WHERE id = p_id;
 END $$;
 
-CREATE FUNCTION det_purge_experiment(p_id integer) RETURNS boolean LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_purge_experiment(p_id integer) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Remove an experiment whose deletion was asked for, with its trials, runs, metrics, logs,
 -- checkpoint rows, searcher rows and job (its context too, if no other experiment shares it),
--- once none of its checkpoints is DELETING and none of its runs is live. Returns false (and
--- removes nothing) while that is not yet so.
+-- once none of its checkpoints is DELETING, none of its runs is live, and its TensorBoard files
+-- are gone if a trial of it ever ran (a GC task removes them, det_gc_task_tensorboards_deleted).
+-- Returns false (and removes nothing) while that is not yet so.
 DECLARE
     e experiments;
 BEGIN
@@ -1826,7 +1832,9 @@ BEGIN
        OR EXISTS (SELECT 1 FROM checkpoints c JOIN trials t ON t.id = c.trial_id
                    WHERE t.experiment_id = p_id AND c.state <> 'DELETED')
        OR EXISTS (SELECT 1 FROM allocations a
-                   WHERE a.job_id = e.job_id AND a.state <> 'TERMINATED') THEN
+                   WHERE a.job_id = e.job_id AND a.state <> 'TERMINATED')
+       OR (e.tensorboards_deleted_at IS NULL
+           AND EXISTS (SELECT 1 FROM trials t WHERE t.experiment_id = p_id AND t.runs > 0)) THEN
         RETURN false;
     END IF;
     DELETE FROM task_logs l USING allocations a WHERE l.allocation_id = a.id AND a.job_id = e.job_id;
@@ -1925,6 +1933,17 @@ BEGIN
     SELECT e.id, e.config -> 'checkpoint_storage'
       FROM experiments e
      WHERE e.job_id = a.job_id AND e.delete_requested_at IS NOT NULL;
+END $$;
+
+CREATE FUNCTION det_gc_task_tensorboards_deleted(p_token text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The GC task removed the TensorBoard files of its experiment being deleted: its rows may go
+-- (det_purge_experiment).
+DECLARE
+    a allocations := det_gc_auth(p_token);
+BEGIN
+    UPDATE experiments SET tensorboards_deleted_at = now()
+     WHERE job_id = a.job_id AND delete_requested_at IS NOT NULL;
 END $$;
 
 CREATE FUNCTION det_gc_task_deleted(p_token text, p_uuids uuid[]) RETURNS integer

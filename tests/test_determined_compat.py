@@ -15,6 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import torch
+from conftest import wait_for
 from psycopg.types.json import Jsonb
 from test_asha import reference_stops, searcher_of
 
@@ -104,6 +105,24 @@ def test_core_api_steps_complete_on_a_det_cluster(det, conn, tmp_path) -> None:
     trials = conn.execute("SELECT experiment_id AS e, count(*) AS n FROM trials "
                           "GROUP BY 1 ORDER BY 1").fetchall()
     assert [r["n"] for r in trials] == [1, 1, 1, 3, 1]
+
+
+def test_deleting_an_experiment_without_checkpoints_removes_its_tensorboard_files(
+        det, conn, tmp_path) -> None:
+    """Step 1 reports metrics and stores no checkpoint; its metrics still became TensorBoard
+    files, which `det experiment delete` removes (through a GC task) before the rows go."""
+    ctx = tmp_path / "core_api"
+    shutil.copytree(CORE, ctx)
+    exp = _run_on_cluster(det, conn, ctx / "1_metrics.yaml", ctx)
+    assert conn.execute("SELECT count(*) AS n FROM checkpoints").fetchone()["n"] == 0
+    files = Path(det.env["DET_HOME"]) / "checkpoints" / f"tensorboard/experiment/{exp}"
+    assert any(p.is_file() for p in files.rglob("*"))
+    det("experiment", "delete", "--yes", str(exp))
+    wait_for(lambda: conn.execute("SELECT count(*) AS n FROM experiments").fetchone()["n"] == 0,
+             90, "the experiment's rows to go")
+    assert not files.exists()
+    gc = conn.execute("SELECT count(*) AS n FROM allocations").fetchone()["n"]
+    assert gc == 0, "the GC task's row went with the experiment's"
 
 
 def test_core_api_asha_with_max_time_stops_trials_through_should_preempt(det, conn, tmp_path

@@ -1,6 +1,9 @@
+-- Issue 13's remaining gaps with Determined 0.38: adaptive_asha's max_time + time_metric,
+-- trial metadata, and the TensorBoard files of an experiment deleted with no checkpoints.
+
 -- adaptive_asha in Determined 0.38's form (searcher.max_time + time_metric): the searcher
 -- ranks trials by the validation metrics they report, which carry the time metric, and stops
--- those below a rung's cut (issue 13; reference-facts §1.7).
+-- those below a rung's cut (reference-facts §1.7).
 
 CREATE OR REPLACE FUNCTION det_complete_op(p_token text, p_op_id bigint,
                                            p_metric double precision)
@@ -114,3 +117,58 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The calling trial's metadata.
     SELECT metadata FROM trials WHERE id = (det_auth(p_token)).trial_id;
 $$;
+
+-- An experiment deleted with no checkpoints still gets a GC task when a trial of it ran: it
+-- removes the experiment's TensorBoard files, and its rows go only after that.
+ALTER TABLE experiments ADD COLUMN tensorboards_deleted_at timestamptz;
+COMMENT ON COLUMN experiments.tensorboards_deleted_at IS
+    'When the GC task of its deletion removed its TensorBoard files (det_purge_experiment waits '
+    'for it when a trial of it ran, checkpoints or not).';
+
+CREATE FUNCTION det_gc_task_tensorboards_deleted(p_token text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The GC task removed the TensorBoard files of its experiment being deleted: its rows may go
+-- (det_purge_experiment).
+DECLARE
+    a allocations := det_gc_auth(p_token);
+BEGIN
+    UPDATE experiments SET tensorboards_deleted_at = now()
+     WHERE job_id = a.job_id AND delete_requested_at IS NOT NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION det_purge_experiment(p_id integer) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Remove an experiment whose deletion was asked for, with its trials, runs, metrics, logs,
+-- checkpoint rows, searcher rows and job (its context too, if no other experiment shares it),
+-- once none of its checkpoints is DELETING, none of its runs is live, and its TensorBoard files
+-- are gone if a trial of it ever ran (a GC task removes them, det_gc_task_tensorboards_deleted).
+-- Returns false (and removes nothing) while that is not yet so.
+DECLARE
+    e experiments;
+BEGIN
+    SELECT * INTO e FROM experiments WHERE id = p_id AND delete_requested_at IS NOT NULL
+       FOR UPDATE;
+    IF NOT FOUND
+       OR EXISTS (SELECT 1 FROM checkpoints c JOIN trials t ON t.id = c.trial_id
+                   WHERE t.experiment_id = p_id AND c.state <> 'DELETED')
+       OR EXISTS (SELECT 1 FROM allocations a
+                   WHERE a.job_id = e.job_id AND a.state <> 'TERMINATED')
+       OR (e.tensorboards_deleted_at IS NULL
+           AND EXISTS (SELECT 1 FROM trials t WHERE t.experiment_id = p_id AND t.runs > 0)) THEN
+        RETURN false;
+    END IF;
+    DELETE FROM task_logs l USING allocations a WHERE l.allocation_id = a.id AND a.job_id = e.job_id;
+    DELETE FROM metrics m USING trials t WHERE m.trial_id = t.id AND t.experiment_id = p_id;
+    DELETE FROM checkpoints c USING trials t WHERE c.trial_id = t.id AND t.experiment_id = p_id;
+    DELETE FROM allocation_slots s USING allocations a
+     WHERE s.allocation_id = a.id AND a.job_id = e.job_id;
+    DELETE FROM allocations WHERE job_id = e.job_id;
+    DELETE FROM searcher_events WHERE experiment_id = p_id;
+    DELETE FROM searcher_ops o USING trials t WHERE o.trial_id = t.id AND t.experiment_id = p_id;
+    DELETE FROM trials WHERE experiment_id = p_id;
+    DELETE FROM experiments WHERE id = p_id;
+    DELETE FROM jobs WHERE id = e.job_id;
+    DELETE FROM context_blobs b WHERE b.id = e.context_id
+       AND NOT EXISTS (SELECT 1 FROM experiments x WHERE x.context_id = b.id);
+    RETURN true;
+END $$;

@@ -321,7 +321,8 @@ class Trainer:
                 return self._interrupt()
             if b >= next_validation:
                 self.validate()
-            if b >= next_checkpoint:
+            # Not twice at one step: checkpoint_policy may have stored it after validating.
+            if b >= next_checkpoint and self.last_checkpoint != b:
                 self.checkpoint()
         return None
 

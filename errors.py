@@ -55,6 +55,11 @@ class AuthError(DetError):
     """A login or token was refused: a wrong user or password, a bad or expired token."""
 
 
+class PermissionDeniedError(DetError):
+    """The caller's roles do not permit the action; the message names the role and scope
+    needed (SQLSTATE 42501, raised by det_require or by PostgreSQL's own privilege checks)."""
+
+
 class DatabaseError(DetError):
     """The database cannot be reached or answered with an error a user should see."""
 

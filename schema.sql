@@ -126,6 +126,153 @@ CREATE TABLE slots (
 COMMENT ON TABLE slots IS 'Schedulable devices of an agent: CUDA GPUs, else CPU slots.';
 
 -- =============================================================================================
+-- Tables: users, workspaces, projects and access control (issue 14)
+--
+-- A det user is a PostgreSQL role of the same name (LOGIN, member of det_user): PostgreSQL
+-- holds the password (SCRAM-SHA-256) and checks it, and row-level security decides which rows
+-- each one sees. Roles belong to the server, not to this database: the migration that made
+-- this section created det's own when absent (det_user: every user; det_agent and det_task:
+-- may only EXECUTE their functions; det_web: det serve, which SETs ROLE to a request's user).
+-- The schema's owner (the reconciler, `det cluster up`) bypasses row-level security and acts
+-- with every permission.
+
+CREATE FUNCTION det_name_problem(p_name text, p_max_bytes integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+-- Why p_name cannot name a user, group, workspace or project, or NULL: not blank, at most
+-- p_max_bytes bytes (63 for users: a PostgreSQL role name), no control characters. Any other
+-- character is kept verbatim (quotes, semicolons: names are data, never SQL).
+SELECT CASE
+    WHEN p_name IS NULL OR btrim(p_name) = '' THEN 'must not be blank'
+    WHEN octet_length(p_name) > p_max_bytes
+        THEN format('expected at most %s bytes, got %s', p_max_bytes, octet_length(p_name))
+    WHEN p_name ~ '[[:cntrl:]]' THEN 'must not contain control characters'
+END $$;
+
+CREATE TABLE users (
+    id           serial PRIMARY KEY,
+    username     text NOT NULL UNIQUE CHECK (det_name_problem(username, 63) IS NULL),
+    active       boolean NOT NULL DEFAULT true,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    created_by   text NOT NULL
+);
+COMMENT ON TABLE users IS
+    'det users: each is the PostgreSQL role named username (LOGIN while active, member of '
+    'det_user). det stores no password: PostgreSQL keeps a SCRAM-SHA-256 verifier of it.';
+
+CREATE TABLE user_groups (
+    id         serial PRIMARY KEY,
+    name       text NOT NULL UNIQUE CHECK (det_name_problem(name, 255) IS NULL),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE user_groups IS 'Groups of users: a role assigned to a group holds for each member.';
+
+CREATE TABLE user_group_members (
+    group_id integer NOT NULL REFERENCES user_groups (id) ON DELETE CASCADE,
+    user_id  integer NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+    PRIMARY KEY (group_id, user_id)
+);
+CREATE INDEX user_group_members_user ON user_group_members (user_id);
+
+CREATE TABLE workspaces (
+    id                   serial PRIMARY KEY,
+    name                 text NOT NULL UNIQUE CHECK (det_name_problem(name, 255) IS NULL),
+    archived             boolean NOT NULL DEFAULT false,
+    created_at           timestamptz NOT NULL DEFAULT now(),
+    created_by           text NOT NULL,
+    default_compute_pool text REFERENCES resource_pools (name) ON DELETE SET NULL,
+    default_aux_pool     text REFERENCES resource_pools (name) ON DELETE SET NULL,
+    checkpoint_storage   jsonb CHECK (jsonb_typeof(checkpoint_storage) = 'object')
+);
+COMMENT ON TABLE workspaces IS
+    'Workspaces hold projects, projects hold experiments (spec: Workspaces and Projects). '
+    'Row-level security keys every user-data table on its workspace. Workspace 1, '
+    '"Uncategorized", holds what names no other; every new user is an Editor there.';
+COMMENT ON COLUMN workspaces.default_compute_pool IS
+    'The pool its experiments use when their config names none (then the cluster''s default).';
+COMMENT ON COLUMN workspaces.checkpoint_storage IS
+    'The checkpoint_storage its experiments use when their config has none (then det''s '
+    'default).';
+-- (a fixed creation time: the release of this schema, the same in every database)
+INSERT INTO workspaces (name, created_by, created_at)  -- id 1
+VALUES ('Uncategorized', 'det', '2026-11-25 00:00:00+00');
+
+CREATE TABLE workspace_pools (
+    workspace_id  integer NOT NULL REFERENCES workspaces (id) ON DELETE CASCADE,
+    resource_pool text NOT NULL REFERENCES resource_pools (name) ON DELETE CASCADE,
+    PRIMARY KEY (resource_pool, workspace_id)
+);
+COMMENT ON TABLE workspace_pools IS
+    'Pools bound to workspaces: a bound pool serves only the jobs of the workspaces bound to '
+    'it; a pool bound to none serves every workspace (Determined: resource pool bindings).';
+
+CREATE TABLE projects (
+    id           serial PRIMARY KEY,
+    workspace_id integer NOT NULL REFERENCES workspaces (id),
+    name         text NOT NULL CHECK (det_name_problem(name, 255) IS NULL),
+    description  text NOT NULL DEFAULT '' CHECK (length(description) <= 4096),
+    archived     boolean NOT NULL DEFAULT false,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    created_by   text NOT NULL,
+    UNIQUE (workspace_id, name)
+);
+COMMENT ON TABLE projects IS
+    'Projects of a workspace; project 1, "Uncategorized" of workspace 1, holds experiments '
+    'submitted without one.';
+INSERT INTO projects (workspace_id, name, created_by, created_at)  -- id 1
+VALUES (1, 'Uncategorized', 'det', '2026-11-25 00:00:00+00');
+
+CREATE TABLE roles (
+    name        text PRIMARY KEY,
+    permissions text[] NOT NULL,
+    global_only boolean NOT NULL DEFAULT false,
+    description text NOT NULL
+);
+COMMENT ON TABLE roles IS
+    'Determined''s roles and what they permit: view (read a workspace''s experiments, models '
+    'and logs), edit (create, pause, kill, reprioritise, move, delete them; projects and '
+    'models), admin_workspace (the workspace itself and who may use it), create_workspace, '
+    'admin_cluster (users, groups, pools, agents, cluster config, every workspace).';
+INSERT INTO roles (name, permissions, global_only, description) VALUES
+    ('Viewer', '{view}', false, 'reads a workspace''s experiments, models and logs'),
+    ('Editor', '{view,edit}', false,
+     'also creates, pauses, kills, reprioritises, moves and deletes experiments and models'),
+    ('WorkspaceAdmin', '{view,edit,admin_workspace}', false,
+     'also manages the workspace: archive, delete, projects, members'),
+    ('WorkspaceCreator', '{create_workspace}', true,
+     'creates workspaces (and becomes WorkspaceAdmin of each)'),
+    ('ClusterAdmin', '{view,edit,admin_workspace,create_workspace,admin_cluster}', true,
+     'manages users, groups, pools, agents, cluster config and every workspace');
+
+CREATE TABLE role_assignments (
+    id           serial PRIMARY KEY,
+    role         text NOT NULL REFERENCES roles (name),
+    user_id      integer REFERENCES users (id) ON DELETE CASCADE,
+    group_id     integer REFERENCES user_groups (id) ON DELETE CASCADE,
+    workspace_id integer REFERENCES workspaces (id) ON DELETE CASCADE,
+    CHECK ((user_id IS NULL) <> (group_id IS NULL))
+);
+COMMENT ON TABLE role_assignments IS
+    'Who holds which role, globally (workspace_id NULL: in every workspace) or in one '
+    'workspace; to a user or to a group.';
+CREATE UNIQUE INDEX role_assignments_once ON role_assignments
+    (role, coalesce(user_id, 0), coalesce(group_id, 0), coalesce(workspace_id, 0));
+CREATE INDEX role_assignments_user ON role_assignments (user_id);
+
+CREATE TABLE audit_log (
+    id          bigserial PRIMARY KEY,
+    at          timestamptz NOT NULL DEFAULT now(),
+    actor       text NOT NULL,
+    action      text NOT NULL,
+    object_type text NOT NULL,
+    object_id   text NOT NULL,
+    detail      jsonb NOT NULL DEFAULT '{}'
+);
+COMMENT ON TABLE audit_log IS
+    'Who did what to which object, written by the user-action functions in the transaction of '
+    'the change (so an action that fails leaves no entry). ClusterAdmins read it.';
+CREATE INDEX audit_log_object ON audit_log (object_type, object_id);
+
+-- =============================================================================================
 -- Tables: experiments, trials and the searcher
 
 CREATE TABLE context_blobs (
@@ -150,7 +297,8 @@ CREATE TABLE jobs (
     owner          text NOT NULL,
     submitted_at   timestamptz NOT NULL DEFAULT now(),
     max_slots      integer CHECK (max_slots IS NULL OR max_slots >= 0),
-    fallback_pools text[] NOT NULL DEFAULT '{}'
+    fallback_pools text[] NOT NULL DEFAULT '{}',
+    workspace_id   integer NOT NULL DEFAULT 1 REFERENCES workspaces (id)
 );
 COMMENT ON TABLE jobs IS
     'The job queue: one row per experiment or task. Scheduling order is (priority, '
@@ -159,6 +307,10 @@ COMMENT ON COLUMN jobs.fallback_pools IS
     'Pools to try, in order, after resource_pool when it cannot take a waiting run now '
     '(resources.resource_pool given as a list).';
 COMMENT ON COLUMN jobs.max_slots IS 'Caps the job''s demand under fair share (resources.max_slots).';
+COMMENT ON COLUMN jobs.workspace_id IS
+    'The workspace of the job''s experiment (its project''s): what row-level security keys '
+    'jobs, runs and their logs on.';
+CREATE INDEX jobs_workspace ON jobs (workspace_id);
 
 -- One row per submitted experiment: its expanded config, its state (experiment_state), and
 -- the searcher's saved state. end_time is set exactly when the state is terminal.
@@ -179,6 +331,7 @@ CREATE TABLE experiments (
     end_time        timestamptz,
     checkpoint_gc_error text,
     delete_requested_at timestamptz,
+    project_id      integer NOT NULL DEFAULT 1 REFERENCES projects (id),
     tensorboards_deleted_at timestamptz,
     CHECK ((end_time IS NULL) = (state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')))
 );
@@ -191,6 +344,7 @@ COMMENT ON COLUMN experiments.delete_requested_at IS
 COMMENT ON COLUMN experiments.tensorboards_deleted_at IS
     'When the GC task of its deletion removed its TensorBoard files (det_purge_experiment waits '
     'for it when a trial of it ran, checkpoints or not).';
+CREATE INDEX experiments_project ON experiments (project_id);
 -- Experiments being deleted, looked at by every pass.
 CREATE INDEX experiments_deleting ON experiments (id) WHERE delete_requested_at IS NOT NULL;
 COMMENT ON COLUMN experiments.searcher_state IS
@@ -478,7 +632,8 @@ CREATE TABLE models (
     owner             text NOT NULL,
     archived          boolean NOT NULL DEFAULT false,
     creation_time     timestamptz NOT NULL DEFAULT now(),
-    last_updated_time timestamptz NOT NULL DEFAULT now()
+    last_updated_time timestamptz NOT NULL DEFAULT now(),
+    workspace_id      integer NOT NULL DEFAULT 1 REFERENCES workspaces (id)
 );
 COMMENT ON TABLE models IS
     'The model registry (spec: Model Registry): named groups of checkpoints, possibly from '
@@ -629,22 +784,648 @@ CREATE TRIGGER allocations_transition BEFORE UPDATE OF state ON allocations
     FOR EACH ROW EXECUTE FUNCTION det_check_transition();
 
 -- =============================================================================================
+-- Access control (issue 14): who is calling, what they may do, and the audit log. User
+-- actions are SECURITY DEFINER functions (they run as the schema's owner, so row-level
+-- security does not hide rows from them): each checks its caller's permission with
+-- det_require in the transaction of its change.
+
+CREATE FUNCTION det_caller() RETURNS text LANGUAGE sql STABLE AS $$
+-- The user acting in this session: its login role (session_user, which a SECURITY DEFINER
+-- function does not change, unlike current_user), or, for det serve (connected as det_web),
+-- the user whose token det_web_auth accepted in this transaction.
+SELECT coalesce(CASE WHEN pg_has_role(session_user, 'det_web', 'MEMBER')
+                     THEN nullif(current_setting('det.web_user', true), '') END,
+                session_user::text)
+$$;
+
+CREATE FUNCTION det_is_owner_session() RETURNS boolean LANGUAGE sql STABLE AS $$
+-- Whether the session is the cluster's own (the role owning det's tables, a member of it, or
+-- a superuser: the reconciler, `det cluster up`) acting as no det user. It holds every
+-- permission.
+SELECT NOT EXISTS (SELECT 1 FROM users WHERE username = det_caller())
+   AND pg_has_role(session_user, (SELECT relowner FROM pg_class
+                                   WHERE oid = 'experiments'::regclass), 'MEMBER')
+$$;
+
+CREATE FUNCTION det_permitted(p_user text, p_permission text, p_workspace integer)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+-- Whether active user p_user holds p_permission (see roles) in workspace p_workspace (NULL:
+-- globally) through a role assigned to them or to one of their groups, globally or there.
+SELECT EXISTS (
+    SELECT 1 FROM users u
+      JOIN role_assignments a
+        ON a.user_id = u.id
+        OR a.group_id IN (SELECT m.group_id FROM user_group_members m WHERE m.user_id = u.id)
+      JOIN roles r ON r.name = a.role
+     WHERE u.username = p_user AND u.active AND p_permission = ANY (r.permissions)
+       AND (a.workspace_id IS NULL OR a.workspace_id = p_workspace))
+$$;
+
+CREATE FUNCTION det_visible_workspaces() RETURNS integer[] LANGUAGE sql STABLE
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The workspaces the calling user may view (det_permitted's rule, as one query): what the
+-- row-level security policies key on, called once per query as an InitPlan:
+-- `= ANY ((SELECT det_visible_workspaces())::integer[])`.
+WITH me AS (SELECT id FROM users WHERE username = det_caller() AND active),
+     viewable AS (
+        SELECT a.workspace_id FROM me
+          JOIN role_assignments a
+            ON a.user_id = me.id
+            OR a.group_id IN (SELECT m.group_id FROM user_group_members m WHERE m.user_id = me.id)
+          JOIN roles r ON r.name = a.role
+         WHERE 'view' = ANY (r.permissions))
+SELECT CASE WHEN EXISTS (SELECT 1 FROM viewable WHERE workspace_id IS NULL)
+            THEN (SELECT coalesce(array_agg(id), '{}') FROM workspaces)
+            ELSE (SELECT coalesce(array_agg(DISTINCT workspace_id), '{}') FROM viewable) END
+$$;
+
+CREATE FUNCTION det_visible_projects() RETURNS integer[] LANGUAGE sql STABLE
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The projects of det_visible_workspaces: experiments' policy keys on them, so that a user of
+-- few projects reads their experiments through the project index.
+SELECT coalesce(array_agg(id), '{}') FROM projects
+ WHERE workspace_id = ANY (det_visible_workspaces())
+$$;
+
+CREATE FUNCTION det_role_needed(p_permission text) RETURNS text LANGUAGE sql STABLE AS $$
+-- The least role that grants p_permission, to name in a refusal.
+SELECT name FROM roles WHERE p_permission = ANY (permissions)
+ ORDER BY cardinality(permissions), name LIMIT 1
+$$;
+
+CREATE FUNCTION det_require(p_permission text, p_workspace integer, p_action text)
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+-- Check that the caller may do p_action (words for the refusal: 'pause experiment 12') with
+-- p_permission in workspace p_workspace (NULL: a cluster-wide permission); returns the
+-- caller's name. Refusal is insufficient_privilege, one line naming the role and scope:
+-- "permission denied: needs Editor on workspace 'vision' to pause experiment 12". A caller
+-- who may not even view the workspace is told what they asked about is not found
+-- (no_data_found), as row-level security would show it: no rows.
+DECLARE
+    v_user text := det_caller();
+BEGIN
+    IF det_is_owner_session() THEN
+        RETURN v_user;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM users WHERE username = v_user AND active) THEN
+        RAISE EXCEPTION 'permission denied: % is not an active det user', to_jsonb(v_user)
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF det_permitted(v_user, p_permission, p_workspace) THEN
+        RETURN v_user;
+    END IF;
+    IF p_workspace IS NOT NULL AND NOT det_permitted(v_user, 'view', p_workspace) THEN
+        RAISE EXCEPTION 'cannot %: not found', p_action USING ERRCODE = 'no_data_found';
+    END IF;
+    RAISE EXCEPTION 'permission denied: needs % % to %', det_role_needed(p_permission),
+        CASE WHEN p_workspace IS NULL THEN 'on the cluster'
+             ELSE format('on workspace ''%s''', (SELECT name FROM workspaces
+                                                  WHERE id = p_workspace)) END,
+        p_action USING ERRCODE = 'insufficient_privilege';
+END $$;
+
+CREATE FUNCTION det_audit(p_action text, p_object_type text, p_object_id text,
+                          p_detail jsonb DEFAULT '{}') RETURNS void LANGUAGE sql AS $$
+-- One audit_log entry by the caller, in the transaction of the change it records.
+INSERT INTO audit_log (actor, action, object_type, object_id, detail)
+VALUES (det_caller(), p_action, p_object_type, p_object_id, coalesce(p_detail, '{}'))
+$$;
+
+CREATE FUNCTION det_experiment_workspace(p_id integer) RETURNS integer LANGUAGE plpgsql
+STABLE AS $$
+-- The workspace experiment p_id is in. Raises no_data_found.
+DECLARE
+    v_ws integer;
+BEGIN
+    SELECT j.workspace_id INTO v_ws FROM experiments e JOIN jobs j ON j.id = e.job_id
+     WHERE e.id = p_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'experiment % not found', p_id USING ERRCODE = 'no_data_found';
+    END IF;
+    RETURN v_ws;
+END $$;
+
+CREATE FUNCTION det_check_experiment_project() RETURNS trigger LANGUAGE plpgsql AS $$
+-- An experiment's project is in its job's workspace: row-level security reads the one on
+-- experiments and the other on jobs and runs, so they must agree.
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM projects p JOIN jobs j ON j.workspace_id = p.workspace_id
+                    WHERE p.id = NEW.project_id AND j.id = NEW.job_id) THEN
+        RAISE EXCEPTION 'experiment %: project % is not in its job''s workspace', NEW.id,
+            NEW.project_id USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE CONSTRAINT TRIGGER experiments_project_in_workspace
+    AFTER INSERT OR UPDATE OF project_id, job_id ON experiments
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION det_check_experiment_project();
+
+CREATE FUNCTION det_workspace_find(p_name text) RETURNS workspaces LANGUAGE plpgsql STABLE AS $$
+-- The workspace named p_name (names are exact: any character is part of it). Raises
+-- no_data_found, also when the caller may not view it.
+DECLARE
+    w workspaces;
+BEGIN
+    SELECT * INTO w FROM workspaces WHERE name = p_name;
+    IF NOT FOUND OR NOT (det_is_owner_session() OR det_permitted(det_caller(), 'view', w.id))
+    THEN
+        RAISE EXCEPTION 'workspace % not found', to_jsonb(p_name) USING ERRCODE = 'no_data_found';
+    END IF;
+    RETURN w;
+END $$;
+
+CREATE FUNCTION det_project_find(p_workspace text, p_project text) RETURNS projects
+LANGUAGE plpgsql STABLE AS $$
+-- Project p_project of workspace p_workspace. Raises no_data_found.
+DECLARE
+    w workspaces := det_workspace_find(p_workspace);
+    p projects;
+BEGIN
+    SELECT * INTO p FROM projects WHERE workspace_id = w.id AND name = p_project;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'project % not found in workspace %', to_jsonb(p_project),
+            to_jsonb(w.name) USING ERRCODE = 'no_data_found';
+    END IF;
+    RETURN p;
+END $$;
+
+CREATE FUNCTION det_user_find(p_username text) RETURNS users LANGUAGE plpgsql STABLE AS $$
+-- The user named p_username. Raises no_data_found.
+DECLARE
+    u users;
+BEGIN
+    SELECT * INTO u FROM users WHERE username = p_username;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'user % not found', to_jsonb(p_username) USING ERRCODE = 'no_data_found';
+    END IF;
+    RETURN u;
+END $$;
+
+CREATE FUNCTION det_check_verifier(p_password_verifier text) RETURNS void LANGUAGE plpgsql
+IMMUTABLE AS $$
+-- A password reaches det only as a SCRAM-SHA-256 verifier made by the client (libpq's
+-- PQencryptPasswordConn), never as the password itself.
+BEGIN
+    IF p_password_verifier IS NOT NULL AND p_password_verifier NOT LIKE 'SCRAM-SHA-256$%' THEN
+        RAISE EXCEPTION 'password: expected a SCRAM-SHA-256 verifier computed by the client'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
+-- =============================================================================================
+-- User actions: users, groups, workspaces, projects and roles (issue 14). Each is one
+-- transaction, checks its caller's permission and writes an audit_log entry.
+
+CREATE FUNCTION det_user_create(p_username text, p_password_verifier text, p_admin boolean)
+RETURNS integer LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det user create` (ClusterAdmin): a det user is a new LOGIN role of the same name, member
+-- of det_user (and of det_web, so det serve can act as it), Editor in Uncategorized, and
+-- ClusterAdmin too if p_admin. p_password_verifier: see det_check_verifier; NULL leaves the
+-- user unable to log in until a password is set. Returns the user's id.
+DECLARE
+    v_problem text := det_name_problem(p_username, 63);
+    v_id integer;
+BEGIN
+    PERFORM det_require('admin_cluster', NULL, format('create user %s', to_jsonb(p_username)));
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'username %: %', to_jsonb(p_username), v_problem
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM det_check_verifier(p_password_verifier);
+    IF EXISTS (SELECT 1 FROM users WHERE username = p_username) THEN
+        RAISE EXCEPTION 'username %: a user of that name exists', to_jsonb(p_username)
+            USING ERRCODE = 'unique_violation';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = p_username)
+       OR p_username ~* '^pg_' OR lower(p_username) IN ('public', 'none', 'current_user',
+                                                       'current_role', 'session_user') THEN
+        RAISE EXCEPTION 'username %: the name of a PostgreSQL role of the server (not a det user)',
+            to_jsonb(p_username) USING ERRCODE = 'unique_violation';
+    END IF;
+    EXECUTE format('CREATE ROLE %I LOGIN IN ROLE det_user PASSWORD %L', p_username,
+                   p_password_verifier);
+    EXECUTE format('GRANT %I TO det_web', p_username);
+    INSERT INTO users (username, created_by) VALUES (p_username, det_caller())
+    RETURNING id INTO v_id;
+    INSERT INTO role_assignments (role, user_id, workspace_id) VALUES ('Editor', v_id, 1);
+    IF p_admin THEN
+        INSERT INTO role_assignments (role, user_id) VALUES ('ClusterAdmin', v_id);
+    END IF;
+    PERFORM det_audit('create', 'user', p_username, jsonb_build_object('admin', p_admin));
+    RETURN v_id;
+END $$;
+
+CREATE FUNCTION det_user_set_password(p_username text, p_password_verifier text)
+RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det user change-password`: a user's own, or anyone's by a ClusterAdmin.
+DECLARE
+    u users := det_user_find(p_username);
+BEGIN
+    IF u.username <> det_caller() THEN
+        PERFORM det_require('admin_cluster', NULL,
+                            format('change the password of user %s', to_jsonb(p_username)));
+    END IF;
+    IF p_password_verifier IS NULL THEN
+        RAISE EXCEPTION 'password: expected a SCRAM-SHA-256 verifier, got nothing'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM det_check_verifier(p_password_verifier);
+    EXECUTE format('ALTER ROLE %I PASSWORD %L', u.username, p_password_verifier);
+    PERFORM det_audit('change_password', 'user', u.username);
+END $$;
+
+CREATE FUNCTION det_user_set_active(p_username text, p_active boolean) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det user deactivate | activate` (ClusterAdmin): a deactivated user cannot log in (its role
+-- loses LOGIN), holds no permission, and its det serve logins end.
+DECLARE
+    u users := det_user_find(p_username);
+BEGIN
+    PERFORM det_require('admin_cluster', NULL,
+                        format('%s user %s', CASE WHEN p_active THEN 'activate'
+                                                  ELSE 'deactivate' END, to_jsonb(p_username)));
+    IF NOT p_active AND u.username = det_caller() THEN
+        RAISE EXCEPTION 'user %: you cannot deactivate yourself', to_jsonb(u.username)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE users SET active = p_active WHERE id = u.id;
+    EXECUTE format('ALTER ROLE %I %s', u.username, CASE WHEN p_active THEN 'LOGIN' ELSE 'NOLOGIN' END);
+    IF NOT p_active THEN
+        DELETE FROM web_sessions WHERE username = u.username;
+    END IF;
+    PERFORM det_audit(CASE WHEN p_active THEN 'activate' ELSE 'deactivate' END, 'user',
+                      u.username);
+END $$;
+
+CREATE FUNCTION det_group_create(p_name text) RETURNS integer LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det user-group create` (ClusterAdmin). Returns the group's id.
+DECLARE
+    v_problem text := det_name_problem(p_name, 255);
+    v_id integer;
+BEGIN
+    PERFORM det_require('admin_cluster', NULL, format('create group %s', to_jsonb(p_name)));
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'group name %: %', to_jsonb(p_name), v_problem
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO user_groups (name) VALUES (p_name) RETURNING id INTO v_id;
+    PERFORM det_audit('create', 'group', p_name);
+    RETURN v_id;
+EXCEPTION WHEN unique_violation THEN
+    RAISE EXCEPTION 'group name %: a group of that name exists', to_jsonb(p_name)
+        USING ERRCODE = 'unique_violation';
+END $$;
+
+CREATE FUNCTION det_group_delete(p_name text) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det user-group delete` (ClusterAdmin): its members lose the roles it held.
+BEGIN
+    PERFORM det_require('admin_cluster', NULL, format('delete group %s', to_jsonb(p_name)));
+    DELETE FROM user_groups WHERE name = p_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'group % not found', to_jsonb(p_name) USING ERRCODE = 'no_data_found';
+    END IF;
+    PERFORM det_audit('delete', 'group', p_name);
+END $$;
+
+CREATE FUNCTION det_group_set_member(p_group text, p_username text, p_member boolean)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det user-group add-user | remove-user` (ClusterAdmin). Adding a member twice or removing a
+-- non-member changes nothing.
+DECLARE
+    v_group integer;
+    u users := det_user_find(p_username);
+BEGIN
+    PERFORM det_require('admin_cluster', NULL,
+                        format('%s group %s', CASE WHEN p_member THEN 'add users to'
+                                                   ELSE 'remove users from' END,
+                               to_jsonb(p_group)));
+    SELECT id INTO v_group FROM user_groups WHERE name = p_group;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'group % not found', to_jsonb(p_group) USING ERRCODE = 'no_data_found';
+    END IF;
+    IF p_member THEN
+        INSERT INTO user_group_members VALUES (v_group, u.id) ON CONFLICT DO NOTHING;
+    ELSE
+        DELETE FROM user_group_members WHERE group_id = v_group AND user_id = u.id;
+    END IF;
+    PERFORM det_audit(CASE WHEN p_member THEN 'add_member' ELSE 'remove_member' END, 'group',
+                      p_group, jsonb_build_object('user', u.username));
+END $$;
+
+CREATE FUNCTION det_workspace_create(
+    p_name text, p_default_compute_pool text, p_default_aux_pool text,
+    p_checkpoint_storage jsonb
+) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det workspace create` (WorkspaceCreator or ClusterAdmin): the creator becomes its
+-- WorkspaceAdmin. p_checkpoint_storage was validated by det.configs. Returns its id.
+DECLARE
+    v_user text := det_require('create_workspace', NULL,
+                               format('create workspace %s', to_jsonb(p_name)));
+    v_problem text := det_name_problem(p_name, 255);
+    v_id integer;
+BEGIN
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'workspace name %: %', to_jsonb(p_name), v_problem
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM workspaces WHERE name = p_name) THEN
+        RAISE EXCEPTION 'workspace name %: a workspace of that name exists', to_jsonb(p_name)
+            USING ERRCODE = 'unique_violation';
+    END IF;
+    INSERT INTO workspaces (name, created_by, default_compute_pool, default_aux_pool,
+                            checkpoint_storage)
+    VALUES (p_name, v_user, p_default_compute_pool, p_default_aux_pool, p_checkpoint_storage)
+    RETURNING id INTO v_id;
+    INSERT INTO role_assignments (role, user_id, workspace_id)
+    SELECT 'WorkspaceAdmin', id, v_id FROM users WHERE username = v_user;
+    PERFORM det_audit('create', 'workspace', v_id::text, jsonb_build_object('name', p_name));
+    RETURN v_id;
+EXCEPTION WHEN foreign_key_violation THEN
+    RAISE EXCEPTION 'workspace %: no resource pool named % or %', to_jsonb(p_name),
+        to_jsonb(p_default_compute_pool), to_jsonb(p_default_aux_pool)
+        USING ERRCODE = 'foreign_key_violation';
+END $$;
+
+CREATE FUNCTION det_workspace_set_archived(p_name text, p_archived boolean) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det workspace archive | unarchive` (WorkspaceAdmin): an archived workspace takes no new
+-- experiments or projects and is hidden from `det workspace list` unless --all.
+DECLARE
+    w workspaces := det_workspace_find(p_name);
+BEGIN
+    PERFORM det_require('admin_workspace', w.id,
+                        format('%s workspace %s', CASE WHEN p_archived THEN 'archive'
+                                                       ELSE 'unarchive' END, to_jsonb(w.name)));
+    IF w.id = 1 THEN
+        RAISE EXCEPTION 'workspace "Uncategorized" cannot be archived'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE workspaces SET archived = p_archived WHERE id = w.id;
+    PERFORM det_audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'workspace',
+                      w.id::text, jsonb_build_object('name', w.name));
+END $$;
+
+CREATE FUNCTION det_workspace_delete(p_name text) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det workspace delete` (WorkspaceAdmin): refused while any experiment or model is in it
+-- (move or delete them first); its projects, role assignments and pool bindings go with it.
+DECLARE
+    w workspaces := det_workspace_find(p_name);
+    v_n bigint;
+BEGIN
+    PERFORM det_require('admin_workspace', w.id, format('delete workspace %s', to_jsonb(w.name)));
+    IF w.id = 1 THEN
+        RAISE EXCEPTION 'workspace "Uncategorized" cannot be deleted'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT count(*) INTO v_n FROM jobs WHERE workspace_id = w.id;
+    IF v_n > 0 THEN
+        RAISE EXCEPTION 'workspace %: it still holds % experiment(s); move or delete them first',
+            to_jsonb(w.name), v_n USING ERRCODE = 'dependent_objects_still_exist';
+    END IF;
+    SELECT count(*) INTO v_n FROM models WHERE workspace_id = w.id;
+    IF v_n > 0 THEN
+        RAISE EXCEPTION 'workspace %: it still holds % model(s); move or delete them first',
+            to_jsonb(w.name), v_n USING ERRCODE = 'dependent_objects_still_exist';
+    END IF;
+    DELETE FROM projects WHERE workspace_id = w.id;
+    DELETE FROM workspaces WHERE id = w.id;
+    PERFORM det_audit('delete', 'workspace', w.id::text, jsonb_build_object('name', w.name));
+END $$;
+
+CREATE FUNCTION det_workspace_bind_pool(p_workspace text, p_pool text, p_bound boolean)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det resource-pool bindings add | remove` (ClusterAdmin): bind a pool to a workspace, or
+-- unbind it. Jobs already queued in the pool stay; new ones are checked at submission.
+DECLARE
+    w workspaces := det_workspace_find(p_workspace);
+BEGIN
+    PERFORM det_require('admin_cluster', NULL,
+                        format('bind resource pool %s', to_jsonb(p_pool)));
+    IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p_pool) THEN
+        RAISE EXCEPTION 'no resource pool named %', to_jsonb(p_pool)
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    IF p_bound THEN
+        INSERT INTO workspace_pools VALUES (w.id, p_pool) ON CONFLICT DO NOTHING;
+    ELSE
+        DELETE FROM workspace_pools WHERE workspace_id = w.id AND resource_pool = p_pool;
+    END IF;
+    PERFORM det_audit(CASE WHEN p_bound THEN 'bind_pool' ELSE 'unbind_pool' END, 'workspace',
+                      w.id::text, jsonb_build_object('name', w.name, 'pool', p_pool));
+END $$;
+
+CREATE FUNCTION det_check_pools(p_workspace integer, p_pools text[], p_what text)
+RETURNS void LANGUAGE plpgsql STABLE AS $$
+-- Each pool exists and serves workspace p_workspace (bound to it, or to no workspace).
+DECLARE
+    v_pool text;
+BEGIN
+    SELECT p INTO v_pool FROM unnest(p_pools) p
+     WHERE NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p) LIMIT 1;
+    IF v_pool IS NOT NULL THEN
+        RAISE EXCEPTION '%: no resource pool named "%"', p_what, v_pool
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    SELECT p INTO v_pool FROM unnest(p_pools) p
+     WHERE EXISTS (SELECT 1 FROM workspace_pools b WHERE b.resource_pool = p)
+       AND NOT EXISTS (SELECT 1 FROM workspace_pools b
+                        WHERE b.resource_pool = p AND b.workspace_id = p_workspace) LIMIT 1;
+    IF v_pool IS NOT NULL THEN
+        RAISE EXCEPTION '%: resource pool "%" is bound to other workspaces than %', p_what,
+            v_pool, to_jsonb((SELECT name FROM workspaces WHERE id = p_workspace))
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END $$;
+
+CREATE FUNCTION det_project_create(p_workspace text, p_name text, p_description text)
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det project create` (Editor of the workspace). Returns the project's id.
+DECLARE
+    w workspaces := det_workspace_find(p_workspace);
+    v_user text := det_require('edit', w.id, format('create a project in workspace %s',
+                                                     to_jsonb(w.name)));
+    v_problem text := det_name_problem(p_name, 255);
+    v_id integer;
+BEGIN
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'project name %: %', to_jsonb(p_name), v_problem
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF w.archived THEN
+        RAISE EXCEPTION 'workspace % is archived: unarchive it first', to_jsonb(w.name)
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF EXISTS (SELECT 1 FROM projects WHERE workspace_id = w.id AND name = p_name) THEN
+        RAISE EXCEPTION 'project name %: workspace % has a project of that name',
+            to_jsonb(p_name), to_jsonb(w.name) USING ERRCODE = 'unique_violation';
+    END IF;
+    INSERT INTO projects (workspace_id, name, description, created_by)
+    VALUES (w.id, p_name, coalesce(p_description, ''), v_user) RETURNING id INTO v_id;
+    PERFORM det_audit('create', 'project', v_id::text,
+                      jsonb_build_object('name', p_name, 'workspace', w.name));
+    RETURN v_id;
+END $$;
+
+CREATE FUNCTION det_project_set_archived(p_workspace text, p_name text, p_archived boolean)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det project archive | unarchive` (Editor): an archived project takes no new experiments.
+DECLARE
+    p projects := det_project_find(p_workspace, p_name);
+BEGIN
+    PERFORM det_require('edit', p.workspace_id,
+                        format('%s project %s', CASE WHEN p_archived THEN 'archive'
+                                                     ELSE 'unarchive' END, to_jsonb(p.name)));
+    IF p.id = 1 THEN
+        RAISE EXCEPTION 'project "Uncategorized" cannot be archived'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE projects SET archived = p_archived WHERE id = p.id;
+    PERFORM det_audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'project',
+                      p.id::text, jsonb_build_object('name', p.name));
+END $$;
+
+CREATE FUNCTION det_project_delete(p_workspace text, p_name text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det project delete` (Editor): refused while it holds experiments.
+DECLARE
+    p projects := det_project_find(p_workspace, p_name);
+    v_n bigint;
+BEGIN
+    PERFORM det_require('edit', p.workspace_id, format('delete project %s', to_jsonb(p.name)));
+    IF p.id = 1 THEN
+        RAISE EXCEPTION 'project "Uncategorized" cannot be deleted'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT count(*) INTO v_n FROM experiments WHERE project_id = p.id;
+    IF v_n > 0 THEN
+        RAISE EXCEPTION 'project %: it still holds % experiment(s); move or delete them first',
+            to_jsonb(p.name), v_n USING ERRCODE = 'dependent_objects_still_exist';
+    END IF;
+    DELETE FROM projects WHERE id = p.id;
+    PERFORM det_audit('delete', 'project', p.id::text, jsonb_build_object('name', p.name));
+END $$;
+
+CREATE FUNCTION det_experiment_move(p_id integer, p_workspace text, p_project text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det experiment move` (Editor where it is and where it goes): its job (and so its runs,
+-- metrics, checkpoints and logs, which row-level security reaches through it) moves too.
+-- The destination's pool bindings are not checked: what already runs keeps its pool.
+DECLARE
+    v_from integer := det_experiment_workspace(p_id);
+    p projects := det_project_find(p_workspace, p_project);
+BEGIN
+    PERFORM det_require('edit', v_from, format('move experiment %s', p_id));
+    PERFORM det_require('edit', p.workspace_id,
+                        format('move experiment %s into project %s', p_id, to_jsonb(p.name)));
+    IF p.archived THEN
+        RAISE EXCEPTION 'project % is archived: unarchive it first', to_jsonb(p.name)
+            USING ERRCODE = 'check_violation';
+    END IF;
+    UPDATE jobs SET workspace_id = p.workspace_id
+     WHERE id = (SELECT job_id FROM experiments WHERE id = p_id);
+    UPDATE experiments SET project_id = p.id WHERE id = p_id;
+    PERFORM det_audit('move', 'experiment', p_id::text,
+                      jsonb_build_object('project', p.id, 'workspace', p.workspace_id));
+END $$;
+
+CREATE FUNCTION det_role_assign(
+    p_role text, p_username text, p_group text, p_workspace text, p_assigned boolean
+) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det rbac assign-role | unassign-role`: role p_role to user p_username or group p_group,
+-- in workspace p_workspace (WorkspaceAdmin there) or globally (NULL; ClusterAdmin).
+-- WorkspaceCreator and ClusterAdmin are global only. Assigning twice, or unassigning what is
+-- not assigned, changes nothing.
+DECLARE
+    r roles;
+    w workspaces;
+    v_user integer;
+    v_group integer;
+BEGIN
+    SELECT * INTO r FROM roles WHERE name = p_role;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'role %: expected one of %', to_jsonb(p_role),
+            (SELECT string_agg(name, ', ' ORDER BY cardinality(permissions)) FROM roles)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (p_username IS NULL) = (p_group IS NULL) THEN
+        RAISE EXCEPTION 'role %: name exactly one of a user and a group', p_role
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_workspace IS NOT NULL THEN
+        IF r.global_only THEN
+            RAISE EXCEPTION 'role % is cluster-wide: assign it without a workspace', p_role
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        w := det_workspace_find(p_workspace);
+        PERFORM det_require('admin_workspace', w.id,
+                            format('assign roles in workspace %s', to_jsonb(w.name)));
+    ELSE
+        PERFORM det_require('admin_cluster', NULL, 'assign cluster-wide roles');
+    END IF;
+    IF p_username IS NOT NULL THEN
+        v_user := (det_user_find(p_username)).id;
+    ELSE
+        SELECT id INTO v_group FROM user_groups WHERE name = p_group;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'group % not found', to_jsonb(p_group) USING ERRCODE = 'no_data_found';
+        END IF;
+    END IF;
+    IF p_assigned THEN
+        INSERT INTO role_assignments (role, user_id, group_id, workspace_id)
+        VALUES (p_role, v_user, v_group, w.id) ON CONFLICT DO NOTHING;
+    ELSE
+        DELETE FROM role_assignments
+         WHERE role = p_role AND user_id IS NOT DISTINCT FROM v_user
+           AND group_id IS NOT DISTINCT FROM v_group AND workspace_id IS NOT DISTINCT FROM w.id;
+    END IF;
+    PERFORM det_audit(CASE WHEN p_assigned THEN 'assign_role' ELSE 'unassign_role' END, 'role',
+                      p_role, jsonb_build_object('user', p_username, 'group', p_group,
+                                                 'workspace', w.name));
+END $$;
+
+CREATE FUNCTION det_model_move(p_model text, p_workspace text) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det model move` (Editor where it is and where it goes).
+DECLARE
+    m models := det_model_find(p_model);
+    w workspaces := det_workspace_find(p_workspace);
+BEGIN
+    PERFORM det_require('edit', m.workspace_id, format('move model %s', to_jsonb(m.name)));
+    PERFORM det_require('edit', w.id, format('move model %s into workspace %s',
+                                             to_jsonb(m.name), to_jsonb(w.name)));
+    UPDATE models SET workspace_id = w.id, last_updated_time = now() WHERE id = m.id;
+    PERFORM det_audit('move', 'model', m.id::text, jsonb_build_object('workspace', w.name));
+END $$;
+
+-- =============================================================================================
 -- User actions (the CLI). Each is one transaction; each wakes the reconciler.
 
 CREATE FUNCTION det_create_experiment(
-    p_config jsonb, p_original_config text, p_context bytea, p_owner text
-) RETURNS integer LANGUAGE plpgsql AS $$
--- Submit an experiment. p_config is the expanded config (validated by det.configs, every
--- default filled: nothing here supplies one again); p_context the packed model definition
--- (tar.gz), stored once per distinct content. The job's priority defaults to its pool
--- scheduler's default_priority (the pool's rule, not the config's).
+    p_config jsonb, p_original_config text, p_context bytea, p_workspace text DEFAULT NULL,
+    p_project text DEFAULT NULL
+) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Submit an experiment (Editor of its workspace), owned by the caller. p_config is the
+-- expanded config (validated by det.configs, every default filled: nothing here supplies one
+-- again); p_context the packed model definition (tar.gz), stored once per distinct content.
+-- It goes to project p_project of workspace p_workspace, else the config's workspace and
+-- project (both or neither), else Uncategorized. Its pools must serve that workspace
+-- (workspace_pools). The job's priority defaults to its pool scheduler's default_priority
+-- (the pool's rule, not the config's).
 DECLARE
+    v_workspace text := coalesce(p_workspace, p_config ->> 'workspace');
+    v_project text := coalesce(p_project, p_config ->> 'project');
+    p projects;
+    v_user text;
     v_pools text[] := CASE jsonb_typeof(p_config #> '{resources,resource_pool}')
         WHEN 'array' THEN ARRAY(SELECT jsonb_array_elements_text(
                                     p_config #> '{resources,resource_pool}'))
         ELSE ARRAY[p_config #>> '{resources,resource_pool}'] END;
     v_pool text := v_pools[1];
-    v_missing text;
     v_ctx bigint;
     v_job bigint;
     v_id integer;
@@ -655,12 +1436,22 @@ BEGIN
             'name, resources.resource_pool and resources.weight'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT p INTO v_missing FROM unnest(v_pools) p
-     WHERE NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p) LIMIT 1;
-    IF v_missing IS NOT NULL THEN
-        RAISE EXCEPTION 'resources.resource_pool: no resource pool named "%"', v_missing
-            USING ERRCODE = 'foreign_key_violation';
+    IF (v_workspace IS NULL) <> (v_project IS NULL) THEN
+        RAISE EXCEPTION 'workspace and project: give both or neither (neither: Uncategorized)'
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF v_workspace IS NULL THEN
+        SELECT * INTO p FROM projects WHERE id = 1;
+    ELSE
+        p := det_project_find(v_workspace, v_project);
+    END IF;
+    v_user := det_require('edit', p.workspace_id,
+                          format('create an experiment in project %s', to_jsonb(p.name)));
+    IF p.archived OR (SELECT archived FROM workspaces WHERE id = p.workspace_id) THEN
+        RAISE EXCEPTION 'project %: it (or its workspace) is archived', to_jsonb(p.name)
+            USING ERRCODE = 'check_violation';
+    END IF;
+    PERFORM det_check_pools(p.workspace_id, v_pools, 'resources.resource_pool');
     IF p_context IS NOT NULL THEN
         INSERT INTO context_blobs (sha256, size_bytes, data)
         VALUES (sha256(p_context), length(p_context), p_context)
@@ -668,25 +1459,26 @@ BEGIN
         SELECT id INTO v_ctx FROM context_blobs WHERE sha256 = sha256(p_context);
     END IF;
     INSERT INTO jobs (type, resource_pool, fallback_pools, priority, weight, max_slots,
-                      queue_position, owner)
+                      queue_position, owner, workspace_id)
     VALUES ('EXPERIMENT', v_pool, v_pools[2:],
             coalesce((p_config #>> '{resources,priority}')::integer,
                      (det_pool_scheduler(v_pool) ->> 'default_priority')::integer),
             (p_config #>> '{resources,weight}')::double precision,
             (p_config #>> '{resources,max_slots}')::integer,
-            extract(epoch FROM clock_timestamp()) * 1000000, p_owner)
+            extract(epoch FROM clock_timestamp()) * 1000000, v_user, p.workspace_id)
     RETURNING id INTO v_job;
     INSERT INTO experiments (job_id, name, description, config, original_config, context_id,
-                             owner)
+                             owner, project_id)
     VALUES (v_job, p_config ->> 'name', coalesce(p_config ->> 'description', ''), p_config,
-            p_original_config, v_ctx, p_owner)
+            p_original_config, v_ctx, v_user, p.id)
     RETURNING id INTO v_id;
+    PERFORM det_audit('create', 'experiment', v_id::text, jsonb_build_object('project', p.id));
     PERFORM pg_notify('det_reconciler', 'experiment');
     RETURN v_id;
 END $$;
 
 CREATE FUNCTION det_experiment_action(p_id integer, p_action text) RETURNS experiment_state
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- pause | activate | cancel | kill (spec: run-training-code, Pause and Activate). Returns the
 -- new state. The reconciler turns the state into desired states of the trials' allocations.
 -- An action the state does not allow is a check_violation (an illegal transition); an
@@ -699,10 +1491,9 @@ BEGIN
         RAISE EXCEPTION 'action: expected pause, activate, cancel or kill, not %', p_action
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM det_require('edit', det_experiment_workspace(p_id),
+                        format('%s experiment %s', p_action, p_id));
     SELECT state INTO v_state FROM experiments WHERE id = p_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'experiment % not found', p_id USING ERRCODE = 'no_data_found';
-    END IF;
     v_new := CASE
         WHEN p_action = 'pause' AND v_state IN ('ACTIVE', 'PAUSED') THEN 'PAUSED'
         WHEN p_action = 'activate' AND v_state IN ('ACTIVE', 'PAUSED') THEN 'ACTIVE'
@@ -716,16 +1507,18 @@ BEGIN
             USING ERRCODE = 'check_violation';
     END IF;
     UPDATE experiments SET state = v_new WHERE id = p_id;
+    PERFORM det_audit(p_action, 'experiment', p_id::text);
     PERFORM pg_notify('det_reconciler', 'experiment');
     RETURN v_new;
 END $$;
 
 CREATE FUNCTION det_job_update(p_job bigint, p_field text, p_value text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- One change to a queued job (spec: run-training-code, Modify the Job Queue): priority only
 -- under the priority scheduler, weight only under fair share, ahead-of / behind-of only under
 -- priority, resource-pool only for experiments. Several calls in one transaction are
--- `det job update-batch`: all apply or none.
+-- `det job update-batch`: all apply or none. Editor of the job's workspace; a new pool must
+-- serve it.
 DECLARE
     j jobs;
     other jobs;
@@ -740,6 +1533,7 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'job % not found', p_job USING ERRCODE = 'no_data_found';
     END IF;
+    PERFORM det_require('edit', j.workspace_id, format('change the %s of job %s', p_field, p_job));
     SELECT e.id, e.state INTO v_exp, v_state FROM experiments e WHERE e.job_id = p_job;
     IF v_state IN ('COMPLETED', 'CANCELED', 'ERROR') THEN
         RAISE EXCEPTION 'job % (experiment %) is %: it is no longer queued', p_job, v_exp,
@@ -779,10 +1573,7 @@ BEGIN
             RAISE EXCEPTION 'job %: only experiments can change resource pool; cancel and resubmit a %',
                 p_job, lower(j.type) USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p_value) THEN
-            RAISE EXCEPTION 'job %: no resource pool named "%"', p_job, p_value
-                USING ERRCODE = 'foreign_key_violation';
-        END IF;
+        PERFORM det_check_pools(j.workspace_id, ARRAY[p_value], format('job %s', p_job));
         UPDATE jobs SET resource_pool = p_value, fallback_pools = '{}' WHERE id = p_job;
         UPDATE allocations SET resource_pool = p_value
          WHERE job_id = p_job AND state = 'PENDING';
@@ -822,6 +1613,8 @@ BEGIN
         RAISE EXCEPTION 'unknown job field "%"; expected priority, weight, resource-pool, ahead-of or behind-of',
             p_field USING ERRCODE = 'invalid_parameter_value';
     END CASE;
+    PERFORM det_audit('update', 'job', p_job::text,
+                      jsonb_build_object('field', p_field, 'value', p_value));
     PERFORM pg_notify('det_reconciler', 'job');
 EXCEPTION
     WHEN invalid_text_representation OR numeric_value_out_of_range THEN
@@ -830,12 +1623,13 @@ EXCEPTION
 END $$;
 
 CREATE FUNCTION det_apply_cluster_config(p_config jsonb, p_original text) RETURNS void
-LANGUAGE plpgsql AS $$
--- Store a validated cluster config and make resource_pools match it. A pool the config drops
--- is deleted only if nothing uses it; otherwise the whole apply is refused.
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Store a validated cluster config and make resource_pools match it (ClusterAdmin). A pool
+-- the config drops is deleted only if nothing uses it; otherwise the whole apply is refused.
 DECLARE
     v_gone text;
 BEGIN
+    PERFORM det_require('admin_cluster', NULL, 'apply a cluster config');
     INSERT INTO resource_pools (name, description, scheduler, max_aux_containers_per_agent)
     SELECT p ->> 'name', coalesce(p ->> 'description', ''), nullif(p -> 'scheduler', 'null'),
            coalesce((p ->> 'max_aux_containers_per_agent')::integer, 100)
@@ -862,16 +1656,20 @@ BEGIN
     INSERT INTO cluster_config (config, original) VALUES (p_config, p_original)
     ON CONFLICT (singleton) DO UPDATE
         SET config = excluded.config, original = excluded.original, applied_at = now();
+    PERFORM det_audit('apply', 'cluster_config', 'cluster', p_config);
     PERFORM pg_notify('det_reconciler', 'cluster');
 END $$;
 
 CREATE FUNCTION det_agent_set_enabled(p_id text, p_enabled boolean) RETURNS agent_state
-LANGUAGE plpgsql AS $$
--- Disable (drain) or enable an agent: a disabled agent's running work finishes, nothing new
--- is placed on it (spec: agents; issue 5). Returns the agent's new state.
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Disable (drain) or enable an agent (ClusterAdmin): a disabled agent's running work
+-- finishes, nothing new is placed on it (spec: agents; issue 5). Returns its new state.
 DECLARE
     v_state agent_state;
 BEGIN
+    PERFORM det_require('admin_cluster', NULL,
+                        format('%s agent %s', CASE WHEN p_enabled THEN 'enable' ELSE 'disable' END,
+                               p_id));
     UPDATE agents
        SET state = CASE WHEN p_enabled THEN 'ACTIVE' ELSE 'DISABLED' END::agent_state
      WHERE id = p_id AND state <> 'LOST'
@@ -879,18 +1677,25 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'agent % not found (or lost)', p_id USING ERRCODE = 'no_data_found';
     END IF;
+    PERFORM det_audit(CASE WHEN p_enabled THEN 'enable' ELSE 'disable' END, 'agent', p_id);
     PERFORM pg_notify('det_reconciler', 'agent');
     RETURN v_state;
 END $$;
 
 CREATE FUNCTION det_slot_set_enabled(p_agent text, p_slot integer, p_enabled boolean)
-RETURNS void LANGUAGE plpgsql AS $$
--- Disable (drain) or enable one slot of an agent; work holding it runs on.
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Disable (drain) or enable one slot of an agent (ClusterAdmin); work holding it runs on.
 BEGIN
+    PERFORM det_require('admin_cluster', NULL,
+                        format('%s slot %s of agent %s',
+                               CASE WHEN p_enabled THEN 'enable' ELSE 'disable' END, p_slot,
+                               p_agent));
     UPDATE slots SET enabled = p_enabled WHERE agent_id = p_agent AND slot_id = p_slot;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'agent % has no slot %', p_agent, p_slot USING ERRCODE = 'no_data_found';
     END IF;
+    PERFORM det_audit(CASE WHEN p_enabled THEN 'enable' ELSE 'disable' END, 'slot',
+                      p_agent || '/' || p_slot);
     PERFORM pg_notify('det_reconciler', 'agent');
 END $$;
 
@@ -948,29 +1753,35 @@ BEGIN
 END $$;
 
 CREATE FUNCTION det_model_create(
-    p_name text, p_description text, p_labels text[], p_owner text
-) RETURNS models LANGUAGE plpgsql AS $$
--- `det model create`: a new, empty model.
+    p_name text, p_description text, p_labels text[], p_workspace text
+) RETURNS models LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det model create`: a new, empty model of the caller's in workspace p_workspace (NULL:
+-- Uncategorized), where the caller is an Editor.
 DECLARE
+    v_ws integer := CASE WHEN p_workspace IS NULL THEN 1
+                         ELSE (det_workspace_find(p_workspace)).id END;
+    v_user text := det_require('edit', v_ws, format('create model %s', to_jsonb(p_name)));
     m models;
 BEGIN
     PERFORM det_model_check(p_name, p_description, p_labels, NULL, NULL);
-    INSERT INTO models (name, description, labels, owner)
-    VALUES (p_name, coalesce(p_description, ''), coalesce(p_labels, '{}'), p_owner)
+    INSERT INTO models (name, description, labels, owner, workspace_id)
+    VALUES (p_name, coalesce(p_description, ''), coalesce(p_labels, '{}'), v_user, v_ws)
     RETURNING * INTO m;
+    PERFORM det_audit('create', 'model', m.id::text, jsonb_build_object('name', m.name));
     RETURN m;
 END $$;
 
 CREATE FUNCTION det_model_update(
     p_model text, p_name text, p_description text, p_notes text, p_labels text[],
     p_metadata jsonb, p_remove_metadata text[]
-) RETURNS models LANGUAGE plpgsql AS $$
+) RETURNS models LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det model update`: each argument NULL leaves its field as it is. p_labels replaces the
 -- labels; p_metadata is merged into the metadata (its top-level keys replace the model's),
 -- then the keys in p_remove_metadata are removed. An archived model cannot change.
 DECLARE
     m models := det_model_find(p_model);
 BEGIN
+    PERFORM det_require('edit', m.workspace_id, format('change model %s', to_jsonb(m.name)));
     SELECT * INTO m FROM models WHERE id = m.id FOR UPDATE;
     IF m.archived THEN
         RAISE EXCEPTION 'model % is archived: unarchive it to change it', to_jsonb(m.name)
@@ -984,47 +1795,59 @@ BEGIN
            last_updated_time = now()
      WHERE id = m.id
     RETURNING * INTO m;
+    PERFORM det_audit('update', 'model', m.id::text);
     RETURN m;
 END $$;
 
 CREATE FUNCTION det_model_set_archived(p_model text, p_archived boolean) RETURNS models
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det model archive | unarchive`: an archived model is hidden from `det model list` (unless
 -- --all), takes no new versions and no changes; its versions still pin their checkpoints.
 DECLARE
     m models := det_model_find(p_model);
 BEGIN
+    PERFORM det_require('edit', m.workspace_id,
+                        format('%s model %s', CASE WHEN p_archived THEN 'archive'
+                                                   ELSE 'unarchive' END, to_jsonb(m.name)));
     UPDATE models SET archived = p_archived, last_updated_time = now()
      WHERE id = m.id RETURNING * INTO m;
+    PERFORM det_audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'model',
+                      m.id::text);
     RETURN m;
 END $$;
 
-CREATE FUNCTION det_model_delete(p_model text) RETURNS integer LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_model_delete(p_model text) RETURNS integer LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det model delete`: the model and all its versions; their checkpoints are no longer pinned.
 -- Returns how many versions went with it.
 DECLARE
     m models := det_model_find(p_model);
     v_versions integer;
 BEGIN
+    PERFORM det_require('edit', m.workspace_id, format('delete model %s', to_jsonb(m.name)));
     SELECT count(*) INTO v_versions FROM model_versions WHERE model_id = m.id;
     DELETE FROM models WHERE id = m.id;
+    PERFORM det_audit('delete', 'model', m.id::text, jsonb_build_object('name', m.name));
     RETURN v_versions;
 END $$;
 
 CREATE FUNCTION det_model_register_version(
     p_model text, p_checkpoint text, p_name text, p_notes text, p_labels text[],
-    p_metadata jsonb, p_owner text
-) RETURNS model_versions LANGUAGE plpgsql AS $$
+    p_metadata jsonb
+) RETURNS model_versions LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det model register-version`: the model's next version (its highest number plus one; the
 -- model's row lock serialises concurrent registrations) is the checkpoint p_checkpoint, which
 -- must be COMPLETED (Determined: "checkpoints for model versions must be in a COMPLETED
--- state"). The version pins the checkpoint. An archived model takes no new versions.
+-- state"). The version pins the checkpoint. An archived model takes no new versions. The
+-- caller is an Editor of the model's workspace and may view the checkpoint's.
 DECLARE
     m models := det_model_find(p_model);
     v_uuid uuid;
     v_state text;
     v_problem text := det_label_problem(p_labels);
     r model_versions;
+    v_user text := det_require('edit', m.workspace_id,
+                               format('register a version of model %s', to_jsonb(m.name)));
 BEGIN
     SELECT * INTO m FROM models WHERE id = m.id FOR UPDATE;
     IF m.archived THEN
@@ -1042,6 +1865,11 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'checkpoint % not found', v_uuid USING ERRCODE = 'no_data_found';
     END IF;
+    PERFORM det_require('view', (SELECT j.workspace_id FROM checkpoints c
+                                   JOIN trials t ON t.id = c.trial_id
+                                   JOIN experiments e ON e.id = t.experiment_id
+                                   JOIN jobs j ON j.id = e.job_id WHERE c.uuid = v_uuid),
+                        format('register checkpoint %s', v_uuid));
     IF v_state <> 'COMPLETED' THEN
         RAISE EXCEPTION 'checkpoint % is %: only a COMPLETED checkpoint can be registered',
             v_uuid, v_state USING ERRCODE = 'check_violation';
@@ -1060,10 +1888,12 @@ BEGIN
     INSERT INTO model_versions (model_id, version, checkpoint_uuid, name, notes, labels,
                                 metadata, owner)
     SELECT m.id, coalesce(max(v.version), 0) + 1, v_uuid, coalesce(p_name, ''),
-           coalesce(p_notes, ''), coalesce(p_labels, '{}'), coalesce(p_metadata, '{}'), p_owner
+           coalesce(p_notes, ''), coalesce(p_labels, '{}'), coalesce(p_metadata, '{}'), v_user
       FROM model_versions v WHERE v.model_id = m.id
     RETURNING * INTO r;
     UPDATE models SET last_updated_time = now() WHERE id = m.id;
+    PERFORM det_audit('register_version', 'model', m.id::text,
+                      jsonb_build_object('version', r.version, 'checkpoint', v_uuid));
     RETURN r;
 END $$;
 
@@ -1092,7 +1922,7 @@ END $$;
 CREATE FUNCTION det_model_version_update(
     p_model text, p_version integer, p_name text, p_notes text, p_labels text[],
     p_metadata jsonb, p_remove_metadata text[]
-) RETURNS model_versions LANGUAGE plpgsql AS $$
+) RETURNS model_versions LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det model update NAME --version N`: as det_model_update, for one version (its name,
 -- notes, labels and metadata). A version of an archived model cannot change.
 DECLARE
@@ -1101,6 +1931,7 @@ DECLARE
     v_problem text := det_label_problem(p_labels);
 BEGIN
     SELECT * INTO m FROM models WHERE id = r.model_id FOR UPDATE;
+    PERFORM det_require('edit', m.workspace_id, format('change model %s', to_jsonb(m.name)));
     IF m.archived THEN
         RAISE EXCEPTION 'model % is archived: unarchive it to change its versions',
             to_jsonb(m.name) USING ERRCODE = 'check_violation';
@@ -1124,29 +1955,44 @@ BEGIN
      WHERE id = r.id
     RETURNING * INTO r;
     UPDATE models SET last_updated_time = now() WHERE id = r.model_id;
+    PERFORM det_audit('update_version', 'model', m.id::text,
+                      jsonb_build_object('version', r.version));
     RETURN r;
 END $$;
 
 CREATE FUNCTION det_model_version_delete(p_model text, p_version integer) RETURNS uuid
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det model delete-version`: remove one version; returns its checkpoint, no longer pinned by
 -- it. The numbers of the other versions stay as they are.
 DECLARE
     r model_versions := det_model_version_find(p_model, p_version);
 BEGIN
+    PERFORM det_require('edit', (SELECT workspace_id FROM models WHERE id = r.model_id),
+                        format('delete a version of model %s', to_jsonb(p_model)));
     DELETE FROM model_versions WHERE id = r.id;
     UPDATE models SET last_updated_time = now() WHERE id = r.model_id;
+    PERFORM det_audit('delete_version', 'model', r.model_id::text,
+                      jsonb_build_object('version', r.version));
     RETURN r.checkpoint_uuid;
 END $$;
 
-CREATE FUNCTION det_template_set(p_name text, p_config jsonb, p_original text, p_owner text)
-RETURNS boolean LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_template_set(p_name text, p_config jsonb, p_original text)
+RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det template set`: create or replace a template (p_config: its YAML as a JSON object,
--- checked by det.configs.templates). Returns true when it was created.
+-- checked by det.configs.templates). Templates are the cluster's: any user may create one;
+-- replacing one takes its owner or a ClusterAdmin. Returns true when it was created.
 DECLARE
     v_problem text := det_template_name_problem(p_name);
+    v_user text := det_caller();
+    v_owner text := (SELECT owner FROM templates WHERE name = p_name);
     v_created boolean;
 BEGIN
+    IF v_owner IS DISTINCT FROM v_user THEN
+        PERFORM det_require(CASE WHEN v_owner IS NULL THEN 'view' ELSE 'admin_cluster' END,
+                            CASE WHEN v_owner IS NULL THEN 1 END,
+                            format('replace template %s of %s', to_jsonb(p_name),
+                                   to_jsonb(v_owner)));
+    END IF;
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'template name %: %', to_jsonb(p_name), v_problem
             USING ERRCODE = 'invalid_parameter_value';
@@ -1156,21 +2002,30 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     INSERT INTO templates AS t (name, config, original, owner)
-    VALUES (p_name, p_config, p_original, p_owner)
+    VALUES (p_name, p_config, p_original, v_user)
     ON CONFLICT (name) DO UPDATE
-        SET config = excluded.config, original = excluded.original, owner = excluded.owner,
-            updated_at = now()
+        SET config = excluded.config, original = excluded.original, updated_at = now()
     RETURNING (xmax = 0) INTO v_created;
+    PERFORM det_audit(CASE WHEN v_created THEN 'create' ELSE 'update' END, 'template', p_name);
     RETURN v_created;
 END $$;
 
-CREATE FUNCTION det_template_remove(p_name text) RETURNS void LANGUAGE plpgsql AS $$
--- `det template remove`: experiments created from it keep their merged configs.
+CREATE FUNCTION det_template_remove(p_name text) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det template remove` (its owner or a ClusterAdmin): experiments created from it keep their
+-- merged configs.
+DECLARE
+    v_owner text := (SELECT owner FROM templates WHERE name = p_name);
 BEGIN
-    DELETE FROM templates WHERE name = p_name;
-    IF NOT FOUND THEN
+    IF v_owner IS NULL THEN
         RAISE EXCEPTION 'template % not found', to_jsonb(p_name) USING ERRCODE = 'no_data_found';
     END IF;
+    IF v_owner <> det_caller() THEN
+        PERFORM det_require('admin_cluster', NULL, format('remove template %s of %s',
+                                                          to_jsonb(p_name), to_jsonb(v_owner)));
+    END IF;
+    DELETE FROM templates WHERE name = p_name;
+    PERFORM det_audit('delete', 'template', p_name);
 END $$;
 
 -- =============================================================================================
@@ -1178,7 +2033,7 @@ END $$;
 
 CREATE FUNCTION det_agent_register(
     p_id text, p_hostname text, p_pool text, p_runtime text, p_slots jsonb
-) RETURNS void LANGUAGE plpgsql AS $$
+) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- An agent (re)registers its slots: [{slot_id, type, device_uuid, device_name, memory_mb}].
 -- Slots it no longer has are removed; a LOST agent becomes ACTIVE again.
 BEGIN
@@ -1205,7 +2060,8 @@ BEGIN
     PERFORM pg_notify('det_reconciler', 'agent');
 END $$;
 
-CREATE FUNCTION det_agent_heartbeat(p_id text) RETURNS agent_state LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_agent_heartbeat(p_id text) RETURNS agent_state LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Returns the agent's state; LOST means the reconciler gave up on it and it must re-register.
 DECLARE
     v_state agent_state;
@@ -1216,7 +2072,7 @@ BEGIN
 END $$;
 
 CREATE FUNCTION det_agent_claim(p_agent text, p_allocation bigint) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The agent is about to launch an allocation assigned to it: mint the task's token (returned
 -- once, stored hashed) and move the allocation to STARTING. Returns NULL when the allocation
 -- is no longer this agent's to start (ended, or desired state is not RUNNING).
@@ -1239,7 +2095,7 @@ END $$;
 CREATE FUNCTION det_agent_report(
     p_agent text, p_allocation bigint, p_state allocation_state,
     p_exit_code integer DEFAULT NULL, p_reason text DEFAULT NULL
-) RETURNS void LANGUAGE plpgsql AS $$
+) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The agent reports what it observed of an allocation it runs. TERMINATED releases the slots
 -- and records the exit code and reason; the reconciler settles the trial afterwards. RUNNING
 -- of a gang spanning agents leaves it STARTING until every other agent started its share
@@ -1261,7 +2117,8 @@ BEGIN
     END IF;
 END $$;
 
-CREATE FUNCTION det_gang_agents(p_allocation bigint) RETURNS text[] LANGUAGE sql STABLE AS $$
+CREATE FUNCTION det_gang_agents(p_allocation bigint) RETURNS text[] LANGUAGE sql STABLE
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The agents holding slots of an allocation, in node order: the chief's first
 -- (allocations.agent_id), then the others by id. Node ranks index this array from 0.
 SELECT array_agg(h.agent_id ORDER BY h.agent_id <> a.agent_id, h.agent_id)
@@ -1270,7 +2127,8 @@ SELECT array_agg(h.agent_id ORDER BY h.agent_id <> a.agent_id, h.agent_id)
  WHERE a.id = p_allocation;
 $$;
 
-CREATE FUNCTION det_gang_started(p_allocation bigint) RETURNS boolean LANGUAGE sql STABLE AS $$
+CREATE FUNCTION det_gang_started(p_allocation bigint) RETURNS boolean LANGUAGE sql STABLE
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Whether every agent of an allocation but the chief's has started its share of the workers
 -- (true on one agent). The allocation is RUNNING only once this and the chief's agent say so.
 SELECT NOT EXISTS (
@@ -1283,7 +2141,7 @@ $$;
 
 CREATE FUNCTION det_agent_set_rendezvous(
     p_agent text, p_allocation bigint, p_endpoint text
-) RETURNS void LANGUAGE sql AS $$
+) RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The chief's agent records where the workers meet (host:port), after its claim and before it
 -- starts its workers.
 UPDATE allocations SET rendezvous = p_endpoint
@@ -1291,7 +2149,7 @@ UPDATE allocations SET rendezvous = p_endpoint
 $$;
 
 CREATE FUNCTION det_agent_claim_node(p_agent text, p_allocation bigint) RETURNS jsonb
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Another agent of a gang allocation is about to start its share of the workers: mint its
 -- token (returned once, stored hashed) and return {token, node_rank, nodes, rendezvous}.
 -- NULL while the chief's agent has not recorded the rendezvous, and when the allocation is no
@@ -1330,7 +2188,7 @@ END $$;
 CREATE FUNCTION det_agent_report_node(
     p_agent text, p_allocation bigint, p_state allocation_state,
     p_exit_code integer DEFAULT NULL, p_reason text DEFAULT NULL
-) RETURNS void LANGUAGE plpgsql AS $$
+) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- What an agent other than the chief's observed of its share of an allocation. A share that
 -- ends other than with exit code 0 ends the whole allocation, with its code and a reason
 -- naming the agent (the chief's agent then stops its workers; the trial restarts from its
@@ -1368,7 +2226,7 @@ END $$;
 
 CREATE FUNCTION det_append_logs(
     p_allocation bigint, p_streams text[], p_lines text[]
-) RETURNS void LANGUAGE sql AS $$
+) RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Append a batch of task output lines (one call per batch, never per line).
     INSERT INTO task_logs (allocation_id, trial_id, stream, line)
     SELECT p_allocation, a.trial_id, s, l
@@ -1399,7 +2257,8 @@ BEGIN
     RETURN v;
 END $$;
 
-CREATE FUNCTION det_task_info(p_token text) RETURNS jsonb LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_task_info(p_token text) RETURNS jsonb LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Identity and starting point of the task; also marks the allocation RUNNING.
 DECLARE
     a allocations := det_auth(p_token);
@@ -1418,7 +2277,7 @@ END $$;
 CREATE FUNCTION det_report_metrics_batch(
     p_token text, p_writer uuid, p_seq bigint,
     p_groups text[], p_steps bigint[], p_values jsonb[]
-) RETURNS integer LANGUAGE plpgsql AS $$
+) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Append a batch of metrics rows in order: row i is (p_groups[i], p_steps[i], p_values[i]).
 -- p_writer and p_seq name the batch (see metric_batches): a batch already recorded is
 -- skipped; a NULL p_writer asks for no such check (det_report_metrics). Returns the rows
@@ -1481,7 +2340,7 @@ END $$;
 
 CREATE FUNCTION det_report_metrics(
     p_token text, p_group text, p_steps_completed bigint, p_metrics jsonb
-) RETURNS void LANGUAGE sql AS $$
+) RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Append one metrics row (no re-send check: the harness uses det_report_metrics_batch).
     SELECT FROM det_report_metrics_batch(p_token, NULL, NULL, ARRAY[p_group],
                                          ARRAY[p_steps_completed], ARRAY[p_metrics]);
@@ -1489,7 +2348,7 @@ $$;
 
 CREATE FUNCTION det_report_checkpoint(
     p_token text, p_uuid uuid, p_steps_completed bigint, p_resources jsonb, p_metadata jsonb
-) RETURNS void LANGUAGE plpgsql AS $$
+) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Record a checkpoint the task has finished writing; it becomes the trial's restart point.
 DECLARE
     a allocations := det_auth(p_token);
@@ -1503,7 +2362,8 @@ BEGIN
      WHERE id = a.trial_id AND steps_completed <= p_steps_completed;
 END $$;
 
-CREATE FUNCTION det_current_op(p_token text) RETURNS jsonb LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_current_op(p_token text) RETURNS jsonb LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The trial's oldest open searcher operation as {id, length}; {"wait": true} while the
 -- searcher has not yet read the trial's events (its next op is not decided yet: ask again);
 -- NULL when the searcher wants nothing more from it, which marks the allocation out_of_work
@@ -1527,7 +2387,7 @@ BEGIN
 END $$;
 
 CREATE FUNCTION det_report_progress(p_token text, p_op_id bigint, p_units double precision)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     a allocations := det_auth(p_token);
 BEGIN
@@ -1557,11 +2417,13 @@ BEGIN
     END IF;
 END $$;
 
-CREATE FUNCTION det_should_preempt(p_token text) RETURNS boolean LANGUAGE sql AS $$
+CREATE FUNCTION det_should_preempt(p_token text) RETURNS boolean LANGUAGE sql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
     SELECT (det_auth(p_token)).desired_state <> 'RUNNING';
 $$;
 
-CREATE FUNCTION det_ack_preemption(p_token text) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_ack_preemption(p_token text) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     a allocations := det_auth(p_token);
 BEGIN
@@ -1569,7 +2431,7 @@ BEGIN
 END $$;
 
 CREATE FUNCTION det_report_early_exit(p_token text, p_reason text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The trial ends itself, for one of the early_exit_reason labels.
 DECLARE
     a allocations := det_auth(p_token);
@@ -1587,7 +2449,7 @@ BEGIN
 END $$;
 
 CREATE FUNCTION det_experiment_best_validation(p_token text) RETURNS double precision
-LANGUAGE sql AS $$
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     SELECT CASE WHEN (e.config #>> '{searcher,smaller_is_better}')::boolean
                 THEN min(t.best_validation) ELSE max(t.best_validation) END
     FROM allocations a
@@ -1615,7 +2477,7 @@ $$;
 -- Checkpoint GC, archive and delete (issue 16). The keep rule is one statement
 -- (det_checkpoints_to_delete); the checkpoints never deleted are the view checkpoint_pins.
 
-CREATE VIEW checkpoint_pins AS
+CREATE VIEW checkpoint_pins WITH (security_invoker = true) AS
 -- Checkpoints that are never deleted, whatever the GC policy or a user asks: the versions of
 -- the model registry, and the checkpoints experiments warm-start from
 -- (searcher.source_checkpoint_uuid, or the latest checkpoint of searcher.source_trial_id;
@@ -1728,17 +2590,16 @@ END $$;
 CREATE FUNCTION det_set_gc_policy(
     p_experiment integer, p_save_experiment_best integer, p_save_trial_best integer,
     p_save_trial_latest integer
-) RETURNS integer LANGUAGE plpgsql AS $$
+) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det experiment set gc-policy`: store the new save_* values in the experiment's config and,
 -- if it has ended, apply them now (a running experiment applies them when it ends). Returns
 -- the checkpoints marked DELETING.
 DECLARE
     e experiments;
 BEGIN
+    PERFORM det_require('edit', det_experiment_workspace(p_experiment),
+                        format('set the GC policy of experiment %s', p_experiment));
     SELECT * INTO e FROM experiments WHERE id = p_experiment FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'experiment % not found', p_experiment USING ERRCODE = 'no_data_found';
-    END IF;
     IF least(p_save_experiment_best, p_save_trial_best, p_save_trial_latest) < 0 THEN
         RAISE EXCEPTION 'gc policy: save_experiment_best, save_trial_best and save_trial_latest must be 0 or more'
             USING ERRCODE = 'invalid_parameter_value';
@@ -1753,6 +2614,10 @@ BEGIN
                                                     'save_trial_best', p_save_trial_best,
                                                     'save_trial_latest', p_save_trial_latest))
      WHERE id = p_experiment;
+    PERFORM det_audit('set_gc_policy', 'experiment', p_experiment::text,
+                      jsonb_build_object('save_experiment_best', p_save_experiment_best,
+                                         'save_trial_best', p_save_trial_best,
+                                         'save_trial_latest', p_save_trial_latest));
     IF e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR') THEN
         RETURN 0;
     END IF;
@@ -1760,11 +2625,12 @@ BEGIN
     RETURN det_checkpoint_gc(p_experiment);
 END $$;
 
-CREATE FUNCTION det_delete_checkpoints(p_uuids uuid[]) RETURNS integer LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_delete_checkpoints(p_uuids uuid[]) RETURNS integer LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det checkpoint delete`: the checkpoints become DELETING (one already DELETING is asked
 -- again, so a GC that gave up tries again; a DELETED one is left as it is). All or none:
 -- refused for an unknown or pinned checkpoint, or one of an experiment that has not ended.
--- Returns the checkpoints asked to be deleted.
+-- Returns the checkpoints asked to be deleted. Editor of each checkpoint's workspace.
 DECLARE
     v_missing uuid;
     v_bad record;
@@ -1775,6 +2641,11 @@ BEGIN
     IF v_missing IS NOT NULL THEN
         RAISE EXCEPTION 'checkpoint % not found', v_missing USING ERRCODE = 'no_data_found';
     END IF;
+    FOR v_bad IN SELECT c.uuid, j.workspace_id FROM checkpoints c
+                   JOIN trials t ON t.id = c.trial_id JOIN experiments e ON e.id = t.experiment_id
+                   JOIN jobs j ON j.id = e.job_id WHERE c.uuid = ANY(p_uuids) LOOP
+        PERFORM det_require('edit', v_bad.workspace_id, format('delete checkpoint %s', v_bad.uuid));
+    END LOOP;
     SELECT c.uuid INTO v_missing FROM checkpoints c JOIN checkpoint_pins p
         ON p.checkpoint_uuid = c.uuid
      WHERE c.uuid = ANY(p_uuids) LIMIT 1;
@@ -1793,31 +2664,33 @@ BEGIN
     UPDATE checkpoints SET state = 'DELETING', delete_requested_at = now()
      WHERE uuid = ANY(p_uuids) AND state IN ('COMPLETED', 'DELETING');
     GET DIAGNOSTICS v_n = ROW_COUNT;
+    PERFORM det_audit('delete', 'checkpoint', u::text) FROM unnest(p_uuids) u;
     PERFORM pg_notify('det_reconciler', 'checkpoint_gc');
     RETURN v_n - det_unpin_deleting();  -- pinned since the check above
 END $$;
 
 CREATE FUNCTION det_experiment_archive(p_id integer, p_archived boolean) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det experiment archive | unarchive`: an archived experiment is hidden from default lists
 -- (spec: experiment-lifecycle). Only an ended experiment can be archived (else a
 -- check_violation: an illegal transition).
 DECLARE
     v_state experiment_state;
 BEGIN
+    PERFORM det_require('edit', det_experiment_workspace(p_id),
+                        format('%s experiment %s', CASE WHEN p_archived THEN 'archive'
+                                                        ELSE 'unarchive' END, p_id));
     SELECT state INTO v_state FROM experiments WHERE id = p_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'experiment % not found', p_id USING ERRCODE = 'no_data_found';
-    END IF;
     IF p_archived AND v_state NOT IN ('COMPLETED', 'CANCELED', 'ERROR') THEN
         RAISE EXCEPTION 'experiment % is %: only an ended experiment can be archived', p_id,
             v_state USING ERRCODE = 'check_violation';
     END IF;
     UPDATE experiments SET archived = p_archived WHERE id = p_id;
+    PERFORM det_audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'experiment',
+                      p_id::text);
 END $$;
 
-CREATE FUNCTION det_purge_experiment(p_id integer) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+CREATE FUNCTION det_purge_experiment(p_id integer) RETURNS boolean LANGUAGE plpgsql AS $$
 -- Remove an experiment whose deletion was asked for, with its trials, runs, metrics, logs,
 -- checkpoint rows, searcher rows and job (its context too, if no other experiment shares it),
 -- once none of its checkpoints is DELETING, none of its runs is live, and its TensorBoard files
@@ -1853,7 +2726,8 @@ BEGIN
     RETURN true;
 END $$;
 
-CREATE FUNCTION det_experiment_delete(p_id integer) RETURNS boolean LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_experiment_delete(p_id integer) RETURNS boolean LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det experiment delete`: for an ended experiment none of whose checkpoints is pinned. Its
 -- checkpoints become DELETING (their files are removed by a GC task), and its rows go in one
 -- transaction once that is done (det_purge_experiment: here if nothing is left to remove,
@@ -1863,10 +2737,9 @@ DECLARE
     v_state experiment_state;
     v_pinned uuid;
 BEGIN
+    PERFORM det_require('edit', det_experiment_workspace(p_id),
+                        format('delete experiment %s', p_id));
     SELECT state INTO v_state FROM experiments WHERE id = p_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'experiment % not found', p_id USING ERRCODE = 'no_data_found';
-    END IF;
     IF v_state NOT IN ('COMPLETED', 'CANCELED', 'ERROR') THEN
         RAISE EXCEPTION 'experiment % is %: only an ended experiment can be deleted (kill it first)',
             p_id, v_state USING ERRCODE = 'invalid_parameter_value';
@@ -1884,6 +2757,7 @@ BEGIN
       FROM trials t
      WHERE t.id = c.trial_id AND t.experiment_id = p_id AND c.state IN ('COMPLETED', 'DELETING');
     PERFORM det_unpin_deleting();  -- pinned since the check above: kept, and so is the experiment
+    PERFORM det_audit('delete', 'experiment', p_id::text);
     PERFORM pg_notify('det_reconciler', 'checkpoint_gc');
     RETURN det_purge_experiment(p_id);
 END $$;
@@ -1904,7 +2778,8 @@ BEGIN
 END $$;
 
 CREATE FUNCTION det_gc_task_checkpoints(p_token text, p_limit integer)
-RETURNS TABLE (uuid uuid, storage jsonb, size_bytes bigint) LANGUAGE plpgsql AS $$
+RETURNS TABLE (uuid uuid, storage jsonb, size_bytes bigint) LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Up to p_limit DELETING checkpoints of the GC task's experiment, in order, for the task to
 -- remove their files. Pinned ones are first put back (det_unpin_deleting), so a checkpoint
 -- pinned since it was marked is never handed out.
@@ -1923,7 +2798,8 @@ BEGIN
 END $$;
 
 CREATE FUNCTION det_gc_task_tensorboards(p_token text)
-RETURNS TABLE (experiment_id integer, storage jsonb) LANGUAGE plpgsql STABLE AS $$
+RETURNS TABLE (experiment_id integer, storage jsonb) LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The GC task's experiment and its checkpoint storage when a user asked to delete it (its
 -- TensorBoard files go too); no row otherwise.
 DECLARE
@@ -1947,7 +2823,7 @@ BEGIN
 END $$;
 
 CREATE FUNCTION det_gc_task_deleted(p_token text, p_uuids uuid[]) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The GC task removed these checkpoints' files: they become DELETED, with the bytes freed.
 -- Once none of the experiment's checkpoints is DELETING its GC error is cleared. Returns the
 -- rows changed (a repeat changes none).
@@ -1973,7 +2849,7 @@ BEGIN
 END $$;
 
 CREATE FUNCTION det_gc_task_failed(p_token text, p_message text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The GC task could not remove files (a storage error): the message is shown on the
 -- experiment; the checkpoints stay DELETING.
 DECLARE
@@ -1986,12 +2862,17 @@ END $$;
 -- det serve: login tokens and the events its streams wake on (issue 15)
 
 CREATE FUNCTION det_web_login(p_token text, p_user text, p_ttl_seconds double precision)
-RETURNS timestamptz LANGUAGE plpgsql AS $$
--- Record a login token (minted by det serve) for p_user, good for p_ttl_seconds; returns its
--- expiry. Expired tokens are removed here, so the table stays as small as the live logins.
+RETURNS timestamptz LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Record a login token (minted by det serve once PostgreSQL accepted p_user's password) for
+-- active user p_user, good for p_ttl_seconds; returns its expiry. Expired tokens are removed
+-- here, so the table stays as small as the live logins.
 DECLARE
     v_expires timestamptz;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM users WHERE username = p_user AND active) THEN
+        RAISE EXCEPTION 'invalid username or password'
+            USING ERRCODE = 'invalid_authorization_specification';
+    END IF;
     IF NOT (p_ttl_seconds > 0 AND p_ttl_seconds <= 366 * 86400) THEN
         RAISE EXCEPTION 'token lifetime: expected seconds > 0 and at most a year, not %',
             p_ttl_seconds USING ERRCODE = 'invalid_parameter_value';
@@ -2007,22 +2888,27 @@ BEGIN
     RETURN v_expires;
 END $$;
 
-CREATE FUNCTION det_web_auth(p_token text) RETURNS text LANGUAGE plpgsql STABLE AS $$
--- The user a live login token belongs to, or an error (SQLSTATE 28000). The identity issue
--- will SET LOCAL ROLE to this user for the rest of the request's transaction.
+CREATE FUNCTION det_web_auth(p_token text) RETURNS text LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The active user a live login token belongs to, or an error (SQLSTATE 28000). It becomes the
+-- transaction's caller (det_caller reads det.web_user); det serve then SETs LOCAL ROLE to it,
+-- so row-level security applies to the request as to that user's own psql.
 DECLARE
     v_user text;
 BEGIN
-    SELECT username INTO v_user FROM web_sessions
-     WHERE token_hash = sha256(convert_to(p_token, 'UTF8')) AND expires_at > now();
+    SELECT s.username INTO v_user FROM web_sessions s JOIN users u ON u.username = s.username
+     WHERE s.token_hash = sha256(convert_to(p_token, 'UTF8')) AND s.expires_at > now()
+       AND u.active;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'invalid or expired token: log in again'
             USING ERRCODE = 'invalid_authorization_specification';
     END IF;
+    PERFORM set_config('det.web_user', v_user, true);
     RETURN v_user;
 END $$;
 
-CREATE FUNCTION det_web_logout(p_token text) RETURNS void LANGUAGE sql AS $$
+CREATE FUNCTION det_web_logout(p_token text) RETURNS void LANGUAGE sql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- End a login: its token is good no more.
     DELETE FROM web_sessions WHERE token_hash = sha256(convert_to(p_token, 'UTF8'));
 $$;
@@ -2197,7 +3083,7 @@ CREATE TRIGGER task_logs_web_insert AFTER INSERT ON task_logs
 
 CREATE SCHEMA reporting;
 
-CREATE VIEW reporting.experiments AS
+CREATE VIEW reporting.experiments WITH (security_invoker = true) AS
 SELECT e.id, e.name, e.state, e.owner, e.progress, e.start_time, e.end_time, e.archived,
        e.config #>> '{searcher,name}' AS searcher,
        e.config #>> '{searcher,metric}' AS metric,
@@ -2205,10 +3091,12 @@ SELECT e.id, e.name, e.state, e.owner, e.progress, e.start_time, e.end_time, e.a
        (SELECT CASE WHEN (e.config #>> '{searcher,smaller_is_better}')::boolean
                     THEN min(t.best_validation) ELSE max(t.best_validation) END
           FROM trials t WHERE t.experiment_id = e.id) AS best_validation,
-       j.resource_pool, j.priority, j.weight
-FROM experiments e JOIN jobs j ON j.id = e.job_id;
+       j.resource_pool, j.priority, j.weight, e.project_id, p.name AS project,
+       p.workspace_id, w.name AS workspace
+FROM experiments e JOIN jobs j ON j.id = e.job_id
+JOIN projects p ON p.id = e.project_id JOIN workspaces w ON w.id = p.workspace_id;
 
-CREATE VIEW reporting.trials AS
+CREATE VIEW reporting.trials WITH (security_invoker = true) AS
 SELECT t.id, t.experiment_id, t.state, t.hparams, t.restarts, t.steps_completed,
        t.best_validation, t.latest_checkpoint, t.start_time, t.end_time, t.exit_reason,
        (SELECT m."values" FROM metrics m
@@ -2216,7 +3104,7 @@ SELECT t.id, t.experiment_id, t.state, t.hparams, t.restarts, t.steps_completed,
          ORDER BY m.steps_completed DESC, m.id DESC LIMIT 1) AS latest_validation
 FROM trials t;
 
-CREATE VIEW reporting.job_queue AS
+CREATE VIEW reporting.job_queue WITH (security_invoker = true) AS
 -- Active jobs in scheduling order per pool, with slots acquired / needed and the scheduler's
 -- reasons for what still waits.
 SELECT j.id AS job_id, j.type, j.resource_pool, j.priority, j.weight, j.owner, j.submitted_at,
@@ -2239,7 +3127,7 @@ LEFT JOIN allocations a ON a.job_id = j.id AND a.state <> 'TERMINATED'
 WHERE e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')
 GROUP BY j.id, e.id;
 
-CREATE VIEW reporting.slot_usage AS
+CREATE VIEW reporting.slot_usage WITH (security_invoker = true) AS
 SELECT s.agent_id, s.slot_id, s.type, s.device_name, s.enabled, ag.resource_pool,
        ag.state AS agent_state, hs.allocation_id, a.trial_id, s.device_uuid, s.memory_mb
 FROM slots s
@@ -2248,7 +3136,7 @@ LEFT JOIN allocation_slots hs ON hs.agent_id = s.agent_id AND hs.slot_id = s.slo
                              AND NOT hs.released
 LEFT JOIN allocations a ON a.id = hs.allocation_id;
 
-CREATE VIEW reporting.checkpoints AS
+CREATE VIEW reporting.checkpoints WITH (security_invoker = true) AS
 -- Every checkpoint with its state (COMPLETED, DELETING, DELETED), size and the bytes its
 -- deletion freed.
 SELECT c.uuid, t.experiment_id, c.trial_id, c.steps_completed, c.state,
@@ -2256,7 +3144,7 @@ SELECT c.uuid, t.experiment_id, c.trial_id, c.steps_completed, c.state,
        c.freed_bytes, c.reported_at, c.deleted_at, c.storage ->> 'type' AS storage_type
 FROM checkpoints c JOIN trials t ON t.id = c.trial_id;
 
-CREATE VIEW reporting.models AS
+CREATE VIEW reporting.models WITH (security_invoker = true) AS
 -- The model registry: each model with its number of versions and its latest version.
 SELECT m.id, m.name, m.description, m.labels, m.metadata, m.notes, m.owner, m.archived,
        m.creation_time, m.last_updated_time,
@@ -2264,7 +3152,7 @@ SELECT m.id, m.name, m.description, m.labels, m.metadata, m.notes, m.owner, m.ar
 FROM models m LEFT JOIN model_versions v ON v.model_id = m.id
 GROUP BY m.id;
 
-CREATE VIEW reporting.model_versions AS
+CREATE VIEW reporting.model_versions WITH (security_invoker = true) AS
 -- Every model version with the checkpoint it pins: where it came from (trial, experiment,
 -- batches), its size in bytes and the validation metrics reported at its step.
 SELECT v.id, v.model_id, m.name AS model_name, v.version, v.name, v.notes, v.labels,
@@ -2279,6 +3167,169 @@ FROM model_versions v
 JOIN models m ON m.id = v.model_id
 JOIN checkpoints c ON c.uuid = v.checkpoint_uuid
 JOIN trials t ON t.id = c.trial_id;
+
+-- =============================================================================================
+-- Privileges and row-level security (issue 14)
+--
+-- Nobody but the schema's owner may do anything not granted here: a user (det_user) reads
+-- through row-level security and changes state only through the user-action functions; an
+-- agent (det_agent) and a task (det_task) may only EXECUTE their own functions, and det serve
+-- (det_web) its login functions (then it acts as the request's user, SET LOCAL ROLE).
+
+DO $$
+BEGIN
+    -- Roles belong to the server: several det databases on one server share them.
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_user') THEN
+        CREATE ROLE det_user NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_agent') THEN
+        CREATE ROLE det_agent LOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_task') THEN
+        CREATE ROLE det_task LOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_web') THEN
+        CREATE ROLE det_web LOGIN NOINHERIT;
+    END IF;
+END $$;
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA public FROM PUBLIC;
+-- and from functions later migrations add: each grants its own
+ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+REVOKE ALL ON SCHEMA reporting FROM PUBLIC;
+GRANT USAGE ON SCHEMA reporting TO det_user;
+
+GRANT EXECUTE ON FUNCTION
+    det_agent_register(text, text, text, text, jsonb), det_agent_heartbeat(text),
+    det_agent_claim(text, bigint), det_agent_report(text, bigint, allocation_state, integer, text),
+    det_gang_agents(bigint), det_gang_started(bigint),
+    det_agent_set_rendezvous(text, bigint, text), det_agent_claim_node(text, bigint),
+    det_agent_report_node(text, bigint, allocation_state, integer, text),
+    det_append_logs(bigint, text[], text[])
+TO det_agent;
+
+GRANT EXECUTE ON FUNCTION
+    det_task_info(text), det_report_metrics_batch(text, uuid, bigint, text[], bigint[], jsonb[]),
+    det_report_metrics(text, text, bigint, jsonb),
+    det_report_checkpoint(text, uuid, bigint, jsonb, jsonb), det_current_op(text),
+    det_report_progress(text, bigint, double precision),
+    det_complete_op(text, bigint, double precision), det_should_preempt(text),
+    det_ack_preemption(text), det_report_early_exit(text, text),
+    det_experiment_best_validation(text), det_gc_task_checkpoints(text, integer),
+    det_gc_task_tensorboards(text), det_gc_task_deleted(text, uuid[]),
+    det_gc_task_failed(text, text)
+TO det_task;
+
+GRANT EXECUTE ON FUNCTION
+    det_web_login(text, text, double precision), det_web_auth(text), det_web_logout(text)
+TO det_web;
+
+GRANT EXECUTE ON FUNCTION
+    -- user actions (SECURITY DEFINER, each checks its caller's permission)
+    det_create_experiment(jsonb, text, bytea, text, text),
+    det_experiment_action(integer, text), det_job_update(bigint, text, text),
+    det_apply_cluster_config(jsonb, text), det_agent_set_enabled(text, boolean),
+    det_slot_set_enabled(text, integer, boolean),
+    det_model_create(text, text, text[], text),
+    det_model_update(text, text, text, text, text[], jsonb, text[]),
+    det_model_set_archived(text, boolean), det_model_delete(text),
+    det_model_register_version(text, text, text, text, text[], jsonb),
+    det_model_version_update(text, integer, text, text, text[], jsonb, text[]),
+    det_model_version_delete(text, integer), det_model_move(text, text),
+    det_template_set(text, jsonb, text), det_template_remove(text),
+    det_set_gc_policy(integer, integer, integer, integer), det_delete_checkpoints(uuid[]),
+    det_experiment_archive(integer, boolean), det_experiment_delete(integer),
+    det_experiment_move(integer, text, text),
+    det_user_create(text, text, boolean), det_user_set_password(text, text),
+    det_user_set_active(text, boolean), det_group_create(text), det_group_delete(text),
+    det_group_set_member(text, text, boolean),
+    det_workspace_create(text, text, text, jsonb), det_workspace_set_archived(text, boolean),
+    det_workspace_delete(text), det_workspace_bind_pool(text, text, boolean),
+    det_project_create(text, text, text), det_project_set_archived(text, text, boolean),
+    det_project_delete(text, text),
+    det_role_assign(text, text, text, text, boolean),
+    -- readers: they run as the caller, under row-level security
+    det_model_find(text), det_model_version_find(text, integer),
+    det_checkpoints_to_delete(integer, integer, integer, integer),
+    det_pool_scheduler(text), det_stopped_state(text), det_caller(),
+    det_is_owner_session(), det_permitted(text, text, integer), det_visible_workspaces(),
+    det_visible_projects(),
+    det_role_needed(text), det_workspace_find(text), det_project_find(text, text),
+    det_user_find(text), det_experiment_workspace(integer),
+    det_model_name_problem(text), det_label_problem(text[]), det_template_name_problem(text),
+    det_name_problem(text, integer)
+TO det_user;
+
+-- What a user may read. Tables not named here (tokens, sessions, the searcher's event queue,
+-- the reconciler's bookkeeping) are the owner's alone.
+GRANT SELECT ON
+    users, user_groups, user_group_members, roles, role_assignments, workspaces,
+    workspace_pools, projects, audit_log, resource_pools, agents, slots, cluster_config,
+    reconciler_leader, jobs, experiments, context_blobs, trials,
+    searcher_ops, allocation_slots, metrics, checkpoints, task_logs, models, model_versions,
+    templates, checkpoint_pins, reporting.experiments, reporting.trials, reporting.job_queue,
+    reporting.slot_usage, reporting.checkpoints, reporting.models, reporting.model_versions
+TO det_user;
+-- allocations without token_hash
+GRANT SELECT (id, job_id, trial_id, run, resource_pool, slots_needed, spec, desired_state,
+              state, agent_id, exit_code, exit_reason, stop_requested_at, preempt_acked,
+              settled, created_at, assigned_at, started_at, ended_at, preemptible,
+              pending_reason, out_of_work, running_at, rendezvous)
+    ON allocations TO det_user;
+
+-- Row-level security: a user sees a workspace's rows when a role of theirs (or of a group of
+-- theirs) lets them view it. The workspace is read from the row's job (jobs, allocations and
+-- what hangs off them) or project (experiments and what hangs off them); a constraint
+-- trigger keeps the two in agreement. `(SELECT det_visible_workspaces())` (and
+-- det_visible_projects) is computed once per query.
+ALTER TABLE workspaces ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON workspaces FOR SELECT
+    USING (id = ANY ((SELECT det_visible_workspaces())::integer[]));
+ALTER TABLE workspace_pools ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON workspace_pools FOR SELECT
+    USING (workspace_id = ANY ((SELECT det_visible_workspaces())::integer[]));
+ALTER TABLE projects ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON projects FOR SELECT
+    USING (workspace_id = ANY ((SELECT det_visible_workspaces())::integer[]));
+ALTER TABLE role_assignments ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON role_assignments FOR SELECT
+    USING (workspace_id IS NULL OR workspace_id = ANY ((SELECT det_visible_workspaces())::integer[]));
+ALTER TABLE jobs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON jobs FOR SELECT
+    USING (workspace_id = ANY ((SELECT det_visible_workspaces())::integer[]));
+ALTER TABLE experiments ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON experiments FOR SELECT
+    USING (project_id = ANY ((SELECT det_visible_projects())::integer[]));
+ALTER TABLE context_blobs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON context_blobs FOR SELECT
+    USING (id IN (SELECT context_id FROM experiments));
+ALTER TABLE trials ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON trials FOR SELECT
+    USING (experiment_id IN (SELECT id FROM experiments));
+ALTER TABLE searcher_ops ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON searcher_ops FOR SELECT
+    USING (trial_id IN (SELECT id FROM trials));
+ALTER TABLE allocations ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON allocations FOR SELECT
+    USING (job_id IN (SELECT id FROM jobs));
+ALTER TABLE metrics ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON metrics FOR SELECT
+    USING (trial_id IN (SELECT id FROM trials));
+ALTER TABLE checkpoints ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON checkpoints FOR SELECT
+    USING (trial_id IN (SELECT id FROM trials));
+ALTER TABLE task_logs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON task_logs FOR SELECT
+    USING (allocation_id IN (SELECT id FROM allocations));
+ALTER TABLE models ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON models FOR SELECT
+    USING (workspace_id = ANY ((SELECT det_visible_workspaces())::integer[]));
+ALTER TABLE model_versions ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON model_versions FOR SELECT
+    USING (model_id IN (SELECT id FROM models));
+ALTER TABLE audit_log ENABLE ROW LEVEL SECURITY;
+CREATE POLICY cluster_admins ON audit_log FOR SELECT
+    USING ((SELECT det_permitted(det_caller(), 'admin_cluster', NULL)));
 
 -- adaptive_asha in Determined 0.38's form: validation rows carrying the time metric are the
 -- searcher's events (issue 13; reference-facts §1.7).
@@ -2366,3 +3417,16 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The calling trial's metadata.
     SELECT metadata FROM trials WHERE id = (det_auth(p_token)).trial_id;
 $$;
+
+-- Functions are created executable by PUBLIC (a per-schema ALTER DEFAULT PRIVILEGES cannot
+-- take that back), so each is revoked here; the trial's metadata and the GC task's report are
+-- task functions.
+REVOKE ALL ON FUNCTION
+    det_timed_validation(), det_merge_metadata(jsonb, jsonb, text),
+    det_set_trial_metadata(text, jsonb), det_trial_metadata(text),
+    det_gc_task_tensorboards_deleted(text)
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    det_set_trial_metadata(text, jsonb), det_trial_metadata(text),
+    det_gc_task_tensorboards_deleted(text)
+TO det_task;

@@ -16,7 +16,8 @@ from det.api import errors
 from det.api.events import Hub
 from det.api.routes import auth, cluster, events, experiments, queue, trials
 from det.api.session import DEFAULT_TOKEN_TTL
-from det.db import connect, migrate
+from det.db import connect
+from det.db.migrate import ensure_current
 
 POOL_SIZE = 16
 """Most database connections one server process holds for requests (plus one listening)."""
@@ -27,14 +28,14 @@ STATIC = resources.files("det.api") / "static"
 def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
     """The server for the database at ``url``; ``token_ttl``: seconds a login lasts.
 
-    On start it brings the schema up to date (as every det process does), opens its
+    On start it checks the schema is current (bringing it up to date if it may), opens its
     connection pool and starts the event hub's listening connection.
     """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with connect(url) as conn:
-            migrate(conn)
+            ensure_current(conn)
         # check: a connection the server dropped (a restart) is replaced before a request
         # gets it, so requests ride out a database restart.
         pool = ConnectionPool(url, min_size=2, max_size=POOL_SIZE, open=True,
@@ -42,6 +43,7 @@ def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
                               check=ConnectionPool.check_connection)
         hub = Hub(url)
         app.state.pool, app.state.hub, app.state.token_ttl = pool, hub, token_ttl
+        app.state.url = url
         listener = asyncio.create_task(hub.run())
         try:
             yield

@@ -1,7 +1,7 @@
 """det's errors as HTTP answers: JSON ``{"error": "<the CLI's one-line message>"}`` with the
-status that fits (400 bad input naming the field, 401 bad or missing login, 404 missing
-object, 409 illegal transition, 502 checkpoint storage failing, 503 database
-unavailable)."""
+status that fits (400 bad input naming the field, 401 bad or missing login, 403 not
+permitted, 404 missing object, 409 illegal transition, 502 checkpoint storage failing, 503
+database unavailable)."""
 
 import psycopg
 from fastapi import FastAPI, Request
@@ -9,11 +9,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from det.db.sqlstate import translate
-from det.errors import AuthError, DatabaseError, DetError, NotFoundError, StateError
+from det.errors import (
+    AuthError,
+    DatabaseError,
+    DetError,
+    NotFoundError,
+    PermissionDeniedError,
+    StateError,
+)
 from det.harness.errors import StorageError
 
 STATUS: list[tuple[type[DetError], int]] = [
     (AuthError, 401),
+    (PermissionDeniedError, 403),
     (NotFoundError, 404),
     (StateError, 409),
     (DatabaseError, 503),

@@ -1,25 +1,25 @@
 """Who is asking, and the request's transaction.
 
-Auth (issue 15): ``POST /api/v1/auth/login`` checks the user and password and mints a random
-token that the database stores only hashed, with an expiry (``det_web_login``); every other
-request carries it as ``Authorization: Bearer TOKEN`` or in the WebUI's cookie, and runs as
-one transaction that begins with ``det_web_auth`` (SQLSTATE 28000 -> 401). Until det has users
-(the identity issue), the one user is the embedded default's: the server's ``DET_USER`` (else
-its login name) with the password ``DET_PASSWORD`` (empty unless set, like Determined's default
-``admin``). Per-user roles come later as ``SET LOCAL ROLE`` right after ``det_web_auth``, in
-:func:`_session`, so row-level security applies to the API as to psql.
+Auth (issue 15, issue 14): ``POST /api/v1/auth/login`` has PostgreSQL check the user's
+password (det serve opens one connection as that user: det never sees a stored password),
+then mints a random token that the database stores only hashed, with an expiry
+(``det_web_login``). Every other request carries it as ``Authorization: Bearer TOKEN`` or in
+the WebUI's cookie, and runs as one transaction that begins with :func:`act_as`:
+``det_web_auth`` (SQLSTATE 28000 -> 401) makes the token's user the transaction's caller, and
+``SET LOCAL ROLE`` makes every query of the request run as that user's role, so row-level
+security applies to the API exactly as to the user's own psql. det serve's own role
+(det_web) may do nothing else.
 """
 
-import hmac
-import os
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psycopg
 from fastapi import Depends, Request
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
-from det.cli.session import user as cluster_user
 from det.errors import AuthError
 
 COOKIE = "det_token"
@@ -37,19 +37,21 @@ class Session:
     user: str
 
 
-def check_password(username: str, password: str) -> str:
-    """The user ``username`` if ``password`` is theirs.
+def check_password(url: str, username: str, password: str) -> str:
+    """The user ``username`` if PostgreSQL accepts ``password`` for them: one connection to the
+    database at ``url`` as that user (their role must be allowed to log in: an active user).
 
     Raises:
         AuthError: any other user or password (one message for both, so neither leaks).
     """
-    expected_user = cluster_user()
-    expected_password = os.environ.get("DET_PASSWORD", "")
-    ok_user = hmac.compare_digest(username.encode(), expected_user.encode())
-    ok_password = hmac.compare_digest(password.encode(), expected_password.encode())
-    if not (ok_user and ok_password):
+    if not password:
         raise AuthError("invalid username or password")
-    return expected_user
+    try:
+        with psycopg.connect(make_conninfo(url, user=username, password=password,
+                                           connect_timeout=10)) as conn:
+            return conn.execute("SELECT session_user").fetchone()[0]
+    except psycopg.OperationalError as e:
+        raise AuthError("invalid username or password") from e
 
 
 def mint_token() -> str:
@@ -85,8 +87,20 @@ def _session(request: Request) -> Iterator[Session]:
     """
     token = request_token(request)
     with request.app.state.pool.connection() as conn, conn.transaction():
-        user = conn.execute("SELECT det_web_auth(%s) AS u", (token,)).fetchone()["u"]
-        yield Session(conn, user)
+        yield Session(conn, act_as(conn, token))
+
+
+def act_as(conn: psycopg.Connection, token: str) -> str:
+    """In ``conn``'s open transaction, become the user ``token`` belongs to (det_web_auth, then
+    SET LOCAL ROLE); returns the user's name.
+
+    Raises:
+        psycopg.Error: SQLSTATE 28000 for an unknown or expired token, or a user no longer
+            active.
+    """
+    user = conn.execute("SELECT det_web_auth(%s) AS u", (token,)).fetchone()["u"]
+    conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(user)))
+    return user
 
 
 session = Depends(_session, scope="function")

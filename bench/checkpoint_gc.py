@@ -79,7 +79,7 @@ def build(url: str, root: Path, trials: int, per_trial: int, files: int,
     with connect(url, autocommit=True) as c:
         c.execute("SELECT det_agent_register('bench', 'localhost', 'default', 'process', %s)",
                   (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
-        eid = c.execute("SELECT det_create_experiment(%s, '', NULL, 'bench') AS id",
+        eid = c.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
                         (Jsonb(config),)).fetchone()["id"]
         job = c.execute("SELECT job_id FROM experiments WHERE id = %s", (eid,)).fetchone()
         c.execute(BUILD, {"eid": eid, "job": job["job_id"], "trials": trials,

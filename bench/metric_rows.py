@@ -57,7 +57,7 @@ def claim(url: str, storage: Path) -> tuple[int, int, str]:
     with connect(url, autocommit=True) as c:
         c.execute("SELECT det_agent_register('bench', 'localhost', 'default', 'process', %s)",
                   (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
-        c.execute("SELECT det_create_experiment(%s, '', NULL, 'bench')", (Jsonb(config),))
+        c.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(config),))
         for _ in range(5):
             run_pass(c, Settings(), "bench")
             row = c.execute("SELECT id, trial_id FROM allocations WHERE agent_id = 'bench' "

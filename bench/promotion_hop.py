@@ -55,7 +55,7 @@ def pct(samples: list[float], q: float) -> float:
 
 def hop(conn: psycopg.Connection, url: str, config: dict, harness: bool) -> float:
     """One experiment's hop in milliseconds (see the module doc)."""
-    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL, 'bench') AS id",
+    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
                        (Jsonb(config),)).fetchone()["id"]
     while (row := conn.execute(ASSIGNED, (eid,)).fetchone()) is None:
         time.sleep(0.005)

@@ -50,7 +50,7 @@ def main() -> None:
                     time.sleep(0.1)
                 samples = []
                 for _ in range(args.n):
-                    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL, 'bench') AS id",
+                    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
                                        (Jsonb(config),)).fetchone()["id"]
                     while (row := conn.execute(LATENCY, (eid,)).fetchone()) is None:
                         time.sleep(0.002)

@@ -99,7 +99,7 @@ def run(url: str, config: dict, n: int) -> tuple[dict, dict, int, float]:
         t0 = time.monotonic()
         with conn.transaction():
             for _ in range(n):
-                conn.execute("SELECT det_create_experiment(%s, '', NULL, 'bench')",
+                conn.execute("SELECT det_create_experiment(%s, '', NULL)",
                              (Jsonb(config),))
         while conn.execute("SELECT count(*) AS n FROM experiments WHERE state IN "
                            "('COMPLETED', 'ERROR', 'CANCELED')").fetchone()["n"] < n:

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from det import context
 from det.cli.output import print_json, print_table
-from det.cli.session import db, user
+from det.cli.session import db
 from det.cli.templates import get_template
 from det.configs import is_trial_class, read_config_file
 from det.configs.job import job_change
@@ -38,6 +38,7 @@ from det.queries.experiments import (
     job_of,
     list_experiments,
 )
+from det.queries.workspaces import placement, workspace_defaults
 from det.reconciler.schedulers import Agent, Task
 from det.reconciler.schedulers.fitting import never_fits
 
@@ -67,27 +68,28 @@ def check_entrypoint(entrypoint: str | list[str], ctx: Path) -> None:
 
 
 def expanded_config(config_file: Path, ctx: Path, template: dict | None = None,
-                    overrides: list[str] | None = None, test: bool = False
-                    ) -> tuple[dict, str]:
+                    overrides: list[str] | None = None, test: bool = False,
+                    defaults: dict | None = None) -> tuple[dict, str]:
     """Read ``config_file`` and :func:`expand_config_text` it.
 
     Raises:
         ConfigError: unreadable or oversized file, or what expand_config_text raises.
     """
     return expand_config_text(read_config_file(config_file), str(config_file), ctx, template,
-                              overrides, test)
+                              overrides, test, defaults)
 
 
 def expand_config_text(text: str, source: str, ctx: Path, template: dict | None = None,
-                       overrides: list[str] | None = None, test: bool = False
-                       ) -> tuple[dict, str]:
+                       overrides: list[str] | None = None, test: bool = False,
+                       defaults: dict | None = None) -> tuple[dict, str]:
     """Validate and expand the config ``text`` (read from ``source``), with ``overrides``
     (``--config KEY=VALUE``) applied and merged over ``template`` (a template row: ``name``,
     ``config``; det.configs.templates) if given; returns (expanded config, original text).
     With ``test``, the config is first validated as it is, then made ``--test``'s small
     experiment (``det.configs.overrides.make_test_config``); the original text is then
-    the test config's YAML, as with overrides. The CLI and ``POST /api/v1/experiments``
-    both submit through it.
+    the test config's YAML, as with overrides. ``defaults`` (a partial config: the target
+    workspace's default pool and checkpoint storage, :func:`workspace_defaults`) is merged
+    under everything. The CLI and ``POST /api/v1/experiments`` both submit through it.
 
     The default checkpoint storage is a shared_fs directory under det's home; a
     ``checkpoint_storage`` without ``type`` (GC settings only, as 0.38 allows) is merged over
@@ -101,20 +103,22 @@ def expand_config_text(text: str, source: str, ctx: Path, template: dict | None 
         data = apply_overrides(data, overrides)
         text = yaml.safe_dump(data, sort_keys=False)
     if test:
-        expanded_config_data(data, source, ctx, template)
+        expanded_config_data(data, source, ctx, template, defaults)
         from det.harness.local import local_hparams
 
         data = make_test_config(data, local_hparams(data.get("hyperparameters") or {}))
         text = yaml.safe_dump(data, sort_keys=False)
-    return expanded_config_data(data, source, ctx, template), text
+    return expanded_config_data(data, source, ctx, template, defaults), text
 
 
-def expanded_config_data(data: object, source: str, ctx: Path,
-                         template: dict | None = None) -> dict:
+def expanded_config_data(data: object, source: str, ctx: Path, template: dict | None = None,
+                         defaults: dict | None = None) -> dict:
     """``expanded_config`` of already parsed YAML ``data`` read from ``source``."""
     if template is not None and isinstance(data, dict):
         data = merge(data, template["config"])
         source = f"{source} with template {template['name']!r}"
+    if defaults and isinstance(data, dict):
+        data = merge(data, defaults)
     default_storage = {"type": "shared_fs", "host_path": str(det_home() / "checkpoints")}
     if isinstance(data, dict) and isinstance(data.get("checkpoint_storage"), dict) \
             and data["checkpoint_storage"].get("type") is None:
@@ -156,18 +160,32 @@ def create(
     include: list[Path] = typer.Option(
         [], "--include", "-i",
         help="A file or directory added to the context, at its top level. Repeatable."),
+    workspace: str = typer.Option(None, "--workspace", "-w",
+                                  help="Workspace to place it in (with --project; default: "
+                                       "the config's workspace key, else Uncategorized)."),
+    project: str = typer.Option(None, "--project", help="Project (of --workspace) to place it in."),
+    project_id: int = typer.Option(None, "--project_id",
+                                   help="Place it in the project with this id."),
 ) -> None:
-    """Submit an experiment (one transaction: the experiment, its job and its context).
+    """Submit an experiment (one transaction: the experiment, its job and its context), owned
+    by you, in a project where you are an Editor. The workspace's default resource pool and
+    checkpoint storage apply when the config names none.
 
     Refused, unless --force, when the pool's agents could never hold one trial's slots
     (more slots than the pool has, or a pool without slots for a slot trial)."""
-    tpl = None
-    if template is not None:
+    tpl, defaults = None, None
+    if template is not None or not local:
         with db() as conn:
-            tpl = get_template(conn, template)
+            if template is not None:
+                tpl = get_template(conn, template)
+            if not local:
+                workspace, project = placement(conn, read_config_file(config_file),
+                                               str(config_file), workspace, project,
+                                               project_id)
+                defaults = workspace_defaults(conn, workspace)
     with context_with(context_dir, include) as ctx:
         expanded, original = expanded_config(config_file, ctx, tpl, config_overrides,
-                                             test=test_mode and not local)
+                                             test=test_mode and not local, defaults=defaults)
         if local:
             from det.harness.local import run_local
 
@@ -177,8 +195,8 @@ def create(
     with db() as conn, conn.transaction():
         if not force:
             refuse_unfit(conn, expanded)
-        row = conn.execute("SELECT det_create_experiment(%s, %s, %s, %s) AS id",
-                           (Jsonb(expanded), original, blob, user())).fetchone()
+        row = conn.execute("SELECT det_create_experiment(%s, %s, %s, %s, %s) AS id",
+                           (Jsonb(expanded), original, blob, workspace, project)).fetchone()
         if paused:
             conn.execute("SELECT det_experiment_action(%s, 'pause')", (row["id"],))
     if test_mode:
@@ -269,16 +287,22 @@ def refuse_unfit(conn, expanded: dict) -> None:
 @app.command("list")
 def list_(
     all_: bool = typer.Option(False, "--all", "-a", help="Include archived experiments."),
+    workspace: str = typer.Option(None, "--workspace", "-w", help="Only this workspace's."),
+    project: str = typer.Option(None, "--project", help="Only this project's."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Experiments: id, name, state, progress, trials, owner, started."""
+    """The experiments you may view: id, name, state, progress, trials, owner, workspace,
+    project, started."""
     with db() as conn:
-        rows = list_experiments(conn, ListFilter(archived=all_))
+        rows = list_experiments(conn, ListFilter(archived=all_, workspace=workspace,
+                                                 project=project))
     if json_:
         print_json(rows)
         return
-    print_table(rows, ["id", "name", "state", "progress", "trials", "owner", "started"],
-                ["ID", "Name", "State", "Progress %", "Trials", "Owner", "Started"])
+    print_table(rows, ["id", "name", "state", "progress", "trials", "owner", "workspace",
+                       "project", "started"],
+                ["ID", "Name", "State", "Progress %", "Trials", "Owner", "Workspace", "Project",
+                 "Started"])
 
 
 @app.command("describe")
@@ -401,6 +425,21 @@ def unarchive(exp_id: int = typer.Argument(..., metavar="ID")) -> None:
     with db() as conn:
         conn.execute("SELECT det_experiment_archive(%s, false)", (exp_id,))
     typer.echo(f"Experiment {exp_id}: unarchived")
+
+
+@app.command("move")
+def move(
+    exp_id: int = typer.Argument(..., metavar="ID"),
+    workspace_name: str = typer.Argument(..., help="Destination workspace."),
+    project_name: str = typer.Argument(..., help="Destination project (of that workspace)."),
+) -> None:
+    """Move an experiment, with its trials, checkpoints and logs, to another project (Editor
+    where it is and where it goes)."""
+    with db() as conn:
+        conn.execute("SELECT det_experiment_move(%s, %s, %s)",
+                     (exp_id, workspace_name, project_name))
+    typer.echo(f"Experiment {exp_id}: moved to project {project_name} of workspace "
+               f"{workspace_name}")
 
 
 @app.command("delete")

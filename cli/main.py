@@ -11,6 +11,7 @@ import typer
 
 from det.cli import (
     agents,
+    audit,
     checkpoints,
     cluster,
     experiments,
@@ -19,10 +20,13 @@ from det.cli import (
     pools,
     preview,
     queue,
+    rbac,
     serve,
     simulate,
     templates,
     trials,
+    users,
+    workspaces,
 )
 from det.db.sqlstate import translate
 from det.errors import DetError
@@ -37,6 +41,12 @@ app.add_typer(trials.app, name="t", hidden=True)
 app.add_typer(checkpoints.app, name="checkpoint", help="List and download checkpoints.")
 app.add_typer(models.app, name="model", help="The model registry: models and their versions.")
 app.add_typer(templates.app, name="template", help="Configuration templates.")
+app.add_typer(users.app, name="user", help="Users: create, list, deactivate, passwords.")
+app.add_typer(users.group_app, name="user-group", help="Groups of users.")
+app.add_typer(workspaces.app, name="workspace", help="Workspaces: projects, pools, members.")
+app.add_typer(workspaces.project_app, name="project", help="Projects of a workspace.")
+app.add_typer(rbac.app, name="rbac", help="Roles: list, assign, unassign, your permissions.")
+app.add_typer(audit.app, name="audit", help="The audit log (ClusterAdmin).")
 app.add_typer(templates.app, name="tpl", hidden=True)
 app.add_typer(cluster.cluster_app, name="cluster", help="Run a local cluster.")
 cluster.cluster_app.add_typer(pools.config_app, name="config",

@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 
 from det.cli import checkpoints
 from det.cli.output import print_json, print_table
-from det.cli.session import db, user
+from det.cli.session import db
 from det.configs.limits import MAX_CONFIG_BYTES, json_value_problem
 from det.errors import DetError
 
@@ -123,15 +123,17 @@ def create(
     name: str = typer.Argument(..., help="Unique model name (not only digits, no slashes)."),
     description: str = typer.Option("", "--description", help="One-line description."),
     labels: str = typer.Option(None, "--labels", help="Comma-separated labels."),
+    workspace: str = typer.Option(None, "--workspace-name", "-w",
+                                  help="Workspace of the model (default: Uncategorized)."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Create an empty model."""
+    """Create an empty model, yours, in a workspace where you are an Editor."""
     label_list = _labels(labels)
     _check_storable(name=name, description=description, labels=label_list)
     with db() as conn:
         row = conn.execute("SELECT id, name, description, labels, owner, creation_time "
                            "FROM det_model_create(%s, %s, %s, %s)",
-                           (name, description, label_list, user())).fetchone()
+                           (name, description, label_list, workspace)).fetchone()
     if json_:
         print_json(row)
         return
@@ -214,9 +216,9 @@ def register_version(
     with db() as conn:
         row = conn.execute(
             "SELECT version, checkpoint_uuid::text AS checkpoint_uuid "
-            "FROM det_model_register_version(%s, %s, %s, %s, %s, %s, %s)",
-            (model, uuid, name, text, label_list, Jsonb(meta) if meta is not None else None,
-             user())).fetchone()
+            "FROM det_model_register_version(%s, %s, %s, %s, %s, %s)",
+            (model, uuid, name, text, label_list,
+             Jsonb(meta) if meta is not None else None)).fetchone()
     if json_:
         print_json(row)
         return
@@ -278,6 +280,17 @@ def unarchive(model: str = typer.Argument(..., metavar="NAME",
                                           help="Model name or id.")) -> None:
     """Undo `det model archive`."""
     _set_archived(model, False)
+
+
+@app.command("move")
+def move(
+    model: str = typer.Argument(..., metavar="NAME", help="Model name or id."),
+    workspace: str = typer.Option(..., "--workspace-name", "-w", help="Destination workspace."),
+) -> None:
+    """Move a model, with its versions, to another workspace (Editor in both)."""
+    with db() as conn:
+        conn.execute("SELECT det_model_move(%s, %s)", (model, workspace))
+    typer.echo(f"Model {model}: moved to workspace {workspace}")
 
 
 @app.command("delete")

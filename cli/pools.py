@@ -64,3 +64,54 @@ def list_pools(json_: bool = typer.Option(False, "--json", help="Print JSON.")) 
                        "max_aux_containers_per_agent"],
                 ["Pool", "Description", "Scheduler", "Agents", "Slots used/total",
                  "Queued jobs", "Aux containers/agent"])
+
+
+bindings_app = typer.Typer(no_args_is_help=True)
+pool_app.add_typer(bindings_app, name="bindings",
+                   help="Bind pools to workspaces: a bound pool serves only those workspaces.")
+
+BINDINGS = """
+SELECT b.resource_pool, w.name AS workspace FROM workspace_pools b
+  JOIN workspaces w ON w.id = b.workspace_id
+ WHERE %(pool)s::text IS NULL OR b.resource_pool = %(pool)s ORDER BY 1, 2
+"""
+
+
+def _bind(pool_name: str, workspace_names: list[str], bound: bool) -> None:
+    with db() as conn, conn.transaction():
+        for w in workspace_names:
+            conn.execute("SELECT det_workspace_bind_pool(%s, %s, %s)", (w, pool_name, bound))
+    typer.echo(f"{'Bound' if bound else 'Unbound'} pool {pool_name} "
+               f"{'to' if bound else 'from'} {', '.join(workspace_names)}")
+
+
+@bindings_app.command("add")
+def bindings_add(
+    pool_name: str = typer.Argument(..., help="The pool."),
+    workspace_names: list[str] = typer.Argument(..., help="Workspaces to bind it to."),
+) -> None:
+    """Bind a pool to workspaces (ClusterAdmin); all or none."""
+    _bind(pool_name, workspace_names, True)
+
+
+@bindings_app.command("remove")
+def bindings_remove(
+    pool_name: str = typer.Argument(..., help="The pool."),
+    workspace_names: list[str] = typer.Argument(..., help="Workspaces to unbind it from."),
+) -> None:
+    """Unbind a pool from workspaces (ClusterAdmin); a pool bound to none serves all."""
+    _bind(pool_name, workspace_names, False)
+
+
+@bindings_app.command("list-workspaces")
+def bindings_list(
+    pool_name: str = typer.Argument(None, help="The pool (default: every pool)."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """The workspaces each pool is bound to (that you may view)."""
+    with db() as conn:
+        rows = conn.execute(BINDINGS, {"pool": pool_name}).fetchall()
+    if json_:
+        print_json(rows)
+        return
+    print_table(rows, ["resource_pool", "workspace"])

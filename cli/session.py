@@ -6,7 +6,8 @@ import os
 
 import psycopg
 
-from det.db import connect, migrate
+from det.db import connect
+from det.db.migrate import ensure_current
 
 
 def user() -> str:
@@ -18,8 +19,9 @@ def db() -> psycopg.Connection:
     """A connection (dict rows, autocommit off) to a database whose schema is current.
 
     Raises:
-        det.errors.DatabaseError: the database cannot be reached.
+        det.errors.DatabaseError: the database cannot be reached, or its schema is behind and
+            this user may not upgrade it.
     """
     conn = connect()
-    migrate(conn)
+    ensure_current(conn)
     return conn

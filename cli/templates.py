@@ -10,7 +10,7 @@ import typer
 from psycopg.types.json import Jsonb
 
 from det.cli.output import print_json, print_table
-from det.cli.session import db, user
+from det.cli.session import db
 from det.configs import read_config_file
 from det.configs.templates import load_template
 from det.errors import NotFoundError
@@ -39,13 +39,14 @@ def set_(
     name: str = typer.Argument(..., help="Template name."),
     file: Path = typer.Argument(..., metavar="FILE", help="Template YAML: a partial config."),
 ) -> None:
-    """Create or replace a template. The file must be a mapping of experiment config keys;
-    each key given must be valid, any may be left out."""
+    """Create or replace a template (yours; replacing another user's takes ClusterAdmin). The
+    file must be a mapping of experiment config keys; each key given must be valid, any may
+    be left out."""
     text = read_config_file(file)
     config = load_template(text, source=str(file))
     with db() as conn:
-        created = conn.execute("SELECT det_template_set(%s, %s, %s, %s) AS c",
-                               (name, Jsonb(config), text, user())).fetchone()["c"]
+        created = conn.execute("SELECT det_template_set(%s, %s, %s) AS c",
+                               (name, Jsonb(config), text)).fetchone()["c"]
     typer.echo(f"{'Created' if created else 'Updated'} template {name}")
 
 

@@ -134,3 +134,30 @@ def migrate(conn: psycopg.Connection, directory: Traversable | None = None) -> l
             raise DatabaseError(f"migration {mig.file}: {e.diag.message_primary or e}") from e
         applied.append(mig.version)
     return applied
+
+
+def ensure_current(conn: psycopg.Connection) -> None:
+    """Make sure the schema is current before a command acts: a session that may create in
+    the schema (its owner: ``det cluster up``, the reconciler, an admin's URL) applies what is
+    missing (:func:`migrate`); anyone else (a det user, det serve's role) only checks, since
+    it may not change the schema.
+
+    Raises:
+        DatabaseError: migrations are missing and this session may not apply them, or what
+            :func:`migrate` raises.
+    """
+    cur = conn.cursor(row_factory=tuple_row)
+    with conn.transaction():
+        if cur.execute("SELECT has_schema_privilege('public', 'CREATE')").fetchone()[0]:
+            may_migrate = True
+        else:
+            may_migrate = False
+            done = {v for (v,) in cur.execute("SELECT version FROM det_migrations").fetchall()}
+    if may_migrate:
+        migrate(conn)
+        return
+    missing = [m.version for m in load_migrations() if m.version not in done]
+    if missing:
+        raise DatabaseError(f"the database's schema lacks migration(s) {missing} of this det: "
+                            "its owner must apply them (`det cluster up`, or start the "
+                            "reconciler)")

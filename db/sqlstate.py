@@ -10,7 +10,14 @@ import re
 
 import psycopg
 
-from det.errors import AuthError, DatabaseError, DetError, NotFoundError, StateError
+from det.errors import (
+    AuthError,
+    DatabaseError,
+    DetError,
+    NotFoundError,
+    PermissionDeniedError,
+    StateError,
+)
 
 # What a violated table constraint means to a user (constraints named by PostgreSQL's
 # defaults: <table>_<column>_check, <table>_<column>_fkey). ``{key}`` stands for the value
@@ -43,6 +50,9 @@ _BY_STATE: dict[str, type[DetError]] = {
     "23505": DetError,  # unique_violation: a name already taken, named in the message
     "23514": StateError,  # check_violation: an illegal state change or value
     "28000": AuthError,  # invalid_authorization_specification: a bad token
+    "28P01": AuthError,  # invalid_password: PostgreSQL refused a login
+    "42501": PermissionDeniedError,  # insufficient_privilege: det_require, or a table grant
+    "2BP01": StateError,  # dependent_objects_still_exist: a workspace that still holds work
 }
 
 

@@ -13,12 +13,16 @@ _LIST_WHERE = """
    AND (%(states)s::text[] IS NULL OR state::text = ANY (%(states)s::text[]))
    AND (%(owner)s::text IS NULL OR owner = %(owner)s)
    AND (%(name)s::text IS NULL OR strpos(lower(name), lower(%(name)s)) > 0)
+   AND (%(workspace)s::text IS NULL AND %(project)s::text IS NULL
+        OR project_id IN (SELECT p.id FROM projects p JOIN workspaces w ON w.id = p.workspace_id
+                           WHERE (%(workspace)s::text IS NULL OR w.name = %(workspace)s)
+                             AND (%(project)s::text IS NULL OR p.name = %(project)s)))
 """
 
 LIST = """
 SELECT id, name, state::text AS state, round(progress * 100)::integer AS progress, trials,
        owner, start_time AS started, end_time AS ended, best_validation, searcher, metric,
-       archived, resource_pool, priority, weight
+       archived, resource_pool, priority, weight, workspace, project
   FROM reporting.experiments""" + _LIST_WHERE + """
  ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s
 """
@@ -96,21 +100,25 @@ MAX_PAGE = 1000
 @dataclass(frozen=True)
 class ListFilter:
     """What ``det experiment list`` and ``GET /api/v1/experiments`` select: ``archived``
-    includes archived ones; ``states`` (experiment_state names), ``owner`` and ``name`` (a
-    case-insensitive substring) narrow; ``sort`` is a key of :data:`SORTS`, ``-`` first for
-    descending; ``limit`` (None: all) and ``offset`` page."""
+    includes archived ones; ``states`` (experiment_state names), ``owner``, ``name`` (a
+    case-insensitive substring), ``workspace`` and ``project`` (exact names) narrow; ``sort``
+    is a key of :data:`SORTS`, ``-`` first for descending; ``limit`` (None: all) and
+    ``offset`` page."""
 
     archived: bool = False
     states: tuple[str, ...] | None = None
     owner: str | None = None
     name: str | None = None
+    workspace: str | None = None
+    project: str | None = None
     sort: str = "id"
     limit: int | None = None
     offset: int = 0
 
     def params(self) -> dict:
         return {"all": self.archived, "states": list(self.states) if self.states else None,
-                "owner": self.owner, "name": self.name, "limit": self.limit,
+                "owner": self.owner, "name": self.name, "workspace": self.workspace,
+                "project": self.project, "limit": self.limit,
                 "offset": self.offset}
 
 

@@ -18,6 +18,7 @@ import docker
 import docker.errors
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from det.agent import image
@@ -66,9 +67,21 @@ def db_url(pg_server: str, template_db: str) -> Iterator[str]:
     name = f"det_test_{uuid.uuid4().hex[:12]}"
     with _admin(pg_server) as admin:
         admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
-    yield make_conninfo(pg_server, dbname=name)
+    url = make_conninfo(pg_server, dbname=name)
+    yield url
+    drop_database(pg_server, url)
+
+
+def drop_database(pg_server: str, url: str) -> None:
+    """Drop a test's database and the roles of the det users it created (roles are the
+    server's, not the database's: another test may create a user of the same name)."""
+    with psycopg.connect(url, autocommit=True) as c:
+        users = [u for (u,) in c.execute("SELECT username FROM users").fetchall()]
     with _admin(pg_server) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(psycopg.conninfo.conninfo_to_dict(url)["dbname"])))
+        for u in users:
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(u)))
 
 
 class PrivateServer:
@@ -261,7 +274,7 @@ class EndedExperiments:
         cfg["checkpoint_storage"].update(save_experiment_best=seb, save_trial_best=stb,
                                          save_trial_latest=stl)
         c = self.conn
-        eid = c.execute("SELECT det_create_experiment(%s, %s, NULL, 'tester') AS id",
+        eid = c.execute("SELECT det_create_experiment(%s, %s, NULL) AS id",
                         (Jsonb(cfg), text)).fetchone()["id"]
         job = c.execute("SELECT job_id FROM experiments WHERE id = %s", (eid,)).fetchone()
         uuids: list[list[str]] = []

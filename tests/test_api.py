@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from det import context
+from det.cli.users import password_verifier
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -61,14 +62,19 @@ class Server:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"det serve did not start:\n{self.log.read_text()}")
             time.sleep(0.2)
-        self.user = env["DET_USER"]
+        self.user, self.password = "tester", "tester's password"
+        with psycopg.connect(env["DET_DB_URL"], autocommit=True) as c:
+            if not c.execute("SELECT 1 FROM users WHERE username = %s", (self.user,)).fetchone():
+                c.execute("SELECT det_user_create(%s, %s, true)",
+                          (self.user, password_verifier(c, self.user, self.password)))
         self.token = self.login().json()["token"]
         self.client = httpx.Client(base_url=self.url, timeout=30,
                                    headers={"Authorization": f"Bearer {self.token}"})
 
-    def login(self, password: str = "") -> httpx.Response:
+    def login(self, password: str | None = None) -> httpx.Response:
         return httpx.post(f"{self.url}/api/v1/auth/login",
-                          json={"username": self.user, "password": password})
+                          json={"username": self.user,
+                                "password": self.password if password is None else password})
 
     def stop(self) -> None:
         self.client.close()
@@ -172,7 +178,8 @@ def test_an_expired_token_is_refused(det_env, tmp_path: Path, conn) -> None:
 
 def test_the_cookie_logs_the_webui_in(server: Server) -> None:
     with httpx.Client(base_url=server.url) as browser:
-        browser.post("/api/v1/auth/login", json={"username": server.user, "password": ""})
+        browser.post("/api/v1/auth/login", json={"username": server.user,
+                                                 "password": server.password})
         assert browser.get("/api/v1/me").json() == {"username": server.user}
 
 
@@ -507,7 +514,7 @@ def test_queue_and_cluster_streams(server: Server, api, ctx, conn) -> None:
 def test_metrics_notify_sparingly(conn, db_url: str) -> None:
     """A trial reporting many batches a second wakes the servers a few times a second, not
     once per batch (web_event_marks); each NOTIFY is one statement's, never one per row."""
-    exp = conn.execute("SELECT det_create_experiment(%s, '', NULL, 'me') AS id", (Jsonb({
+    exp = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id", (Jsonb({
         "name": "x", "resources": {"resource_pool": "default", "weight": 1.0},
         "searcher": {"metric": "loss", "smaller_is_better": True}}),)).fetchone()["id"]
     _, token = running_trial(conn, exp)
@@ -597,3 +604,35 @@ def test_two_servers_behave_as_one(det_env, tmp_path: Path, ctx: Path) -> None:
     finally:
         a.stop()
         b.stop()
+
+
+def test_the_api_runs_as_the_logged_in_user(server: Server, api, ctx: Path, conn) -> None:
+    """Row-level security applies to the API as to psql: a request runs as its user's role."""
+    conn.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
+    conn.execute("SELECT det_project_create('vision', 'p', '')")
+    for name in ("vic", "olga"):
+        conn.execute("SELECT det_user_create(%s, %s, false)",
+                     (name, password_verifier(conn, name, "pw of " + name)))
+    conn.execute("SELECT det_role_assign('Viewer', 'vic', NULL, 'vision', true)")
+    exp = conn.execute("SELECT det_create_experiment(%s, '', NULL, 'vision', 'p') AS id",
+                       (Jsonb({"name": "theirs", "entrypoint": "true", "resources": {
+                           "slots_per_trial": 1, "resource_pool": "default", "weight": 1.0},
+                           "searcher": {"name": "single", "metric": "loss",
+                                        "max_length": {"batches": 1}}}),)).fetchone()["id"]
+
+    def client(name: str) -> httpx.Client:
+        r = httpx.post(f"{server.url}/api/v1/auth/login",
+                       json={"username": name, "password": "pw of " + name})
+        return httpx.Client(base_url=server.url, timeout=30,
+                            headers={"Authorization": f"Bearer {r.json()['token']}"})
+
+    with client("vic") as vic, client("olga") as olga:
+        assert [e["id"] for e in vic.get("/api/v1/experiments").json()["experiments"]] == [exp]
+        assert error(vic.post(f"/api/v1/experiments/{exp}/pause"), 403) == (
+            f"permission denied: needs Editor on workspace 'vision' to pause experiment {exp}")
+        assert olga.get("/api/v1/experiments").json()["experiments"] == []
+        assert error(olga.get(f"/api/v1/experiments/{exp}"), 404) == f"experiment {exp} not found"
+        assert error(olga.post(f"/api/v1/experiments/{exp}/kill"), 404).startswith("cannot kill")
+        assert olga.get("/api/v1/me").json() == {"username": "olga"}
+        conn.execute("SELECT det_user_set_active('olga', false)")
+        assert olga.get("/api/v1/me").status_code == 401

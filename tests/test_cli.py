@@ -88,11 +88,13 @@ def test_unknown_ids(det, args) -> None:
     assert r.returncode == 1 and "not found" in r.stderr and len(r.stderr.splitlines()) == 1
 
 
-def test_create_list_describe(det, ctx, tmp_path) -> None:
+def test_create_list_describe(det, conn, ctx, tmp_path) -> None:
     r = det("experiment", "create", str(write(tmp_path, GOOD)), str(ctx))
     assert r.stdout.strip() == "Created experiment 1"
     listing = det("experiment", "list").stdout
-    assert "ok" in listing and "ACTIVE" in listing and "tester" in listing
+    # the owner is who the database says is acting: the role the test's URL names
+    me = conn.execute("SELECT session_user AS u").fetchone()["u"]
+    assert "ok" in listing and "ACTIVE" in listing and me in listing
     import json
 
     described = json.loads(det("experiment", "describe", "1", "--json").stdout)

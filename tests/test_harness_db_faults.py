@@ -55,7 +55,7 @@ def claim_allocation(url: str, storage: Path) -> Allocation:
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as c:
         c.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
                   (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
-        eid = c.execute("SELECT det_create_experiment(%s, 'name: faults', NULL, 'me') AS id",
+        eid = c.execute("SELECT det_create_experiment(%s, 'name: faults', NULL) AS id",
                         (Jsonb(config),)).fetchone()["id"]
         tid = c.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
                         "VALUES (%s, gen_random_uuid(), '{}', 0) RETURNING id",

@@ -264,11 +264,11 @@ def test_a_registered_checkpoint_stays_completed(det, conn, ckpts) -> None:
 def test_a_version_registered_while_gc_waits_still_pins(db_url, conn, ckpts) -> None:
     """Two sessions: a registration holds its checkpoint; a GC statement that decided from an
     earlier snapshot that nothing pins it waits, then is refused once the version commits."""
-    conn.execute("SELECT det_model_create('m', '', '{}', 'me')")
+    conn.execute("SELECT det_model_create('m', '', '{}', NULL)")
     outcome: list[BaseException | None] = []
     with psycopg.connect(db_url) as registering:
-        registering.execute("SELECT det_model_register_version('m', %s, NULL, NULL, NULL, NULL, "
-                            "'me')", (ckpts[0],))
+        registering.execute("SELECT det_model_register_version('m', %s, NULL, NULL, NULL, NULL)",
+                            (ckpts[0],))
 
         def gc() -> None:
             with psycopg.connect(db_url, autocommit=True) as c:

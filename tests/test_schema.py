@@ -24,14 +24,14 @@ def test_reporting_views_answer(conn) -> None:
 
 
 def make_experiment(conn) -> int:
-    return conn.execute("SELECT det_create_experiment(%s, 'name: x', NULL, 'me') AS id",
+    return conn.execute("SELECT det_create_experiment(%s, 'name: x', NULL) AS id",
                         (Jsonb(CONFIG),)).fetchone()["id"]
 
 
 def test_unknown_pool_writes_nothing(conn) -> None:
     bad = {**CONFIG, "resources": {"resource_pool": "nope", "weight": 1.0}}
     with pytest.raises(psycopg.errors.ForeignKeyViolation, match='no resource pool named "nope"'):
-        conn.execute("SELECT det_create_experiment(%s, '', NULL, 'me')", (Jsonb(bad),))
+        conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(bad),))
     assert conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == 0
 
 
@@ -106,6 +106,6 @@ def test_task_functions_need_the_allocation_token(conn) -> None:
 def test_submission_takes_only_an_expanded_config(conn) -> None:
     """Defaults are filled once, by det.configs; SQL supplies none (issue 10)."""
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="expanded config"):
-        conn.execute("SELECT det_create_experiment(%s, '', NULL, 'me')",
+        conn.execute("SELECT det_create_experiment(%s, '', NULL)",
                      (Jsonb({"name": "x", "resources": {}}),))
     assert conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == 0

@@ -113,6 +113,7 @@ def test_watch_and_steer_a_digits_experiment(browser, det, det_env, tmp_path: Pa
         browser.get(f"{server.url}/ui/#/login")
         wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#login"), 20, "the login form")
         browser.find_element(By.NAME, "username").send_keys(server.user)
+        browser.find_element(By.NAME, "password").send_keys(server.password)
         click(browser, "#login button")
         wait_for(lambda: "digits-webui" in text(browser, "#exps tbody"), 20,
                  "the experiment list")

@@ -24,9 +24,10 @@ class LoginResponse(BaseModel):
 
 @router.post("/auth/login", response_model=LoginResponse)
 def login(body: Login, request: Request, response: Response) -> dict:
-    """Check the user and password; answer a token good until ``expires_at`` (also set as the
-    WebUI's HttpOnly cookie). 401 for a wrong user or password."""
-    user = check_password(body.username, body.password)
+    """Check the user and password (PostgreSQL does); answer a token good until
+    ``expires_at`` (also set as the WebUI's HttpOnly cookie). 401 for a wrong user or
+    password, or a deactivated user."""
+    user = check_password(request.app.state.url, body.username, body.password)
     token = mint_token()
     ttl = request.app.state.token_ttl
     with request.app.state.pool.connection() as conn:

@@ -15,7 +15,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from det.api.events import Stream, sse, stream
-from det.api.session import request_token
+from det.api.session import act_as, request_token
 from det.db import channels
 from det.queries import experiments as qe
 from det.queries import trials as qt
@@ -33,18 +33,21 @@ def _authenticate(request: Request, check: Callable | None) -> str:
     open while it waits), with ``check(conn)`` (that the object exists: 404 before the
     stream starts)."""
     token = request_token(request)
-    with request.app.state.pool.connection() as conn:
-        user = conn.execute("SELECT det_web_auth(%s) AS u", (token,)).fetchone()["u"]
+    with request.app.state.pool.connection() as conn, conn.transaction():
+        user = act_as(conn, token)
         if check is not None:
             check(conn)
         return user
 
 
 def _response(request: Request, topics: list[str], read) -> StreamingResponse:
-    pool = request.app.state.pool
+    """The stream: each read is a transaction of its own, as the token's user (a token that
+    expires, or a user deactivated, ends the stream)."""
+    pool, token = request.app.state.pool, request_token(request)
 
     def run(st: Stream) -> list[str]:
-        with pool.connection() as conn:
+        with pool.connection() as conn, conn.transaction():
+            act_as(conn, token)
             return read(conn, st)
 
     return StreamingResponse(stream(request.app.state.hub, topics, run),
@@ -69,12 +72,15 @@ async def experiments(
     request: Request,
     state: list[str] | None = Query(None), owner: str | None = Query(None, max_length=255),
     name: str | None = Query(None, max_length=255), archived: bool = Query(False),
+    workspace: str | None = Query(None, max_length=255),
+    project: str | None = Query(None, max_length=255),
     sort: str = Query("-id"), limit: int = Query(100), offset: int = Query(0),
 ) -> StreamingResponse:
     """The experiment list page (filters as ``GET /experiments``), whenever it changes."""
     await _auth(request)
     f = qe.ListFilter(archived=archived, states=tuple(state) if state else None, owner=owner,
-                      name=name, sort=sort, limit=limit, offset=offset)
+                      name=name, workspace=workspace, project=project, sort=sort, limit=limit,
+                      offset=offset)
 
     def read(conn, st: Stream) -> list[str]:
         page = {"experiments": qe.list_experiments(conn, f),

@@ -20,6 +20,7 @@ from det.configs.job import job_change
 from det.errors import ContextError, DetError
 from det.queries import experiments as q
 from det.queries.trials import metric_series
+from det.queries.workspaces import placement, workspace_defaults
 
 router = APIRouter(prefix="/api/v1", tags=["experiments"])
 
@@ -32,16 +33,20 @@ def list_experiments(
     state: list[str] | None = Query(None, description="Only these states (repeatable)."),
     owner: str | None = Query(None, max_length=255),
     name: str | None = Query(None, max_length=255, description="Name contains (any case)."),
+    workspace: str | None = Query(None, max_length=255, description="Only this workspace's."),
+    project: str | None = Query(None, max_length=255, description="Only this project's."),
     archived: bool = Query(False, description="Include archived experiments."),
     sort: str = Query("-id", description="id, name, state, progress, started, ended, owner, "
                                          "trials or best_validation; - first: descending."),
     limit: int = Query(100, description=f"Page size, 0 to {q.MAX_PAGE}."),
     offset: int = Query(0),
 ) -> dict:
-    """Experiments (state, progress %, best metric, owner, times, searcher), filtered, sorted
-    and paged; ``pagination.total`` counts all that match."""
+    """The experiments the user may view (state, progress %, best metric, owner, workspace,
+    project, times, searcher), filtered, sorted and paged; ``pagination.total`` counts all
+    that match."""
     f = q.ListFilter(archived=archived, states=tuple(state) if state else None, owner=owner,
-                     name=name, sort=sort, limit=limit, offset=offset)
+                     name=name, workspace=workspace, project=project, sort=sort, limit=limit,
+                     offset=offset)
     rows = q.list_experiments(s.conn, f)
     return {"experiments": rows,
             "pagination": {"offset": offset, "limit": limit,
@@ -55,6 +60,9 @@ class CreateExperiment(BaseModel):
                                      "(what `det experiment create` uploads).")
     template: str | None = Field(None, description="A configuration template to merge under.")
     force: bool = Field(False, description="Submit even if no agent of the pool could run it.")
+    workspace: str | None = Field(None, description="Workspace to place it in (with project).")
+    project: str | None = Field(None, description="Project (of workspace) to place it in.")
+    project_id: int | None = Field(None, description="Place it in the project with this id.")
 
 
 @router.post("/experiments", status_code=201)
@@ -69,13 +77,17 @@ def create_experiment(body: CreateExperiment, s: Session = session) -> dict:
         raise ContextError(f"context: {len(blob)} bytes, more than the "
                            f"{context.MAX_CONTEXT_BYTES} allowed")
     tpl = get_template(s.conn, body.template) if body.template is not None else None
+    workspace, project = placement(s.conn, body.config, "config", body.workspace, body.project,
+                                   body.project_id)
     with tempfile.TemporaryDirectory(prefix="det-api-ctx-") as tmp:
         context.unpack(blob, Path(tmp))
-        expanded, original = expand_config_text(body.config, "config", Path(tmp), tpl)
+        expanded, original = expand_config_text(body.config, "config", Path(tmp), tpl,
+                                                defaults=workspace_defaults(s.conn, workspace))
     if not body.force:
         refuse_unfit(s.conn, expanded)
-    exp_id = s.conn.execute("SELECT det_create_experiment(%s, %s, %s, %s) AS id",
-                            (Jsonb(expanded), original, blob, s.user)).fetchone()["id"]
+    exp_id = s.conn.execute("SELECT det_create_experiment(%s, %s, %s, %s, %s) AS id",
+                            (Jsonb(expanded), original, blob, workspace, project)
+                            ).fetchone()["id"]
     return {"id": exp_id}
 
 

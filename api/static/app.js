@@ -234,12 +234,14 @@ async function experimentsPage() {
       </select>
       <input id="f-name" placeholder="name contains" value="${esc(params.get("name") || "")}">
       <input id="f-owner" placeholder="owner" value="${esc(params.get("owner") || "")}">
+      <input id="f-workspace" placeholder="workspace" value="${esc(params.get("workspace") || "")}">
       <label><input type="checkbox" id="f-archived" ${params.get("archived") ? "checked" : ""}> archived</label>
     </div>
     <table id="exps"><thead><tr>
       ${[["id", "ID"], ["name", "Name"], ["state", "State"], ["progress", "Progress"],
          ["best_validation", "Best metric"], [null, "Searcher"], ["trials", "Trials"],
-         ["owner", "Owner"], ["started", "Started"], [null, "Duration"], [null, "Actions"]]
+         ["owner", "Owner"], [null, "Workspace / project"], ["started", "Started"],
+         [null, "Duration"], [null, "Actions"]]
         .map(([k, h]) => `<th ${k ? `class="sortable" data-sort="${k}"` : ""}>${h}${
           k && sort.replace("-", "") === k ? (sort.startsWith("-") ? " ▾" : " ▴") : ""}</th>`).join("")}
     </tr></thead><tbody></tbody></table>
@@ -249,15 +251,17 @@ async function experimentsPage() {
     const st = document.getElementById("f-state").value;
     const nm = document.getElementById("f-name").value;
     const ow = document.getElementById("f-owner").value;
+    const ws = document.getElementById("f-workspace").value;
     if (st) p.set("state", st);
     if (nm) p.set("name", nm);
     if (ow) p.set("owner", ow);
+    if (ws) p.set("workspace", ws);
     if (document.getElementById("f-archived").checked) p.set("archived", "true");
     p.set("sort", sort);
     location.hash = `#/experiments?${p}`;
   };
   for (const id of ["f-state", "f-archived"]) document.getElementById(id).addEventListener("change", setFilter);
-  for (const id of ["f-name", "f-owner"]) document.getElementById(id).addEventListener("change", setFilter);
+  for (const id of ["f-name", "f-owner", "f-workspace"]) document.getElementById(id).addEventListener("change", setFilter);
   main.querySelector("thead").addEventListener("click", (ev) => {
     const th = ev.target.closest("th[data-sort]");
     if (!th) return;
@@ -266,7 +270,7 @@ async function experimentsPage() {
   });
   bindActions(main);
   const q = new URLSearchParams();
-  for (const k of ["state", "name", "owner", "archived"]) if (params.get(k)) q.set(k, params.get(k));
+  for (const k of ["state", "name", "owner", "workspace", "archived"]) if (params.get(k)) q.set(k, params.get(k));
   q.set("sort", sort);
   const render = (page) => {
     document.querySelector("#exps tbody").innerHTML = page.experiments.map((e) => `
@@ -279,6 +283,7 @@ async function experimentsPage() {
         <td>${esc(e.searcher)}</td>
         <td class="num">${e.trials}</td>
         <td>${esc(e.owner)}</td>
+        <td>${esc(e.workspace)} <span class="muted">/ ${esc(e.project)}</span></td>
         <td>${when(e.started)}</td>
         <td>${duration(e.started, e.ended)}</td>
         <td class="actions">${actionButtons(e)}</td>

@@ -136,8 +136,7 @@ BEGIN
      WHERE job_id = a.job_id AND delete_requested_at IS NOT NULL;
 END $$;
 
-CREATE OR REPLACE FUNCTION det_purge_experiment(p_id integer) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+CREATE OR REPLACE FUNCTION det_purge_experiment(p_id integer) RETURNS boolean LANGUAGE plpgsql AS $$
 -- Remove an experiment whose deletion was asked for, with its trials, runs, metrics, logs,
 -- checkpoint rows, searcher rows and job (its context too, if no other experiment shares it),
 -- once none of its checkpoints is DELETING, none of its runs is live, and its TensorBoard files
@@ -172,3 +171,16 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM experiments x WHERE x.context_id = b.id);
     RETURN true;
 END $$;
+
+-- Functions are created executable by PUBLIC (a per-schema ALTER DEFAULT PRIVILEGES cannot
+-- take that back), so each is revoked here; the trial's metadata and the GC task's report are
+-- task functions.
+REVOKE ALL ON FUNCTION
+    det_timed_validation(), det_merge_metadata(jsonb, jsonb, text),
+    det_set_trial_metadata(text, jsonb), det_trial_metadata(text),
+    det_gc_task_tensorboards_deleted(text)
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    det_set_trial_metadata(text, jsonb), det_trial_metadata(text),
+    det_gc_task_tensorboards_deleted(text)
+TO det_task;

@@ -1,0 +1,43 @@
+"""``det audit list``: who did what to which object, and when (ClusterAdmin; the rows are
+the audit_log table's, which row-level security shows only to ClusterAdmins)."""
+
+import typer
+
+from det.cli.output import print_json, print_table
+from det.cli.session import db
+from det.errors import PermissionDeniedError
+
+app = typer.Typer(no_args_is_help=True)
+
+LIST = """
+SELECT id, at, actor, action, object_type, object_id, detail FROM audit_log
+ WHERE (%(actor)s::text IS NULL OR actor = %(actor)s)
+   AND (%(object_type)s::text IS NULL OR object_type = %(object_type)s)
+   AND (%(object_id)s::text IS NULL OR object_id = %(object_id)s)
+ ORDER BY id DESC LIMIT %(limit)s
+"""
+
+
+@app.command("list")
+def list_(
+    actor: str = typer.Option(None, "--user", help="Only this user's actions."),
+    object_type: str = typer.Option(None, "--object-type",
+                                    help="experiment, job, model, workspace, project, user, "
+                                         "group, role, agent, ..."),
+    object_id: str = typer.Option(None, "--object-id", help="Only this object (with "
+                                                            "--object-type)."),
+    limit: int = typer.Option(100, "--limit", min=1, help="At most this many, newest first."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """The audit log, newest first (ClusterAdmin)."""
+    with db() as conn:
+        if not conn.execute("SELECT det_is_owner_session() OR det_permitted(det_caller(), "
+                            "'admin_cluster', NULL) AS ok").fetchone()["ok"]:
+            raise PermissionDeniedError("permission denied: needs ClusterAdmin on the cluster "
+                                        "to read the audit log")
+        rows = conn.execute(LIST, {"actor": actor, "object_type": object_type,
+                                   "object_id": object_id, "limit": limit}).fetchall()
+    if json_:
+        print_json(rows)
+        return
+    print_table(rows, ["id", "at", "actor", "action", "object_type", "object_id", "detail"])

@@ -194,7 +194,7 @@ def asha_time_config(**searcher: object) -> dict:
 
 def task_token(conn, config: dict) -> tuple[int, str]:
     """A trial of a new experiment with ``config`` and the token of its claimed run."""
-    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL, 'me') AS id",
+    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
                        (Jsonb(config),)).fetchone()["id"]
     conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": 0, "type": "cpu"}]),))

@@ -332,6 +332,7 @@ CREATE TABLE experiments (
     checkpoint_gc_error text,
     delete_requested_at timestamptz,
     project_id      integer NOT NULL DEFAULT 1 REFERENCES projects (id),
+    tensorboards_deleted_at timestamptz,
     CHECK ((end_time IS NULL) = (state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')))
 );
 COMMENT ON COLUMN experiments.config IS 'The expanded config: every default filled in.';
@@ -340,6 +341,9 @@ COMMENT ON COLUMN experiments.checkpoint_gc_error IS
     '`det experiment describe`; cleared once no checkpoint of the experiment is DELETING.';
 COMMENT ON COLUMN experiments.delete_requested_at IS
     '`det experiment delete` asked for it: its rows go once its checkpoints'' files are gone.';
+COMMENT ON COLUMN experiments.tensorboards_deleted_at IS
+    'When the GC task of its deletion removed its TensorBoard files (det_purge_experiment waits '
+    'for it when a trial of it ran, checkpoints or not).';
 CREATE INDEX experiments_project ON experiments (project_id);
 -- Experiments being deleted, looked at by every pass.
 CREATE INDEX experiments_deleting ON experiments (id) WHERE delete_requested_at IS NOT NULL;
@@ -366,6 +370,7 @@ CREATE TABLE trials (
     exit_reason        text,
     start_time         timestamptz NOT NULL DEFAULT now(),
     end_time           timestamptz,
+    metadata           jsonb NOT NULL DEFAULT '{}',
     UNIQUE (experiment_id, request_id)
 );
 COMMENT ON COLUMN trials.request_id IS
@@ -373,6 +378,9 @@ COMMENT ON COLUMN trials.request_id IS
     'cannot create a trial twice.';
 COMMENT ON COLUMN trials.closed IS 'The searcher wants no more work from this trial.';
 COMMENT ON COLUMN trials.steps_completed IS 'Batches trained as of the latest checkpoint.';
+COMMENT ON COLUMN trials.metadata IS
+    'What the trial''s code recorded with set_metadata (det_set_trial_metadata): a JSON '
+    'object, merged key by key.';
 CREATE INDEX trials_experiment ON trials (experiment_id);
 
 CREATE TABLE searcher_ops (
@@ -2389,7 +2397,9 @@ END $$;
 CREATE FUNCTION det_complete_op(p_token text, p_op_id bigint, p_metric double precision)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The trial trained to the op's length and validated: record the searcher metric and queue a
--- validation_completed event for the searcher. Completing an op twice is a no-op.
+-- validation_completed event for the searcher. Completing an op twice is a no-op. Under a
+-- searcher with a time metric the validation row itself was the event
+-- (det_timed_validation), so none is queued here.
 DECLARE
     a allocations := det_auth(p_token);
     o searcher_ops;
@@ -2401,7 +2411,8 @@ BEGIN
         INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
         SELECT t.experiment_id, t.id, 'validation_completed',
                jsonb_build_object('length', o.length, 'metric', p_metric)
-        FROM trials t WHERE t.id = a.trial_id;
+        FROM trials t JOIN experiments e ON e.id = t.experiment_id
+        WHERE t.id = a.trial_id AND e.config #>> '{searcher,time_metric}' IS NULL;
         PERFORM pg_notify('det_reconciler', 'searcher');
     END IF;
 END $$;
@@ -2682,8 +2693,9 @@ END $$;
 CREATE FUNCTION det_purge_experiment(p_id integer) RETURNS boolean LANGUAGE plpgsql AS $$
 -- Remove an experiment whose deletion was asked for, with its trials, runs, metrics, logs,
 -- checkpoint rows, searcher rows and job (its context too, if no other experiment shares it),
--- once none of its checkpoints is DELETING and none of its runs is live. Returns false (and
--- removes nothing) while that is not yet so.
+-- once none of its checkpoints is DELETING, none of its runs is live, and its TensorBoard files
+-- are gone if a trial of it ever ran (a GC task removes them, det_gc_task_tensorboards_deleted).
+-- Returns false (and removes nothing) while that is not yet so.
 DECLARE
     e experiments;
 BEGIN
@@ -2693,7 +2705,9 @@ BEGIN
        OR EXISTS (SELECT 1 FROM checkpoints c JOIN trials t ON t.id = c.trial_id
                    WHERE t.experiment_id = p_id AND c.state <> 'DELETED')
        OR EXISTS (SELECT 1 FROM allocations a
-                   WHERE a.job_id = e.job_id AND a.state <> 'TERMINATED') THEN
+                   WHERE a.job_id = e.job_id AND a.state <> 'TERMINATED')
+       OR (e.tensorboards_deleted_at IS NULL
+           AND EXISTS (SELECT 1 FROM trials t WHERE t.experiment_id = p_id AND t.runs > 0)) THEN
         RETURN false;
     END IF;
     DELETE FROM task_logs l USING allocations a WHERE l.allocation_id = a.id AND a.job_id = e.job_id;
@@ -2795,6 +2809,17 @@ BEGIN
     SELECT e.id, e.config -> 'checkpoint_storage'
       FROM experiments e
      WHERE e.job_id = a.job_id AND e.delete_requested_at IS NOT NULL;
+END $$;
+
+CREATE FUNCTION det_gc_task_tensorboards_deleted(p_token text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The GC task removed the TensorBoard files of its experiment being deleted: its rows may go
+-- (det_purge_experiment).
+DECLARE
+    a allocations := det_gc_auth(p_token);
+BEGIN
+    UPDATE experiments SET tensorboards_deleted_at = now()
+     WHERE job_id = a.job_id AND delete_requested_at IS NOT NULL;
 END $$;
 
 CREATE FUNCTION det_gc_task_deleted(p_token text, p_uuids uuid[]) RETURNS integer
@@ -3377,3 +3402,103 @@ REVOKE EXECUTE ON FUNCTION det_agent_assignments(text), det_agent_live_allocatio
 GRANT EXECUTE ON FUNCTION det_agent_assignments(text), det_agent_live_allocations(text),
     det_agent_context(text, bigint) TO det_agent;
 GRANT EXECUTE ON FUNCTION det_schema_version() TO det_user, det_agent, det_web;
+
+-- adaptive_asha in Determined 0.38's form: validation rows carrying the time metric are the
+-- searcher's events (issue 13; reference-facts §1.7).
+
+CREATE FUNCTION det_timed_validation() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- A validation row of a trial whose searcher has a time metric (adaptive_asha's max_time +
+-- time_metric) is a validation_completed event at length floor(<time metric>), with the
+-- searcher metric (null when not a number: it ranks worst). A row without a numeric time
+-- metric is no event; the harness refuses to report one (TrainContext).
+DECLARE
+    v_searcher jsonb;
+    v_time jsonb;
+    v_metric jsonb;
+BEGIN
+    SELECT e.config -> 'searcher' INTO v_searcher
+      FROM trials t JOIN experiments e ON e.id = t.experiment_id WHERE t.id = NEW.trial_id;
+    IF v_searcher ->> 'time_metric' IS NULL THEN
+        RETURN NULL;
+    END IF;
+    v_time := NEW."values" -> (v_searcher ->> 'time_metric');
+    IF jsonb_typeof(v_time) IS DISTINCT FROM 'number' THEN
+        RETURN NULL;
+    END IF;
+    v_metric := NEW."values" -> (v_searcher ->> 'metric');
+    INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
+    SELECT t.experiment_id, t.id, 'validation_completed', jsonb_build_object(
+               'length', greatest(least(floor(v_time::numeric), 9223372036854775807), 0)::bigint,
+               'metric', CASE WHEN jsonb_typeof(v_metric) = 'number' THEN v_metric END)
+      FROM trials t WHERE t.id = NEW.trial_id;
+    PERFORM pg_notify('det_reconciler', 'searcher');
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER metrics_timed_validation AFTER INSERT ON metrics
+    FOR EACH ROW WHEN (NEW."group" = 'validation') EXECUTE FUNCTION det_timed_validation();
+
+-- Trial metadata (Determined 0.38's TrainContext.set_metadata / get_metadata).
+
+CREATE FUNCTION det_merge_metadata(p_current jsonb, p_addition jsonb, p_path text DEFAULT '')
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE SET search_path = public, pg_temp AS $$
+-- p_addition merged into p_current (both objects): objects merge key by key, a new key is
+-- added, and a key that already holds another value is refused, naming its dotted path (the
+-- reference's run metadata never overwrites a key). Setting a key to the value it holds is a
+-- no-op, so a call retried after a lost commit acknowledgement succeeds.
+DECLARE
+    k text;
+    v jsonb;
+    v_path text;
+BEGIN
+    FOR k, v IN SELECT * FROM jsonb_each(p_addition) LOOP
+        v_path := CASE WHEN p_path = '' THEN k ELSE p_path || '.' || k END;
+        IF NOT p_current ? k OR p_current -> k = v THEN
+            p_current := jsonb_set(p_current, ARRAY[k], v);
+        ELSIF jsonb_typeof(v) = 'object' AND jsonb_typeof(p_current -> k) = 'object' THEN
+            p_current := jsonb_set(p_current, ARRAY[k],
+                                   det_merge_metadata(p_current -> k, v, v_path));
+        ELSE
+            RAISE EXCEPTION 'metadata key "%" is already set (to %); a key cannot be changed',
+                v_path, p_current -> k USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    RETURN p_current;
+END $$;
+
+CREATE FUNCTION det_set_trial_metadata(p_token text, p_metadata jsonb) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Merge p_metadata (an object) into the calling trial's metadata (det_merge_metadata);
+-- returns the trial's metadata after it.
+DECLARE
+    a allocations := det_auth(p_token);
+    v_merged jsonb;
+BEGIN
+    IF jsonb_typeof(p_metadata) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'metadata must be a JSON object, not %',
+            coalesce(jsonb_typeof(p_metadata), 'null') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE trials SET metadata = det_merge_metadata(metadata, p_metadata)
+     WHERE id = a.trial_id RETURNING metadata INTO v_merged;
+    RETURN v_merged;
+END $$;
+
+CREATE FUNCTION det_trial_metadata(p_token text) RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The calling trial's metadata.
+    SELECT metadata FROM trials WHERE id = (det_auth(p_token)).trial_id;
+$$;
+
+-- Revoked from PUBLIC here too (0014's default privileges cover only functions that the
+-- role which applied 0014 creates); the trial's metadata and the GC task's report are task
+-- functions.
+REVOKE ALL ON FUNCTION
+    det_timed_validation(), det_merge_metadata(jsonb, jsonb, text),
+    det_set_trial_metadata(text, jsonb), det_trial_metadata(text),
+    det_gc_task_tensorboards_deleted(text)
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    det_set_trial_metadata(text, jsonb), det_trial_metadata(text),
+    det_gc_task_tensorboards_deleted(text)
+TO det_task;

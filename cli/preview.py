@@ -40,7 +40,8 @@ def search_preview(text: str, source: str) -> dict:
     if isinstance(searcher, AdaptiveAshaSearcher | TPESearcher):
         asha = searcher if isinstance(searcher, AdaptiveAshaSearcher) else searcher.as_asha()
         brackets = asha_preview(asha)
-        unit = searcher.max_length.unit if searcher.max_length else ""
+        # 0.38's form counts rungs in its time metric, which may be any metric's name.
+        unit = asha.time_metric or (searcher.max_length.unit if searcher.max_length else "")
         rows = [
             {
                 "bracket": b + 1,

@@ -81,5 +81,8 @@ def describe(
     print_table([trial], ["id", "experiment_id", "state", "batches", "best_validation",
                           "restarts", "latest_checkpoint"],
                 ["ID", "Experiment", "State", "Batches", "Best", "Restarts", "Checkpoint"])
-    typer.echo(f"\nhyperparameters: {trial['hparams']}\n")
+    typer.echo(f"\nhyperparameters: {trial['hparams']}")
+    if trial["metadata"]:
+        typer.echo(f"metadata: {trial['metadata']}")
+    typer.echo("")
     print_table(metrics, ["group", "steps_completed", "values"], ["Group", "Batches", "Metrics"])

@@ -3,9 +3,9 @@
 ``single``, ``random`` and ``grid`` run every trial to ``max_length``; without one (optional
 since the reference's 0.38) each trial gets one op of ``length.UNBOUNDED`` and its own code
 decides when it is done (``Trainer.fit(max_length=)`` or its own loop); ``adaptive_asha`` trains
-trials to rung lengths up to ``max_length`` (``reconciler/searchers/asha.py``). Its
-``max_time`` + ``time_metric`` (the reference's 0.38 length) become ``max_length`` when the
-time metric is batches, records or epochs.
+trials to rung lengths up to ``max_length`` (``reconciler/searchers/asha.py``), or, in the
+reference's 0.38 form (``max_time`` + ``time_metric``), stops trials whose validation metrics,
+which carry the time metric, rank below a rung's cut.
 ``tpe`` (det's own, not in the reference) proposes hyperparameters from the results so far,
 with adaptive ASHA's early stopping optional (``reconciler/searchers/tpe.py``).
 """
@@ -80,6 +80,8 @@ class AdaptiveAshaSearcher(_SearcherBase):
     ``divisor`` > 1 is the halving rate; ``mode`` (or an explicit ``bracket_rungs``) picks the
     brackets; ``stop_once`` false promotes waiting trials later, true only stops them.
     ``max_time`` and ``time_metric`` go together; one of them or ``max_length`` is required.
+    With them the search is the reference's 0.38 one: rungs are values of the metric named
+    ``time_metric`` (any name), trials are only stopped, and ``stop_once`` is ignored.
     """
 
     name: Literal["adaptive_asha"]
@@ -92,31 +94,26 @@ class AdaptiveAshaSearcher(_SearcherBase):
     stop_once: bool = False
     max_length: Length | None = None
     max_time: Annotated[Int64, Field(ge=1)] | None = None
-    time_metric: str | None = None
+    time_metric: MetricName | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _time_as_length(cls, data: Any) -> Any:
-        """``max_time: N`` with ``time_metric`` batches, records or epochs is the length
-        ``{time_metric: N}`` (the reference's 0.38 form, §1.7): it fills ``max_length``, which
-        the searcher and the harness read. Other time metrics would need trials that train
-        toward a value of an arbitrary metric, which det's trainer does not do."""
+        """``max_time: N`` with ``time_metric`` batches, records or epochs also fills
+        ``max_length`` with ``{time_metric: N}``, so that det's own trainer, which follows
+        searcher operations, knows how long to train (§1.7: 0.38's ``Length()``). Any other
+        time metric leaves ``max_length`` unset: the trial's code decides its length."""
         if not isinstance(data, dict) or data.get("max_time") is None:
             return data
         metric = data.get("time_metric")
         if metric is None:
             return data  # the after-validator names the missing key
-        if metric not in UNITS:
-            raise PydanticCustomError(
-                "asha_time", "expected batches, records or epochs (det trains to lengths in "
-                "those units), got '{metric}'",
-                {"metric": metric, "dotted_path": "searcher.time_metric"})
-        length = {metric: data["max_time"]}
-        if data.get("max_length") not in (None, length):
+        length = {metric: data["max_time"]} if metric in UNITS else None
+        if data.get("max_length") is not None and data["max_length"] != length:
             raise PydanticCustomError(
                 "asha_time", "give max_length or max_time with time_metric, not both",
                 {"dotted_path": "searcher.max_length"})
-        return {**data, "max_length": length}
+        return data if length is None else {**data, "max_length": length}
 
     @model_validator(mode="after")
     def _needs_a_length(self) -> "AdaptiveAshaSearcher":

@@ -5,7 +5,9 @@ checkpoints, so it runs on an agent of the experiment's pool, where the storage 
 It loops: take a batch of DELETING checkpoints (``det_gc_task_checkpoints``), remove their
 files, mark them DELETED (``det_gc_task_deleted``, which records the bytes freed), until none
 is left; for an experiment being deleted it then removes its TensorBoard files
-(``det_gc_task_tensorboards``, ``det.harness.tensorboard``).
+(``det_gc_task_tensorboards``, ``det.harness.tensorboard``) and says so
+(``det_gc_task_tensorboards_deleted``): the experiment's rows go only then, so one deleted
+with no checkpoints gets a GC task too.
 Every step is idempotent, so a task killed at any point is finished by the next one:
 files already gone count as removed, and rows are marked only after their files are gone.
 A storage error is written on the experiment (``det_gc_task_failed``) and the task exits 1.
@@ -102,6 +104,8 @@ class GcTask:
                 self._call("checkpoint GC: report failure",
                            "SELECT det_gc_task_failed(%s, %s)", self.token, str(e))
                 raise
+            self._call("checkpoint GC: TensorBoard files removed",
+                       "SELECT det_gc_task_tensorboards_deleted(%s)", self.token)
         return count, freed
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from det.errors import DetError
 from det.harness.distributed import DistributedContext
+from det.harness.errors import MissingSearcherMetricError
 from det.harness.lengths import UnitConverter, parse_length
 from det.harness.storage import FsspecStorage, directory_sizes, storage_from_config
 from det.harness.tensorboard import TensorboardFiles
@@ -30,6 +31,7 @@ from det.harness.transport import (
     SearcherOp,
     TaskInfo,
     Transport,
+    json_safe,
 )
 from det.reasons import EarlyExitReason
 
@@ -66,9 +68,11 @@ class TrainContext:
     """
 
     def __init__(self, transport: Transport,
-                 tensorboard: TensorboardFiles | None = None) -> None:
+                 tensorboard: TensorboardFiles | None = None,
+                 searcher: Mapping[str, Any] | None = None) -> None:
         self._transport = transport
         self._tensorboard = tensorboard
+        self._searcher_config = searcher or {}
 
     def _report(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         self._transport.report_metrics(group, steps_completed, metrics)
@@ -81,7 +85,21 @@ class TrainContext:
 
     def report_validation_metrics(self, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         """Report metrics of group ``validation`` at ``steps_completed`` batches; the platform
-        tracks the trial's best ``searcher.metric`` from these."""
+        tracks the trial's best ``searcher.metric`` from these.
+
+        Under a searcher with a ``time_metric`` (adaptive ASHA in the reference's 0.38 form)
+        these are the searcher's results: ``metrics`` must hold ``searcher.metric`` and a
+        number under ``searcher.time_metric`` (§6.1), else ``MissingSearcherMetricError``
+        (the reference fails the experiment instead; here the trial's code learns it).
+        """
+        time_metric = self._searcher_config.get("time_metric")
+        if time_metric is not None:
+            keys = [str(k) for k in metrics]
+            if self._searcher_config["metric"] not in metrics:
+                raise MissingSearcherMetricError(self._searcher_config["metric"], keys)
+            time = json_safe(metrics.get(time_metric))  # a tensor or numpy scalar counts
+            if isinstance(time, bool) or not isinstance(time, int | float):
+                raise MissingSearcherMetricError(time_metric, keys, key="time_metric")
         self._report("validation", steps_completed, metrics)
 
     def report_metrics(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
@@ -107,6 +125,20 @@ class TrainContext:
     def get_experiment_best_validation(self) -> float | None:
         """The experiment's best ``searcher.metric`` so far, or ``None``."""
         return self._transport.experiment_best_validation()
+
+    def set_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
+        """Merge ``metadata`` into the trial's metadata (``trials.metadata``) and return all
+        of it: new keys are added and nested mappings merged key by key; setting a key to the
+        value it holds changes nothing. Raises ``DetError`` for a key already set to another
+        value (as the reference's run metadata, which never overwrites a key) and for
+        ``metadata`` that is not a mapping."""
+        if not isinstance(metadata, Mapping):
+            raise DetError(f"metadata: expected a mapping, got {type(metadata).__name__}")
+        return self._transport.set_trial_metadata(metadata)
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The trial's metadata: what ``set_metadata`` merged so far, over all its runs."""
+        return self._transport.trial_metadata()
 
 
 class CheckpointContext:
@@ -371,7 +403,7 @@ def init(
             tensorboard = TensorboardFiles(storage, info.experiment_id, info.trial_id)
         yield Context(
             info=info,
-            train=TrainContext(transport, tensorboard),
+            train=TrainContext(transport, tensorboard, info.config.get("searcher")),
             checkpoint=CheckpointContext(transport, storage, tensorboard, dist),
             preempt=PreemptContext(transport, dist),
             searcher=SearcherContext(transport, info.config, dist),

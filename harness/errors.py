@@ -8,16 +8,18 @@ class EntrypointError(DetError):
 
 
 class MissingSearcherMetricError(DetError):
-    """Validation metrics lack the config's ``searcher.metric``.
+    """Validation metrics lack the config's ``searcher.metric`` (or, ``key="time_metric"``,
+    adaptive ASHA's ``searcher.time_metric``, which must be a number).
 
     The message names the missing key and lists the keys that were reported.
     """
 
-    def __init__(self, metric: str, reported: list[str]) -> None:
+    def __init__(self, metric: str, reported: list[str], key: str = "metric") -> None:
         self.metric = metric
         self.reported = reported
+        what = "searcher" if key == "metric" else "time"
         super().__init__(
-            f"validation metrics lack the searcher metric {metric!r} (searcher.metric); "
+            f"validation metrics lack the {what} metric {metric!r} (searcher.{key}); "
             f"reported keys: {', '.join(sorted(reported)) or '(none)'}"
         )
 

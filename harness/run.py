@@ -3,7 +3,9 @@
 Run by the agent in the unpacked context directory (the cwd, put on ``sys.path``) with
 ``DET_DB_URL``, ``DET_ALLOCATION_ID`` and ``DET_ALLOCATION_TOKEN`` set. Exits 0 when the
 searcher wants nothing more, when preempted (after a checkpoint), on a stop request and on
-``InvalidHP``. SIGTERM (the agent stopping the task) is treated like a preemption request:
+``InvalidHP``. After each validation it checkpoints as the config's ``checkpoint_policy``
+says (``best``, the default: when the searcher metric is the best so far; ``all``; ``none``).
+SIGTERM (the agent stopping the task) is treated like a preemption request:
 checkpoint at the next batch, exit 0; except in a worker among several, started by
 ``det.launch.torch_distributed``, where it ends the worker. On any other exception it prints
 the traceback to stderr and exits 1 (the agent reports the exit code).
@@ -35,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
             # failed: the default (exit) is right, a checkpoint could not complete.
             signal.signal(signal.SIGTERM, lambda signum, frame: transport.request_preemption())
         with core.init(transport=transport) as ctx:
-            outcome = Trainer(trial_class, ctx).fit()
+            # The config's checkpoint_policy, as Determined's legacy harness reads it.
+            outcome = Trainer(trial_class, ctx).fit(
+                checkpoint_policy=ctx.info.config.get("checkpoint_policy"))
     except Exception:
         traceback.print_exc()
         return 1

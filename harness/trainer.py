@@ -321,7 +321,8 @@ class Trainer:
                 return self._interrupt()
             if b >= next_validation:
                 self.validate()
-            if b >= next_checkpoint:
+            # Not twice at one step: checkpoint_policy may have stored it after validating.
+            if b >= next_checkpoint and self.last_checkpoint != b:
                 self.checkpoint()
         return None
 
@@ -526,23 +527,24 @@ class Trainer:
         self, trial: PyTorchTrial, loader: torch.utils.data.DataLoader
     ) -> dict[str, Any]:
         """Each metric of ``evaluate_batch`` over the loader, combined by the trial's
-        ``evaluation_reducer()`` (``AVG``: weighted by ``get_batch_length``)."""
+        ``evaluation_reducer()``. ``AVG`` is the plain mean of the per-batch values, a short
+        last batch counting as much as a full one (the reference's ``_reduce_metrics``;
+        across workers it weights each worker's mean by its batches, which is the same)."""
         reducers = trial.evaluation_reducer()
         sums: dict[str, Any] = {}
         counts: dict[str, int] = {}
         to_device = self.context.to_device
         for idx, batch in enumerate(loader):
             batch = to_device(batch)
-            n = trial.get_batch_length(batch)
             for key, value in trial.evaluate_batch(batch, idx).items():
                 if isinstance(value, torch.Tensor):
                     value = value.detach().double()
                 reducer = reducers.get(key, Reducer.AVG) if isinstance(reducers, dict) \
                     else reducers
                 if key not in sums:
-                    sums[key], counts[key] = (value * n if reducer is Reducer.AVG else value), n
+                    sums[key], counts[key] = value, 1
                 elif reducer is Reducer.AVG:
-                    sums[key], counts[key] = sums[key] + value * n, counts[key] + n
+                    sums[key], counts[key] = sums[key] + value, counts[key] + 1
                 elif reducer is Reducer.SUM:
                     sums[key] = sums[key] + value
                 elif reducer is Reducer.MAX:
@@ -553,7 +555,7 @@ class Trainer:
             return reducers.get(k, Reducer.AVG) if isinstance(reducers, dict) else reducers
 
         if self.dist.size > 1:
-            # Each worker reduced its shard; combining the shards' sums (weighted by records)
+            # Each worker reduced its shard; combining the shards' sums (and batch counts)
             # and extremes gives the whole validation set's metrics.
             shares = self.dist.allgather({k: (_numeric(sums[k]), counts[k]) for k in sums})
             sums, counts = {}, {}

@@ -12,6 +12,7 @@
 
 import atexit
 import contextlib
+import copy
 import json
 import os
 import sys
@@ -29,7 +30,8 @@ from psycopg.types.json import Jsonb
 
 from det.db import channels, retry
 from det.db.reconnect import Reconnecting, open_connection
-from det.errors import DatabaseError
+from det.db.sqlstate import translate
+from det.errors import DatabaseError, DetError
 from det.harness.errors import TaskEnvironmentError
 from det.harness.report_writer import (
     BUFFER_BYTES,
@@ -137,6 +139,10 @@ class Transport(Protocol):
     def report_early_exit(self, reason: str) -> None: ...
 
     def experiment_best_validation(self) -> float | None: ...
+
+    def set_trial_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def trial_metadata(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
 
@@ -306,6 +312,20 @@ class DbTransport:
         value = self._call("best validation", "SELECT det_experiment_best_validation(%s)")
         return None if value is None else float(value)
 
+    def set_trial_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
+        """``det_set_trial_metadata(token, metadata)``: merged into the trial's metadata, which
+        it returns. Raises ``DetError`` for a key already set to another value."""
+        try:
+            merged = self._call("set trial metadata", "SELECT det_set_trial_metadata(%s, %s)",
+                                Jsonb(json_safe(dict(metadata))))
+        except psycopg.errors.InvalidParameterValue as e:
+            raise translate(e) from None
+        return dict(merged)
+
+    def trial_metadata(self) -> dict[str, Any]:
+        """``det_trial_metadata(token)``."""
+        return dict(self._call("trial metadata", "SELECT det_trial_metadata(%s)"))
+
     def close(self) -> None:
         """Flush the buffered reports (waiting for the database if it is away), stop both
         threads and close the connections. Raises the writer's error if it stopped."""
@@ -420,6 +440,7 @@ class LocalTransport:
     completed_ops: list[tuple[int, float]] = field(default_factory=list)
     progress: list[tuple[int, float]] = field(default_factory=list)
     early_exit: str | None = None
+    trial_metadata_: dict[str, Any] = field(default_factory=dict)
     out_of_work: bool = False
     preemption_acknowledged: bool = False
     _preempt: bool = False
@@ -496,6 +517,17 @@ class LocalTransport:
         self.early_exit = reason
         self._print(f"early exit: {reason}")
 
+    def set_trial_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
+        """Merge ``metadata`` into ``self.trial_metadata_`` as det_set_trial_metadata does
+        (new keys added, objects merged; a key set to another value raises ``DetError``)."""
+        self.trial_metadata_ = _merge_metadata(self.trial_metadata_, json_safe(dict(metadata)))
+        self._print(f"set_metadata({dict(metadata)})")
+        return copy.deepcopy(self.trial_metadata_)
+
+    def trial_metadata(self) -> dict[str, Any]:
+        """What ``set_trial_metadata`` merged so far."""
+        return copy.deepcopy(self.trial_metadata_)
+
     def experiment_best_validation(self) -> float | None:
         """The best searcher metric among this run's completed ops (``None`` if none)."""
         values = [m for _, m in self.completed_ops]
@@ -506,3 +538,19 @@ class LocalTransport:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def _merge_metadata(current: dict[str, Any], addition: dict[str, Any],
+                    path: str = "") -> dict[str, Any]:
+    """``addition`` merged into a copy of ``current``: SQL ``det_merge_metadata``'s rule."""
+    merged = dict(current)
+    for key, value in addition.items():
+        dotted = f"{path}.{key}" if path else key
+        if key not in merged or merged[key] == value:
+            merged[key] = value
+        elif isinstance(value, dict) and isinstance(merged[key], dict):
+            merged[key] = _merge_metadata(merged[key], value, dotted)
+        else:
+            raise DetError(f'metadata key "{dotted}" is already set (to '
+                           f'{json.dumps(merged[key])}); a key cannot be changed')
+    return merged

@@ -41,8 +41,8 @@ class LRScheduler:
 
 class Reducer(enum.Enum):
     """How ``evaluate_batch`` values are combined over the validation set (the trial's
-    ``evaluation_reducer()``): ``AVG`` (det weights each batch by ``get_batch_length``),
-    ``SUM``, ``MAX``, ``MIN``."""
+    ``evaluation_reducer()``): ``AVG`` (the mean of the per-batch values, each batch counting
+    once, as the reference's), ``SUM``, ``MAX``, ``MIN``."""
 
     AVG = "avg"
     SUM = "sum"
@@ -426,7 +426,7 @@ class PyTorchTrial(abc.ABC):
 
     def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         """Metrics of one validation batch; the trainer averages them over the validation
-        set, weighted by ``get_batch_length``. Implement this or ``evaluate_full_dataset``."""
+        set's batches (``evaluation_reducer``). Implement this or ``evaluate_full_dataset``."""
         raise NotImplementedError(
             f"{type(self).__name__} must implement evaluate_batch or evaluate_full_dataset"
         )

@@ -7,7 +7,7 @@ from det.errors import DetError, NotFoundError
 TRIAL = """
 SELECT t.id, t.experiment_id, t.state::text AS state, t.hparams, t.seed, t.restarts, t.runs,
        t.steps_completed, t.best_validation, t.latest_checkpoint::text AS latest_checkpoint,
-       t.exit_reason, t.start_time, t.end_time,
+       t.exit_reason, t.start_time, t.end_time, t.metadata,
        greatest(t.steps_completed,
                 (SELECT max(m.steps_completed) FROM metrics m
                   WHERE m.trial_id = t.id AND m."group" = 'training')) AS batches

@@ -10,6 +10,7 @@ with each isolated again when the batch fails.
 """
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 import psycopg
@@ -225,7 +226,9 @@ def _to_event(row: dict) -> searchers.Event:
     p = row["payload"]
     match row["kind"]:
         case "validation_completed":
-            return searchers.ValidationCompleted(row["request_id"], p["length"], p["metric"])
+            # A metric that was not a number (det_timed_validation) ranks worst, as NaN does.
+            metric = math.nan if p["metric"] is None else float(p["metric"])
+            return searchers.ValidationCompleted(row["request_id"], p["length"], metric)
         case "trial_exited":
             return searchers.TrialExited(row["request_id"])
         case _:

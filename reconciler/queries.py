@@ -248,14 +248,16 @@ WITH ended AS (
       FROM ended d
      WHERE e.job_id = d.job_id AND d.exit_code IS DISTINCT FROM 0
        AND e.checkpoint_gc_error IS NULL
-       AND EXISTS (SELECT 1 FROM trials t JOIN checkpoints c ON c.trial_id = t.id
-                    WHERE t.experiment_id = e.id AND c.state = 'DELETING')
+       AND (EXISTS (SELECT 1 FROM trials t JOIN checkpoints c ON c.trial_id = t.id
+                     WHERE t.experiment_id = e.id AND c.state = 'DELETING')
+            OR (e.delete_requested_at IS NOT NULL AND e.tensorboards_deleted_at IS NULL))
 )
 SELECT count(*) AS n FROM ended
 """
 
-# A zero-slot GC task for each experiment with DELETING checkpoints and no live GC task, in
-# the experiment's pool (whose agents reach its storage). A task that fails is tried again
+# A zero-slot GC task for each experiment with DELETING checkpoints, or being deleted with its
+# TensorBoard files still there, and no live GC task, in the experiment's pool (whose agents
+# reach its storage). A task that fails is tried again
 # while fewer than %(max_failures)s have failed since the latest request to delete (a killed
 # GC finishes on the next run); past that the error stays on the experiment until a user asks
 # again (`det checkpoint delete`, `det experiment delete`).
@@ -265,6 +267,12 @@ WITH wanted AS (
       FROM checkpoints c JOIN trials t ON t.id = c.trial_id
      WHERE c.state = 'DELETING'
      GROUP BY t.experiment_id
+    UNION ALL  -- a deleted experiment's TensorBoard files, checkpoints or not
+    SELECT e.id, e.delete_requested_at FROM experiments e
+     WHERE e.delete_requested_at IS NOT NULL AND e.tensorboards_deleted_at IS NULL
+       AND EXISTS (SELECT 1 FROM trials t WHERE t.experiment_id = e.id AND t.runs > 0)
+       AND NOT EXISTS (SELECT 1 FROM checkpoints c JOIN trials t ON t.id = c.trial_id
+                        WHERE t.experiment_id = e.id AND c.state = 'DELETING')
 )
 INSERT INTO allocations (job_id, run, resource_pool, slots_needed, preemptible, spec)
 SELECT e.job_id,

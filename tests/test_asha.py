@@ -1,5 +1,6 @@
 """det.reconciler.searchers.asha: adaptive ASHA's plan, decisions and preview. No database."""
 
+import bisect
 import json
 import random
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from det.cli.preview import preview_search
 from det.configs import AdaptiveAshaSearcher, parse_experiment_config
+from det.configs.length import UNBOUNDED
 from det.reconciler.searchers import (
     Action,
     Close,
@@ -125,12 +127,128 @@ def test_preview_counts_trials_per_rung_and_units() -> None:
     assert [p.units for p in previews] == [9 * 62 + 2 * 250 + 1000, 3 * 250 + 1000]
 
 
-def test_max_time_in_batches_is_the_same_search_as_max_length() -> None:
-    """§1.7: max_time with time_metric batches is the length {batches: max_time}."""
-    by_time = make_config(max_trials=4, max_time=100, time_metric="batches", max_length=None)
-    by_length = make_config(max_trials=4, max_length={"batches": 100})
-    assert searcher_step(by_time, None, [])[1] == searcher_step(by_length, None, [])[1]
-    assert by_time["searcher"]["max_length"] == {"batches": 100}
+# --- the reference's 0.38 form: max_time + time_metric, stopping only (§1.7) -------------
+
+# divisor 2, max_time 4, 4 trials, one bracket: rungs at time metric values 1, 2 and 4.
+TIMED = {"max_trials": 4, "divisor": 2, "mode": "aggressive", "max_time": 4,
+         "time_metric": "batches", "max_length": None}
+
+
+def test_max_time_plans_rungs_in_the_time_metric() -> None:
+    """The rungs are values of the time metric, planned from max_time as from max_length;
+    each trial gets one operation: max_time in a unit det's trainer knows, else unbounded."""
+    by_time = searcher_of(make_config(max_trials=16, max_time=1000, time_metric="batches",
+                                      max_length=None))
+    assert [b.rungs for b in asha_brackets(by_time)] == [(62, 250, 1000), (250, 1000)]
+    for metric, length in (("batches", 1000), ("epochs", 1000), ("seconds", UNBOUNDED)):
+        config = make_config(max_trials=16, max_time=1000, time_metric=metric, max_length=None)
+        assert {a.length for a in searcher_step(config, None, [])[1]
+                if isinstance(a, ValidateAfter)} == {length}
+
+
+def test_max_time_stops_trials_below_the_cut_as_the_reference() -> None:
+    config = make_config(**TIMED)
+    state, actions = searcher_step(config, None, [])
+    a, b, c, d = created(actions)
+
+    def report(rid: str, time: int, loss: float) -> list[Action]:
+        nonlocal state
+        state, out = searcher_step(config, state, [ValidationCompleted(rid, time, loss)])
+        return out
+
+    assert report(a, 1, 5.0) == []  # alone in rung 0: it goes on toward rung 1
+    assert report(b, 1, 6.0) == [Close(b)]  # rung 0 holds 2: only the best 1 goes on
+    assert report(c, 3, 4.0) == []  # one report passes rungs 0 and 1
+    # Equal to a's 5.0, d is ranked ahead of it (the reference's stopping rule): second of 4
+    # in rung 0, within the top 2.
+    assert report(d, 1, 5.0) == []
+    assert report(c, 4, 3.0) == [Close(c)]  # the top rung always stops
+    assert report(a, 2, 4.5) == [Close(a)]  # rung 1: behind c's 4.0
+    assert report(b, 2, 0.1) == []  # a stopped trial's later reports are ignored
+    rungs = trial_rungs(config, state)
+    assert {rid: (r.rung, r.status) for rid, r in rungs.items()} == {
+        a: (1, "stopped"), b: (0, "stopped"), c: (2, "done"), d: (1, "promoted")}
+    state, actions = searcher_step(config, state, [TrialExited(t) for t in (a, b, c)]
+                                   + [TrialExitedEarly(d, "errored")])
+    assert actions == [Shutdown()]
+
+
+def test_max_time_refills_slots_and_ranks_only_early_exits() -> None:
+    """A stopped trial's slot goes to a new trial; so does one whose code ended before its
+    top rung, without a result; an errored one ranks worst at its rung."""
+    config = make_config(**{**TIMED, "max_concurrent_trials": 1})
+    state, actions = searcher_step(config, None, [])
+    (a,) = created(actions)
+    state, actions = searcher_step(config, state, [ValidationCompleted(a, 1, 1.0),
+                                                   TrialExited(a)])
+    (b,) = created(actions)
+    assert state["method_state"]["brackets"][0]["rungs"][1] == []
+    state, actions = searcher_step(config, state, [TrialExitedEarly(b, "errored")])
+    (c,) = created(actions)
+    worst = state["method_state"]["brackets"][0]["rungs"][0][-1]
+    assert (worst["id"], worst["metric"]) == (b, None)
+    state, actions = searcher_step(config, state, [ValidationCompleted(c, 1, float("nan"))])
+    assert actions[0] == Close(c)  # NaN ranks worst: behind a's 1.0 and b's error
+    assert len(created(actions)) == 1
+
+
+def reference_stops(rungs: tuple[int, ...], divisor: float,
+                    reports: list[tuple[str, int, float]]) -> tuple[set[str], dict[str, int]]:
+    """0.38's ``doEarlyStopping`` for one bracket, as reference-facts §1.7 states it: the
+    trials stopped and each trial's rung."""
+    metrics: list[list[float]] = [[] for _ in rungs]
+    rung_of: dict[str, int] = {}
+    stopped: set[str] = set()
+    for rid, time, metric in reports:
+        if rid in stopped:
+            continue
+        r = rung_of.get(rid, 0)
+        while r < len(rungs):
+            rung_of[rid] = r
+            if time < rungs[r]:
+                break
+            index = bisect.bisect_left(metrics[r], metric)
+            metrics[r].insert(index, metric)
+            if r == len(rungs) - 1 or index >= max(int(len(metrics[r]) / divisor), 1):
+                stopped.add(rid)
+                break
+            r += 1
+    return stopped, rung_of
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    trials=st.integers(1, 12),
+    divisor=st.sampled_from([1.5, 2, 3, 4]),
+    max_time=st.integers(1, 100),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_max_time_decisions_match_the_reference_rule(trials: int, divisor: float,
+                                                     max_time: int, seed: int) -> None:
+    """Random interleavings of reports (each trial's time metric rising, metrics with ties)
+    give the same stops and rungs as the reference's rule."""
+    config = make_config(max_trials=trials, max_concurrent_trials=0, divisor=divisor,
+                         mode="aggressive", max_time=max_time, time_metric="batches",
+                         max_length=None)
+    (bracket,) = asha_brackets(searcher_of(config))
+    state, actions = searcher_step(config, None, [])
+    ids = created(actions)
+    rng = random.Random(seed)
+    times = dict.fromkeys(ids, 0)
+    reports = []
+    closed: set[str] = set()
+    for _ in range(6 * trials):
+        rid = rng.choice(ids)
+        times[rid] += rng.randint(0, max_time // 2 + 1)
+        report = (rid, times[rid], float(rng.randint(0, 5)))
+        reports.append(report)
+        state, actions = searcher_step(config, state, [ValidationCompleted(*report)])
+        closed |= {a.request_id for a in actions if isinstance(a, Close)}
+        assert not created(actions)
+    stopped, rung_of = reference_stops(bracket.rungs, divisor, reports)
+    assert closed == stopped
+    info = state["method_state"]["trials"]
+    assert {rid: info[rid]["rung"] for rid in rung_of} == rung_of
 
 
 # --- promotion (stop_once: false) ---------------------------------------------------------
@@ -464,6 +582,12 @@ def test_preview_search_command(tmp_path: Path, capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert "16 trials" in out and f"{2058 + 1750} batches" in out
     assert "62" in out and "250" in out
+    asha.write_text(  # 0.38's form: rungs in the time metric, whatever its name
+        "entrypoint: a:B\nsearcher: {name: adaptive_asha, metric: loss, max_trials: 8,"
+        " divisor: 2, mode: aggressive, max_time: 32, time_metric: seconds}\n"
+    )
+    preview_search(asha, json_=False)
+    assert "8 trials, 80 seconds of training" in capsys.readouterr().out
 
     grid = tmp_path / "grid.yaml"
     grid.write_text(

@@ -119,6 +119,18 @@ def test_adaptive_asha_config_is_accepted() -> None:
     )
     assert cfg.searcher.name == "adaptive_asha"
     assert cfg.searcher.divisor == 4.0 and cfg.searcher.mode == "standard"
+    assert cfg.searcher.max_length == Length("batches", 100)
+
+
+def test_adaptive_asha_time_metric_may_be_any_metric_name() -> None:
+    """§1.7: 0.38's time_metric names any reported metric; only batches, records and epochs
+    also give det's trainer a length to train to."""
+    cfg = load_experiment_config(
+        "entrypoint: python3 train.py\nsearcher: {name: adaptive_asha, metric: loss,"
+        " max_trials: 4, max_time: 60, time_metric: seconds}\n"
+    )
+    assert (cfg.searcher.max_time, cfg.searcher.time_metric) == (60, "seconds")
+    assert cfg.searcher.max_length is None
 
 
 def test_length_unit_and_value() -> None:
@@ -217,9 +229,7 @@ ASHA = ASHA_HEAD + "max_trials: 2, "
             "searcher.max_time",
             "required when searcher.time_metric is set",
         ),
-        (ASHA_HEAD.replace("max_length: {batches: 8}, ", "")
-         + "max_trials: 2, max_time: 9, time_metric: loss_time}", "searcher.time_metric",
-         "expected batches, records or epochs"),
+        (ASHA + "max_time: 9, time_metric: loss_time}", "searcher.max_length", "not both"),
         (ASHA + "max_time: 9, time_metric: batches}", "searcher.max_length", "not both"),
         (ASHA + "bracket_rungs: [2, 0]}", "searcher.bracket_rungs[1]", ">= 1"),
         (ASHA + "stop_once: maybe}", "searcher.stop_once", "expected true or false"),

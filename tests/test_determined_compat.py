@@ -12,8 +12,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 import torch
+from conftest import wait_for
+from psycopg.types.json import Jsonb
+from test_asha import reference_stops, searcher_of
+
+from det.configs import parse_experiment_config
+from det.harness import core
+from det.harness.errors import MissingSearcherMetricError
+from det.harness.transport import LocalTransport
+from det.reconciler.searchers.asha import asha_brackets, trial_rungs
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "determined_compat"
@@ -36,7 +46,7 @@ def _off_cluster(script: Path, home: Path, *args: str) -> subprocess.CompletedPr
 # --- off-cluster ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("step", ["0_start", "1_metrics", "2_checkpoints", "3_hpsearch",
-                                  "4_searcher_ops"])
+                                  "3_hpsearch_asha", "4_searcher_ops"])
 def test_core_api_steps_run_off_cluster(step: str, tmp_path: Path) -> None:
     r = _off_cluster(CORE / f"{step}.py", tmp_path)
     assert r.returncode == 0, r.stderr
@@ -97,22 +107,235 @@ def test_core_api_steps_complete_on_a_det_cluster(det, conn, tmp_path) -> None:
     assert [r["n"] for r in trials] == [1, 1, 1, 3, 1]
 
 
-def test_core_api_asha_search_with_max_time_completes_on_a_det_cluster(det, conn, tmp_path
-                                                                       ) -> None:
-    """0.38's adaptive_asha form (max_time + time_metric, no max_length) with a script that
-    trains its own length and never reads searcher operations: every trial ends when its code
-    does, and the search completes."""
+def test_deleting_an_experiment_without_checkpoints_removes_its_tensorboard_files(
+        det, conn, tmp_path) -> None:
+    """Step 1 reports metrics and stores no checkpoint; its metrics still became TensorBoard
+    files, which `det experiment delete` removes (through a GC task) before the rows go."""
+    ctx = tmp_path / "core_api"
+    shutil.copytree(CORE, ctx)
+    exp = _run_on_cluster(det, conn, ctx / "1_metrics.yaml", ctx)
+    assert conn.execute("SELECT count(*) AS n FROM checkpoints").fetchone()["n"] == 0
+    files = Path(det.env["DET_HOME"]) / "checkpoints" / f"tensorboard/experiment/{exp}"
+    assert any(p.is_file() for p in files.rglob("*"))
+    det("experiment", "delete", "--yes", str(exp))
+    wait_for(lambda: conn.execute("SELECT count(*) AS n FROM experiments").fetchone()["n"] == 0,
+             90, "the experiment's rows to go")
+    assert not files.exists()
+    gc = conn.execute("SELECT count(*) AS n FROM allocations").fetchone()["n"]
+    assert gc == 0, "the GC task's row went with the experiment's"
+
+
+def test_core_api_asha_with_max_time_stops_trials_through_should_preempt(det, conn, tmp_path
+                                                                          ) -> None:
+    """0.38's adaptive_asha (max_time + time_metric, no max_length) with a script that trains
+    its own length, never reads searcher operations and reports `batches` with each
+    validation: the searcher stops the trials below a rung's cut, each stopped run sees
+    should_preempt() and exits, and the search completes. Which trials reach max_time is
+    what 0.38's rule gives for the reports in the order the searcher read them."""
     ctx = tmp_path / "core_api"
     shutil.copytree(CORE, ctx)
     exp = _run_on_cluster(det, conn, ctx / "3_hpsearch_asha.yaml", ctx)
-    trials = conn.execute("SELECT state::text AS s FROM trials WHERE experiment_id = %s",
-                          (exp,)).fetchall()
-    assert [t["s"] for t in trials] == ["COMPLETED"] * 4
+    assert conn.execute("SELECT state::text AS s FROM experiments WHERE id = %s",
+                        (exp,)).fetchone()["s"] == "COMPLETED"
+    trials = conn.execute(
+        "SELECT t.id, t.request_id::text AS rid, t.state::text AS state, t.closed, "
+        "       max(m.steps_completed) AS last, bool_or(a.preempt_acked) AS acked, "
+        "       bool_or(a.desired_state = 'STOPPED') AS told "
+        "  FROM trials t JOIN allocations a ON a.trial_id = t.id "
+        "  JOIN metrics m ON m.trial_id = t.id AND m.\"group\" = 'validation' "
+        " WHERE t.experiment_id = %s GROUP BY t.id ORDER BY t.id", (exp,)).fetchall()
+    assert len(trials) == 8
+    assert all(t["state"] == "COMPLETED" and t["closed"] for t in trials)
+
+    # Each validation row was one searcher event: (trial, batches, loss), in its order.
+    events = conn.execute(
+        "SELECT t.request_id::text AS rid, (v.payload ->> 'length')::int AS time, "
+        "       (v.payload ->> 'metric')::float8 AS metric "
+        "  FROM searcher_events v JOIN trials t ON t.id = v.trial_id "
+        " WHERE v.experiment_id = %s AND v.kind = 'validation_completed' ORDER BY v.id",
+        (exp,)).fetchall()
+    rows = conn.execute(
+        "SELECT t.request_id::text AS rid, (m.\"values\" ->> 'batches')::int AS time, "
+        "       (m.\"values\" ->> 'loss')::float8 AS metric "
+        "  FROM metrics m JOIN trials t ON t.id = m.trial_id "
+        " WHERE t.experiment_id = %s AND m.\"group\" = 'validation'", (exp,)).fetchall()
+    key = lambda r: (r["rid"], r["time"], r["metric"])  # noqa: E731
+    assert sorted(map(key, events)) == sorted(map(key, rows))
+
+    config = conn.execute("SELECT config, searcher_state FROM experiments WHERE id = %s",
+                          (exp,)).fetchone()
+    (bracket,) = asha_brackets(searcher_of(config["config"]))
+    assert bracket.rungs == (4, 8, 16, 32)
+    stopped, rung_of = reference_stops(bracket.rungs, 2, [key(e) for e in events])
+    assert stopped == {t["rid"] for t in trials}  # 0.38 stops every trial, at the top too
+    top = {rid for rid, rung in rung_of.items() if rung == len(bracket.rungs) - 1}
+    rungs = trial_rungs(config["config"], config["searcher_state"])
+    assert {rid for rid, r in rungs.items() if r.status == "done"} == top
+    assert {rid: r.rung for rid, r in rungs.items()} == rung_of
+    # The trials stopped below the top learned it through should_preempt (acknowledged) and
+    # ended before max_time, each saving a checkpoint on its way out.
+    early = [t for t in trials if t["rid"] not in top]
+    assert early and all(t["told"] and t["acked"] and t["last"] < 32 for t in early)
+    assert 1 <= len(top) < 8
+    checkpointed = {r["rid"] for r in conn.execute(
+        "SELECT DISTINCT t.request_id::text AS rid FROM checkpoints c JOIN trials t "
+        "ON t.id = c.trial_id WHERE t.experiment_id = %s", (exp,)).fetchall()}
+    assert {t["rid"] for t in early} <= checkpointed
+
+
+def asha_time_config(**searcher: object) -> dict:
+    return parse_experiment_config({
+        "name": "x", "entrypoint": "true",
+        "hyperparameters": {"rate": {"type": "double", "minval": 0.1, "maxval": 0.5}},
+        "searcher": {"name": "adaptive_asha", "metric": "loss", "max_trials": 2,
+                     "time_metric": "batches", "max_time": 8, **searcher},
+        "reproducibility": {"experiment_seed": 1}}).expanded()
+
+
+def task_token(conn, config: dict) -> tuple[int, str]:
+    """A trial of a new experiment with ``config`` and the token of its claimed run."""
+    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
+                       (Jsonb(config),)).fetchone()["id"]
+    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
+    trial = conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
+                         "VALUES (%s, gen_random_uuid(), '{}', 0) RETURNING id",
+                         (eid,)).fetchone()["id"]
+    alloc = conn.execute(
+        "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec, "
+        "state, agent_id) SELECT job_id, %s, 1, 'default', 1, '{}', 'ASSIGNED', 'a1' "
+        "FROM experiments WHERE id = %s RETURNING id", (trial, eid)).fetchone()["id"]
+    return trial, conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+
+
+def test_validation_metrics_without_the_time_metric_are_refused() -> None:
+    """Under max_time + time_metric every validation report is a searcher result: it must
+    carry searcher.metric and a number under searcher.time_metric (a tensor counts)."""
+    config = asha_time_config()
+    with core.init(transport=LocalTransport(config, {}, echo=False)) as ctx:
+        with pytest.raises(MissingSearcherMetricError,
+                           match=r"time metric 'batches' \(searcher.time_metric\)"):
+            ctx.train.report_validation_metrics(4, {"loss": 1.0, "batches": "4"})
+        with pytest.raises(MissingSearcherMetricError, match=r"searcher metric 'loss'"):
+            ctx.train.report_validation_metrics(4, {"batches": 4})
+        ctx.train.report_validation_metrics(4, {"loss": 1.0, "batches": torch.tensor(4)})
+        assert ctx.transport.metrics == [("validation", 4, {"loss": 1.0, "batches": 4})]
+
+
+def test_validation_rows_are_the_searchers_events_under_max_time(conn) -> None:
+    """det_timed_validation: a validation row with a numeric time metric is one
+    validation_completed event at floor(time) (a non-numeric metric: null, ranked worst);
+    training rows and rows without the time metric are none; det_complete_op queues none."""
+    trial, token = task_token(conn, asha_time_config())
+    op = conn.execute("INSERT INTO searcher_ops (trial_id, length) VALUES (%s, 8) RETURNING id",
+                      (trial,)).fetchone()["id"]
+    rows = [("training", 4, {"loss": 1.0, "batches": 4}),
+            ("validation", 4, {"loss": 1.0, "batches": 4.7}),
+            ("validation", 5, {"loss": "NaN", "batches": 5}),
+            ("validation", 6, {"loss": 0.5})]
+    conn.execute("SELECT det_report_metrics_batch(%s, NULL, NULL, %s, %s, %s::jsonb[])",
+                 (token, [r[0] for r in rows], [r[1] for r in rows],
+                  [Jsonb(r[2]) for r in rows]))
+    conn.execute("SELECT det_complete_op(%s, %s, 0.5)", (token, op))
+    events = conn.execute("SELECT kind, payload FROM searcher_events WHERE trial_id = %s "
+                          "ORDER BY id", (trial,)).fetchall()
+    assert [(e["kind"], e["payload"]) for e in events] == [
+        ("validation_completed", {"length": 4, "metric": 1.0}),
+        ("validation_completed", {"length": 5, "metric": None})]
+
+
+METADATA_SCRIPT = """
+import determined as det
+
+with det.core.init() as core_context:
+    print("start:", core_context.train.get_metadata())
+    core_context.train.set_metadata({"data": {"rows": 100}, "tags": ["a", "b"]})
+    merged = core_context.train.set_metadata({"data": {"source": "s3", "rows": 100}})
+    print("merged:", merged)
+    try:
+        core_context.train.set_metadata({"data": {"rows": 5}})
+    except Exception as e:  # 0.38 raises its API error type here
+        print("refused:", e)
+    print("end:", core_context.train.get_metadata())
+"""
+
+
+def test_trial_metadata_is_set_and_read_by_the_trials_code(det, conn, tmp_path) -> None:
+    """TrainContext.set_metadata / get_metadata on a det cluster: keys are added and nested
+    objects merged into trials.metadata; a key set to another value is refused, naming it;
+    `det trial describe` shows it."""
+    (tmp_path / "meta.py").write_text(METADATA_SCRIPT)
+    (tmp_path / "meta.yaml").write_text(
+        "name: metadata\nentrypoint: python3 meta.py\n"
+        "searcher: {name: single, metric: loss}\nmax_restarts: 0\n")
+    exp = _run_on_cluster(det, conn, tmp_path / "meta.yaml", tmp_path)
+    trial = conn.execute("SELECT id, metadata FROM trials WHERE experiment_id = %s",
+                         (exp,)).fetchone()
+    expected = {"data": {"rows": 100, "source": "s3"}, "tags": ["a", "b"]}
+    assert trial["metadata"] == expected
+    logs = det("trial", "logs", str(trial["id"])).stdout
+    assert "start: {}" in logs and f"merged: {expected}" in logs and f"end: {expected}" in logs
+    assert 'refused: metadata key "data.rows" is already set (to 100)' in logs
+    described = json.loads(det("trial", "describe", str(trial["id"]), "--json").stdout)
+    assert described["metadata"] == expected
+
+
+def test_trial_metadata_functions_check_the_token_and_the_shape(conn) -> None:
+    _, token = task_token(conn, asha_time_config())
+    with pytest.raises(psycopg.errors.InvalidAuthorizationSpecification):
+        conn.execute("SELECT det_set_trial_metadata('forged', '{}')")
+    with pytest.raises(psycopg.errors.InvalidParameterValue,
+                       match="must be a JSON object, not array"):
+        conn.execute("SELECT det_set_trial_metadata(%s, '[1]')", (token,))
+    assert conn.execute("SELECT det_set_trial_metadata(%s, %s) AS m",
+                        (token, Jsonb({"a": {"b": 1}}))).fetchone()["m"] == {"a": {"b": 1}}
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match='key "a" is already set'):
+        conn.execute("SELECT det_set_trial_metadata(%s, '{\"a\": 2}')", (token,))
+    assert conn.execute("SELECT det_trial_metadata(%s) AS m", (token,)).fetchone()["m"] == {
+        "a": {"b": 1}}
+
+
+def test_off_cluster_metadata_follows_the_same_rule(tmp_path) -> None:
+    """Off-cluster the metadata lives in the process (the reference's dummy context has none
+    and raises AttributeError); the merge rule is the database's."""
+    (tmp_path / "meta.py").write_text(METADATA_SCRIPT)
+    r = _off_cluster(tmp_path / "meta.py", tmp_path)
+    assert r.returncode == 0, r.stderr
+    expected = {"data": {"rows": 100, "source": "s3"}, "tags": ["a", "b"]}
+    assert f"end: {expected}" in r.stdout
+    assert 'refused: metadata key "data.rows" is already set (to 100)' in r.stdout
 
 
 # --- determined.pytorch --------------------------------------------------------------------
 
 PYTORCH = EXAMPLES / "pytorch"
+
+
+def test_trainer_under_asha_with_max_time_reports_the_time_metric(det, conn, tmp_path) -> None:
+    """The Trainer script, unchanged, under 0.38's adaptive_asha form: its validations carry
+    `batches` (the time metric), so the searcher ranks them at rungs 16 and 48 and the search
+    completes with the trials 0.38's rule sends to the top."""
+    ctx = tmp_path / "pytorch"
+    shutil.copytree(PYTORCH, ctx)
+    exp = _run_on_cluster(det, conn, ctx / "trainer_asha.yaml", ctx)
+    config = conn.execute("SELECT config, searcher_state, state::text AS state "
+                          "FROM experiments WHERE id = %s", (exp,)).fetchone()
+    assert config["state"] == "COMPLETED"
+    events = conn.execute(
+        "SELECT t.request_id::text AS rid, (v.payload ->> 'length')::int AS time, "
+        "       (v.payload ->> 'metric')::float8 AS metric "
+        "  FROM searcher_events v JOIN trials t ON t.id = v.trial_id "
+        " WHERE v.experiment_id = %s AND v.kind = 'validation_completed' ORDER BY v.id",
+        (exp,)).fetchall()
+    assert {e["time"] for e in events} <= {16, 32, 48} and len(events) >= 4
+    (bracket,) = asha_brackets(searcher_of(config["config"]))
+    assert bracket.rungs == (16, 48)
+    _, rung_of = reference_stops(bracket.rungs, 3, [
+        (e["rid"], e["time"], e["metric"]) for e in events])
+    rungs = trial_rungs(config["config"], config["searcher_state"])
+    assert {rid: r.rung for rid, r in rungs.items()} == rung_of
+    assert {rid for rid, r in rungs.items() if r.status == "done"} == {
+        rid for rid, rung in rung_of.items() if rung == 1}
 
 
 def test_trainer_script_runs_off_cluster_in_determineds_checkpoint_layout(tmp_path) -> None:
@@ -132,6 +355,85 @@ def test_trainer_script_runs_off_cluster_in_determineds_checkpoint_layout(tmp_pa
          str(ckpt)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert load.returncode == 0, load.stderr
     assert abs(float(load.stdout) - 0.84) < 0.25  # sin(1) = 0.84
+
+
+REDUCER_TRIAL = """
+import logging
+
+import torch
+from torch.utils.data import TensorDataset
+
+import determined as det
+from determined import pytorch
+
+
+class ReducerTrial(pytorch.PyTorchTrial):
+    def __init__(self, context):
+        self.context = context
+        self.model = context.wrap_model(torch.nn.Linear(1, 1))
+        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.0))
+
+    def build_training_data_loader(self):
+        return pytorch.DataLoader(TensorDataset(torch.ones(4, 1)), batch_size=4)
+
+    def build_validation_data_loader(self):
+        x = torch.arange(10, dtype=torch.float32).reshape(10, 1)
+        return pytorch.DataLoader(TensorDataset(x), batch_size=4)
+
+    def train_batch(self, batch, epoch_idx, batch_idx):
+        loss = self.model(batch[0]).sum() * 0
+        self.context.backward(loss)
+        self.context.step_optimizer(self.opt)
+        return {"loss": loss}
+
+    def evaluate_batch(self, batch, batch_idx):
+        return {"mean_x": batch[0].mean(), "max_x": batch[0].max()}
+
+    def evaluation_reducer(self):
+        return {"mean_x": pytorch.Reducer.AVG, "max_x": pytorch.Reducer.MAX}
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format=det.LOG_FORMAT)
+    with pytorch.init(hparams={"global_batch_size": 4}) as train_context:
+        trainer = pytorch.Trainer(ReducerTrial(train_context), train_context)
+        trainer.fit(max_length=pytorch.Batch(1), checkpoint_policy="none")
+"""
+
+
+def test_reducer_avg_is_the_mean_over_batches_as_determineds(tmp_path) -> None:
+    """10 validation records in batches of 4, 4 and 2 (means of x 1.5, 5.5, 8.5): AVG is
+    their plain mean, 5.1667, the short batch counting as much as a full one; Determined
+    0.38.1 reports the same (5.1666665) for this script, where a mean weighted by records
+    would be 4.5."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "reducer_trial.py").write_text(REDUCER_TRIAL)
+    r = _off_cluster(code / "reducer_trial.py", tmp_path / "home")
+    assert r.returncode == 0, r.stderr
+    assert "'mean_x': 5.16666666" in r.stderr and "'max_x': 9.0" in r.stderr, r.stderr
+
+
+def test_legacy_trial_checkpoints_as_the_configs_checkpoint_policy(det, conn, tmp_path
+                                                                   ) -> None:
+    """`model_def:SineTrial` (det.harness.run) validates at batches 20 and 40: with
+    `checkpoint_policy: all` it checkpoints after each, with `none` only at its end."""
+    ctx = tmp_path / "pytorch"
+    shutil.copytree(PYTORCH, ctx)
+    det.env = _python_first(det.env)
+    for policy in ("all", "none"):
+        det("experiment", "create", str(ctx / "legacy.yaml"), str(ctx), "--config",
+            f"checkpoint_policy={policy}", "--config", "searcher.max_trials=1")
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--slots", "2")
+    for exp in (1, 2):
+        r = det("experiment", "wait", str(exp), check=False, timeout=240)
+        assert r.returncode == 0, r.stdout + r.stderr
+    rows = conn.execute(
+        "SELECT t.experiment_id AS e, array_agg(c.steps_completed ORDER BY c.steps_completed) "
+        "AS steps FROM checkpoints c JOIN trials t ON t.id = c.trial_id GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert [(r["e"], r["steps"]) for r in rows] == [(1, [20, 40]), (2, [40])]
 
 
 def test_pytorch_trials_complete_on_a_det_cluster(det, conn, tmp_path) -> None:

@@ -33,6 +33,19 @@ and at most the bracket's share of ``max_concurrent_trials`` running (0 = no cap
   only if it ranks in the top ``max(int(n / d), 1)`` there (``n`` counting itself; earlier
   results win ties); otherwise it is closed. Freed slots get new trials.
 
+* the reference's 0.38 form (``max_time`` + ``time_metric``, §1.7 "Per validation report"):
+  ``L`` is ``max_time`` and rungs are values of the metric named ``time_metric``. A trial is
+  created with one operation (of ``max_length`` when the time metric is batches, records or
+  epochs, else unbounded) and trains as its own code decides; each validation it reports
+  that carries the time metric ``t`` is an event at length ``int(t)`` (the SQL trigger
+  ``det_timed_validation``). From its current rung, while ``t`` reaches the rung's value,
+  the trial is ranked there (a new result ahead of equal ones, as the reference) and goes on
+  only if it ranks in the top ``max(int(n / d), 1)``; otherwise it is closed, which its run
+  sees as ``should_preempt()`` (the trial's runs are desired STOPPED). One report can pass
+  several rungs. Freed slots get new trials. A trial that ends by itself before its top rung
+  is replaced too (0.38 replaces only stopped and early-exited ones, so it can run fewer
+  than ``max_trials``); an early exit ranks worst at its rung, a clean one is not ranked.
+
 Either way a trial that reports the top rung is closed. A trial that exits before reporting its
 rung (errored, canceled, or its code ended its own training) ranks there with the worst
 metric; an ``invalid_hp`` trial leaves the rungs and is replaced (it does not count against
@@ -46,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from det.configs import AdaptiveAshaSearcher, ExperimentConfig, TPESearcher
+from det.configs.length import UNBOUNDED
 from det.reconciler.searchers.actions import Action, Close, ExitReason, ValidateAfter
 from det.reconciler.searchers.method import SearchMethod
 from det.reconciler.searchers.sampling import sample
@@ -88,9 +102,11 @@ class BracketPreview:
 
 
 def max_length(searcher: AdaptiveAshaSearcher) -> int:
-    """The top rung length ``L``, in the unit of ``searcher.max_length`` (which a
-    ``max_time`` in batches, records or epochs fills: ``configs/searcher.py``)."""
-    assert searcher.max_length is not None, "the config model always fills max_length"
+    """The top rung length ``L``: ``max_time`` (in ``time_metric``) when set, else in the
+    unit of ``searcher.max_length``."""
+    if searcher.max_time is not None:
+        return searcher.max_time
+    assert searcher.max_length is not None, "the config model requires one of them"
     return searcher.max_length.value
 
 
@@ -258,6 +274,11 @@ class AdaptiveAsha(SearchMethod):
             raise TypeError(f"AdaptiveAsha cannot run searcher {config.searcher.name!r}")
         self.searcher = config.searcher
         self.length = max_length(config.searcher)
+        # 0.38's form: rungs are values of the time metric; trials are only ever stopped.
+        self.timed = config.searcher.max_time is not None
+        self.stopping = self.timed or config.searcher.stop_once
+        self.op_length = (config.searcher.max_length.value if config.searcher.max_length
+                          else UNBOUNDED)
         self.preview = asha_preview(config.searcher)
         self.brackets = [preview.bracket for preview in self.preview]
 
@@ -289,6 +310,8 @@ class AdaptiveAsha(SearchMethod):
     def on_validation(
         self, state: SearchState, trial: TrialRecord, length: int, metric: float
     ) -> list[Action]:
+        if self.timed:
+            return self._on_timed_validation(state, trial, length, metric)
         info = state.method_state["trials"][trial.request_id]
         bracket = self.brackets[info["bracket"]]
         rung = info["rung"]
@@ -309,6 +332,32 @@ class AdaptiveAsha(SearchMethod):
                 actions += self._close(trial)
         return actions + self._fill(state, info["bracket"])
 
+    def _on_timed_validation(
+        self, state: SearchState, trial: TrialRecord, time: int, metric: float
+    ) -> list[Action]:
+        """0.38's stopping rule (module docstring): rank ``trial`` at each rung its time
+        metric value ``time`` reaches, from its current one; stop it below a cut or at the
+        top. Reports of a stopped trial are ignored."""
+        info = state.method_state["trials"][trial.request_id]
+        b = info["bracket"]
+        rungs = self.brackets[b].rungs
+        if not info["running"]:
+            return []
+        signed = metric if self.searcher.smaller_is_better else -metric
+        value = signed if math.isfinite(signed) else None
+        actions: list[Action] = []
+        while time >= rungs[info["rung"]]:
+            entry = self._record(state, trial, value, ahead=True)
+            results = state.method_state["brackets"][b]["rungs"][info["rung"]]
+            top = info["rung"] == len(rungs) - 1
+            if top or results.index(entry) >= max(int(len(results) / self.searcher.divisor), 1):
+                info["running"] = False
+                actions += self._close(trial)
+                break
+            entry["promoted"] = True
+            info["rung"] += 1
+        return actions + self._fill(state, b)
+
     def on_exit(
         self, state: SearchState, trial: TrialRecord, reason: ExitReason | None
     ) -> list[Action]:
@@ -318,7 +367,7 @@ class AdaptiveAsha(SearchMethod):
             bracket["created"] -= 1
             for results in bracket["rungs"]:
                 results[:] = [e for e in results if e["id"] != trial.request_id]
-        elif info["running"]:
+        elif info["running"] and not (self.timed and reason is None):
             self._record(state, trial, None)
         info["running"] = False
         return self._fill(state, info["bracket"])
@@ -336,7 +385,7 @@ class AdaptiveAsha(SearchMethod):
                 break
             all_created = stored["created"] >= bracket.max_trials
             entry = None
-            if not self.searcher.stop_once:
+            if not self.stopping:
                 entry = self._promotable(state, b, finishing=all_created and running == 0)
             if entry is not None:
                 actions += self._promote(state, b, entry)
@@ -380,15 +429,16 @@ class AdaptiveAsha(SearchMethod):
         return trial.exit is None and not trial.closed and not info["running"]
 
     def _record(
-        self, state: SearchState, trial: TrialRecord, metric: float | None
+        self, state: SearchState, trial: TrialRecord, metric: float | None, ahead: bool = False
     ) -> dict[str, Any]:
         """Rank ``trial`` in the rung it trained toward, behind equal results: earlier reports
-        win ties (the reference's promotion rule, §1.9; its stopping rule puts a new result
-        ahead of equal ones)."""
+        win ties (the reference's promotion rule, §1.9); ``ahead`` puts it before them (its
+        0.38 stopping rule, §1.7)."""
         info = state.method_state["trials"][trial.request_id]
         results = state.method_state["brackets"][info["bracket"]]["rungs"][info["rung"]]
         entry = {"id": trial.request_id, "metric": metric, "promoted": False}
-        results.insert(bisect.bisect_right(results, _rank_key(entry), key=_rank_key), entry)
+        where = bisect.bisect_left if ahead else bisect.bisect_right
+        results.insert(where(results, _rank_key(entry), key=_rank_key), entry)
         return entry
 
     def _promote(self, state: SearchState, b: int, entry: dict[str, Any]) -> list[Action]:
@@ -406,7 +456,8 @@ class AdaptiveAsha(SearchMethod):
 
     def _create(self, state: SearchState, b: int) -> list[Action]:
         hparams = self.new_hparams(state)
-        actions = state.create(hparams, self.brackets[b].rungs[0])
+        first = self.op_length if self.timed else self.brackets[b].rungs[0]
+        actions = state.create(hparams, first)
         state.method_state["trials"][state.trials[-1].request_id] = {
             "bracket": b,
             "rung": 0,

@@ -103,7 +103,7 @@ class TrainContext(det_core.TrainContext):
     """``core_context.train``: metrics, progress, early exit, status (0.38 signatures)."""
 
     def __init__(self, base: det_core.TrainContext, searcher: "SearcherContext") -> None:
-        super().__init__(base._transport, base._tensorboard)
+        super().__init__(base._transport, base._tensorboard, base._searcher_config)
         self._searcher = searcher
 
     def report_training_metrics(self, steps_completed: int, metrics: Mapping[str, Any],

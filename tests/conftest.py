@@ -19,11 +19,12 @@ import docker.errors
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from det.agent import image
 from det.db import migrate
 from det.db.embedded import ensure_running
+from det.db.roles import verifier
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,8 +55,12 @@ def template_db(pg_server: str) -> Iterator[str]:
     with _admin(pg_server) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {name}")
         admin.execute(f"CREATE DATABASE {name}")
-    with psycopg.connect(make_conninfo(pg_server, dbname=name)) as conn:
+    with psycopg.connect(make_conninfo(pg_server, dbname=name), autocommit=True) as conn:
         migrate(conn)
+        # det_task's password, which agents hand their tasks (DET_TASK_DB_URL): a task
+        # container sees the socket directory and nothing else, no password file
+        conn.execute(sql.SQL("ALTER ROLE det_task PASSWORD {}").format(
+            sql.Literal(verifier(conn, "det_task", TASK_PASSWORD))))
     yield name
     with _admin(pg_server) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
@@ -138,10 +143,21 @@ def conn(db_url: str) -> Iterator[psycopg.Connection]:
         yield c
 
 
+TASK_PASSWORD = "the tests' det_task password"
+
+
+def task_url(db_url: str) -> str:
+    """The URL tasks of the test's agents connect with: det_task, its password inline."""
+    params = {k: v for k, v in conninfo_to_dict(db_url).items() if k not in ("passfile",)}
+    return make_conninfo(**{**params, "user": "det_task", "password": TASK_PASSWORD})
+
+
 @pytest.fixture
 def det_env(db_url: str, tmp_path: Path) -> dict[str, str]:
-    """Environment for running det processes against the test's database."""
-    return {**os.environ, "DET_DB_URL": db_url, "DET_HOME": str(tmp_path / "home"),
+    """Environment for running det processes against the test's database (its tasks as
+    det_task, as `det cluster up` sets it)."""
+    return {**os.environ, "DET_DB_URL": db_url, "DET_TASK_DB_URL": task_url(db_url),
+            "DET_HOME": str(tmp_path / "home"),
             "DET_USER": "tester", "PYTHONUNBUFFERED": "1",
             # Agents run tasks as processes unless a test asks for containers.
             "DET_AGENT_RUNTIME": "process"}

@@ -143,13 +143,18 @@ def conn(db_url: str) -> Iterator[psycopg.Connection]:
         yield c
 
 
-TASK_PASSWORD = "the tests' det_task password"
+TASK_PASSWORD = "tests-det-task-password"
 
 
 def task_url(db_url: str) -> str:
     """The URL tasks of the test's agents connect with: det_task, its password inline."""
     params = {k: v for k, v in conninfo_to_dict(db_url).items() if k not in ("passfile",)}
     return make_conninfo(**{**params, "user": "det_task", "password": TASK_PASSWORD})
+
+
+def private_env(det_env: dict[str, str], url: str) -> dict[str, str]:
+    """``det_env`` for a private server at ``url``: its tasks use the agent's own URL."""
+    return {**{k: v for k, v in det_env.items() if k != "DET_TASK_DB_URL"}, "DET_DB_URL": url}
 
 
 @pytest.fixture

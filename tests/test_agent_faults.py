@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import Det, wait_for
+from conftest import Det, private_env, wait_for
 from psycopg.rows import dict_row
 from test_reconciler import config
 
@@ -140,7 +140,7 @@ def test_output_held_outside_the_task_session_does_not_block(db_url, tmp_path,
 @pytest.fixture
 def pdet(private_pg, det_env, tmp_path) -> Det:
     """A :class:`Det` runner bound to the private, restartable server."""
-    d = Det({**det_env, "DET_DB_URL": private_pg.url}, tmp_path)
+    d = Det(private_env(det_env, private_pg.url), tmp_path)
     yield d
     d.stop_all()
 

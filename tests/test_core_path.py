@@ -4,7 +4,7 @@ break, leaders that die or freeze, and the truth in what det prints."""
 import signal
 
 import pytest
-from conftest import wait_for
+from conftest import private_env, wait_for
 from test_reconciler import config, state
 
 
@@ -75,7 +75,7 @@ def det_private(private_pg, det_env, tmp_path):
     """A :class:`conftest.Det` runner bound to the test's private, restartable server."""
     from conftest import Det
 
-    d = Det({**det_env, "DET_DB_URL": private_pg.url}, tmp_path)
+    d = Det(private_env(det_env, private_pg.url), tmp_path)
     yield d
     d.stop_all()
 

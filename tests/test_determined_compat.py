@@ -643,7 +643,7 @@ def test_cluster_info_has_038s_shape_on_a_det_cluster(det, conn, tmp_path) -> No
     line = next(x for x in det("trial", "logs", "1").stdout.splitlines() if "INFO {" in x)
     info = json.loads(line.split("INFO ", 1)[1])
     assert info == {"trial": 1, "exp": 1, "hparams": {"a": 1}, "name": "info", "rank": 0,
-                    "type": "TRIAL", "url": det.env["DET_DB_URL"], "latest": None,
+                    "type": "TRIAL", "url": det.env["DET_TASK_DB_URL"], "latest": None,
                     "slots": [0]}
 
 

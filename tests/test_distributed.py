@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, wait_for
+from conftest import REPO, task_url, wait_for
 from test_e2e_digits import DIGITS, digits_config
 
 LAUNCHER = f"{sys.executable} -m det.launch.torch_distributed"
@@ -63,12 +63,14 @@ max_restarts: 0
 
 def task_processes(db_url: str) -> list[psutil.Process]:
     """The live processes of det tasks run against ``db_url`` (launchers, workers and what
-    they started: everything with the task's ``DET_ALLOCATION_ID``)."""
+    they started: everything with the task's ``DET_ALLOCATION_ID``); they connect with the
+    test's task URL (conftest.task_url)."""
+    urls = {db_url, task_url(db_url)}
     found = []
     for p in psutil.process_iter():
         try:
             env = p.environ()
-            if env.get("DET_DB_URL") == db_url and "DET_ALLOCATION_ID" in env \
+            if env.get("DET_DB_URL") in urls and "DET_ALLOCATION_ID" in env \
                     and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):

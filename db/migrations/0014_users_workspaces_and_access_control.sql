@@ -199,18 +199,28 @@ SELECT NOT EXISTS (SELECT 1 FROM users WHERE username = det_caller())
                                    WHERE oid = 'experiments'::regclass), 'MEMBER')
 $$;
 
+CREATE FUNCTION det_user_grants(p_user text)
+RETURNS TABLE (workspace_id integer, permissions text[]) LANGUAGE sql STABLE AS $$
+-- What active user p_user holds: one row per role assigned to them or to one of their
+-- groups, with its workspace (NULL: every workspace) and its permissions (see roles). The
+-- one home of that rule: det_permitted and det_visible_workspaces read it.
+SELECT a.workspace_id, r.permissions
+  FROM users u
+  JOIN role_assignments a
+    ON a.user_id = u.id
+    OR a.group_id IN (SELECT m.group_id FROM user_group_members m WHERE m.user_id = u.id)
+  JOIN roles r ON r.name = a.role
+ WHERE u.username = p_user AND u.active
+$$;
+
 CREATE FUNCTION det_permitted(p_user text, p_permission text, p_workspace integer)
 RETURNS boolean LANGUAGE sql STABLE AS $$
--- Whether active user p_user holds p_permission (see roles) in workspace p_workspace (NULL:
--- globally) through a role assigned to them or to one of their groups, globally or there.
+-- Whether active user p_user holds p_permission in workspace p_workspace (NULL: globally)
+-- through a role held globally or there (det_user_grants).
 SELECT EXISTS (
-    SELECT 1 FROM users u
-      JOIN role_assignments a
-        ON a.user_id = u.id
-        OR a.group_id IN (SELECT m.group_id FROM user_group_members m WHERE m.user_id = u.id)
-      JOIN roles r ON r.name = a.role
-     WHERE u.username = p_user AND u.active AND p_permission = ANY (r.permissions)
-       AND (a.workspace_id IS NULL OR a.workspace_id = p_workspace))
+    SELECT 1 FROM det_user_grants(p_user) g
+     WHERE p_permission = ANY (g.permissions)
+       AND (g.workspace_id IS NULL OR g.workspace_id = p_workspace))
 $$;
 
 CREATE FUNCTION det_visible_workspaces() RETURNS integer[] LANGUAGE sql STABLE
@@ -218,14 +228,8 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The workspaces the calling user may view (det_permitted's rule, as one query): what the
 -- row-level security policies key on, called once per query as an InitPlan:
 -- `= ANY ((SELECT det_visible_workspaces())::integer[])`.
-WITH me AS (SELECT id FROM users WHERE username = det_caller() AND active),
-     viewable AS (
-        SELECT a.workspace_id FROM me
-          JOIN role_assignments a
-            ON a.user_id = me.id
-            OR a.group_id IN (SELECT m.group_id FROM user_group_members m WHERE m.user_id = me.id)
-          JOIN roles r ON r.name = a.role
-         WHERE 'view' = ANY (r.permissions))
+WITH viewable AS (SELECT g.workspace_id FROM det_user_grants(det_caller()) g
+                   WHERE 'view' = ANY (g.permissions))
 SELECT CASE WHEN EXISTS (SELECT 1 FROM viewable WHERE workspace_id IS NULL)
             THEN (SELECT coalesce(array_agg(id), '{}') FROM workspaces)
             ELSE (SELECT coalesce(array_agg(DISTINCT workspace_id), '{}') FROM viewable) END
@@ -1650,7 +1654,8 @@ GRANT EXECUTE ON FUNCTION
     det_model_find(text), det_model_version_find(text, integer),
     det_checkpoints_to_delete(integer, integer, integer, integer),
     det_pool_scheduler(text), det_stopped_state(text), det_caller(),
-    det_is_owner_session(), det_permitted(text, text, integer), det_visible_workspaces(),
+    det_is_owner_session(), det_user_grants(text), det_permitted(text, text, integer),
+    det_visible_workspaces(),
     det_visible_projects(),
     det_role_needed(text), det_workspace_find(text), det_project_find(text, text),
     det_user_find(text), det_experiment_workspace(integer),

@@ -16,13 +16,11 @@ SELECT name, permissions, CASE WHEN global_only THEN 'cluster' ELSE 'cluster or 
 """
 
 MY_PERMISSIONS = """
-SELECT coalesce(w.name, '(all workspaces)') AS workspace, p.permission
-  FROM (SELECT NULL::integer AS id UNION ALL SELECT id FROM workspaces) ws
-  LEFT JOIN workspaces w ON w.id = ws.id
- CROSS JOIN (SELECT DISTINCT unnest(permissions) AS permission FROM roles) p
- WHERE det_permitted(det_caller(), p.permission, ws.id)
-   AND (ws.id IS NULL OR NOT det_permitted(det_caller(), p.permission, NULL))
- ORDER BY ws.id NULLS FIRST, p.permission
+SELECT DISTINCT coalesce(w.name, '(all workspaces)') AS workspace, p.permission, g.workspace_id
+  FROM det_user_grants(det_caller()) g
+  LEFT JOIN workspaces w ON w.id = g.workspace_id
+ CROSS JOIN unnest(g.permissions) AS p(permission)
+ ORDER BY g.workspace_id NULLS FIRST, p.permission
 """
 
 

@@ -11,6 +11,7 @@ The ``tensorboard`` package writes the files (installed with det's ``torch`` ext
 a warning says once that no event files are written.
 """
 
+import functools
 import math
 import pathlib
 import sys
@@ -49,6 +50,18 @@ def tag(group: str, name: str) -> str:
     return f"{group}/{name}"
 
 
+@functools.cache
+def event_writer_class() -> type | None:
+    """tensorboard's ``EventFileWriter``, or None when the package is not installed. Its
+    import is the dear part of writing event files (~0.4 s of CPU), paid once per process;
+    the agent's zygote pays it before it forks its tasks (:mod:`det.agent.zygote`)."""
+    try:
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    except ImportError:
+        return None
+    return EventFileWriter
+
+
 class TensorboardFiles:
     """A trial's event files: written locally under ``path``, synced to ``storage``."""
 
@@ -62,14 +75,13 @@ class TensorboardFiles:
 
     def _events(self) -> Any:
         if self._writer is None and not self._unavailable:
-            try:
-                from tensorboard.summary.writer.event_file_writer import EventFileWriter
-            except ImportError:
+            writer_class = event_writer_class()
+            if writer_class is None:
                 self._unavailable = True
                 print("det.harness: warning: the tensorboard package is not installed; no "
                       "TensorBoard event files are written", file=sys.stderr)
                 return None
-            self._writer = EventFileWriter(str(self.path))
+            self._writer = writer_class(str(self.path))
         return self._writer
 
     def report(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:

@@ -111,6 +111,35 @@ def test_a_module_an_exception_and_a_signal(zygote, tmp_path) -> None:
     assert code == -signal.SIGKILL
 
 
+EXIT_SCRIPT = """
+import atexit, sys, threading, time
+import helper  # a module of the task's own: released at its exit like its globals
+log = open("log.txt", "w")  # never closed: flushed as the interpreter's exit would
+log.write("buffered")
+atexit.register(lambda: print("atexit ran", flush=True))
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread joined"))).start()
+helper.keep.append(open("helper.txt", "w"))
+helper.keep[0].write("from a module")
+sys.exit(sys.argv[1] if sys.argv[1:] else None)
+"""
+
+
+def test_a_forked_task_exits_as_its_interpreter_would(zygote, tmp_path) -> None:
+    """The zygote's child skips the interpreter's teardown of the preloaded modules, but not
+    what a task can see: joined threads, atexit, finalized globals (flushed files),
+    SystemExit's status and message."""
+    (tmp_path / "train.py").write_text(EXIT_SCRIPT)
+    (tmp_path / "helper.py").write_text("keep = []\n")
+    env = {"PATH": os.environ["PATH"]}
+    code, out, err = run(zygote, ["train.py"], env, tmp_path)
+    assert code == 0 and err == ""
+    assert out.splitlines() == ["thread joined", "atexit ran"]
+    assert (tmp_path / "log.txt").read_text() == "buffered"
+    assert (tmp_path / "helper.txt").read_text() == "from a module"
+    code, _, err = run(zygote, ["train.py", "no data"], env, tmp_path)
+    assert (code, err) == (1, "no data\n")
+
+
 def test_tasks_die_with_their_zygote_and_a_new_one_starts(zygote, tmp_path) -> None:
     (tmp_path / "sleep.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
     env = {"PATH": os.environ["PATH"]}

@@ -1,0 +1,51 @@
+"""TensorBoard event files written by the harness (``det.harness.tensorboard``): TensorBoard
+reads every reported scalar back, and each record's framing checks out against tensorboard's
+own (pure-Python) CRC-32C."""
+
+import math
+import struct
+
+import fsspec
+import pytest
+
+pytest.importorskip("tensorboard")
+
+from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402
+    EventAccumulator,
+)
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c  # noqa: E402
+
+from det.harness.storage import FsspecStorage  # noqa: E402
+from det.harness.tensorboard import TensorboardFiles  # noqa: E402
+
+
+def test_reported_scalars_read_back_from_storage(tmp_path) -> None:
+    storage = FsspecStorage(fsspec.filesystem("file"), str(tmp_path / "storage"))
+    files = TensorboardFiles(storage, 7, 3, tmp_path / "local")
+    for step in range(1, 101):
+        files.report("training", step, {"loss": 1.0 / step, "nan": math.nan, "flag": True,
+                                        "name": "x", 2: float(step)})
+    files.report("validation", 100, {"loss": 0.5, "accuracy": 0.9})
+    files.report("inference", 100, {"latency": 3})
+    files.close()
+
+    remote = tmp_path / "storage" / "tensorboard" / "experiment" / "7" / "trial" / "3"
+    events = EventAccumulator(str(remote))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"loss", "2", "val_loss", "val_accuracy",
+                                             "inference/latency"}
+    loss = events.Scalars("loss")
+    assert [e.step for e in loss] == list(range(1, 101))
+    assert loss[3].value == pytest.approx(0.25)
+    assert [(e.step, e.value) for e in events.Scalars("inference/latency")] == [(100, 3.0)]
+
+    (event_file,) = remote.glob("events.out.tfevents.*")
+    data, records = event_file.read_bytes(), 0
+    while data:
+        header, header_crc = data[:8], data[8:12]
+        (length,) = struct.unpack("<Q", header)
+        body, body_crc = data[12:12 + length], data[12 + length:16 + length]
+        assert struct.unpack("<I", header_crc)[0] == masked_crc32c(header)
+        assert struct.unpack("<I", body_crc)[0] == masked_crc32c(body)
+        data, records = data[16 + length:], records + 1
+    assert records == 1 + 100 + 2  # the file-version event, then one per report

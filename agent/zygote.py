@@ -52,7 +52,9 @@ import setproctitle
 def _preload() -> None:
     """Import, before anything is forked, what every det task imports: the harness, and
     (where installed) the TensorBoard event encoding a task loads at its first metric
-    report (protobuf, ~20 ms of CPU)."""
+    report (protobuf, ~20 ms of CPU), and fsspec's local filesystem (checkpoint storage)."""
+    import fsspec.implementations.local  # noqa: F401
+
     import det.harness.core  # noqa: F401
     from det.harness.tensorboard import event_protos
 

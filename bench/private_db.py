@@ -18,13 +18,13 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from det.db import embedded, migrate
+from det.db import embedded, migrate, roles
 
 
 @dataclass(frozen=True)
 class BenchDb:
-    """``url`` of the benchmark's database; ``home`` its temporary DET_HOME (the embedded
-    server's directory), None when ``DET_DB_URL`` named the server."""
+    """``url`` of the benchmark's database (its owner's); ``home`` its temporary DET_HOME
+    (the embedded server's directory), None when ``DET_DB_URL`` named the server."""
 
     url: str
     home: Path | None
@@ -36,7 +36,9 @@ def private_database(embedded_only: bool = False) -> Iterator[BenchDb]:
     ``embedded_only``: benches that stop and restart the server need their own), else an
     embedded PostgreSQL in a fresh temporary DET_HOME, also set in ``os.environ`` so det
     processes started from here use it. On exit the embedded server is stopped and its files
-    (often over 100 MB) are removed."""
+    (often over 100 MB) are removed. The embedded server's actor roles get their passwords as
+    ``det cluster up`` gives them (:func:`det.db.roles.provision`), so that agents and tasks
+    connect as they do there (see :func:`det_process`)."""
     external = None if embedded_only else os.environ.get("DET_DB_URL")
     home = None if external else Path(tempfile.mkdtemp(prefix="det-bench-"))
     if home is not None:
@@ -44,8 +46,10 @@ def private_database(embedded_only: bool = False) -> Iterator[BenchDb]:
         os.environ["DET_HOME"] = str(home)
     try:
         url = external or embedded.ensure_running(home)
-        with psycopg.connect(url) as conn:
+        with psycopg.connect(url, autocommit=True) as conn:
             migrate(conn)
+            if home is not None:
+                roles.provision(conn, home)
         yield BenchDb(url, home)
     finally:
         if home is not None:
@@ -55,12 +59,17 @@ def private_database(embedded_only: bool = False) -> Iterator[BenchDb]:
 
 def det_process(url: str, *args: str, profile: Path | None = None) -> subprocess.Popen:
     """``det ARGS`` in the background against ``url``, output discarded; with ``profile``,
-    under cProfile writing to that file."""
+    under cProfile writing to that file. An agent of the embedded server connects as
+    ``det_agent`` and gives its tasks ``det_task``'s URL, as under ``det cluster up``."""
     prefix = [sys.executable]
     if profile is not None:
         prefix += ["-m", "cProfile", "-o", str(profile)]
-    return subprocess.Popen([*prefix, "-m", "det.cli.main", *args],
-                            env={**os.environ, "DET_DB_URL": url},
+    env = {**os.environ, "DET_DB_URL": url}
+    home = os.environ.get("DET_HOME")
+    if args[:1] == ("agent",) and home and url == embedded.role_url(Path(home), embedded.OWNER):
+        env.update(DET_DB_URL=embedded.role_url(Path(home), roles.AGENT),
+                   DET_TASK_DB_URL=roles.task_url(Path(home)))
+    return subprocess.Popen([*prefix, "-m", "det.cli.main", *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

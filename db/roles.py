@@ -26,10 +26,30 @@ WEB = "det_web"
 ACTORS = (AGENT, TASK, WEB)
 
 
-def verifier(conn: psycopg.Connection, role: str, password: str) -> str:
-    """The SCRAM-SHA-256 verifier of ``password`` for ``role`` (what PostgreSQL stores)."""
-    return conn.pgconn.encrypt_password(password.encode(), role.encode(),
-                                        b"scram-sha-256").decode()
+MACHINE_SCRAM_ITERATIONS = 1
+"""SCRAM iterations (PBKDF2 rounds) of the actors' verifiers. Rounds make each guess at a
+weak password dear for whoever holds its verifier; the actors' passwords are random (190 bits,
+:func:`det.db.passfile.new_password`), which no number of guesses finds, while every
+connection pays the rounds twice (client and server): 4096 rounds, the server's default, cost
+~3.5 ms of CPU a connection, and each task opens two (issue 11, bench/toy_search.py)."""
+
+
+def verifier(conn: psycopg.Connection, role: str, password: str, *,
+             iterations: int | None = None) -> str:
+    """The SCRAM-SHA-256 verifier of ``password`` for ``role`` (what PostgreSQL stores), with
+    ``iterations`` rounds where server and libpq can set them (PostgreSQL 16 and later), else
+    the server's ``scram_iterations`` (4096 by default). Only random passwords may have
+    fewer rounds (:data:`MACHINE_SCRAM_ITERATIONS`)."""
+    custom = (iterations is not None and conn.info.server_version >= 160000
+              and psycopg.pq.version() >= 160000)
+    if custom:
+        conn.execute(sql.SQL("SET scram_iterations = {}").format(sql.Literal(iterations)))
+    try:
+        return conn.pgconn.encrypt_password(password.encode(), role.encode(),
+                                            b"scram-sha-256").decode()
+    finally:
+        if custom:
+            conn.execute("RESET scram_iterations")
 
 
 def provision(conn: psycopg.Connection, home: Path) -> str:
@@ -45,7 +65,8 @@ def provision(conn: psycopg.Connection, home: Path) -> str:
             password = passfile.new_password()
             with conn.transaction():
                 conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
-                    sql.Identifier(role), sql.Literal(verifier(conn, role, password))))
+                    sql.Identifier(role), sql.Literal(verifier(
+                        conn, role, password, iterations=MACHINE_SCRAM_ITERATIONS))))
             passfile.store(file, role, password)
     admin = getpass.getuser()
     if admin in (embedded.OWNER, *ACTORS):

@@ -24,7 +24,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from det.agent import image
 from det.db import migrate
 from det.db.embedded import ensure_running
-from det.db.roles import verifier
+from det.db.roles import MACHINE_SCRAM_ITERATIONS, verifier
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,8 @@ def template_db(pg_server: str) -> Iterator[str]:
         # det_task's password, which agents hand their tasks (DET_TASK_DB_URL): a task
         # container sees the socket directory and nothing else, no password file
         conn.execute(sql.SQL("ALTER ROLE det_task PASSWORD {}").format(
-            sql.Literal(verifier(conn, "det_task", TASK_PASSWORD))))
+            sql.Literal(verifier(conn, "det_task", TASK_PASSWORD,
+                                 iterations=MACHINE_SCRAM_ITERATIONS))))
     yield name
     with _admin(pg_server) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

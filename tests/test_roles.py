@@ -198,6 +198,13 @@ def test_login_switches_the_cli_user_and_logout_switches_back(local, tmp_path) -
     assert "det connects as" in local("user", "logout").stdout
     assert passfile.lookup(file, "bob") is None
     assert local("user", "whoami").stdout.strip() == getpass.getuser()
+    # The actors' random passwords have 1 SCRAM round (each connection pays the rounds), a
+    # user's chosen password the server's 4096 (they slow guessing at a weak one).
+    with _owner(home) as conn:
+        rounds = dict(conn.execute(
+            "SELECT rolname, split_part(split_part(rolpassword, '$', 2), ':', 1)::int "
+            "FROM pg_authid WHERE rolname IN ('det_task', 'det_agent', 'det_web', 'bob')"))
+    assert rounds == {"det_task": 1, "det_agent": 1, "det_web": 1, "bob": 4096}
 
 
 def test_a_container_gets_the_socket_directory_and_nothing_else_of_the_database(

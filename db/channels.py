@@ -43,8 +43,13 @@ def agent(agent_id: str) -> str:
 
 
 def allocation(allocation_id: int) -> str:
-    """The channel a task LISTENs on for its preemption (desired state left RUNNING)."""
+    """The channel a task LISTENs on: for its preemption (desired state left RUNNING; empty
+    payload), and for its trial's next searcher op being decided (payload ``OP_DECIDED``)."""
     return _bounded("alloc", str(int(allocation_id)))
+
+
+OP_DECIDED = "op"
+"""The payload on an allocation's channel when the searcher has read its trial's events."""
 
 
 def experiment_topic(exp_id: int) -> str:

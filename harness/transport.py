@@ -29,6 +29,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from det.db import channels, retry
+from det.db.channels import OP_DECIDED
 from det.db.reconnect import Reconnecting, open_connection
 from det.db.sqlstate import translate
 from det.errors import DatabaseError, DetError
@@ -50,10 +51,11 @@ WATCH_SLICE_SECONDS = 0.25
 """How often the preemption watcher, while it waits for a NOTIFY, looks whether ``close()``
 wants it to end."""
 
-OP_POLL_SECONDS = 0.005
-"""First pause between ``det_current_op`` calls while the searcher decides (doubles). A woken
-reconciler decides in ~10 ms (bench/promotion_hop.py): a first pause of 50 ms made the task
-see the answer at 54 ms p50, 5 ms makes it ~15 ms, for a few more cheap calls per hop."""
+OP_POLL_SECONDS = 0.1
+"""First pause between ``det_current_op`` calls while the searcher decides (doubles). The
+reconciler's pass that decides NOTIFYs the allocation's channel (payload
+``channels.OP_DECIDED``), which ends the pause at once; the pause only bounds the wait when a
+NOTIFY is lost. (Polling alone, from 5 ms, cost ~20 calls a hop in a busy search.)"""
 
 OP_POLL_MAX_SECONDS = 1.0
 """Longest pause between ``det_current_op`` calls while the searcher decides."""
@@ -186,6 +188,7 @@ class DbTransport:
                                     name=f"det-reports-{allocation_id}")
         atexit.register(self._writer.flush)
         self._preempt = threading.Event()
+        self._op_decided = threading.Event()  # set by the watcher on an OP_DECIDED NOTIFY
         self._stop = threading.Event()
         self._watcher = threading.Thread(
             target=self._watch_preemption, name=f"det-preempt-{allocation_id}", daemon=True
@@ -259,17 +262,20 @@ class DbTransport:
         """``det_current_op(token)``: ``{"id", "length"}``, or NULL (-> ``None``).
 
         While the answer is ``{"wait": true}`` (the searcher has not yet read this trial's
-        last report, so its next op is undecided) it asks again, every
-        ``OP_POLL_SECONDS`` doubling up to ``OP_POLL_MAX_SECONDS``; a preemption request
-        ends the wait with ``None``, so a stopping task never hangs here.
+        last report, so its next op is undecided) it asks again when the deciding pass's
+        NOTIFY arrives, or after ``OP_POLL_SECONDS`` doubling up to ``OP_POLL_MAX_SECONDS``;
+        a preemption request ends the wait with ``None``, so a stopping task never hangs here.
         """
         delay = OP_POLL_SECONDS
-        while (op := self._call("current op", "SELECT det_current_op(%s)")) is not None \
-                and "id" not in op:
-            if self.should_preempt():
-                return None
-            time.sleep(delay)
+        while True:
+            self._op_decided.clear()  # a NOTIFY from here on answers the call below
+            op = self._call("current op", "SELECT det_current_op(%s)")
+            if op is None or "id" in op or self.should_preempt():
+                break
+            self._op_decided.wait(delay)
             delay = min(2 * delay, OP_POLL_MAX_SECONDS)
+        if op is not None and "id" not in op:  # preempted while waiting
+            return None
         if op is None:
             self.out_of_work = True
             return None
@@ -401,7 +407,8 @@ class DbTransport:
 
     def _wait_for_preemption(self, conn: psycopg.Connection[Any]) -> None:
         """Until preempted or stopped: ask, then wait for a NOTIFY or the poll period, looking
-        at the stop flag every ``WATCH_SLICE_SECONDS``."""
+        at the stop flag every ``WATCH_SLICE_SECONDS``. A NOTIFY that the trial's next op is
+        decided wakes ``current_op`` instead, and asks nothing."""
         while not self._stop.is_set():
             row = conn.execute("SELECT det_should_preempt(%s)", (self._token,)).fetchone()
             if row and row[0]:
@@ -409,8 +416,11 @@ class DbTransport:
                 return
             deadline = time.monotonic() + PREEMPT_POLL_SECONDS
             while not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
-                if any(True for _ in conn.notifies(timeout=min(left, WATCH_SLICE_SECONDS),
-                                                   stop_after=1)):
+                notes = [n.payload for n in conn.notifies(
+                    timeout=min(left, WATCH_SLICE_SECONDS), stop_after=1)]
+                if OP_DECIDED in notes:
+                    self._op_decided.set()
+                if any(p != OP_DECIDED for p in notes):
                     break
 
 

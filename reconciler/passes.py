@@ -50,6 +50,10 @@ class PassResult:
     changes: int = 0
     agents: set[str] = field(default_factory=set)
     allocations: set[int] = field(default_factory=set)
+    """Runs to wake because their desired state changed (the task asks det_should_preempt)."""
+    decided: set[int] = field(default_factory=set)
+    """Runs to wake because the searcher read their trial's events: their next op (or none)
+    is decided, which their task's ``det_current_op`` waits for (payload ``OP_DECIDED``)."""
 
 
 def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassResult:
@@ -70,10 +74,12 @@ def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassR
         _checkpoint_gc_tasks(conn, r)
         r.changes += conn.execute(q.CREATE_ALLOCATIONS).rowcount
         _place(conn, r)
-        wake = [channels.agent(a) for a in sorted(r.agents)]
-        wake += [channels.allocation(a) for a in sorted(r.allocations)]
-        isolated_each(conn, wake, lambda c: f"wake {c}",
-                      lambda c: conn.execute(q.NOTIFY, {"channel": c}))
+        wake = [(channels.agent(a), "") for a in sorted(r.agents)]
+        wake += [(channels.allocation(a), "") for a in sorted(r.allocations)]
+        wake += [(channels.allocation(a), channels.OP_DECIDED)
+                 for a in sorted(r.decided - r.allocations)]
+        isolated_each(conn, wake, lambda w: f"wake {w[0]}",
+                      lambda w: conn.execute(q.NOTIFY, {"channel": w[0], "payload": w[1]}))
         conn.execute(q.RECORD_PASS, {"holder": holder})
     return r
 
@@ -153,6 +159,9 @@ def _search(conn: psycopg.Connection, r: PassResult) -> None:
                   lambda exp, _msg: conn.execute(q.SHUTDOWN_EXPERIMENT, {
                       "experiment_id": exp["id"], "state": "STOPPING_ERROR"}))
     r.changes += len(exps)
+    events = [v["id"] for exp in exps for v in exp["events"]]
+    if events:
+        r.decided.update(row["id"] for row in conn.execute(q.DECIDED_RUNS, {"ids": events}))
 
 
 def _finish_stopping_trials(conn: psycopg.Connection, r: PassResult) -> None:

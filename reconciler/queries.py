@@ -204,6 +204,13 @@ UPDATE experiments SET searcher_state = %(state)s, progress = %(progress)s
 
 CONSUME_EVENTS = "UPDATE searcher_events SET consumed = true WHERE id = ANY(%(ids)s)"
 
+# The live runs of the trials whose events the searcher read: their tasks may wait for the
+# next op in det_current_op.
+DECIDED_RUNS = """
+SELECT DISTINCT a.id FROM searcher_events v JOIN allocations a ON a.trial_id = v.trial_id
+ WHERE v.id = ANY(%(ids)s) AND a.state BETWEEN 'ASSIGNED' AND 'RUNNING'
+"""
+
 # -- 6. Trials and experiments whose stop is done ---------------------------------------------
 
 # A stopping trial ends once it has no run left to settle: its last run ended (settled above),
@@ -441,7 +448,7 @@ UPDATE allocations SET pending_reason = %(reason)s
 
 # -- 9. Bookkeeping ----------------------------------------------------------------------------
 
-NOTIFY = "SELECT pg_notify(%(channel)s, '')"
+NOTIFY = "SELECT pg_notify(%(channel)s, %(payload)s)"
 
 RECORD_PASS = """
 INSERT INTO reconciler_leader (holder, since, last_pass) VALUES (%(holder)s, now(), now())

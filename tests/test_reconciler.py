@@ -211,3 +211,42 @@ def test_a_burst_of_tiny_tasks_is_claimed_started_and_reported_once_each(det, co
     zero = sum(1 for r in runs if r["id"] % 3 == 0)
     assert {r["s"]: r["n"] for r in ended} == {"COMPLETED": zero, "ERROR": 40 - zero}
     assert "launch failed" not in det.log("agent")
+
+
+def test_a_task_waiting_for_its_next_op_is_woken_by_the_pass_that_decides(
+        det, conn, db_url, tmp_path, monkeypatch) -> None:
+    """The pass that reads a trial's events NOTIFYs its run (payload ``op``): a task waiting
+    in ``current_op`` asks again then, not after its poll pause (made 60 s here)."""
+    import threading
+
+    import psycopg
+    from psycopg.rows import dict_row
+    from psycopg.types.json import Jsonb
+
+    from det.harness import transport
+    from det.reconciler.passes import Settings, run_pass
+
+    monkeypatch.setattr(transport, "OP_POLL_SECONDS", 60.0)
+    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
+    det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as leader:
+        run_pass(leader, Settings(), "test")  # the trial, its op, its run placed on a1
+        alloc = conn.execute("SELECT id FROM allocations").fetchone()["id"]
+        token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+        task = transport.DbTransport(db_url, alloc, token)
+        try:
+            op = task.current_op()
+            task.complete_op(op.id, 0.5)  # the searcher has yet to read it: the task waits
+            answers: list = []
+            waiting = threading.Thread(target=lambda: answers.append(task.current_op()))
+            waiting.start()
+            wait_for(lambda: conn.execute(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE query LIKE '%det_current_op%'"
+                " AND state = 'idle'").fetchone()["n"] > 0, 20, "the task's first wait")
+            run_pass(leader, Settings(), "test")  # single: no more ops for the trial
+            waiting.join(20)
+            assert not waiting.is_alive() and answers == [None]
+            assert task.out_of_work
+        finally:
+            task.close()

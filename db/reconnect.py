@@ -7,6 +7,7 @@ restart or failover: the harness inside a task, the CLI's followers (``det exper
 :mod:`det.db.retry`'s.
 """
 
+import select
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -46,9 +47,11 @@ class Reconnecting:
     pauses. ``row_factory`` shapes the rows (tuples by default).
     """
 
-    def __init__(self, url: str, row_factory: RowFactory[Any] = tuple_row) -> None:
+    def __init__(self, url: str, row_factory: RowFactory[Any] = tuple_row,
+                 on_connect: Callable[[psycopg.Connection[Any]], None] | None = None) -> None:
         self._url = url
         self._row_factory = row_factory
+        self._on_connect = on_connect
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._closed = False
@@ -67,15 +70,48 @@ class Reconnecting:
         with self._lock:
             if self._closed:
                 raise DatabaseError("the database connection was closed")
-            if self._conn is None or self._conn.closed:
-                self._conn = open_connection(self._url, self._row_factory)
             try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = open_connection(self._url, self._row_factory)
+                    if self._on_connect is not None:
+                        self._on_connect(self._conn)
                 return fn(self._conn)
             except Exception as e:
-                if retry.is_connection_lost(e):
+                if retry.is_connection_lost(e) and self._conn is not None:
                     self._conn.close()
                     self._conn = None
                 raise
+
+    def wait_for_notifies(self, timeout: float, wake_fd: int) -> None:
+        """Wait up to ``timeout`` seconds for input on the connection that no call is reading
+        (a NOTIFY, or the server going away) or for ``wake_fd`` to become readable; then read
+        that input, so that the connection's notify handlers (``add_notify_handler``) see its
+        notifications. NOTIFYs that arrive during a call reach the handlers through that call.
+        Without a connection (none opened yet, or lost) it only waits. A lost connection is
+        dropped, to be reopened by the next :meth:`run`; nothing is raised."""
+        conn, fd = self._conn, None
+        if conn is not None:
+            try:
+                fd = conn.fileno()
+            except psycopg.Error:  # lost: the next run() reopens it
+                conn = None
+        try:
+            ready, _, _ = select.select([wake_fd] if fd is None else [wake_fd, fd], [], [],
+                                        timeout)
+        except (OSError, ValueError):  # the connection's socket closed meanwhile
+            return
+        if conn is None or fd not in ready:
+            return
+        with self._lock:  # no call is using the connection now
+            if self._conn is not conn or conn.closed:
+                return
+            try:
+                conn.pgconn.consume_input()
+                while (n := conn.pgconn.notifies()) is not None:
+                    conn.pgconn.notify_handler(n)
+            except psycopg.Error:
+                conn.close()
+                self._conn = None
 
     def close(self) -> None:
         """Close the connection; later calls raise ``DatabaseError``."""

@@ -4,14 +4,14 @@
   ``det_report_metrics_batch``, ...) over one autocommit psycopg connection, authenticated by
   the allocation token (docs/architecture.md), reopened after a loss ("Riding out the
   database"). Metrics are buffered and written by a background thread
-  (``det.harness.report_writer``); another LISTENs on the allocation's channel and polls
-  ``det_should_preempt`` so that ``should_preempt()`` only reads a flag.
+  (``det.harness.report_writer``); another watches the same connection, which LISTENs on the
+  allocation's channel, and polls ``det_should_preempt`` so that ``should_preempt()`` only
+  reads a flag.
 * ``LocalTransport`` needs no database: for ``det experiment create --local`` and off-cluster
   use. Metrics are printed and kept in memory; one searcher op (or a given list of ops).
 """
 
 import atexit
-import contextlib
 import copy
 import json
 import os
@@ -30,9 +30,9 @@ from psycopg.types.json import Jsonb
 
 from det.db import channels, retry
 from det.db.channels import OP_DECIDED
-from det.db.reconnect import Reconnecting, open_connection
+from det.db.reconnect import Reconnecting
 from det.db.sqlstate import translate
-from det.errors import DatabaseError, DetError
+from det.errors import DetError
 from det.harness.errors import TaskEnvironmentError
 from det.harness.report_writer import (
     BUFFER_BYTES,
@@ -47,9 +47,6 @@ __all__ = ["DbTransport", "LocalTransport", "SearcherOp", "TaskInfo", "Transport
 PREEMPT_POLL_SECONDS = 5.0
 """How often the preemption watcher asks ``det_should_preempt`` even without a NOTIFY."""
 
-WATCH_SLICE_SECONDS = 0.25
-"""How often the preemption watcher, while it waits for a NOTIFY, looks whether ``close()``
-wants it to end."""
 
 OP_POLL_SECONDS = 0.1
 """First pause between ``det_current_op`` calls while the searcher decides (doubles). The
@@ -171,7 +168,9 @@ class DbTransport:
     written) before every checkpoint report, op completion, preemption acknowledgement,
     early exit, best-validation read, and at ``close()`` and interpreter exit: nothing
     reported before a checkpoint can be lost, and a crash loses only what was reported since
-    the writer's last batch. A second thread LISTENs for preemption.
+    the writer's last batch. A second thread watches the connection for the NOTIFYs of its
+    allocation's channel (preemption, the next op decided): one connection, so one server
+    process, per task.
     """
 
     def __init__(self, db_url: str, allocation_id: int, token: str, *,
@@ -181,15 +180,17 @@ class DbTransport:
         self.out_of_work = False
         self.allocation_id = allocation_id
         self._what = f"allocation {allocation_id}"
-        self._session = Reconnecting(db_url)
+        self._session = Reconnecting(db_url, on_connect=self._listen)
         # Names this transport's metrics batches (metric_batches.writer).
         self._writer_id = uuidlib.uuid4()
         self._writer = ReportWriter(self._write_reports, max_bytes=buffer_bytes,
                                     name=f"det-reports-{allocation_id}")
         atexit.register(self._writer.flush)
         self._preempt = threading.Event()
-        self._op_decided = threading.Event()  # set by the watcher on an OP_DECIDED NOTIFY
+        self._op_decided = threading.Event()  # an OP_DECIDED NOTIFY came
+        self._ask = threading.Event()  # another NOTIFY came: ask det_should_preempt
         self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()  # close() ends the watcher's wait at once
         self._watcher = threading.Thread(
             target=self._watch_preemption, name=f"det-preempt-{allocation_id}", daemon=True
         )
@@ -334,26 +335,19 @@ class DbTransport:
 
     def close(self) -> None:
         """Flush the buffered reports (waiting for the database if it is away), stop both
-        threads and close the connections. Raises the writer's error if it stopped."""
+        threads and close the connection. Raises the writer's error if it stopped."""
         atexit.unregister(self._writer.flush)
         try:
             self._writer.close()
         finally:
             self._stop.set()
-            self._wake_watcher()
+            os.write(self._wake_w, b"x")
             # Bounded: a watcher stuck on a dead network connection is a daemon, left behind.
             self._watcher.join(timeout=PREEMPT_POLL_SECONDS)
             self._session.close()
-
-    def _wake_watcher(self) -> None:
-        """NOTIFY the watcher's channel once, so that it sees the stop flag now rather than
-        after its wait slice (``WATCH_SLICE_SECONDS``, paid by every task's exit otherwise).
-        One try: when the database is away the slice bounds the wait anyway."""
-        channel = channels.allocation(self.allocation_id)
-        with contextlib.suppress(psycopg.Error, DatabaseError):
-            self._session.run(f"{self._what}: stop the preemption watcher",
-                              lambda conn: conn.execute("SELECT pg_notify(%s, '')", (channel,)),
-                              give_up_after=0)
+            if not self._watcher.is_alive():  # else a daemon still waits on the pipe
+                os.close(self._wake_r)
+                os.close(self._wake_w)
 
     def _write_reports(self, seq: int, rows: list[MetricsRow], progress: dict[int, float]) -> None:
         """The writer thread's ``WriteBatch``: the batch's metrics rows in one
@@ -373,55 +367,47 @@ class DbTransport:
             self._call(f"report progress of op {op_id}", "SELECT det_report_progress(%s, %s, %s)",
                        op_id, units)
 
+    def _listen(self, conn: psycopg.Connection[Any]) -> None:
+        """Each new connection of the session LISTENs on the allocation's channel."""
+        conn.add_notify_handler(self._on_notify)
+        conn.execute(sql.SQL("LISTEN {}").format(
+            sql.Identifier(channels.allocation(self.allocation_id))))
+        self._ask.set()  # a NOTIFY may have been missed while there was no connection
+
+    def _on_notify(self, notify: psycopg.Notify) -> None:
+        (self._op_decided if notify.payload == OP_DECIDED else self._ask).set()
+
     def _watch_preemption(self) -> None:
-        """LISTEN on the allocation's channel (``det.db.channels``) on a connection of its own;
-        on each NOTIFY, and at least every ``PREEMPT_POLL_SECONDS``, ask
-        ``det_should_preempt``. NOTIFY is only a hint (docs/architecture.md). A lost
-        connection is reopened with backoff (``det.db.retry``) and LISTENed again; another
-        error is printed and the watch starts again after one poll period."""
+        """Ask ``det_should_preempt``; then, until a NOTIFY other than ``OP_DECIDED`` or
+        ``PREEMPT_POLL_SECONDS`` have passed, read the session's connection whenever no call
+        is using it (:meth:`Reconnecting.wait_for_notifies`), so that the NOTIFYs of the
+        allocation's channel reach :meth:`_on_notify`; ask again. NOTIFY is only a hint
+        (docs/architecture.md). A lost connection is reopened with backoff
+        (``det.db.retry``), and LISTENs again; another error is printed and the watch goes on
+        after one poll period."""
         retrying = retry.retrying(f"{self._what}: preemption watcher").copy(
             stop=tenacity.stop_when_event_set(self._stop), sleep=self._stop.wait)
-        while not self._stop.is_set() and not self._preempt.is_set():
+        while not self._stop.is_set():
+            self._ask.clear()
             try:
-                conn = retrying(self._listen)
-                try:
-                    self._wait_for_preemption(conn)
-                finally:
-                    conn.close()
+                preempted = retrying(lambda: self._session.run(
+                    f"{self._what}: should preempt",
+                    lambda conn: conn.execute("SELECT det_should_preempt(%s)",
+                                              (self._token,)).fetchone()[0],
+                    give_up_after=0))
             except Exception as e:
                 if self._stop.is_set():
                     return
-                if not retry.is_connection_lost(e):
-                    print(f"det.harness: preemption watcher: {e}", file=sys.stderr)
-                    self._stop.wait(PREEMPT_POLL_SECONDS)
-
-    def _listen(self) -> psycopg.Connection[Any]:
-        conn = open_connection(self._db_url)
-        try:
-            conn.execute(sql.SQL("LISTEN {}").format(
-                sql.Identifier(channels.allocation(self.allocation_id))))
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _wait_for_preemption(self, conn: psycopg.Connection[Any]) -> None:
-        """Until preempted or stopped: ask, then wait for a NOTIFY or the poll period, looking
-        at the stop flag every ``WATCH_SLICE_SECONDS``. A NOTIFY that the trial's next op is
-        decided wakes ``current_op`` instead, and asks nothing."""
-        while not self._stop.is_set():
-            row = conn.execute("SELECT det_should_preempt(%s)", (self._token,)).fetchone()
-            if row and row[0]:
+                print(f"det.harness: preemption watcher: {e}", file=sys.stderr)
+                self._stop.wait(PREEMPT_POLL_SECONDS)
+                continue
+            if preempted:
                 self._preempt.set()
                 return
             deadline = time.monotonic() + PREEMPT_POLL_SECONDS
-            while not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
-                notes = [n.payload for n in conn.notifies(
-                    timeout=min(left, WATCH_SLICE_SECONDS), stop_after=1)]
-                if OP_DECIDED in notes:
-                    self._op_decided.set()
-                if any(p != OP_DECIDED for p in notes):
-                    break
+            while not self._stop.is_set() and not self._ask.is_set() \
+                    and (left := deadline - time.monotonic()) > 0:
+                self._session.wait_for_notifies(left, self._wake_r)
 
 
 @dataclass

@@ -431,7 +431,6 @@ def test_close_wakes_the_preemption_watcher_instead_of_waiting_out_its_poll(
 ) -> None:
     # The watcher waits a minute for a NOTIFY; close() joins it for one second only, so
     # only a wake-up ends it in time (every task exit used to wait out a slice).
-    monkeypatch.setattr(transport, "WATCH_SLICE_SECONDS", 60.0)
     monkeypatch.setattr(transport, "PREEMPT_POLL_SECONDS", 60.0)
     alloc = claim_allocation(db_url, tmp_path / "ckpt")
     t = DbTransport(db_url, alloc.id, alloc.token)

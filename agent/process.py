@@ -23,6 +23,7 @@ from typing import Any
 
 from det.agent.logs import LogShipper
 from det.agent.runtime import DRAIN_SECONDS, Exit, Launch
+from det.agent.shell import plain_words
 from det.agent.zygote import Zygote, ZygoteChild, python_command
 from det.configs.allocation import AllocationSpec
 
@@ -66,8 +67,9 @@ def _pdeathsig_prefix() -> list[str] | None:
 
 def spawn_cold(argv: list[str], env: dict[str, str], workdir: Path) -> subprocess.Popen:
     """Start ``argv`` through the wrapper (startup hook, death with the agent) in a new
-    session, its output on pipes."""
-    wrapper = ["sh", "-c", _WRAPPER, "det-task", *argv]
+    session, its output on pipes. A shell command of plain words runs as those words: the
+    wrapper is already a shell, and a second one cost ~1 ms a task (issue 11)."""
+    wrapper = ["sh", "-c", _WRAPPER, "det-task", *(plain_words(argv) or argv)]
     prefix = _pdeathsig_prefix()
     return subprocess.Popen(
         wrapper if prefix is None else [*prefix, *wrapper], cwd=workdir, env=env,

@@ -48,6 +48,8 @@ from typing import NoReturn
 
 import setproctitle
 
+from det.agent.shell import plain_words
+
 
 def _preload() -> None:
     """Import, before anything is forked, what every det task imports: the harness, and
@@ -63,7 +65,6 @@ def _preload() -> None:
 _PR_SET_PDEATHSIG = 1
 _READY_SECONDS = 60  # for the zygote's imports, on a host busy with other tasks
 _MAX_MESSAGE = 1 << 20  # bytes: a task's argv and environment in one packet
-_SHELL_SYNTAX = set("|&;<>()$`\\\"'*?[]#~=%{}\n")
 
 
 def python_command(argv: list[str], env: Mapping[str, str], workdir: Path) -> list[str] | None:
@@ -76,10 +77,11 @@ def python_command(argv: list[str], env: Mapping[str, str], workdir: Path) -> li
     executable in the same directory (so the same virtual environment)."""
     if (workdir / "startup-hook.sh").exists():
         return None
-    if len(argv) == 3 and argv[:2] == ["sh", "-c"]:
-        if _SHELL_SYNTAX & set(argv[2]):
+    if argv[:2] == ["sh", "-c"]:
+        words = plain_words(argv)
+        if words is None:
             return None
-        argv = shlex.split(argv[2])
+        argv = words
     if len(argv) < 2 or not _is_this_python(argv[0], env.get("PATH")):
         return None
     rest = argv[1:]

@@ -15,6 +15,8 @@ import pytest
 from conftest import wait_for
 from psycopg.rows import dict_row
 
+from det.agent.process import spawn_cold
+from det.agent.shell import plain_words
 from det.agent.zygote import Zygote, python_command
 
 PYTHON = Path(sys.executable)
@@ -37,6 +39,27 @@ def test_which_tasks_start_warm(tmp_path, argv, hook, expected) -> None:
         (tmp_path / "startup-hook.sh").write_text("export A=1\n")
     env = {"PATH": f"{HERE_PATH}:/usr/bin:/bin"}
     assert python_command(argv, env, tmp_path) == expected
+
+
+@pytest.mark.parametrize("command, words", [
+    ("true", ["true"]),
+    ("python3 train.py --lr 0.1", ["python3", "train.py", "--lr", "0.1"]),
+    ("exit 3", ["exit", "3"]),  # a builtin: the wrapper, a shell, runs it as sh -c would
+    ("echo $HOME", None), ("a && b", None), ("X=1 run", None), ("ls *.py", None),
+    ("if true", None), ("! false", None),  # reserved words are syntax
+])
+def test_plain_shell_commands_run_without_a_shell_of_their_own(command, words) -> None:
+    assert plain_words(["sh", "-c", command]) == words
+
+
+@pytest.mark.parametrize("command, code, out", [
+    ("exit 3", 3, ""), ("echo hi there", 0, "hi there\n"), ("no-such-command-x", 127, ""),
+])
+def test_a_plain_cold_command_exits_and_prints_as_under_sh(tmp_path, command, code,
+                                                           out) -> None:
+    proc = spawn_cold(["sh", "-c", command], dict(os.environ), tmp_path)
+    stdout, _ = proc.communicate(timeout=30)
+    assert (proc.returncode, stdout.decode()) == (code, out)
 
 
 def test_another_interpreter_starts_cold(tmp_path) -> None:

@@ -175,22 +175,22 @@ class DbTransport:
 
     def __init__(self, db_url: str, allocation_id: int, token: str, *,
                  buffer_bytes: int = BUFFER_BYTES) -> None:
-        self._db_url = db_url
         self._token = token
         self.out_of_work = False
         self.allocation_id = allocation_id
         self._what = f"allocation {allocation_id}"
+        self._preempt = threading.Event()
+        self._op_decided = threading.Event()  # an OP_DECIDED NOTIFY came
+        self._ask = threading.Event()  # another NOTIFY came: ask det_should_preempt
+        self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()  # close() ends the watcher's wait at once
+        self._listened = False  # whether a connection of the session has LISTENed yet
         self._session = Reconnecting(db_url, on_connect=self._listen)
         # Names this transport's metrics batches (metric_batches.writer).
         self._writer_id = uuidlib.uuid4()
         self._writer = ReportWriter(self._write_reports, max_bytes=buffer_bytes,
                                     name=f"det-reports-{allocation_id}")
         atexit.register(self._writer.flush)
-        self._preempt = threading.Event()
-        self._op_decided = threading.Event()  # an OP_DECIDED NOTIFY came
-        self._ask = threading.Event()  # another NOTIFY came: ask det_should_preempt
-        self._stop = threading.Event()
-        self._wake_r, self._wake_w = os.pipe()  # close() ends the watcher's wait at once
         self._watcher = threading.Thread(
             target=self._watch_preemption, name=f"det-preempt-{allocation_id}", daemon=True
         )
@@ -372,7 +372,9 @@ class DbTransport:
         conn.add_notify_handler(self._on_notify)
         conn.execute(sql.SQL("LISTEN {}").format(
             sql.Identifier(channels.allocation(self.allocation_id))))
-        self._ask.set()  # a NOTIFY may have been missed while there was no connection
+        if self._listened:  # a NOTIFY may have been missed while there was no connection
+            self._ask.set()
+        self._listened = True
 
     def _on_notify(self, notify: psycopg.Notify) -> None:
         (self._op_decided if notify.payload == OP_DECIDED else self._ask).set()

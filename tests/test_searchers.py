@@ -250,11 +250,18 @@ def test_a_method_that_cannot_run_its_config_is_a_searcher_error() -> None:
         searcher_step(config, None, [])
 
 
-def test_input_state_is_not_modified() -> None:
-    config = make_config({"name": "random", "max_trials": 3, "max_concurrent_trials": 1})
+@pytest.mark.parametrize("searcher", [
+    {"name": "random", "max_trials": 3, "max_concurrent_trials": 1},
+    # ASHA's state nests rungs (lists) that a validation changes in place
+    {"name": "adaptive_asha", "max_trials": 4, "max_concurrent_trials": 2, "divisor": 2},
+])
+def test_input_state_is_not_modified(searcher: dict[str, Any]) -> None:
+    config = make_config(searcher, RANDOM_HPS)
     state, actions = searcher_step(config, None, [])
     before = json.dumps(state, sort_keys=True)
-    searcher_step(config, state, [TrialExited(creates(actions)[0].request_id)])
+    first = next(a for a in actions if isinstance(a, ValidateAfter))
+    searcher_step(config, state, [ValidationCompleted(first.request_id, first.length, 0.5),
+                                  TrialExited(first.request_id)])
     assert json.dumps(state, sort_keys=True) == before
 
 

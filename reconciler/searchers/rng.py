@@ -19,7 +19,7 @@ def rng_to_json(rng: np.random.RandomState) -> dict[str, Any]:
     """
     _, key, pos, has_gauss, cached_gaussian = rng.get_state(legacy=True)
     return {
-        "key": [int(word) for word in key],
+        "key": key.tolist(),
         "pos": int(pos),
         "has_gauss": int(has_gauss),
         "cached_gaussian": float(cached_gaussian),

@@ -8,7 +8,6 @@ config it cannot run (``tpe`` hyperparameter names that collide once flattened);
 becomes a ``SearcherError``.
 """
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,7 +79,8 @@ def searcher_step(
         search = SearchState(method=config["searcher"]["name"], rng=new_rng(seed))
         actions += method.initial(search)
     else:
-        search = SearchState.from_json(copy.deepcopy(state))
+        # from_json copies: the 624-word RNG key made a deepcopy of the whole state ~0.5 ms
+        search = SearchState.from_json(state)
 
     for event in events:
         if search.shutdown:

@@ -11,6 +11,7 @@ JSON form (``SearchState.to_json``)::
 null while the trial lives, then ``"completed"`` (``TrialExited``) or an early-exit reason.
 """
 
+import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,12 +51,15 @@ class SearchState:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "SearchState":
+        """A working copy of ``data`` (``to_json``'s form) that shares nothing mutable with
+        it: ``data`` is left as it was."""
         return cls(
             method=data["method"],
             rng=rng_from_json(data["rng"]),
             trials=[TrialRecord(**trial) for trial in data["trials"]],
             shutdown=data["shutdown"],
-            method_state=dict(data["method_state"]),
+            # the method's own fields may nest lists and dicts, which it changes in place
+            method_state=copy.deepcopy(data["method_state"]),
         )
 
     def to_json(self) -> dict[str, Any]:

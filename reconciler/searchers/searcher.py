@@ -119,4 +119,4 @@ def _shutdown(search: SearchState) -> Shutdown:
 def searcher_progress(config: dict[str, Any], state: dict[str, Any]) -> float:
     """Search progress in [0, 1]: the mean over the planned trials of each trial's
     progress (1.0 once closed or exited); 1.0 after shutdown."""
-    return _method(config).progress(SearchState.from_json(state))
+    return _method(config).progress(SearchState.from_json(state, with_rng=False))

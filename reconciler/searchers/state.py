@@ -44,18 +44,20 @@ class SearchState:
     """Mutable working copy of the state during one ``searcher_step``."""
 
     method: str
-    rng: np.random.RandomState
+    rng: np.random.RandomState | None
+    """None in a state read only to measure it (``from_json(with_rng=False)``)."""
     trials: list[TrialRecord] = field(default_factory=list)
     shutdown: bool = False
     method_state: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "SearchState":
+    def from_json(cls, data: dict[str, Any], with_rng: bool = True) -> "SearchState":
         """A working copy of ``data`` (``to_json``'s form) that shares nothing mutable with
-        it: ``data`` is left as it was."""
+        it: ``data`` is left as it was. ``with_rng`` False leaves the RNG out (rebuilding it
+        is most of the cost) for a state that is only read, never advanced or stored."""
         return cls(
             method=data["method"],
-            rng=rng_from_json(data["rng"]),
+            rng=rng_from_json(data["rng"]) if with_rng else None,
             trials=[TrialRecord(**trial) for trial in data["trials"]],
             shutdown=data["shutdown"],
             # the method's own fields may nest lists and dicts, which it changes in place

@@ -365,7 +365,8 @@ def _exit_code(exc: SystemExit) -> int:
 def _finish(code: int, preloaded: set[str], namespace: dict) -> NoReturn:
     """End the task as its interpreter's exit would (its threads joined, ``atexit``
     functions run, its own modules and globals released so their objects' finalizers run and
-    open files flush, standard streams flushed), then ``os._exit(code)``.
+    open files flush, standard streams flushed), then ``os._exit(code)``; a negative ``code``
+    ends it by that signal instead (an uncaught ^C ends by SIGINT).
 
     What it skips is the interpreter's teardown of the zygote's modules: that decrements
     every object the zygote imported, writing to (and so copying) every page of its heap,
@@ -379,6 +380,9 @@ def _finish(code: int, preloaded: set[str], namespace: dict) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
     os._exit(code)
 
 
@@ -397,11 +401,7 @@ def main() -> None:
         code = _exit_code(e)
     except KeyboardInterrupt:
         traceback.print_exc()
-        sys.stderr.flush()
-        # an interpreter ended by an uncaught ^C ends by SIGINT
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-        code = 130
+        code = -signal.SIGINT
     except BaseException:
         sys.excepthook(*sys.exc_info())
         code = 1

@@ -161,6 +161,11 @@ def test_a_forked_task_exits_as_its_interpreter_would(zygote, tmp_path) -> None:
     assert (tmp_path / "helper.txt").read_text() == "from a module"
     code, _, err = run(zygote, ["train.py", "no data"], env, tmp_path)
     assert (code, err) == (1, "no data\n")
+    # an uncaught ^C: atexit still runs, then the task ends by SIGINT
+    (tmp_path / "ctrl_c.py").write_text(
+        "import atexit\natexit.register(lambda: print('atexit ran'))\nraise KeyboardInterrupt\n")
+    code, out, err = run(zygote, ["ctrl_c.py"], env, tmp_path)
+    assert (code, out) == (-signal.SIGINT, "atexit ran\n") and "KeyboardInterrupt" in err
 
 
 def test_tasks_die_with_their_zygote_and_a_new_one_starts(zygote, tmp_path) -> None:

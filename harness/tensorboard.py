@@ -119,7 +119,6 @@ class TensorboardFiles:
         self.path = path or pathlib.Path(tempfile.mkdtemp(prefix="det-tensorboard-"))
         self._file: EventFile | None = None
         self._unavailable = False
-        self._tags: dict[tuple[str, str], str] = {}
 
     def _events(self) -> EventFile | None:
         if self._file is None and not self._unavailable:
@@ -138,14 +137,9 @@ class TensorboardFiles:
         events = self._events()
         if events is None:
             return
-        values = []
-        for name, value in metrics.items():
-            if isinstance(value, int | float) and not isinstance(value, bool) \
-                    and math.isfinite(value):
-                key = (group, name)
-                if key not in self._tags:
-                    self._tags[key] = tag(group, str(name))
-                values.append((self._tags[key], float(value)))
+        values = [(tag(group, str(name)), float(value)) for name, value in metrics.items()
+                  if isinstance(value, int | float) and not isinstance(value, bool)
+                  and math.isfinite(value)]
         if values:
             events.scalars(steps_completed, values)
 

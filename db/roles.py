@@ -29,9 +29,9 @@ ACTORS = (AGENT, TASK, WEB)
 MACHINE_SCRAM_ITERATIONS = 1
 """SCRAM iterations (PBKDF2 rounds) of the actors' verifiers. Rounds make each guess at a
 weak password dear for whoever holds its verifier; the actors' passwords are random (190 bits,
-:func:`det.db.passfile.new_password`), which no number of guesses finds, while every
-connection pays the rounds twice (client and server): 4096 rounds, the server's default, cost
-~3.5 ms of CPU a connection, and each task opens two (issue 11, bench/toy_search.py)."""
+:func:`det.db.passfile.new_password`), which no number of guesses finds, while the client of
+every connection pays the rounds: 4096, the server's default, cost ~1.7 ms of CPU a
+connection, paid by every task (issue 11, bench/toy_search.py)."""
 
 
 def verifier(conn: psycopg.Connection, role: str, password: str, *,

@@ -2106,7 +2106,12 @@ CREATE FUNCTION det_agent_report(
 -- (det_gang_started; det_agent_report_node moves it on then).
 BEGIN
     UPDATE allocations
-       SET state = CASE WHEN p_state = 'RUNNING' AND NOT det_gang_started(id)
+       -- a gang's other agents are looked for only where it has any (one index probe)
+       SET state = CASE WHEN p_state = 'RUNNING'
+                             AND EXISTS (SELECT 1 FROM allocation_slots h
+                                          WHERE h.allocation_id = allocations.id
+                                            AND h.agent_id <> p_agent)
+                             AND NOT det_gang_started(id)
                         THEN greatest(state, 'STARTING') ELSE greatest(state, p_state) END,
            exit_code = CASE WHEN p_state = 'TERMINATED' THEN p_exit_code ELSE exit_code END,
            exit_reason = CASE WHEN p_state = 'TERMINATED' THEN p_reason ELSE exit_reason END,

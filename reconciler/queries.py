@@ -369,9 +369,13 @@ UPDATE allocations a SET resource_pool = c.pool, pending_reason = NULL
   FROM choice c WHERE c.id = a.id AND a.resource_pool <> c.pool
 """
 
+# Each pool's scheduler is looked up once, not once per waiting allocation (DISTINCT over the
+# function's result called it for every row: 8 ms a pass with 1,000 waiting).
 POOLS_WITH_PENDING = """
-SELECT DISTINCT a.resource_pool, det_pool_scheduler(a.resource_pool) AS scheduler
-  FROM allocations a WHERE a.state = 'PENDING' AND a.desired_state = 'RUNNING' ORDER BY 1
+SELECT p.resource_pool, det_pool_scheduler(p.resource_pool) AS scheduler
+  FROM (SELECT DISTINCT resource_pool FROM allocations
+         WHERE state = 'PENDING' AND desired_state = 'RUNNING') p
+ ORDER BY 1
 """
 
 POOL_AGENTS = """

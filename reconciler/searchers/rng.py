@@ -1,6 +1,7 @@
 """The searcher's random source: numpy's legacy ``RandomState`` (MT19937), as in the reference
 (reference-facts §1.2), with its state kept as JSON so a stored search resumes bit-exactly."""
 
+import base64
 import uuid
 from typing import Any
 
@@ -15,11 +16,14 @@ def new_rng(seed: int) -> np.random.RandomState:
 def rng_to_json(rng: np.random.RandomState) -> dict[str, Any]:
     """The generator's full state as JSON.
 
-    ``{"key": [624 uint32], "pos": int, "has_gauss": int, "cached_gaussian": float}``.
+    ``{"key": str, "pos": int, "has_gauss": int, "cached_gaussian": float}``, the key's 624
+    uint32 words as base64 of their little-endian bytes: one JSON string (3,328 characters)
+    instead of 624 numbers, which PostgreSQL parsed into jsonb numerics and compressed at each
+    save (two saves a trial in a search of one-trial experiments).
     """
     _, key, pos, has_gauss, cached_gaussian = rng.get_state(legacy=True)
     return {
-        "key": key.tolist(),
+        "key": base64.b64encode(key.astype("<u4").tobytes()).decode("ascii"),
         "pos": int(pos),
         "has_gauss": int(has_gauss),
         "cached_gaussian": float(cached_gaussian),
@@ -27,12 +31,16 @@ def rng_to_json(rng: np.random.RandomState) -> dict[str, Any]:
 
 
 def rng_from_json(data: dict[str, Any]) -> np.random.RandomState:
-    """The inverse of ``rng_to_json``."""
+    """The inverse of ``rng_to_json``; a key stored as a list of 624 numbers (det before
+    2026-11-25) is read too."""
+    key = data["key"]
+    words = (np.frombuffer(base64.b64decode(key), dtype="<u4") if isinstance(key, str)
+             else np.array(key, dtype=np.uint32))
     rng = np.random.RandomState()
     rng.set_state(
         (
             "MT19937",
-            np.array(data["key"], dtype=np.uint32),
+            words,
             data["pos"],
             data["has_gauss"],
             data["cached_gaussian"],

@@ -265,6 +265,26 @@ def test_input_state_is_not_modified(searcher: dict[str, Any]) -> None:
     assert json.dumps(state, sort_keys=True) == before
 
 
+def test_a_state_stored_with_the_older_rng_key_resumes_bit_exactly() -> None:
+    """Searches saved before 2026-11-25 hold the RNG key as 624 numbers, later ones as base64:
+    both resume to the same trials."""
+    import base64
+
+    import numpy as np
+
+    config = make_config({"name": "random", "max_trials": 4, "max_concurrent_trials": 1},
+                         RANDOM_HPS)
+    state, actions = searcher_step(config, None, [])
+    assert isinstance(state["rng"]["key"], str)
+    older = json.loads(json.dumps(state))
+    older["rng"]["key"] = np.frombuffer(base64.b64decode(state["rng"]["key"]),
+                                        dtype="<u4").tolist()
+    assert len(older["rng"]["key"]) == 624
+    first = next(a for a in actions if isinstance(a, Create))
+    done = [TrialExited(first.request_id)]
+    assert searcher_step(config, older, done) == searcher_step(config, state, done)
+
+
 # --- properties -----------------------------------------------------------------------------
 
 # An event script: (which alive trial, as a fraction of the alive list; what happens to it).

@@ -20,6 +20,7 @@ from det.db import channels
 from det.reasons import EarlyExitReason
 from det.reconciler import queries as q
 from det.reconciler import searchers
+from det.reconciler.batch import Writes
 from det.reconciler.isolation import isolated, isolated_each
 from det.reconciler.placement import place
 from det.reconciler.trials import RunEnd, settle
@@ -94,24 +95,27 @@ def _agents(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None
 
 def _settle(conn: psycopg.Connection, r: PassResult) -> None:
     runs = conn.execute(q.UNSETTLED_RUNS).fetchall()
+    writes = Writes([q.UPDATE_SETTLED_TRIALS, q.INSERT_SEARCHER_EVENTS, q.MARK_SETTLED,
+                     q.LOG_DECISIONS])
     isolated_each(conn, runs, lambda run: f"settling allocation {run['allocation_id']}",
-                  lambda run: _settle_one(conn, run),
-                  lambda run, msg: conn.execute(q.SETTLE_FAILED, {**run, "message": msg}))
+                  lambda run: _settle_one(writes, run),
+                  lambda run, msg: conn.execute(q.SETTLE_FAILED, {**run, "message": msg}),
+                  writes)
     r.changes += len(runs)
 
 
-def _settle_one(conn: psycopg.Connection, run: dict) -> None:
+def _settle_one(writes: Writes, run: dict) -> None:
     s = settle(RunEnd(run["trial_state"], run["restarts"], run["max_restarts"],
                       run["exit_code"], run["exit_reason"], run["stop_requested"],
                       run["open_op"], run["out_of_work"]))
-    conn.execute(q.UPDATE_SETTLED_TRIAL, {"state": s.state, "restarts": s.restarts,
-                                          "close": s.close, "trial_id": run["trial_id"]})
-    conn.execute(q.MARK_SETTLED, run)
+    writes.add(q.UPDATE_SETTLED_TRIALS, trial_id=run["trial_id"], state=s.state,
+               restarts=s.restarts, close=s.close)
+    writes.add(q.MARK_SETTLED, allocation_id=run["allocation_id"])
     how = f"exit code {run['exit_code']}" if run["exit_code"] is not None else "no exit code"
     reason = f" ({run['exit_reason']})" if run["exit_reason"] else ""
     then = ""
     if s.state == "ERROR":
-        _event(conn, run, "trial_exited_early", {"reason": EarlyExitReason.ERRORED})
+        _event(writes, run, "trial_exited_early", {"reason": EarlyExitReason.ERRORED})
         plural = "" if s.restarts == 1 else "s"
         then = f"; trial failed after {s.restarts} restart{plural}"
     elif s.close:
@@ -120,13 +124,17 @@ def _settle_one(conn: psycopg.Connection, run: dict) -> None:
         then = f"; restarting from the latest checkpoint ({s.restarts}/{run['max_restarts']})"
     elif run["open_op"] and not run["stop_requested"]:
         then = "; the searcher has new work for it: a new run resumes from its checkpoint"
-    conn.execute(q.LOG_DECISION, {**run, "line": f"run ended with {how}{reason}{then}"})
+    _log_decision(writes, run, f"run ended with {how}{reason}{then}")
 
 
-def _event(conn: psycopg.Connection, row: dict, kind: str, payload: dict) -> None:
-    conn.execute(q.INSERT_SEARCHER_EVENT, {"experiment_id": row["experiment_id"],
-                                           "trial_id": row["trial_id"], "kind": kind,
-                                           "payload": Jsonb(payload)})
+def _event(writes: Writes, row: dict, kind: str, payload: dict) -> None:
+    writes.add(q.INSERT_SEARCHER_EVENTS, experiment_id=row["experiment_id"],
+               trial_id=row["trial_id"], kind=kind, payload=Jsonb(payload))
+
+
+def _log_decision(writes: Writes, row: dict, line: str) -> None:
+    writes.add(q.LOG_DECISIONS, allocation_id=row["allocation_id"], trial_id=row["trial_id"],
+               line=line)
 
 
 def _experiment_states(conn: psycopg.Connection, r: PassResult) -> None:
@@ -142,22 +150,27 @@ def _experiment_states(conn: psycopg.Connection, r: PassResult) -> None:
 
 
 def _finish_closed_trials(conn: psycopg.Connection, r: PassResult) -> None:
+    writes = Writes([q.INSERT_SEARCHER_EVENTS])
     for row in conn.execute(q.FINISH_CLOSED_TRIALS).fetchall():
         reason = row["exit_reason"]
         if reason in (EarlyExitReason.INVALID_HP, EarlyExitReason.ERRORED):
-            _event(conn, row, "trial_exited_early", {"reason": reason})
+            _event(writes, row, "trial_exited_early", {"reason": reason})
         else:
-            _event(conn, row, "trial_exited", {})
+            _event(writes, row, "trial_exited", {})
         r.changes += 1
+    writes.flush(conn)
 
 
 def _search(conn: psycopg.Connection, r: PassResult) -> None:
     exps = conn.execute(q.EXPERIMENTS_TO_SEARCH).fetchall()
+    writes = Writes([q.CREATE_TRIALS, q.ADD_OPS, q.CLOSE_TRIALS, q.SHUTDOWN_EXPERIMENTS,
+                     q.SAVE_SEARCHERS, q.CONSUME_EVENTS])
     # A searcher that cannot go on ends its experiment; other experiments carry on.
     isolated_each(conn, exps, lambda exp: f"experiment {exp['id']}: searcher",
-                  lambda exp: _search_one(conn, exp, exp["events"]),
-                  lambda exp, _msg: conn.execute(q.SHUTDOWN_EXPERIMENT, {
-                      "experiment_id": exp["id"], "state": "STOPPING_ERROR"}))
+                  lambda exp: _search_one(writes, exp, exp["events"]),
+                  lambda exp, _msg: conn.execute(q.SHUTDOWN_EXPERIMENTS, {
+                      "experiment_id": [exp["id"]], "state": ["STOPPING_ERROR"]}),
+                  writes)
     r.changes += len(exps)
     events = [v["id"] for exp in exps for v in exp["events"]]
     if events:
@@ -165,14 +178,16 @@ def _search(conn: psycopg.Connection, r: PassResult) -> None:
 
 
 def _finish_stopping_trials(conn: psycopg.Connection, r: PassResult) -> None:
+    writes = Writes([q.INSERT_SEARCHER_EVENTS, q.LOG_DECISIONS])
     for row in conn.execute(q.FINISH_STOPPING_TRIALS).fetchall():
         if row["state"] == "ERROR":
-            _event(conn, row, "trial_exited_early", {"reason": EarlyExitReason.ERRORED})
+            _event(writes, row, "trial_exited_early", {"reason": EarlyExitReason.ERRORED})
         else:
-            _event(conn, row, "trial_exited", {})
+            _event(writes, row, "trial_exited", {})
         if row["allocation_id"] is not None:
-            conn.execute(q.LOG_DECISION, {**row, "line": f"trial {row['state'].lower()}"})
+            _log_decision(writes, row, f"trial {row['state'].lower()}")
         r.changes += 1
+    writes.flush(conn)
 
 
 def _finish_experiments(conn: psycopg.Connection, r: PassResult) -> None:
@@ -202,33 +217,28 @@ def _checkpoint_gc_tasks(conn: psycopg.Connection, r: PassResult) -> None:
         r.changes += sum(gone)
 
 
-def _search_one(conn: psycopg.Connection, exp: dict, events: list[dict]) -> None:
+def _search_one(writes: Writes, exp: dict, events: list[dict]) -> None:
     state, actions = searchers.searcher_step(
         exp["config"], exp["searcher_state"], [_to_event(v) for v in events])
     eid = exp["id"]
-    # The writes go in the pipeline of isolated_each (a search of 200 trials writes about
-    # ten statements per pass): their results are not read here.
     for a in actions:
         match a:
             case searchers.Create():
-                conn.execute(q.CREATE_TRIAL, {
-                    "experiment_id": eid, "request_id": a.request_id,
-                    "hparams": Jsonb(a.hparams), "seed": a.seed})
+                writes.add(q.CREATE_TRIALS, experiment_id=eid, request_id=a.request_id,
+                           hparams=Jsonb(a.hparams), seed=a.seed)
             case searchers.ValidateAfter():
-                conn.execute(q.ADD_OP, {"experiment_id": eid, "request_id": a.request_id,
-                                        "length": a.length})
+                writes.add(q.ADD_OPS, experiment_id=eid, request_id=a.request_id,
+                           length=a.length)
             case searchers.Close():
-                conn.execute(q.CLOSE_TRIAL, {"experiment_id": eid,
-                                             "request_id": a.request_id})
+                writes.add(q.CLOSE_TRIALS, experiment_id=eid, request_id=a.request_id)
             case searchers.Shutdown():
                 outcome = ("STOPPING_ERROR" if a.failure else
                            "STOPPING_CANCELED" if a.cancel else "STOPPING_COMPLETED")
-                conn.execute(q.SHUTDOWN_EXPERIMENT, {"experiment_id": eid,
-                                                     "state": outcome})
-    conn.execute(q.SAVE_SEARCHER, {
-        "experiment_id": eid, "state": Jsonb(state),
-        "progress": min(1.0, max(0.0, searchers.searcher_progress(exp["config"], state)))})
-    conn.execute(q.CONSUME_EVENTS, {"ids": [v["id"] for v in events]})
+                writes.add(q.SHUTDOWN_EXPERIMENTS, experiment_id=eid, state=outcome)
+    writes.add(q.SAVE_SEARCHERS, experiment_id=eid, state=Jsonb(state), progress=min(
+        1.0, max(0.0, searchers.searcher_progress(exp["config"], state))))
+    for v in events:
+        writes.add(q.CONSUME_EVENTS, id=v["id"])
 
 
 def _to_event(row: dict) -> searchers.Event:

@@ -51,14 +51,19 @@ SELECT a.id AS allocation_id, a.exit_code, a.exit_reason, t.id AS trial_id,
    FOR UPDATE OF a, t
 """
 
-UPDATE_SETTLED_TRIAL = """
-UPDATE trials SET state = %(state)s::trial_state, restarts = %(restarts)s,
-       closed = closed OR %(close)s,
-       end_time = CASE WHEN %(state)s::text IN ('COMPLETED', 'CANCELED', 'ERROR') THEN now() END
- WHERE id = %(trial_id)s
+# The statements that take arrays (one element a row) are sent by det.reconciler.batch.Writes:
+# one statement for all the objects of a pass (issue 11).
+
+UPDATE_SETTLED_TRIALS = """
+UPDATE trials t SET state = x.state::trial_state, restarts = x.restarts,
+       closed = t.closed OR x.close,
+       end_time = CASE WHEN x.state IN ('COMPLETED', 'CANCELED', 'ERROR') THEN now() END
+  FROM unnest(%(trial_id)s::integer[], %(state)s::text[], %(restarts)s::integer[],
+              %(close)s::boolean[]) AS x(trial_id, state, restarts, close)
+ WHERE t.id = x.trial_id
 """
 
-MARK_SETTLED = "UPDATE allocations SET settled = true WHERE id = %(allocation_id)s"
+MARK_SETTLED = "UPDATE allocations SET settled = true WHERE id = ANY(%(allocation_id)s::bigint[])"
 
 # Settling a run raised: the run is marked settled and its trial ends in error with the reason
 # (a stopping trial in its terminal state), so one bad row cannot stall every later pass.
@@ -77,15 +82,22 @@ UPDATE trials
  WHERE id = %(trial_id)s AND state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')
 """
 
-INSERT_SEARCHER_EVENT = """
+# In the order given: the searcher reads events in id order.
+INSERT_SEARCHER_EVENTS = """
 INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
-VALUES (%(experiment_id)s, %(trial_id)s, %(kind)s, %(payload)s)
+SELECT x.experiment_id, x.trial_id, x.kind, x.payload
+  FROM unnest(%(experiment_id)s::integer[], %(trial_id)s::integer[], %(kind)s::text[],
+              %(payload)s::jsonb[]) WITH ORDINALITY AS x(experiment_id, trial_id, kind, payload, i)
+ ORDER BY x.i
 """
 
-# A line in the trial's logs saying what det decided, so `det trial logs` tells the whole story.
-LOG_DECISION = """
+# Lines in the trials' logs saying what det decided, so `det trial logs` tells the whole story.
+LOG_DECISIONS = """
 INSERT INTO task_logs (allocation_id, trial_id, stream, line)
-VALUES (%(allocation_id)s, %(trial_id)s, 'det', %(line)s)
+SELECT x.allocation_id, x.trial_id, 'det', x.line
+  FROM unnest(%(allocation_id)s::bigint[], %(trial_id)s::integer[], %(line)s::text[])
+       WITH ORDINALITY AS x(allocation_id, trial_id, line, i)
+ ORDER BY x.i
 """
 
 # -- 3. Experiment state drives trial state, trial state drives desired state ------------------
@@ -176,33 +188,45 @@ SELECT e.id, e.config, e.searcher_state, coalesce(v.events, '[]') AS events
    FOR UPDATE OF e
 """
 
-CREATE_TRIAL = """
+CREATE_TRIALS = """
 INSERT INTO trials (experiment_id, request_id, hparams, seed)
-VALUES (%(experiment_id)s, %(request_id)s, %(hparams)s, %(seed)s)
+SELECT x.experiment_id, x.request_id, x.hparams, x.seed
+  FROM unnest(%(experiment_id)s::integer[], %(request_id)s::uuid[], %(hparams)s::jsonb[],
+              %(seed)s::bigint[]) WITH ORDINALITY AS x(experiment_id, request_id, hparams, seed, i)
+ ORDER BY x.i
 ON CONFLICT (experiment_id, request_id) DO NOTHING
 """
 
-ADD_OP = """
+# After CREATE_TRIALS (the trials are found by request id); a trial's ops in the given order.
+ADD_OPS = """
 INSERT INTO searcher_ops (trial_id, length)
-SELECT id, %(length)s FROM trials
- WHERE experiment_id = %(experiment_id)s AND request_id = %(request_id)s
+SELECT t.id, x.length
+  FROM unnest(%(experiment_id)s::integer[], %(request_id)s::uuid[], %(length)s::bigint[])
+       WITH ORDINALITY AS x(experiment_id, request_id, length, i)
+  JOIN trials t ON t.experiment_id = x.experiment_id AND t.request_id = x.request_id
+ ORDER BY x.i
 """
 
-CLOSE_TRIAL = """
-UPDATE trials SET closed = true
- WHERE experiment_id = %(experiment_id)s AND request_id = %(request_id)s
+CLOSE_TRIALS = """
+UPDATE trials t SET closed = true
+  FROM unnest(%(experiment_id)s::integer[], %(request_id)s::uuid[]) AS x(experiment_id, request_id)
+ WHERE t.experiment_id = x.experiment_id AND t.request_id = x.request_id
 """
 
-SHUTDOWN_EXPERIMENT = """
-UPDATE experiments SET state = %(state)s::experiment_state WHERE id = %(experiment_id)s
+SHUTDOWN_EXPERIMENTS = """
+UPDATE experiments e SET state = x.state::experiment_state
+  FROM unnest(%(experiment_id)s::integer[], %(state)s::text[]) AS x(experiment_id, state)
+ WHERE e.id = x.experiment_id
 """
 
-SAVE_SEARCHER = """
-UPDATE experiments SET searcher_state = %(state)s, progress = %(progress)s
- WHERE id = %(experiment_id)s
+SAVE_SEARCHERS = """
+UPDATE experiments e SET searcher_state = x.state, progress = x.progress
+  FROM unnest(%(experiment_id)s::integer[], %(state)s::jsonb[], %(progress)s::float8[])
+       AS x(experiment_id, state, progress)
+ WHERE e.id = x.experiment_id
 """
 
-CONSUME_EVENTS = "UPDATE searcher_events SET consumed = true WHERE id = ANY(%(ids)s)"
+CONSUME_EVENTS = "UPDATE searcher_events SET consumed = true WHERE id = ANY(%(id)s::bigint[])"
 
 # The live runs of the trials whose events the searcher read: their tasks may wait for the
 # next op in det_current_op.

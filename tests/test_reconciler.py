@@ -5,6 +5,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from conftest import wait_for
 
 
@@ -169,6 +171,42 @@ def test_a_batch_isolates_each_object_only_when_one_fails(conn) -> None:
     assert [r["n"] for r in conn.execute("SELECT n FROM done ORDER BY n")] == [1, 3, 5, 6, 7]
     assert [n for n, _ in failed] == [2, 4]
     assert "done_n_check" in failed[0][1] and failed[1][1] == "'no decision for 4'"
+
+
+def test_queued_rows_go_as_one_statement_per_kind_for_the_objects_that_succeed(conn) -> None:
+    """The rows a pass's objects queue (det.reconciler.batch.Writes) go in one set-based
+    statement per kind, in the batch's order whatever the order they came in; a failing
+    object's rows are not sent, the others' are; a batch of several MB (as 1,000 searcher
+    states are) goes through."""
+    from det.reconciler.batch import Writes
+    from det.reconciler.isolation import isolated_each
+
+    from psycopg.types.json import Jsonb
+
+    conn.execute("CREATE TABLE parent (id int PRIMARY KEY, blob jsonb)")
+    conn.execute("CREATE TABLE child (parent int REFERENCES parent, n int CHECK (n <> 2))")
+    parents = "INSERT INTO parent SELECT * FROM unnest(%(id)s::int[], %(blob)s::jsonb[])"
+    children = "INSERT INTO child SELECT * FROM unnest(%(parent)s::int[], %(n)s::int[])"
+    writes = Writes([parents, children])
+
+    def work(n: int) -> None:
+        writes.add(children, parent=n, n=n)  # before its parent: the batch orders them
+        if n == 4:
+            raise KeyError("no decision for 4")
+        conn.execute("SELECT %s", (n,))  # a statement of its own in the pipeline
+        writes.add(parents, id=n, blob=Jsonb({"key": ["x" * 64] * 128}))
+
+    failed: list[int] = []
+    with conn.transaction():
+        isolated_each(conn, [1, 2, 3, 4, 5], str, work, lambda n, _m: failed.append(n),
+                      writes)
+        isolated_each(conn, range(10, 1010), str, work, writes=writes)
+    assert failed == [2, 4]
+    assert [r["n"] for r in conn.execute("SELECT n FROM child ORDER BY n")] == [
+        1, 3, 5, *range(10, 1010)]
+    assert conn.execute("SELECT count(*) AS n FROM parent").fetchone()["n"] == 1003
+    with pytest.raises(ValueError):
+        writes.add("SELECT 1", x=1)
 
 
 BURST = """name: burst

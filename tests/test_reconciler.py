@@ -6,7 +6,6 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from conftest import wait_for
 
 
@@ -178,10 +177,10 @@ def test_queued_rows_go_as_one_statement_per_kind_for_the_objects_that_succeed(c
     statement per kind, in the batch's order whatever the order they came in; a failing
     object's rows are not sent, the others' are; a batch of several MB (as 1,000 searcher
     states are) goes through."""
+    from psycopg.types.json import Jsonb
+
     from det.reconciler.batch import Writes
     from det.reconciler.isolation import isolated_each
-
-    from psycopg.types.json import Jsonb
 
     conn.execute("CREATE TABLE parent (id int PRIMARY KEY, blob jsonb)")
     conn.execute("CREATE TABLE child (parent int REFERENCES parent, n int CHECK (n <> 2))")

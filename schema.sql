@@ -2075,56 +2075,75 @@ BEGIN
     RETURN coalesce(v_state, 'LOST');
 END $$;
 
+CREATE FUNCTION det_agent_claim_each(p_agent text, p_allocations bigint[])
+RETURNS TABLE (allocation_id bigint, token text)
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The agent is about to launch allocations assigned to it: mint each one's task token
+-- (returned once, stored hashed) and move it to STARTING, in one statement (issue 11: an
+-- agent starts its tasks in batches). Allocations no longer this agent's to start (ended,
+-- or desired state is not RUNNING) are left out of the result.
+WITH minted AS MATERIALIZED (
+    SELECT id, translate(encode(gen_random_uuid()::text::bytea
+                                || gen_random_uuid()::text::bytea, 'base64'),
+                         E'+/=\n', '-_') AS token
+      FROM unnest(p_allocations) AS id
+)
+UPDATE allocations a
+   SET token_hash = sha256(convert_to(m.token, 'UTF8')), state = 'STARTING',
+       started_at = coalesce(a.started_at, now())
+  FROM minted m
+ WHERE a.id = m.id AND a.agent_id = p_agent
+   AND a.state IN ('ASSIGNED', 'PULLING', 'STARTING') AND a.desired_state = 'RUNNING'
+RETURNING a.id, m.token;
+$$;
+
 CREATE FUNCTION det_agent_claim(p_agent text, p_allocation bigint) RETURNS text
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- The agent is about to launch an allocation assigned to it: mint the task's token (returned
--- once, stored hashed) and move the allocation to STARTING. Returns NULL when the allocation
--- is no longer this agent's to start (ended, or desired state is not RUNNING).
-DECLARE
-    v_token text := encode(gen_random_uuid()::text::bytea || gen_random_uuid()::text::bytea,
-                           'base64');
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- det_agent_claim_each for one allocation: its token, or NULL when it is not to start.
+SELECT token FROM det_agent_claim_each(p_agent, ARRAY[p_allocation]);
+$$;
+
+CREATE FUNCTION det_agent_report_each(
+    p_agent text, p_allocations bigint[], p_state allocation_state,
+    p_exit_codes integer[] DEFAULT NULL, p_reasons text[] DEFAULT NULL
+) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The agent reports what it observed of allocations it runs, all in one state, in one
+-- statement (issue 11); p_exit_codes and p_reasons go with p_allocations element by element.
+-- TERMINATED releases the slots and records the exit code and reason; the reconciler settles
+-- the trial afterwards. RUNNING of a gang spanning agents leaves it STARTING until every
+-- other agent started its share (det_gang_started; det_agent_report_node moves it on then).
 BEGIN
-    v_token := translate(v_token, E'+/=\n', '-_');
-    UPDATE allocations
-       SET token_hash = sha256(convert_to(v_token, 'UTF8')), state = 'STARTING',
-           started_at = coalesce(started_at, now())
-     WHERE id = p_allocation AND agent_id = p_agent
-       AND state IN ('ASSIGNED', 'PULLING', 'STARTING') AND desired_state = 'RUNNING';
-    IF NOT FOUND THEN
-        RETURN NULL;
+    UPDATE allocations a
+       -- a gang's other agents are looked for only where it has any (one index probe)
+       SET state = CASE WHEN p_state = 'RUNNING'
+                             AND EXISTS (SELECT 1 FROM allocation_slots h
+                                          WHERE h.allocation_id = a.id
+                                            AND h.agent_id <> p_agent)
+                             AND NOT det_gang_started(a.id)
+                        THEN greatest(a.state, 'STARTING') ELSE greatest(a.state, p_state) END,
+           exit_code = CASE WHEN p_state = 'TERMINATED' THEN r.exit_code ELSE a.exit_code END,
+           exit_reason = CASE WHEN p_state = 'TERMINATED' THEN r.reason
+                              ELSE a.exit_reason END,
+           ended_at = CASE WHEN p_state = 'TERMINATED' THEN coalesce(a.ended_at, now()) END,
+           running_at = CASE WHEN p_state = 'RUNNING' THEN coalesce(a.running_at, now())
+                             ELSE a.running_at END
+      FROM unnest(p_allocations, p_exit_codes, p_reasons) AS r(id, exit_code, reason)
+     WHERE a.id = r.id AND a.agent_id = p_agent AND a.state <> 'TERMINATED';
+    IF p_state = 'TERMINATED' THEN
+        UPDATE allocation_slots SET released = true
+         WHERE allocation_id = ANY(p_allocations) AND NOT released;
+        PERFORM pg_notify('det_reconciler', 'allocation');
     END IF;
-    RETURN v_token;
 END $$;
 
 CREATE FUNCTION det_agent_report(
     p_agent text, p_allocation bigint, p_state allocation_state,
     p_exit_code integer DEFAULT NULL, p_reason text DEFAULT NULL
-) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- The agent reports what it observed of an allocation it runs. TERMINATED releases the slots
--- and records the exit code and reason; the reconciler settles the trial afterwards. RUNNING
--- of a gang spanning agents leaves it STARTING until every other agent started its share
--- (det_gang_started; det_agent_report_node moves it on then).
-BEGIN
-    UPDATE allocations
-       -- a gang's other agents are looked for only where it has any (one index probe)
-       SET state = CASE WHEN p_state = 'RUNNING'
-                             AND EXISTS (SELECT 1 FROM allocation_slots h
-                                          WHERE h.allocation_id = allocations.id
-                                            AND h.agent_id <> p_agent)
-                             AND NOT det_gang_started(id)
-                        THEN greatest(state, 'STARTING') ELSE greatest(state, p_state) END,
-           exit_code = CASE WHEN p_state = 'TERMINATED' THEN p_exit_code ELSE exit_code END,
-           exit_reason = CASE WHEN p_state = 'TERMINATED' THEN p_reason ELSE exit_reason END,
-           ended_at = CASE WHEN p_state = 'TERMINATED' THEN coalesce(ended_at, now()) END,
-           running_at = CASE WHEN p_state = 'RUNNING' THEN coalesce(running_at, now())
-                             ELSE running_at END
-     WHERE id = p_allocation AND agent_id = p_agent AND state <> 'TERMINATED';
-    IF p_state = 'TERMINATED' THEN
-        UPDATE allocation_slots SET released = true
-         WHERE allocation_id = p_allocation AND NOT released;
-        PERFORM pg_notify('det_reconciler', 'allocation');
-    END IF;
-END $$;
+) RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- det_agent_report_each for one allocation.
+SELECT det_agent_report_each(p_agent, ARRAY[p_allocation], p_state, ARRAY[p_exit_code],
+                             ARRAY[p_reason]);
+$$;
 
 CREATE FUNCTION det_gang_agents(p_allocation bigint) RETURNS text[] LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3212,6 +3231,8 @@ GRANT USAGE ON SCHEMA reporting TO det_user;
 GRANT EXECUTE ON FUNCTION
     det_agent_register(text, text, text, text, jsonb), det_agent_heartbeat(text),
     det_agent_claim(text, bigint), det_agent_report(text, bigint, allocation_state, integer, text),
+    det_agent_claim_each(text, bigint[]),
+    det_agent_report_each(text, bigint[], allocation_state, integer[], text[]),
     det_gang_agents(bigint), det_gang_started(bigint),
     det_agent_set_rendezvous(text, bigint, text), det_agent_claim_node(text, bigint),
     det_agent_report_node(text, bigint, allocation_state, integer, text),

@@ -80,6 +80,10 @@ LIVE_HERE = "SELECT id, last_log FROM det_agent_live_allocations(%(agent)s)"
 # A context a live allocation of this agent launches (NULL for any other).
 CONTEXT_BLOB = "SELECT det_agent_context(%(agent)s, %(id)s) AS data"
 CLAIM = "SELECT det_agent_claim(%s, %s) AS token"
+CLAIM_EACH = "SELECT allocation_id, token FROM det_agent_claim_each(%s, %s::bigint[])"
+REPORT = "SELECT det_agent_report(%s, %s, %s, %s, %s)"
+REPORT_EACH = ("SELECT det_agent_report_each(%s, %s::bigint[], %s, %s::integer[], "
+               "%s::text[])")
 
 
 @dataclass
@@ -302,9 +306,8 @@ class Agent:
             return
         self.logs.flush()
         ends = list(self.ended.items())
-        with self._connect().pipeline():  # one round trip for them all
-            for alloc_id, end in ends:
-                self._report(alloc_id, "TERMINATED", end.code, end.reason)
+        self._report_each([a for a, _ in ends], "TERMINATED", [end.code for _, end in ends],
+                          [end.reason for _, end in ends])
         for alloc_id, _ in ends:  # reported (a report lost with the connection is made again)
             del self.ended[alloc_id]
 
@@ -329,9 +332,7 @@ class Agent:
             elif self._start_task(row, spec, token, gang_vars):
                 started.append(row["id"])
         if started:
-            with self._connect().pipeline():
-                for alloc_id in started:
-                    self._report(alloc_id, "RUNNING")
+            self._report_each(started, "RUNNING")
 
     def _fetched(self, row: dict) -> AllocationSpec | None:
         """The run's spec once what it needs is here (its image); None while fetching (state
@@ -395,14 +396,13 @@ class Agent:
         gang), in ``rows``' order: the task's token, or None when it is not to start (yet),
         and the gang's ``nodes``, ``node_rank`` and ``rendezvous`` for
         :func:`det.agent.gang.gang_env`. The runs this agent holds alone are claimed in one
-        pipeline; the chief's agent of a gang records the rendezvous endpoint here."""
+        statement; the chief's agent of a gang records the rendezvous endpoint here."""
         conn, me = self._connect(), self.s.agent_id
         alone = [row["id"] for row in rows if row["chief"] == me and not row["spans"]]
-        tokens = {}
+        tokens: dict[int, str | None] = dict.fromkeys(alone)
         if alone:
-            with conn.pipeline():
-                claims = {alloc_id: conn.execute(CLAIM, (me, alloc_id)) for alloc_id in alone}
-            tokens = {alloc_id: cur.fetchone()["token"] for alloc_id, cur in claims.items()}
+            tokens.update((r["allocation_id"], r["token"])
+                          for r in conn.execute(CLAIM_EACH, (me, alone)))
         return [(tokens[row["id"]], {}) if row["id"] in tokens else self._claim_gang(row)
                 for row in rows]
 
@@ -445,11 +445,26 @@ class Agent:
 
     def _report(self, alloc_id: int, state: str, code: int | None = None,
                 reason: str | None = None) -> None:
-        report = gang.REPORT_NODE if alloc_id in self.nodes \
-            else "SELECT det_agent_report(%s, %s, %s, %s, %s)"
+        report = gang.REPORT_NODE if alloc_id in self.nodes else REPORT
         self._connect().execute(report, (self.s.agent_id, alloc_id, state, code, reason))
         if state == "TERMINATED":
             self.nodes.discard(alloc_id)
+
+    def _report_each(self, alloc_ids: list[int], state: str, codes: list | None = None,
+                     reasons: list | None = None) -> None:
+        """Report ``alloc_ids`` in ``state`` (with their exit ``codes`` and ``reasons``, element
+        by element): the runs this agent holds alone in one statement, each gang share on its
+        own."""
+        codes = codes or [None] * len(alloc_ids)
+        reasons = reasons or [None] * len(alloc_ids)
+        alone = [i for i, a in enumerate(alloc_ids) if a not in self.nodes]
+        if alone:
+            self._connect().execute(REPORT_EACH, (
+                self.s.agent_id, [alloc_ids[i] for i in alone], state,
+                [codes[i] for i in alone], [reasons[i] for i in alone]))
+        for i, alloc_id in enumerate(alloc_ids):
+            if alloc_id in self.nodes:
+                self._report(alloc_id, state, codes[i], reasons[i])
 
     # -- the host side: never touches the database ------------------------------------------
 

@@ -64,6 +64,11 @@ TEND_SECONDS = 0.2
 # slot freed) at once rather than at the next poll; long-running tasks cost no such ticks.
 END_TICK = 0.01
 FRESH_SECONDS = 5.0
+# A batch of launches that takes longer reports, every BATCH_REPORT_SECONDS, the tasks it has
+# started so far as RUNNING and the ends of tasks that ended meanwhile, so that their slots are
+# placed again while the rest of the batch starts (issue 11: 32 tiny tasks take ~100 ms to
+# start, longer than each runs).
+BATCH_REPORT_SECONDS = 0.025
 # Seconds a stopping agent keeps trying to report its tasks' ends while the database is away.
 SHUTDOWN_RETRY_SECONDS = 10.0
 # A share of a gang run that ended on the chief's agent may finish by itself this long
@@ -325,14 +330,24 @@ class Agent:
         # claim committed (STARTING), and the next pass claims again rather than give up.
         self.claimed.update(row["id"] for row, _ in ready)
         claims = self._claim([row for row, _ in ready])
-        started = []
+        started: list[int] = []
+        reported_at = time.monotonic()
         for (row, spec), (token, gang_vars) in zip(ready, claims, strict=True):
             if token is None:
                 self.claimed.discard(row["id"])
             elif self._start_task(row, spec, token, gang_vars):
                 started.append(row["id"])
-        if started:
-            self._report_each(started, "RUNNING")
+            if time.monotonic() - reported_at >= BATCH_REPORT_SECONDS:
+                self._report_running(started)  # before their ends: a run's RUNNING comes first
+                started = []
+                self._tend()
+                self._report_ends()
+                reported_at = time.monotonic()
+        self._report_running(started)
+
+    def _report_running(self, alloc_ids: list[int]) -> None:
+        if alloc_ids:
+            self._report_each(alloc_ids, "RUNNING")
 
     def _fetched(self, row: dict) -> AllocationSpec | None:
         """The run's spec once what it needs is here (its image); None while fetching (state

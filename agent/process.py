@@ -11,17 +11,16 @@ import ctypes
 import functools
 import logging
 import os
-import selectors
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from det.agent.logs import LogShipper
+from det.agent.output import OutputReader
 from det.agent.runtime import DRAIN_SECONDS, Exit, Launch
 from det.agent.shell import plain_words
 from det.agent.zygote import Zygote, ZygoteChild, python_command
@@ -43,8 +42,7 @@ exit "$rc"
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-_READ_TICK = 0.1  # seconds between two looks whether reading a task's output is to stop
-_READ_BYTES = 65_536
+_STOP_WAIT = 0.2  # seconds a task's end waits for its output's reader to let go of it
 
 
 def _die_with_parent() -> None:
@@ -80,52 +78,19 @@ def spawn_cold(argv: list[str], env: dict[str, str], workdir: Path) -> subproces
 class ProcessTask:
     """One running task: ``proc`` (a ``Popen`` from :func:`spawn_cold`, or a
     :class:`~det.agent.zygote.ZygoteChild`), the leader of its own session. Output lines go to
-    ``logs`` under ``allocation_id``, read by a thread of its own that never blocks the agent
-    (see :meth:`poll`)."""
+    the logs under ``allocation_id``, read by ``output``'s thread, which never blocks the
+    agent (see :meth:`poll`)."""
 
     def __init__(self, allocation_id: int, proc: "subprocess.Popen | ZygoteChild",
-                 logs: LogShipper) -> None:
+                 output: OutputReader) -> None:
         self.allocation_id = allocation_id
-        self._logs = logs
+        self._output = output
         self._killed = False
         self._exited_at: float | None = None
         self._left_behind = False
         self._proc = proc
-        self._stop_reading = threading.Event()
-        self._reader = threading.Thread(target=self._pump, daemon=True,
-                                        name=f"output-{allocation_id}")
-        self._reader.start()
-
-    def _pump(self) -> None:
-        """Read stdout and stderr into the logs until both are closed by every process that
-        holds them, or until reading is stopped (checked every ``_READ_TICK`` seconds)."""
-        pipes = {p.fileno(): (p, stream)
-                 for p, stream in ((self._proc.stdout, "stdout"), (self._proc.stderr, "stderr"))}
-        partial = dict.fromkeys(pipes, b"")
-        with selectors.DefaultSelector() as sel:
-            for fd in pipes:
-                os.set_blocking(fd, False)
-                sel.register(fd, selectors.EVENT_READ)
-            while sel.get_map() and not self._stop_reading.is_set():
-                for key, _ in sel.select(timeout=_READ_TICK):
-                    data = os.read(key.fd, _READ_BYTES)
-                    if not data:
-                        sel.unregister(key.fd)
-                        continue
-                    *lines, partial[key.fd] = (partial[key.fd] + data).split(b"\n")
-                    if len(partial[key.fd]) > _READ_BYTES:  # a line without end: ship it
-                        lines.append(partial[key.fd])
-                        partial[key.fd] = b""
-                    for raw in lines:
-                        self._add(pipes[key.fd][1], raw)
-        for fd, rest in partial.items():
-            if rest:
-                self._add(pipes[fd][1], rest)
-        for pipe, _ in pipes.values():
-            pipe.close()
-
-    def _add(self, stream: str, raw: bytes) -> None:
-        self._logs.add(self.allocation_id, stream, raw.decode(errors="replace"))
+        self._read = output.follow(allocation_id, [(proc.stdout, "stdout"),
+                                                   (proc.stderr, "stderr")])
 
     @property
     def killed(self) -> bool:
@@ -144,14 +109,14 @@ class ProcessTask:
         if self._exited_at is None:
             self._exited_at = time.monotonic()
             self._left_behind = self._signal(signal.SIGKILL)
-        if self._reader.is_alive():
+        if not self._read.is_set():
             if time.monotonic() < self._exited_at + DRAIN_SECONDS:
                 return None
-            self._stop_reading.set()
-            self._reader.join(2 * _READ_TICK)
+            self._output.stop(self.allocation_id)
+            self._read.wait(_STOP_WAIT)
         if self._left_behind:
-            self._logs.add(self.allocation_id, "det", "the task's main process exited; "
-                           "the processes it left behind were killed")
+            self._output.logs.add(self.allocation_id, "det", "the task's main process exited; "
+                                  "the processes it left behind were killed")
         return Exit(code, exit_reason(code, self.killed))
 
     def kill(self) -> None:
@@ -187,6 +152,7 @@ class ProcessRuntime:
 
     def __init__(self, logs: LogShipper, warm: bool = True) -> None:
         self.logs = logs
+        self.output = OutputReader(logs)
         self.zygote = Zygote() if warm else None
 
     def fetch(self, allocation_id: int, spec: AllocationSpec) -> None:
@@ -202,11 +168,11 @@ class ProcessRuntime:
         if args is not None:
             try:
                 proc = self.zygote.spawn(args, env, launch.workdir)
-                return ProcessTask(launch.allocation_id, proc, self.logs)
+                return ProcessTask(launch.allocation_id, proc, self.output)
             except OSError as e:
                 log.warning("allocation %s: starting cold: %s", launch.allocation_id, e)
         proc = spawn_cold(launch.argv, env, launch.workdir)
-        return ProcessTask(launch.allocation_id, proc, self.logs)
+        return ProcessTask(launch.allocation_id, proc, self.output)
 
     def adopt(self, agent_id: str, live: dict[int, Any]) -> dict[int, ProcessTask]:
         return {}  # processes die with the agent that started them (see _WRAPPER)

@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 from test_reconciler import config
 
 from det.agent.logs import LogShipper
+from det.agent.output import OutputReader
 from det.agent.process import ProcessTask, spawn_cold
 from det.agent.runtime import Exit
 
@@ -127,12 +128,40 @@ def test_output_held_outside_the_task_session_does_not_block(db_url, tmp_path,
     shipper = LogShipper(db_url)
     try:
         task = ProcessTask(1, spawn_cold(["sh", "-c", "setsid sleep 459 & echo bye"],
-                                         dict(os.environ), tmp_path), shipper)
+                                         dict(os.environ), tmp_path), OutputReader(shipper))
         end = wait_for(task.poll, 30, "the task's end")
     finally:
         shipper.close()
     assert end == Exit(0, None)
     assert processes(escaped), "precondition: the escaped process still holds the output"
+
+
+def test_one_reader_ships_every_tasks_lines_whole_and_in_order(tmp_path) -> None:
+    """The process runtime's tasks share one output reader (issue 11): each task's lines
+    arrive under its own allocation and stream, in order; a last line without a newline
+    arrives, and a line longer than 64 KiB arrives whole or in pieces that make it up."""
+
+    class Lines:  # what LogShipper.add receives
+        def __init__(self) -> None:
+            self.got: list[tuple[int, str, str]] = []
+
+        def add(self, allocation_id: int, stream: str, line: str) -> None:
+            self.got.append((allocation_id, stream, line))
+
+    lines = Lines()
+    reader = OutputReader(lines)  # type: ignore[arg-type]
+    script = ('for i in 1 2 3; do echo "out $i"; echo "err $i" >&2; done; '
+              'head -c 100000 /dev/zero | tr "\\0" x; echo; printf "last"')
+    tasks = [ProcessTask(n, spawn_cold(["sh", "-c", script], dict(os.environ), tmp_path),
+                         reader) for n in range(1, 9)]
+    for task in tasks:
+        assert wait_for(task.poll, 30, "the task's end") == Exit(0, None)
+    for n in range(1, 9):
+        out = [line for a, s, line in lines.got if a == n and s == "stdout"]
+        err = [line for a, s, line in lines.got if a == n and s == "stderr"]
+        assert out[:3] == ["out 1", "out 2", "out 3"] and out[-1] == "last"
+        assert "".join(out[3:-1]) == "x" * 100000
+        assert err == ["err 1", "err 2", "err 3"]
 
 
 # -- database restarts ------------------------------------------------------------------------

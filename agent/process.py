@@ -151,7 +151,6 @@ class ProcessRuntime:
     python = sys.executable
 
     def __init__(self, logs: LogShipper, warm: bool = True) -> None:
-        self.logs = logs
         self.output = OutputReader(logs)
         self.zygote = Zygote() if warm else None
 

@@ -735,6 +735,15 @@ COMMENT ON TABLE web_event_marks IS
     'trial reporting many batches a second wakes the servers at most every 0.2 s (the rest '
     'is picked up by their periodic look). Unlogged: losing it in a crash costs one event.';
 
+CREATE UNLOGGED TABLE web_watchers (
+    server text PRIMARY KEY,
+    until  timestamptz NOT NULL
+);
+COMMENT ON TABLE web_watchers IS
+    'det serve processes with open event streams, each until its lease runs out (det_web_watch). '
+    'The det_web triggers fire only while one lease is live. Unlogged: after a crash the '
+    'servers take their leases again within a second.';
+
 -- =============================================================================================
 -- Transition rules
 
@@ -2967,8 +2976,25 @@ BEGIN
     END IF;
 END $$;
 
+CREATE FUNCTION det_web_watched() RETURNS boolean LANGUAGE sql STABLE AS $$
+-- Whether some det serve streams pages now: the condition of every det_web trigger.
+    SELECT EXISTS (SELECT 1 FROM web_watchers WHERE until > now());
+$$;
+
+CREATE FUNCTION det_web_watch(p_server text, p_seconds double precision) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- det serve's listener ``p_server`` has open streams: send det_web events for the next
+-- ``p_seconds`` seconds (0 ends its lease). Leases of servers gone for a minute are dropped.
+    DELETE FROM web_watchers WHERE until < now() - interval '1 minute';
+    INSERT INTO web_watchers AS w (server, until)
+    VALUES (p_server, now() + make_interval(secs => p_seconds))
+    ON CONFLICT (server) DO UPDATE SET until = excluded.until;
+$$;
+
 -- The triggers below fire once per statement (never per row: DESIGN.md) and send at most
 -- one NOTIFY each, naming what changed in a way a page shows.
+-- They fire only while a det serve streams pages (det_web_watched): issue 11 measured ~1 ms
+-- of PostgreSQL time a trivial task spent on events no one read.
 
 CREATE FUNCTION det_web_on_experiments() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Experiments submitted, or changed state, progress or archived.
@@ -2988,10 +3014,10 @@ END $$;
 
 CREATE TRIGGER experiments_web_insert AFTER INSERT ON experiments
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_web_on_experiments();
+    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_experiments();
 CREATE TRIGGER experiments_web_update AFTER UPDATE ON experiments
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_web_on_experiments();
+    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_experiments();
 
 CREATE FUNCTION det_web_on_trials() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Trials created, or changed state, restarts, batches, checkpoint or best validation.
@@ -3015,10 +3041,10 @@ END $$;
 
 CREATE TRIGGER trials_web_insert AFTER INSERT ON trials
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_web_on_trials();
+    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_trials();
 CREATE TRIGGER trials_web_update AFTER UPDATE ON trials
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_web_on_trials();
+    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_trials();
 
 CREATE FUNCTION det_web_on_allocations() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Runs created or changed state: the queue (slots acquired), the cluster (slots held) and
@@ -3041,10 +3067,10 @@ END $$;
 
 CREATE TRIGGER allocations_web_insert AFTER INSERT ON allocations
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_web_on_allocations();
+    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_allocations();
 CREATE TRIGGER allocations_web_update AFTER UPDATE ON allocations
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_web_on_allocations();
+    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_allocations();
 
 CREATE FUNCTION det_web_on_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
 -- A job's priority, weight, position or pool changed (det_job_update).
@@ -3059,7 +3085,7 @@ END $$;
 
 CREATE TRIGGER jobs_web_update AFTER UPDATE ON jobs
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_web_on_jobs();
+    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_jobs();
 
 CREATE FUNCTION det_web_on_cluster() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Agents joined or changed state (enabled, disabled, lost); slots enabled or disabled.
@@ -3082,13 +3108,13 @@ BEGIN
 END $$;
 
 CREATE TRIGGER agents_web_insert AFTER INSERT ON agents
-    FOR EACH STATEMENT EXECUTE FUNCTION det_web_on_cluster();
+    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_cluster();
 CREATE TRIGGER agents_web_update AFTER UPDATE ON agents
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_web_on_cluster();
+    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_cluster();
 CREATE TRIGGER slots_web_update AFTER UPDATE ON slots
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_web_on_cluster();
+    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_cluster();
 
 CREATE FUNCTION det_web_on_reports() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Metrics or log lines appended: one statement is one batch of a task's reports, and the
@@ -3101,10 +3127,10 @@ END $$;
 
 CREATE TRIGGER metrics_web_insert AFTER INSERT ON metrics
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_web_on_reports();
+    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_reports();
 CREATE TRIGGER task_logs_web_insert AFTER INSERT ON task_logs
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_web_on_reports();
+    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_reports();
 
 -- =============================================================================================
 -- Reporting views: a stable read model for users' own SQL.
@@ -3252,7 +3278,8 @@ GRANT EXECUTE ON FUNCTION
 TO det_task;
 
 GRANT EXECUTE ON FUNCTION
-    det_web_login(text, text, double precision), det_web_auth(text), det_web_logout(text)
+    det_web_login(text, text, double precision), det_web_auth(text), det_web_logout(text),
+    det_web_watch(text, double precision)
 TO det_web;
 -- a request logs out after det serve took its user's role: ending a login takes its token
 GRANT EXECUTE ON FUNCTION det_web_logout(text) TO det_user;

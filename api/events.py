@@ -4,7 +4,9 @@
 notification out to the streams subscribed to its topics (``experiment:7``, ``trial:12``,
 ``queue``, ...). NOTIFY is a hint only (DESIGN.md): the hub also wakes every stream once a
 ``TICK`` (a change no trigger announces, or an event the metrics throttle held back, shows
-within a tick), and after reconnecting, since anything may have changed meanwhile. A woken
+within a tick), and after reconnecting, since anything may have changed meanwhile. The
+triggers fire only while some server holds a lease (``det_web_watch``): the hub renews its
+own every tick while it has streams, so a cluster no page watches spends nothing on events. A woken
 stream reads what changed in one short transaction (never one held open while it waits) and
 sends only what is new: metrics and log rows after the last id it sent, and snapshots that
 differ from the last one.
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable
 
@@ -34,6 +37,10 @@ TICK = 1.0
 KEEPALIVE = 15.0
 """Seconds between two SSE comments on a stream with nothing new (keeps proxies open)."""
 
+LEASE = 3 * TICK
+"""Seconds the database sends events for after the hub's last renewal (a few ticks, so that
+one slow tick does not drop it)."""
+
 
 class Hub:
     """The process's one listening connection and its subscribers (asyncio, one loop)."""
@@ -42,6 +49,7 @@ class Hub:
         self.url = url
         self._subs: dict[str, set[asyncio.Event]] = defaultdict(set)
         self.connected = asyncio.Event()
+        self.name = f"det serve {uuid.uuid4()}"
 
     def subscribe(self, topics: Iterable[str]) -> asyncio.Event:
         """An event set whenever one of ``topics`` changes (or at each tick)."""
@@ -81,6 +89,9 @@ class Hub:
                     self.connected.set()
                     self.wake(None)
                     while True:
+                        if self._subs:
+                            await conn.execute("SELECT det_web_watch(%s, %s)",
+                                               (self.name, LEASE))
                         async for n in conn.notifies(timeout=TICK):
                             self.wake(n.payload.split())
                         self.wake(None)

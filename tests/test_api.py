@@ -462,6 +462,11 @@ def test_experiment_stream_sends_state_and_new_metrics(server: Server, api, ctx,
     try:
         ready, _ = events.wait("ready")
         events.wait("experiment", lambda d: d["state"] == "ACTIVE" and len(d["trials"]) == 1)
+        # the server takes its lease on events within a tick of its first stream
+        deadline = time.monotonic() + 5
+        while not conn.execute("SELECT det_web_watched() AS w").fetchone()["w"]:
+            assert time.monotonic() < deadline, "det serve took no lease on det_web events"
+            time.sleep(0.05)
         sent = time.monotonic()
         conn.execute("SELECT det_report_metrics(%s, 'training', 10, %s)",
                      (token, Jsonb({"loss": 0.5})))
@@ -518,6 +523,7 @@ def test_metrics_notify_sparingly(conn, db_url: str) -> None:
         "name": "x", "resources": {"resource_pool": "default", "weight": 1.0},
         "searcher": {"metric": "loss", "smaller_is_better": True}}),)).fetchone()["id"]
     _, token = running_trial(conn, exp)
+    conn.execute("SELECT det_web_watch('test', 60)")
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as listener:
         listener.execute("LISTEN det_web")
         start = time.monotonic()
@@ -529,6 +535,31 @@ def test_metrics_notify_sparingly(conn, db_url: str) -> None:
         got = [n.payload for n in listener.notifies(timeout=0.5)]
     metric_events = [p for p in got if "trial:" in p]
     assert 1 <= len(metric_events) <= elapsed / 0.2 + 2, (len(metric_events), elapsed)
+
+
+def test_events_only_while_a_server_watches(conn, db_url: str) -> None:
+    """The det_web triggers send nothing while no det serve holds a lease (issue 11: ~1 ms of
+    PostgreSQL time a trivial task went to events no page read); while one does they name
+    what changed; a lease ended or run out stops them again."""
+    config = Jsonb({"name": "x", "resources": {"resource_pool": "default", "weight": 1.0},
+                    "searcher": {"metric": "loss", "smaller_is_better": True}})
+
+    def events_of_a_submission() -> list[str]:
+        with psycopg.connect(db_url, autocommit=True) as listener:
+            listener.execute("LISTEN det_web")
+            exp = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
+                               (config,)).fetchone()["id"]
+            return [n.payload for n in listener.notifies(timeout=0.3)
+                    if f"experiment:{exp}" in n.payload.split()]
+
+    assert events_of_a_submission() == []
+    conn.execute("SELECT det_web_watch('server-a', 60)")
+    assert len(events_of_a_submission()) == 1
+    conn.execute("SELECT det_web_watch('server-a', 0)")
+    assert events_of_a_submission() == []
+    conn.execute("SELECT det_web_watch('server-b', 0.2)")
+    time.sleep(0.3)
+    assert events_of_a_submission() == []
 
 
 def test_progress_counts_batches_before_any_validation(api, ctx: Path, conn, det) -> None:

@@ -2,16 +2,13 @@
 container engine.
 
 The task runs in its own directory (the unpacked context), in its own session so the whole
-process group can be signalled, and dies with the agent (see ``_WRAPPER``), so no task
+process group can be signalled, and dies with the agent (:mod:`det.agent.guard`), so no task
 outlives the agent that watches it. It ends with its main process: whatever it left running
 in its group is killed then (:meth:`ProcessTask.poll`).
 """
 
-import ctypes
-import functools
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,60 +16,48 @@ import time
 from pathlib import Path
 from typing import Any
 
+from det.agent.guard import Guard
 from det.agent.logs import LogShipper
 from det.agent.output import OutputReader
 from det.agent.runtime import DRAIN_SECONDS, Exit, Launch
-from det.agent.shell import plain_words
+from det.agent.shell import plain_words, runs_as_is
 from det.agent.zygote import Zygote, ZygoteChild, python_command
 from det.configs.allocation import AllocationSpec
 
-# The task's wrapper: runs the context's startup-hook.sh (sourced, so its exports reach the
-# task; spec: run-training-code, Get Ready), then the entrypoint as its child, and returns its
-# exit code. When the agent dies the kernel sends the wrapper SIGHUP (PR_SET_PDEATHSIG) and it
-# SIGKILLs the task's whole process group, grandchildren included. SIGTERM (a graceful stop,
-# sent to the group) is left to the task; the wrapper keeps waiting for it.
-_WRAPPER = """trap 'kill -KILL 0' HUP
-trap ':' TERM
-if [ -f ./startup-hook.sh ]; then . ./startup-hook.sh || exit $?; fi
-"$@" &
-pid=$!
-while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done
-exit "$rc"
-"""
+# A context's startup-hook.sh is sourced (so its exports reach the task; spec:
+# run-training-code, Get Ready) by a shell that then becomes the task.
+_WITH_HOOK = '. ./startup-hook.sh || exit $?\nexec "$@"'
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 _STOP_WAIT = 0.2  # seconds a task's end waits for its output's reader to let go of it
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGHUP)
+def cold_argv(argv: list[str], env: dict[str, str], workdir: Path) -> list[str]:
+    """The command a cold task starts as: ``argv`` (an entrypoint's, see
+    :func:`det.configs.entrypoint.entrypoint_argv`) run by a shell only where one is needed.
 
-
-@functools.cache
-def _pdeathsig_prefix() -> list[str] | None:
-    """``setpriv --pdeathsig HUP`` (util-linux >= 2.33) when this host has it, else None.
-
-    It sets the wrapper's death signal before exec, as ``_die_with_parent`` does: without a
-    ``preexec_fn`` Python spawns by vfork instead of copying the agent's memory with fork,
-    about 0.4 ms instead of 11 ms a task here (bench/task_throughput.py)."""
-    path = shutil.which("setpriv")
-    if path is None:
-        return None
-    usage = subprocess.run([path, "--help"], capture_output=True, text=True).stdout
-    return [path, "--pdeathsig", "HUP"] if "--pdeathsig" in usage else None
+    With a ``startup-hook.sh`` in ``workdir``, a shell sources it and then execs the command.
+    Otherwise a shell command of plain words, or a list, that exec() runs as a shell would
+    (:func:`~det.agent.shell.runs_as_is`) starts as those words: no shell (issue 11: a shell
+    and its fork were ~1 ms of CPU a task). The rest is ``sh -c CMD`` as given, or a list
+    ``exec``'d by a shell, which reports a missing command (exit 127) as it always has."""
+    words = plain_words(argv)
+    if (workdir / "startup-hook.sh").exists():
+        return ["sh", "-c", _WITH_HOOK, "det-task", *(words or argv)]
+    if words is not None:
+        return words if runs_as_is(words, env, workdir) else argv
+    if argv[:2] == ["sh", "-c"] or runs_as_is(argv, env, workdir):
+        return argv
+    return ["sh", "-c", 'exec "$@"', "det-task", *argv]
 
 
 def spawn_cold(argv: list[str], env: dict[str, str], workdir: Path) -> subprocess.Popen:
-    """Start ``argv`` through the wrapper (startup hook, death with the agent) in a new
-    session, its output on pipes. A shell command of plain words runs as those words: the
-    wrapper is already a shell, and a second one cost ~1 ms a task (issue 11)."""
-    wrapper = ["sh", "-c", _WRAPPER, "det-task", *(plain_words(argv) or argv)]
-    prefix = _pdeathsig_prefix()
+    """Start ``argv`` as :func:`cold_argv` says, in ``workdir`` with exactly ``env``, in a
+    new session, its output on pipes. The caller adds a :class:`~det.agent.guard.Guard`'s
+    marker to ``env`` so that the task dies with the agent."""
     return subprocess.Popen(
-        wrapper if prefix is None else [*prefix, *wrapper], cwd=workdir, env=env,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True, preexec_fn=_die_with_parent if prefix is None else None)
+        cold_argv(argv, env, workdir), cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
 class ProcessTask:
@@ -153,12 +138,14 @@ class ProcessRuntime:
     def __init__(self, logs: LogShipper, warm: bool = True) -> None:
         self.output = OutputReader(logs)
         self.zygote = Zygote() if warm else None
+        self.guard = Guard()
 
     def fetch(self, allocation_id: int, spec: AllocationSpec) -> None:
         return None  # a process needs nothing beyond the context
 
     def launch(self, launch: Launch) -> ProcessTask:
-        env = {**os.environ, **launch.env}
+        self.guard.ensure()
+        env = {**os.environ, **launch.env, **self.guard.env}
         gpus = [s.device_uuid for s in launch.slots if s.type == "cuda" and s.device_uuid]
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
@@ -174,7 +161,7 @@ class ProcessRuntime:
         return ProcessTask(launch.allocation_id, proc, self.output)
 
     def adopt(self, agent_id: str, live: dict[int, Any]) -> dict[int, ProcessTask]:
-        return {}  # processes die with the agent that started them (see _WRAPPER)
+        return {}  # processes die with the agent that started them (see det.agent.guard)
 
 
 def exit_reason(code: int, killed: bool) -> str | None:

@@ -2,10 +2,14 @@
 
 An entrypoint string is a shell command (``["sh", "-c", CMD]``, :mod:`det.configs.entrypoint`).
 When CMD is plain words, a shell would run exactly those words as one command, so the agent
-may run them directly: the zygote forks a Python one warm, and a cold start skips one shell.
+may run them directly: the zygote forks a Python one warm, and a cold start execs the command
+itself, with no shell at all (:func:`runs_as_is`).
 """
 
+import os
 import shlex
+from collections.abc import Mapping
+from pathlib import Path
 
 _SHELL_SYNTAX = frozenset("|&;<>()$`\\\"'*?[]#~=%{}\n")
 """Characters that make a shell command more than plain words (quotes, expansions,
@@ -23,3 +27,40 @@ def plain_words(argv: list[str]) -> list[str] | None:
         return None
     words = shlex.split(argv[2])
     return words if words and words[0] not in _RESERVED else None
+
+
+_BUILTINS = frozenset({
+    ".", ":", "alias", "bg", "break", "cd", "command", "continue", "eval", "exec", "exit",
+    "export", "fc", "fg", "getopts", "hash", "jobs", "local", "read", "readonly", "return",
+    "set", "shift", "source", "times", "trap", "type", "ulimit", "umask", "unalias", "unset",
+    "wait"})
+"""Shell builtins that act on the shell itself: a program of the same name (if any) would
+not do what the shell does."""
+
+_EXECUTABLE_MAGIC = (b"#!", b"\x7fELF")
+"""How a file exec() runs starts; a shell runs any other executable file as a script."""
+
+
+def runs_as_is(words: list[str], env: Mapping[str, str], workdir: Path) -> bool:
+    """Whether exec() of ``words`` in ``workdir`` with ``env`` does what a shell given the
+    same words would: ``words[0]`` is no builtin of :data:`_BUILTINS`, names an executable
+    file (on the environment's ``PATH``, or relative to ``workdir`` when it holds a ``/``),
+    and that file is a program or starts with ``#!``. Otherwise (a builtin, a missing
+    command, a script without ``#!``) a shell runs it and says what a shell says."""
+    name = words[0]
+    if name in _BUILTINS:
+        return False
+    if "/" in name:
+        candidates = [workdir / name]
+    else:
+        candidates = [Path(d or ".", name) for d in env.get("PATH", "").split(":")]
+        candidates = [workdir / c if not c.is_absolute() else c for c in candidates]
+    for path in candidates:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(4)
+        except OSError:
+            continue
+        if os.access(path, os.X_OK):
+            return head.startswith(_EXECUTABLE_MAGIC)
+    return False

@@ -38,14 +38,16 @@ def processes(argv: list[str]) -> list[int]:
 
 
 def children(pid: int) -> list[int]:
-    """Pids of the processes whose parent is ``pid`` (zombies included)."""
+    """Pids of the processes whose parent is ``pid`` (zombies included), its guard
+    (det.agent.guard) excepted."""
     out = []
     for child in filter(str.isdigit, os.listdir("/proc")):
         try:
             stat = Path(f"/proc/{child}/stat").read_text()
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"det.agent.guard" not in cmdline:
             out.append(int(child))
     return out
 
@@ -127,8 +129,11 @@ def test_output_held_outside_the_task_session_does_not_block(db_url, tmp_path,
     leftovers.append(escaped)
     shipper = LogShipper(db_url)
     try:
-        task = ProcessTask(1, spawn_cold(["sh", "-c", "setsid sleep 459 & echo bye"],
-                                         dict(os.environ), tmp_path), OutputReader(shipper))
+        # the task ends once the escaped process has left its session (file `out`)
+        command = ("setsid sh -c 'touch out; exec sleep 459' & "
+                   "until [ -e out ]; do sleep 0.05; done; echo bye")
+        task = ProcessTask(1, spawn_cold(["sh", "-c", command], dict(os.environ), tmp_path),
+                           OutputReader(shipper))
         end = wait_for(task.poll, 30, "the task's end")
     finally:
         shipper.close()

@@ -139,13 +139,14 @@ class ProcessRuntime:
         self.output = OutputReader(logs)
         self.zygote = Zygote() if warm else None
         self.guard = Guard()
+        self._host_env = dict(os.environ)  # copied once: os.environ decodes every read
 
     def fetch(self, allocation_id: int, spec: AllocationSpec) -> None:
         return None  # a process needs nothing beyond the context
 
     def launch(self, launch: Launch) -> ProcessTask:
         self.guard.ensure()
-        env = {**os.environ, **launch.env, **self.guard.env}
+        env = {**self._host_env, **launch.env, **self.guard.env}
         gpus = [s.device_uuid for s in launch.slots if s.type == "cuda" and s.device_uuid]
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)

@@ -50,17 +50,19 @@ def runs_as_is(words: list[str], env: Mapping[str, str], workdir: Path) -> bool:
     name = words[0]
     if name in _BUILTINS:
         return False
-    if "/" in name:
-        candidates = [workdir / name]
-    else:
-        candidates = [Path(d or ".", name) for d in env.get("PATH", "").split(":")]
-        candidates = [workdir / c if not c.is_absolute() else c for c in candidates]
-    for path in candidates:
+    dirs = [""] if "/" in name else [d or "." for d in env.get("PATH", "").split(":")]
+    for d in dirs:
+        path = os.path.join(workdir, d, name)  # an absolute d or name stays as it is
         try:
-            with open(path, "rb") as f:
-                head = f.read(4)
+            fd = os.open(path, os.O_RDONLY)
         except OSError:
             continue
+        try:
+            head = os.read(fd, 4)
+        except OSError:  # a directory
+            continue
+        finally:
+            os.close(fd)
         if os.access(path, os.X_OK):
             return head.startswith(_EXECUTABLE_MAGIC)
     return False

@@ -347,6 +347,9 @@ COMMENT ON COLUMN experiments.tensorboards_deleted_at IS
 CREATE INDEX experiments_project ON experiments (project_id);
 -- Experiments being deleted, looked at by every pass.
 CREATE INDEX experiments_deleting ON experiments (id) WHERE delete_requested_at IS NOT NULL;
+-- Live experiments (the states before COMPLETED in the enum), looked for by every pass: the
+-- pass's queries name live states (state IN (...)) so that they use it, never state::text.
+CREATE INDEX experiments_live ON experiments (state) WHERE state < 'COMPLETED';
 COMMENT ON COLUMN experiments.searcher_state IS
     'The searcher''s state (JSON), written in the same transaction that consumed the events '
     'which changed it. NULL until the searcher has made its initial decisions.';
@@ -382,6 +385,8 @@ COMMENT ON COLUMN trials.metadata IS
     'What the trial''s code recorded with set_metadata (det_set_trial_metadata): a JSON '
     'object, merged key by key.';
 CREATE INDEX trials_experiment ON trials (experiment_id);
+-- Live trials, as experiments_live.
+CREATE INDEX trials_live ON trials (state) WHERE state < 'COMPLETED';
 
 CREATE TABLE searcher_ops (
     id         bigserial PRIMARY KEY,

@@ -115,10 +115,11 @@ UPDATE trials t SET state = 'ACTIVE' FROM experiments e
 # A stopping experiment stops its live trials; a kill overrides a cancel.
 STOP_TRIALS = """
 UPDATE trials t SET state = e.state::text::trial_state FROM experiments e
- WHERE e.id = t.experiment_id AND e.state::text LIKE 'STOPPING_%%'
+ WHERE e.id = t.experiment_id
+   AND e.state IN ('STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED', 'STOPPING_ERROR')
    AND (t.state IN ('ACTIVE', 'PAUSED')
-        OR (e.state = 'STOPPING_KILLED' AND t.state::text LIKE 'STOPPING_%%'
-            AND t.state <> 'STOPPING_KILLED'))
+        OR (e.state = 'STOPPING_KILLED'
+            AND t.state IN ('STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_ERROR')))
 """
 
 # Desired state only escalates: RUNNING -> STOPPED (checkpoint and exit) -> KILLED.
@@ -241,7 +242,7 @@ SELECT DISTINCT a.id FROM searcher_events v JOIN allocations a ON a.trial_id = v
 # or it had none (a paused trial that is cancelled or killed).
 FINISH_STOPPING_TRIALS = """
 UPDATE trials t SET state = det_stopped_state(t.state::text)::trial_state, end_time = now()
- WHERE t.state::text LIKE 'STOPPING\\_%%'
+ WHERE t.state IN ('STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED', 'STOPPING_ERROR')
    AND NOT EXISTS (SELECT 1 FROM allocations a
                     WHERE a.trial_id = t.id AND (a.state <> 'TERMINATED' OR NOT a.settled))
 RETURNING t.id AS trial_id, t.experiment_id, t.state::text AS state,
@@ -251,7 +252,7 @@ RETURNING t.id AS trial_id, t.experiment_id, t.state::text AS state,
 FINISH_EXPERIMENTS = """
 UPDATE experiments e
    SET state = det_stopped_state(e.state::text)::experiment_state, end_time = now()
- WHERE e.state::text LIKE 'STOPPING\\_%%'
+ WHERE e.state IN ('STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED', 'STOPPING_ERROR')
    AND NOT EXISTS (SELECT 1 FROM trials t
                     WHERE t.experiment_id = e.id
                       AND t.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR'))

@@ -287,3 +287,30 @@ def test_a_task_waiting_for_its_next_op_is_woken_by_the_pass_that_decides(
             assert task.out_of_work
         finally:
             task.close()
+
+
+@pytest.mark.parametrize("name", ["PAUSE_TRIALS", "ACTIVATE_TRIALS", "STOP_TRIALS",
+                                  "FINISH_CLOSED_TRIALS", "EXPERIMENTS_TO_SEARCH",
+                                  "FINISH_STOPPING_TRIALS", "FINISH_EXPERIMENTS",
+                                  "CREATE_ALLOCATIONS"])
+def test_the_pass_finds_live_experiments_and_trials_by_index(conn, name) -> None:
+    """Each pass's look for live experiments and trials can use experiments_live and
+    trials_live (issue 11: reading every experiment and trial ever run made an idle pass
+    take 220-340 ms over 100,000 ended experiments): with sequential scans priced out, every
+    read of either table goes through an index condition, never the whole table."""
+    from det.reconciler import queries as q
+
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL enable_seqscan = off")
+        plan = conn.execute("EXPLAIN (FORMAT JSON) " + getattr(q, name), {}).fetchone()
+    whole = []
+
+    def walk(node: dict) -> None:
+        if node.get("Relation Name") in ("experiments", "trials") and node["Node Type"] not in (
+                "ModifyTable", "Bitmap Heap Scan") and "Index Cond" not in node:
+            whole.append(f"{node['Node Type']} on {node['Relation Name']}")
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan["QUERY PLAN"][0]["Plan"])
+    assert whole == []

@@ -191,10 +191,12 @@ def _finish_stopping_trials(conn: psycopg.Connection, r: PassResult) -> None:
 
 
 def _finish_experiments(conn: psycopg.Connection, r: PassResult) -> None:
-    """End the experiments whose trials are all done, and apply each one's checkpoint GC
-    policy in the same transaction (reference-facts §5: GC runs when an experiment ends)."""
-    ended = [row["id"] for row in conn.execute(q.FINISH_EXPERIMENTS).fetchall()]
-    isolated_each(conn, ended, lambda eid: f"experiment {eid}: checkpoint GC",
+    """End the experiments whose trials are all done, and apply the checkpoint GC policy of
+    each one that has checkpoints in the same transaction (reference-facts §5: GC runs when
+    an experiment ends; one with none has nothing to apply it to)."""
+    ended = conn.execute(q.FINISH_EXPERIMENTS).fetchall()
+    with_checkpoints = [row["id"] for row in ended if row["has_checkpoints"]]
+    isolated_each(conn, with_checkpoints, lambda eid: f"experiment {eid}: checkpoint GC",
                   lambda eid: conn.execute(q.CHECKPOINT_GC, {"experiment_id": eid}),
                   lambda eid, msg: conn.execute(q.GC_DECISION_FAILED,
                                                 {"experiment_id": eid, "message": msg}))

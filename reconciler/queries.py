@@ -256,7 +256,9 @@ UPDATE experiments e
    AND NOT EXISTS (SELECT 1 FROM trials t
                     WHERE t.experiment_id = e.id
                       AND t.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR'))
-RETURNING e.id
+RETURNING e.id, EXISTS (SELECT 1 FROM trials t JOIN checkpoints c ON c.trial_id = t.id
+                         WHERE t.experiment_id = e.id AND c.state = 'COMPLETED')
+                AS has_checkpoints
 """
 
 # -- 6b. Checkpoint GC (issue 16) ---------------------------------------------------------------

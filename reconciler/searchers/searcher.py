@@ -28,7 +28,6 @@ from det.reconciler.searchers.asha import AdaptiveAsha
 from det.reconciler.searchers.grid import GridSearch
 from det.reconciler.searchers.method import SearchMethod
 from det.reconciler.searchers.random_search import RandomSearch
-from det.reconciler.searchers.rng import new_rng
 from det.reconciler.searchers.state import COMPLETED, SearchState
 from det.reconciler.searchers.tpe import TPE
 
@@ -87,7 +86,7 @@ def searcher_step(
         seed = config["reproducibility"]["experiment_seed"]
         if seed is None:
             raise SearcherError("reproducibility.experiment_seed: expected an expanded config")
-        search = SearchState(method=config["searcher"]["name"], rng=new_rng(seed))
+        search = SearchState.new(config["searcher"]["name"], seed)
         actions += method.initial(search)
     else:
         # from_json copies: the 624-word RNG key made a deepcopy of the whole state ~0.5 ms
@@ -130,4 +129,4 @@ def _shutdown(search: SearchState) -> Shutdown:
 def searcher_progress(config: dict[str, Any], state: dict[str, Any]) -> float:
     """Search progress in [0, 1]: the mean over the planned trials of each trial's
     progress (1.0 once closed or exited); 1.0 after shutdown."""
-    return _method(config).progress(SearchState.from_json(state, with_rng=False))
+    return _method(config).progress(SearchState.from_json(state))

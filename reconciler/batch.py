@@ -10,6 +10,8 @@ per object; the same rows as arrays (``unnest``) cost one of each per pass.
 savepoint of the objects that filled it, so a failing object still rolls back alone.
 """
 
+import functools
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,9 +47,19 @@ class Writes:
         self._rows = {}
 
     def flush(self, conn: psycopg.Connection) -> None:
-        """Send every queued row, one statement per kind in the batch's order, and clear."""
+        """Send every queued row, one statement per kind in the batch's order, and clear.
+
+        The arrays go in binary (:func:`_binary`)."""
         rows, self._rows = self._rows, {}
         for statement in self._order:
             batch = rows.get(statement)
             if batch:
-                conn.execute(statement, {k: [r[k] for r in batch] for k in batch[0]})
+                conn.execute(_binary(statement), {k: [r[k] for r in batch] for k in batch[0]})
+
+
+@functools.cache
+def _binary(statement: str) -> str:
+    """``statement`` with its parameters (``%(name)s``) sent in binary (``%(name)b``): in
+    text, psycopg quotes and escapes every element of an array with a regular expression,
+    ~0.2 ms of the reconciler's CPU a trivial task for the JSON ones (issue 11)."""
+    return re.sub(r"%\((\w+)\)s", r"%(\1)b", statement)

@@ -244,6 +244,20 @@ def task_image(docker_client) -> str:
     return image.ensure_default_image(docker_client)
 
 
+def processes(argv: list[str]) -> list[int]:
+    """Pids of the live processes whose command line is exactly ``argv`` (a zombie has
+    none)."""
+    want = b"".join(a.encode() + b"\0" for a in argv)
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == want:
+                out.append(int(pid))
+        except OSError:
+            pass
+    return out
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
     """Poll ``predicate`` until it returns a truthy value (returned), or fail after
     ``timeout`` seconds saying ``what`` never happened."""

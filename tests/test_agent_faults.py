@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import Det, private_env, wait_for
+from conftest import Det, private_env, processes, wait_for
 from psycopg.rows import dict_row
 from test_reconciler import config
 
@@ -22,19 +22,6 @@ from det.agent.runtime import Exit
 
 def one(conn, query: str, *args):
     return conn.execute(query, args).fetchone()
-
-
-def processes(argv: list[str]) -> list[int]:
-    """Pids of the processes whose command line is exactly ``argv``."""
-    want = b"".join(a.encode() + b"\0" for a in argv)
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes() == want:
-                out.append(int(pid))
-        except OSError:
-            pass
-    return out
 
 
 def children(pid: int) -> list[int]:

@@ -6,26 +6,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from conftest import processes, wait_for
 
 from det.agent.guard import Guard
 from det.agent.process import cold_argv, spawn_cold
-
-
-def pids_running(*argv: str) -> list[int]:
-    """Pids of the live processes running exactly ``argv`` (a zombie has no command line)."""
-    want = "\0".join(argv).encode() + b"\0"
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes() == want:
-                out.append(int(pid))
-        except OSError:
-            continue
-    return out
 
 
 @pytest.fixture
@@ -33,7 +19,7 @@ def sleepers():
     """Kills, after the test, whatever `sleep 47N` it left."""
     yield
     for n in range(470, 480):
-        for pid in pids_running("sleep", str(n)):
+        for pid in processes(["sleep", str(n)]):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -60,11 +46,11 @@ def test_a_killed_agents_tasks_die_with_it(tmp_path, sleepers) -> None:
                              stdout=subprocess.PIPE, text=True)
     try:
         assert agent.stdout.readline() == "started\n"
-        wait_for(lambda: pids_running("sleep", "471") and pids_running("sleep", "472"), 30,
+        wait_for(lambda: processes(["sleep", "471"]) and processes(["sleep", "472"]), 30,
                  "the task's processes to start")
         agent.send_signal(signal.SIGKILL)
         agent.wait()
-        wait_for(lambda: not pids_running("sleep", "471") and not pids_running("sleep", "472"),
+        wait_for(lambda: not processes(["sleep", "471"]) and not processes(["sleep", "472"]),
                  10, "the killed agent's task processes to die")
         assert bystander.poll() is None
     finally:

@@ -64,8 +64,8 @@ class SearchState:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "SearchState":
-        """A working copy of ``data`` (``to_json``'s form) that shares nothing mutable with
-        it: ``data`` is left as it was."""
+        """A working copy of ``data`` (``to_json``'s form): ``data`` is left as it was (its
+        RNG is only read, the rest is copied)."""
         return cls(
             method=data["method"],
             stored_rng=data["rng"],

@@ -527,8 +527,8 @@ CREATE INDEX allocation_nodes_token ON allocation_nodes (token_hash);
 
 CREATE TABLE metrics (
     id              bigserial PRIMARY KEY,
-    trial_id        integer NOT NULL REFERENCES trials (id),
-    allocation_id   bigint NOT NULL REFERENCES allocations (id),
+    trial_id        integer NOT NULL,  -- with allocation_id: an allocation of this trial
+    allocation_id   bigint NOT NULL,   -- (checked per statement, det_metrics_reference_check)
     "group"         text NOT NULL,
     steps_completed bigint NOT NULL CHECK (steps_completed >= 0),
     "values"        jsonb NOT NULL,
@@ -538,6 +538,83 @@ COMMENT ON TABLE metrics IS
     'Append-only metrics (training, validation, or any other group), read by range on '
     '(trial, group, steps).';
 CREATE INDEX metrics_trial_group_steps ON metrics (trial_id, "group", steps_completed);
+
+-- metrics' references are checked once per statement, not per row as foreign keys would
+-- (two thirds of a row's cost; issue 11, migration 0020): a task's batch names one allocation.
+CREATE FUNCTION det_metrics_reference_check() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- AFTER INSERT or UPDATE ON metrics, per statement: every new row's (allocation_id,
+-- trial_id) is an allocation of that trial, locked until commit (SQLSTATE 23503 otherwise).
+-- Runs as the owner, as a foreign key's check does.
+DECLARE
+    v_bad record;
+BEGIN
+    PERFORM 1 FROM allocations a
+     WHERE a.id IN (SELECT DISTINCT allocation_id FROM new_rows)
+       FOR KEY SHARE OF a;
+    SELECT n.allocation_id, n.trial_id INTO v_bad
+      FROM (SELECT DISTINCT allocation_id, trial_id FROM new_rows) n
+     WHERE NOT EXISTS (SELECT 1 FROM allocations a
+                        WHERE a.id = n.allocation_id AND a.trial_id = n.trial_id)
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'metrics: allocation % of trial % does not exist',
+            v_bad.allocation_id, v_bad.trial_id
+            USING ERRCODE = 'foreign_key_violation', TABLE = 'metrics';
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION det_metrics_referenced_check() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- AFTER DELETE ON allocations (per statement, old_rows), BEFORE UPDATE OF id, trial_id (per
+-- row) and AFTER TRUNCATE: no metrics row may be left naming an allocation that is gone
+-- (SQLSTATE 23503). A metrics row's trial is its allocation's, so the trial index finds them.
+DECLARE
+    v_bad record;
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        IF EXISTS (SELECT 1 FROM metrics) THEN
+            RAISE EXCEPTION 'allocations: truncated while metrics still name them'
+                USING ERRCODE = 'foreign_key_violation', TABLE = 'metrics',
+                      HINT = 'Truncate metrics in the same statement.';
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        SELECT OLD.id AS id, OLD.trial_id AS trial_id INTO v_bad
+         WHERE EXISTS (SELECT 1 FROM metrics m
+                        WHERE m.trial_id = OLD.trial_id AND m.allocation_id = OLD.id);
+    ELSE
+        SELECT o.id, o.trial_id INTO v_bad
+          FROM old_rows o
+         WHERE o.trial_id IS NOT NULL
+           AND EXISTS (SELECT 1 FROM metrics m
+                        WHERE m.trial_id = o.trial_id AND m.allocation_id = o.id)
+         LIMIT 1;
+    END IF;
+    IF FOUND THEN
+        RAISE EXCEPTION 'allocation % of trial % is still named by metrics rows',
+            v_bad.id, v_bad.trial_id
+            USING ERRCODE = 'foreign_key_violation', TABLE = 'metrics';
+    END IF;
+    RETURN CASE TG_OP WHEN 'UPDATE' THEN NEW END;
+END $$;
+
+CREATE TRIGGER metrics_reference_insert AFTER INSERT ON metrics
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION det_metrics_reference_check();
+CREATE TRIGGER metrics_reference_update AFTER UPDATE ON metrics
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION det_metrics_reference_check();
+CREATE TRIGGER allocations_metrics_delete AFTER DELETE ON allocations
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION det_metrics_referenced_check();
+CREATE TRIGGER allocations_metrics_update BEFORE UPDATE OF id, trial_id ON allocations
+    FOR EACH ROW WHEN (OLD.id IS DISTINCT FROM NEW.id OR OLD.trial_id IS DISTINCT FROM NEW.trial_id)
+    EXECUTE FUNCTION det_metrics_referenced_check();
+CREATE TRIGGER allocations_metrics_truncate AFTER TRUNCATE ON allocations
+    FOR EACH STATEMENT EXECUTE FUNCTION det_metrics_referenced_check();
 
 CREATE TABLE metric_batches (
     writer        uuid PRIMARY KEY,

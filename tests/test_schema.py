@@ -87,6 +87,74 @@ def test_observed_state_only_moves_forward(conn) -> None:
         conn.execute("UPDATE allocations SET state = 'ASSIGNED' WHERE id = %s", (a,))
 
 
+METRIC = ("INSERT INTO metrics (trial_id, allocation_id, \"group\", steps_completed, \"values\") "
+          "VALUES (%s, %s, 'training', 1, '{}')")
+
+
+def trial_of(conn, allocation: int) -> int:
+    return conn.execute("SELECT trial_id FROM allocations WHERE id = %s",
+                        (allocation,)).fetchone()["trial_id"]
+
+
+def test_metrics_name_an_allocation_of_their_trial(conn) -> None:
+    """metrics' references (checked per statement, migration 0020) refuse what the two
+    foreign keys refused, and a row whose trial is not its allocation's."""
+    a, b = setup_run(conn)
+    ta, tb = trial_of(conn, a), trial_of(conn, b)
+    for trial, allocation in ((ta, 999_999), (999_999, a), (tb, a)):
+        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="does not exist"):
+            conn.execute(METRIC, (trial, allocation))
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):  # one bad row spoils the statement
+        conn.execute("INSERT INTO metrics (trial_id, allocation_id, \"group\", steps_completed, "
+                     "\"values\") VALUES (%s, %s, 'training', 1, '{}'), "
+                     "(%s, %s, 'training', 1, '{}')", (ta, a, ta, b))
+    assert conn.execute("SELECT count(*) AS n FROM metrics").fetchone()["n"] == 0
+    conn.execute(METRIC, (ta, a))
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match="does not exist"):
+        conn.execute("UPDATE metrics SET allocation_id = %s", (b,))
+
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match="still named by metrics"):
+        conn.execute("DELETE FROM allocations WHERE id = %s", (a,))
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match="still named by metrics"):
+        conn.execute("UPDATE allocations SET trial_id = %s WHERE id = %s", (tb, a))
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match="allocations_trial_id_fkey"):
+        conn.execute("DELETE FROM trials WHERE id = %s", (ta,))  # its allocation holds it
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match="truncated while metrics"):
+        conn.execute("TRUNCATE allocations CASCADE")
+    conn.execute("DELETE FROM allocations WHERE id = %s", (b,))  # b has no metrics
+    conn.execute("DELETE FROM metrics")
+    conn.execute("DELETE FROM allocations WHERE id = %s", (a,))
+
+
+def test_a_metrics_insert_and_its_allocation_delete_exclude_each_other(db_url, conn) -> None:
+    """As a foreign key does, the check locks the allocation until commit: a delete waits for
+    an uncommitted insert (then fails), and an insert waits for an uncommitted delete (then
+    fails); no metrics row is ever left naming a deleted allocation."""
+    a, _ = setup_run(conn)
+    ta = trial_of(conn, a)
+    with psycopg.connect(db_url) as inserter, psycopg.connect(db_url) as deleter:
+        inserter.execute(METRIC, (ta, a))
+        deleter.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            deleter.execute("DELETE FROM allocations WHERE id = %s", (a,))
+        deleter.rollback()
+        inserter.commit()
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            deleter.execute("DELETE FROM allocations WHERE id = %s", (a,))
+        deleter.rollback()
+
+        deleter.execute("DELETE FROM metrics")
+        deleter.execute("DELETE FROM allocations WHERE id = %s", (a,))
+        inserter.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            inserter.execute(METRIC, (ta, a))
+        inserter.rollback()
+        deleter.commit()
+        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="does not exist"):
+            inserter.execute(METRIC, (ta, a))
+    assert conn.execute("SELECT count(*) AS n FROM metrics").fetchone()["n"] == 0
+
+
 def test_task_functions_need_the_allocation_token(conn) -> None:
     a, _ = setup_run(conn)
     conn.execute("UPDATE allocations SET state = 'ASSIGNED', agent_id = 'a1' WHERE id = %s", (a,))

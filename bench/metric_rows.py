@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
-from private_db import private_database
+from private_db import postgres_cpu, private_database
 from psycopg.types.json import Jsonb
 
 from det.configs import load_experiment_config
@@ -106,10 +106,12 @@ def profiled(path: str | None) -> Iterator[None]:
 
 
 def report_rows(url: str, alloc: int, token: str, n: int, width: int,
-                profile: str | None) -> float:
+                profile: str | None, home: Path | None) -> float:
     """Report steps 1..n through the Core API; seconds from the first report until the
-    transport is closed (every row written)."""
+    transport is closed (every row written). Prints the CPU seconds the reporting process
+    and the server spent meanwhile."""
     rows = [metrics(step, width) for step in range(1, n + 1)]
+    cpu, server = time.process_time(), postgres_cpu(home)
     with profiled(profile):
         with core.init(transport=DbTransport(url, alloc, token)) as ctx:
             start = time.perf_counter()
@@ -118,7 +120,8 @@ def report_rows(url: str, alloc: int, token: str, n: int, width: int,
             reported = time.perf_counter()
         closed = time.perf_counter()  # core.init closed the transport: every row written
     print(f"  last report returned after {reported - start:.2f} s, close took "
-          f"{closed - reported:.2f} s")
+          f"{closed - reported:.2f} s; CPU s: the task {time.process_time() - cpu:.2f}, "
+          f"postgres {postgres_cpu(home) - server:.2f}")
     return closed - start
 
 
@@ -169,7 +172,8 @@ def main() -> None:
         url = db.url
         alloc, trial, token = claim(url, Path(storage))
         print(f"{args.rows:,} training-metric rows of {args.values} floats, one task:")
-        seconds = report_rows(url, alloc, token, args.rows, args.values, args.profile)
+        seconds = report_rows(url, alloc, token, args.rows, args.values, args.profile,
+                              db.home)
         print(f"  report_training_metrics -> all rows written: {seconds:.2f} s, "
               f"{args.rows / seconds:,.0f} rows/s")
         ok = check(url, trial, args.rows)

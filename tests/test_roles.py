@@ -80,8 +80,18 @@ def test_the_embedded_server_asks_every_connection_for_a_password(tmp_path) -> N
         with psycopg.connect(url) as conn:
             assert conn.execute("SHOW listen_addresses").fetchone()[0] == ""
             assert conn.execute("SHOW unix_socket_directories").fetchone()[0] == str(sockets)
+            assert conn.execute("SHOW shared_preload_libraries").fetchone()[0] == "plpgsql"
         assert stat.S_IMODE(passfile.path(home).stat().st_mode) == 0o600
         assert "trust" not in (embedded.data_dir(home) / "pg_hba.conf").read_text()
+
+        # a data directory of a det from before the preload gets it, once, at its next start
+        stop(home)
+        conf = embedded.data_dir(home) / "postgresql.conf"
+        older, block = conf.read_text().split("\n# det: PL/pgSQL loaded once")
+        conf.write_text(older)
+        with psycopg.connect(ensure_running(home)) as conn:
+            assert conn.execute("SHOW shared_preload_libraries").fetchone()[0] == "plpgsql"
+        assert conf.read_text() == f"{older}\n# det: PL/pgSQL loaded once{block}"
     finally:
         stop(home)
 

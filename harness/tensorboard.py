@@ -16,6 +16,7 @@ import functools
 import math
 import os
 import pathlib
+import shutil
 import socket
 import struct
 import sys
@@ -123,12 +124,16 @@ class EventFile:
 
 
 class TensorboardFiles:
-    """A trial's event files: written locally under ``path``, synced to ``storage``."""
+    """A trial's event files: written locally under ``path``, synced to ``storage``.
+
+    Without ``path`` they go to a temporary directory of their own, removed by :meth:`close`
+    (each trial used to leave one behind, with every event it wrote)."""
 
     def __init__(self, storage: FsspecStorage, experiment_id: int, trial_id: int,
                  path: pathlib.Path | None = None) -> None:
         self.storage = storage
         self.remote = f"{storage.base}/{storage_dir(experiment_id, trial_id)}"
+        self._owns_path = path is None
         self.path = path or pathlib.Path(tempfile.mkdtemp(prefix="det-tensorboard-"))
         self._file: EventFile | None = None
         self._unavailable = False
@@ -164,7 +169,12 @@ class TensorboardFiles:
             self.storage.fs.put(str(self.path) + "/", self.remote + "/", recursive=True)
 
     def close(self) -> None:
-        """Sync one last time and close the file."""
-        self.sync()
-        if self._file is not None:
-            self._file.close()
+        """Sync one last time, close the file and remove a directory of its own (also when
+        the sync raises: the files are a copy of metrics the database holds)."""
+        try:
+            self.sync()
+        finally:
+            if self._file is not None:
+                self._file.close()
+            if self._owns_path:
+                shutil.rmtree(self.path, ignore_errors=True)

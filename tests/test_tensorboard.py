@@ -49,3 +49,29 @@ def test_reported_scalars_read_back_from_storage(tmp_path) -> None:
         assert struct.unpack("<I", body_crc)[0] == masked_crc32c(body)
         data, records = data[16 + length:], records + 1
     assert records == 1 + 100 + 2  # the file-version event, then one per report
+
+
+def test_a_directory_of_its_own_is_removed_at_close(tmp_path, monkeypatch) -> None:
+    """A trial's local event directory goes when its files have been stored, and also when
+    storing them failed; a directory the caller named stays."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    storage = FsspecStorage(fsspec.filesystem("file"), str(tmp_path / "storage"))
+    files = TensorboardFiles(storage, 7, 3)
+    assert files.path.parent == tmp_path
+    files.report("training", 1, {"loss": 1.0})
+    files.close()
+    assert not files.path.exists()
+    assert list((tmp_path / "storage").rglob("events.out.tfevents.*"))
+
+    (tmp_path / "blocked").write_text("a file where the storage's directory would go")
+    unstorable = TensorboardFiles(FsspecStorage(fsspec.filesystem("file"),
+                                                str(tmp_path / "blocked")), 7, 4)
+    unstorable.report("training", 1, {"loss": 1.0})
+    with pytest.raises(OSError):
+        unstorable.close()
+    assert not unstorable.path.exists()
+
+    named = TensorboardFiles(storage, 7, 5, tmp_path / "named")
+    named.report("training", 1, {"loss": 1.0})
+    named.close()
+    assert list((tmp_path / "named").glob("events.out.tfevents.*"))

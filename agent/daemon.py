@@ -97,7 +97,9 @@ class AgentSettings:
     ``work_dir``: where task directories live; ``runtime``: ``docker``, ``process``, or None
     for docker when an engine answers, else process; ``heartbeat``/``poll``: seconds;
     ``warm_start``: the process runtime forks Python tasks from a zygote; ``task_url``: the
-    database URL its tasks get (a role that runs only task functions), None for its own."""
+    database URL its tasks get (a role that runs only task functions), None for its own;
+    ``task_pooler``: the process runtime's tasks connect through a PgBouncer of the agent's
+    (:mod:`det.agent.pooler`)."""
 
     agent_id: str
     pool: str
@@ -107,6 +109,7 @@ class AgentSettings:
     poll: float = 1.0
     warm_start: bool = True
     task_url: str | None = None
+    task_pooler: bool = False
 
 
 def check_agent_id(agent_id: str, field: str = "agent id") -> None:
@@ -121,12 +124,13 @@ def check_agent_id(agent_id: str, field: str = "agent id") -> None:
 
 
 def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
-                   device_type: str, warm_start: bool = True) -> Runtime:
+                   device_type: str, warm_start: bool = True, pool_size: int = 0) -> Runtime:
     """The runtime ``name`` asks for; raises ``RuntimeUnavailable`` when docker is asked for
     and no engine answers. With no name: docker if an engine answers, else process
-    (``warm_start``: see :class:`ProcessRuntime`)."""
+    (``warm_start``, ``pool_size`` with ``url`` as the tasks' URL: see
+    :class:`ProcessRuntime`)."""
     if name == "process":
-        return ProcessRuntime(logs, warm_start)
+        return ProcessRuntime(logs, warm_start, url, pool_size)
     from det.agent.containers import DockerRuntime, RuntimeUnavailable
 
     try:
@@ -135,7 +139,7 @@ def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
         if name == "docker":
             raise
         log.info("%s; running tasks as processes", e)
-        return ProcessRuntime(logs, warm_start)
+        return ProcessRuntime(logs, warm_start, url, pool_size)
 
 
 class Agent:
@@ -162,9 +166,11 @@ class Agent:
         self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
         self.task_url = settings.task_url or url
+        # the pooler keeps a warm server process for each slot, and a few for gang workers
+        pool_size = len(slots) + 4 if settings.task_pooler else 0
         self.runtime = choose_runtime(settings.runtime, self.logs, settings.agent_id,
-                                      self.task_url,
-                                      self.device_type, settings.warm_start)
+                                      self.task_url, self.device_type, settings.warm_start,
+                                      pool_size)
         self.heartbeat = Heartbeat(url, settings.agent_id, settings.heartbeat, self._register)
         # A lost connection's backoff is spent watching the tasks (see _tend_for).
         self._retrying = retry.retrying("agent").copy(sleep=self._tend_for)

@@ -19,6 +19,7 @@ from typing import Any
 from det.agent.guard import Guard
 from det.agent.logs import LogShipper
 from det.agent.output import OutputReader
+from det.agent.pooler import TaskPooler, pooler_dir
 from det.agent.runtime import DRAIN_SECONDS, Exit, Launch
 from det.agent.shell import plain_words, runs_as_is
 from det.agent.zygote import Zygote, ZygoteChild, python_command
@@ -130,16 +131,24 @@ class ProcessRuntime:
     With ``warm`` (the default; ``det agent run --cold-start`` turns it off), a task that runs
     this interpreter on a script or module is forked by the agent's zygote
     (:mod:`det.agent.zygote`) with det's harness already imported; the others, and every task
-    if the zygote fails, start cold."""
+    if the zygote fails, start cold. With ``pool_size`` > 0 (``det agent run --task-pooler``)
+    tasks whose ``DET_DB_URL`` is ``task_url`` connect through the agent's PgBouncer
+    (:mod:`det.agent.pooler`), keeping up to ``pool_size`` warm server processes."""
 
     name = "process"
     python = sys.executable
 
-    def __init__(self, logs: LogShipper, warm: bool = True) -> None:
+    def __init__(self, logs: LogShipper, warm: bool = True, task_url: str | None = None,
+                 pool_size: int = 0) -> None:
         self.output = OutputReader(logs)
         self.zygote = Zygote() if warm else None
         self.guard = Guard()
         self._host_env = dict(os.environ)  # copied once: os.environ decodes every read
+        self.pooler = None
+        if pool_size > 0 and task_url is not None:
+            # its guard token makes it die with the agent, as a task does
+            self.pooler = TaskPooler(task_url, pooler_dir(task_url), pool_size,
+                                     {**self._host_env, **self.guard.env})
 
     def fetch(self, allocation_id: int, spec: AllocationSpec) -> None:
         return None  # a process needs nothing beyond the context
@@ -147,6 +156,8 @@ class ProcessRuntime:
     def launch(self, launch: Launch) -> ProcessTask:
         self.guard.ensure()
         env = {**self._host_env, **launch.env, **self.guard.env}
+        if self.pooler is not None and env.get("DET_DB_URL") == self.pooler.task_url:
+            env["DET_DB_URL"] = self.pooler.url()
         gpus = [s.device_uuid for s in launch.slots if s.type == "cuda" and s.device_uuid]
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)

@@ -110,14 +110,25 @@ def own_cpu(proc) -> float:
 
 def tasks_cpu(agent) -> float:
     """CPU seconds of the agent's tasks: the ones it reaped, and its live children (the
-    zygote, with the tasks it reaped)."""
+    zygote, with the tasks it reaped), but not its task pooler (:func:`pooler_cpu`)."""
     p = psutil.Process(agent.pid)
     t = p.cpu_times()
     total = t.children_user + t.children_system
     for c in p.children():
         with contextlib.suppress(psutil.NoSuchProcess):
-            ct = c.cpu_times()
-            total += ct.user + ct.system + ct.children_user + ct.children_system
+            if c.name() != "pgbouncer":
+                ct = c.cpu_times()
+                total += ct.user + ct.system + ct.children_user + ct.children_system
+    return total
+
+
+def pooler_cpu(agent) -> float:
+    """CPU seconds of the agent's task pooler (``det agent run --task-pooler``), 0 without."""
+    total = 0.0
+    for c in psutil.Process(agent.pid).children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if c.name() == "pgbouncer":
+                total += sum(c.cpu_times()[:2])
     return total
 
 

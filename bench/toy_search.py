@@ -10,6 +10,7 @@ next run's start on the same trial (the promotion hop). With ``--profile DIR`` b
 run under cProfile and their top functions are printed. Figures only.
 
     python bench/toy_search.py [--trials 200] [--concurrent 16] [--profile /tmp/prof]
+                               [--agent-args=--task-pooler]
 """
 
 import argparse
@@ -26,6 +27,7 @@ from private_db import (
     busy_cpu,
     det_process,
     own_cpu,
+    pooler_cpu,
     postgres_cpu,
     private_database,
     stop,
@@ -87,7 +89,7 @@ def main() -> None:
                     time.sleep(0.1)
                 t0 = time.monotonic()
                 cpu0 = (busy_cpu(), postgres_cpu(db.home), *map(own_cpu, procs),
-                        tasks_cpu(procs[1]))
+                        tasks_cpu(procs[1]), pooler_cpu(procs[1]))
                 subprocess.run([sys.executable, "-m", "det.cli.main", "experiment", "create",
                                 str(cfg), str(HERE)], env=env, check=True,
                                stdout=subprocess.DEVNULL)
@@ -96,7 +98,8 @@ def main() -> None:
                     time.sleep(0.05)
                 wall = time.monotonic() - t0
                 cpu = [b - a for a, b in zip(cpu0, (busy_cpu(), postgres_cpu(db.home),
-                                                     *map(own_cpu, procs), tasks_cpu(procs[1])),
+                                                     *map(own_cpu, procs), tasks_cpu(procs[1]),
+                                                     pooler_cpu(procs[1])),
                                              strict=True)]
                 exp = conn.execute("SELECT state, (SELECT count(*) FROM trials) AS trials, "
                                    "(SELECT count(*) FROM allocations) AS runs, "
@@ -115,7 +118,8 @@ def main() -> None:
         print("  the first such trial's last log lines:", *reversed(tail), sep="\n    ")
     print(f"  submit -> experiment ended {wall:.1f} s")
     print(f"  CPU seconds: postgres {cpu[1]:.1f}, reconciler {cpu[2]:.1f}, agent {cpu[3]:.1f}, "
-          f"tasks {cpu[4]:.1f}; the whole machine {cpu[0]:.1f}")
+          f"tasks {cpu[4]:.1f}" + (f", task pooler {cpu[5]:.1f}" if cpu[5] else "")
+          + f"; the whole machine {cpu[0]:.1f}")
     print("  per run, p50 ms: " + "  ".join(
         f"{k} {stages[k]:.0f}" for k in ("placed", "claimed", "launched", "ran", "settled")))
     if hop["n"]:

@@ -230,6 +230,12 @@ def agent_run(
                                     help="The database URL its tasks connect with, as a role "
                                          "that runs only task functions (default: the "
                                          "agent's own URL)."),
+    task_pooler: bool = typer.Option(False, "--task-pooler/--no-task-pooler",
+                                     envvar="DET_AGENT_TASK_POOLER",
+                                     help="Process runtime: tasks connect through a "
+                                          "session-mode PgBouncer of this agent, which hands "
+                                          "each a warm database server process (needs "
+                                          "pgbouncer installed; else tasks connect directly)."),
 ) -> None:
     """Run an agent: register this host's slots and run the tasks assigned to it."""
     from det.agent.daemon import Agent, AgentSettings, check_agent_id
@@ -251,7 +257,7 @@ def agent_run(
     settings = AgentSettings(agent_id=agent_id, pool=resource_pool,
                              work_dir=work_dir or det_home() / "agent" / agent_id,
                              runtime=runtime, poll=poll, warm_start=warm_start,
-                             task_url=task_db_url)
+                             task_url=task_db_url, task_pooler=task_pooler)
     _exit_on_sigterm()
     Agent(url, settings, discover(slots)).run()
 

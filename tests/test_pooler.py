@@ -1,0 +1,128 @@
+"""The agent's task pooler (``det agent run --task-pooler``, ``det.agent.pooler``): tasks get
+warm server processes through a session-mode PgBouncer, which is started again when it dies;
+without it tasks connect directly. The PgBouncer tests need it installed (.ci/run installs
+Debian's)."""
+
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import task_url
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
+
+from det.agent.guard import Guard
+from det.agent.pooler import PORT, TaskPooler, config, pooled_url, pooler_dir
+from det.errors import DetError
+
+needs_pgbouncer = pytest.mark.skipif(
+    shutil.which("pgbouncer") is None and not os.path.exists("/usr/sbin/pgbouncer"),
+    reason="pgbouncer is not installed (apt-get install pgbouncer)")
+
+
+def test_the_pooler_keeps_the_tasks_role_and_database() -> None:
+    url = "postgresql://det_task:p%27w%22d@/det?host=/run/det%20db&application_name=x"
+    ini, users = config(url, Path("/tmp/det-pooler-x"), 8)
+    assert "det = host='/run/det db' dbname=det\n" in ini
+    assert "pool_mode = session\n" in ini and "server_reset_query = DISCARD ALL\n" in ini
+    assert "listen_addr =\n" in ini  # the socket only, no TCP
+    assert "default_pool_size = 8\n" in ini
+    assert users == '"det_task" "p\'w""d"\n'
+    pooled = conninfo_to_dict(pooled_url(url, Path("/tmp/det-pooler-x")))
+    assert pooled == {"user": "det_task", "password": "p'w\"d", "dbname": "det",
+                      "host": "/tmp/det-pooler-x", "port": str(PORT), "application_name": "x"}
+    with pytest.raises(DetError, match="must name a user and a database"):
+        config("host=/run/db", Path("/tmp/x"), 1)
+
+
+def test_without_pgbouncer_tasks_connect_directly(db_url) -> None:
+    url = task_url(db_url)
+    unusable = TaskPooler(url, Path("/dev/null/pooler"), 2, os.environ)  # cannot be made
+    assert unusable.url() == url
+    assert unusable.url() == url  # said once, then not tried again
+
+
+@needs_pgbouncer
+def test_the_pooler_hands_out_warm_server_processes_and_comes_back_after_a_kill(
+        db_url) -> None:
+    url = task_url(db_url)
+    guard = Guard()
+    pooler = TaskPooler(url, pooler_dir(url), 2, {**os.environ, **guard.env})
+    try:
+        pooled = pooler.url()
+        assert conninfo_to_dict(pooled)["host"] == str(pooler_dir(url))
+
+        def session() -> dict:
+            with psycopg.connect(pooled, autocommit=True, row_factory=dict_row) as c:
+                c.execute("LISTEN a_channel")
+                c.execute("SET statement_timeout = '7s'")
+                return c.execute("SELECT pg_backend_pid() AS pid, current_user AS role, "
+                                 "current_setting('statement_timeout') AS timeout, "
+                                 "(SELECT count(*) FROM pg_listening_channels()) AS listening"
+                                 ).fetchone()
+
+        first, second = session(), session()
+        assert first["role"] == second["role"] == "det_task"
+        assert second["pid"] == first["pid"], "the second task gets the first one's process"
+        # ... reset in between: what the first session set or listened to is gone
+        with psycopg.connect(pooled, autocommit=True) as c:
+            assert c.execute("SELECT current_setting('statement_timeout'), "
+                             "(SELECT count(*) FROM pg_listening_channels())").fetchone() \
+                == ("0", 0)
+
+        os.kill(pooler._proc.pid, signal.SIGKILL)
+        pooler._proc.wait()
+        assert pooler.url() == pooled  # started again, on the same socket
+        assert session()["role"] == "det_task"
+    finally:
+        pooler.close()
+        guard.close()
+        shutil.rmtree(pooler_dir(url), ignore_errors=True)
+
+
+TRAIN = """
+import os
+import psycopg
+from det.harness import core
+
+with psycopg.connect(os.environ["DET_DB_URL"]) as c:
+    print("server", c.info.host, c.execute("SELECT pg_backend_pid()").fetchone()[0])
+with core.init() as ctx:
+    for op in ctx.searcher.operations():
+        ctx.train.report_validation_metrics(steps_completed=op.length, metrics={"loss": 0.5})
+        op.report_completed(0.5)
+"""
+
+
+@needs_pgbouncer
+def test_an_agent_with_a_task_pooler_runs_a_search_through_it(det, conn, db_url,
+                                                              tmp_path) -> None:
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "train.py").write_text(TRAIN)
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text("name: pooled\nentrypoint: python3 train.py\nmax_restarts: 0\n"
+                   "searcher: {name: random, metric: loss, max_trials: 4, "
+                   "max_concurrent_trials: 1, max_length: {batches: 1}}\n"
+                   "hyperparameters: {x: {type: double, minval: 0, maxval: 1}}\n")
+    det("experiment", "create", str(cfg), str(ctx))
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--slots", "1", "--runtime", "process",
+              "--task-pooler")
+    try:
+        assert det("experiment", "wait", "1", check=False, timeout=180).returncode == 0, \
+            det.log("agent")
+        states = [r["s"] for r in conn.execute("SELECT state::text AS s FROM trials")]
+        lines = [r["line"].split() for r in conn.execute(
+            "SELECT line FROM task_logs WHERE line LIKE 'server %%' ORDER BY id")]
+    finally:
+        det.stop_all()
+        shutil.rmtree(pooler_dir(task_url(db_url)), ignore_errors=True)
+    assert states == ["COMPLETED"] * 4
+    assert len(lines) == 4
+    assert {host for _, host, _ in lines} == {str(pooler_dir(task_url(db_url)))}
+    pids = [pid for _, _, pid in lines]
+    assert len(set(pids)) < len(pids), "server processes were handed from task to task"

@@ -19,7 +19,8 @@ URL carries. Run as root, it switches to the owner of the database's socket dire
 (PgBouncer refuses to run as root, and only that user may reach the embedded server's
 socket), else to ``nobody``.
 The pooler carries the agent's guard token (:mod:`det.agent.guard`), so it dies with its
-agent; :meth:`TaskPooler.url` starts it again if it died. Where PgBouncer is not installed
+agent; a watcher thread starts it again, on the same socket, when it dies otherwise (the
+tasks' sessions through it end; their transports reconnect). Where PgBouncer is not installed
 or does not start, the agent says so once and its tasks connect directly.
 """
 
@@ -122,6 +123,7 @@ class TaskPooler:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._failed = False
+        self._closed = False
 
     def url(self) -> str:
         """The URL a task should connect with: the pooler's (started now if it is not
@@ -141,6 +143,7 @@ class TaskPooler:
     def close(self) -> None:
         """Stop the pooler (its tasks' sessions end with it)."""
         with self._lock:
+            self._closed = True
             if self._proc is not None and self._proc.poll() is None:
                 self._proc.terminate()
                 try:
@@ -177,6 +180,25 @@ class TaskPooler:
                                       start_new_session=True)
         self._wait_ready()
         log.info("task pooler: pgbouncer %s on %s", self._proc.pid, self.socket_dir)
+        threading.Thread(target=self._watch, args=(self._proc,), name="det-task-pooler",
+                         daemon=True).start()
+
+    def _watch(self, proc: subprocess.Popen) -> None:
+        """Start the pooler again once ``proc`` exits, unless it was closed or replaced;
+        a failed start is tried again every second."""
+        proc.wait()
+        while True:
+            with self._lock:
+                if self._closed or self._proc is not proc:
+                    return
+                log.warning("task pooler: pgbouncer %s exited with %s; starting it again",
+                            proc.pid, proc.returncode)
+                try:
+                    self._start()
+                    return
+                except (OSError, DetError, subprocess.SubprocessError) as e:
+                    log.warning("task pooler: %s", e)
+            time.sleep(1.0)
 
     def _run_as(self) -> pwd.struct_passwd | None:
         """The user to switch to when run as root: the database socket directory's owner,

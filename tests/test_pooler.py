@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import task_url
+from conftest import task_url, wait_for
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
@@ -73,10 +73,12 @@ def test_the_pooler_hands_out_warm_server_processes_and_comes_back_after_a_kill(
                              "(SELECT count(*) FROM pg_listening_channels())").fetchone() \
                 == ("0", 0)
 
-        os.kill(pooler._proc.pid, signal.SIGKILL)
-        pooler._proc.wait()
-        assert pooler.url() == pooled  # started again, on the same socket
-        assert session()["role"] == "det_task"
+        killed = pooler._proc
+        os.kill(killed.pid, signal.SIGKILL)
+        wait_for(lambda: pooler._proc is not killed and pooler._proc.poll() is None, 10,
+                 "the pooler started again")
+        assert session()["role"] == "det_task"  # on the same socket
+        assert pooler.url() == pooled
     finally:
         pooler.close()
         guard.close()

@@ -29,6 +29,11 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "determined_compat"
 CORE = EXAMPLES / "core_api"
 
+# The order the searcher read its events in: by the pass that consumed them (the transaction
+# of the update that marked them, xmin), then by id as each pass reads them. Ids alone are not
+# it: an event whose insert commits after a later id's is read by a later pass.
+READ_ORDER = " ORDER BY v.xmin::text::bigint, v.id"
+
 
 def _python_first(env: dict[str, str]) -> dict[str, str]:
     """Tasks' ``python3`` (entrypoints are shell commands) is this interpreter."""
@@ -152,7 +157,8 @@ def test_core_api_asha_with_max_time_stops_trials_through_should_preempt(det, co
         "SELECT t.request_id::text AS rid, (v.payload ->> 'length')::int AS time, "
         "       (v.payload ->> 'metric')::float8 AS metric "
         "  FROM searcher_events v JOIN trials t ON t.id = v.trial_id "
-        " WHERE v.experiment_id = %s AND v.kind = 'validation_completed' ORDER BY v.id",
+        " WHERE v.experiment_id = %s AND v.kind = 'validation_completed' "
+        + READ_ORDER,
         (exp,)).fetchall()
     rows = conn.execute(
         "SELECT t.request_id::text AS rid, (m.\"values\" ->> 'batches')::int AS time, "
@@ -325,7 +331,8 @@ def test_trainer_under_asha_with_max_time_reports_the_time_metric(det, conn, tmp
         "SELECT t.request_id::text AS rid, (v.payload ->> 'length')::int AS time, "
         "       (v.payload ->> 'metric')::float8 AS metric "
         "  FROM searcher_events v JOIN trials t ON t.id = v.trial_id "
-        " WHERE v.experiment_id = %s AND v.kind = 'validation_completed' ORDER BY v.id",
+        " WHERE v.experiment_id = %s AND v.kind = 'validation_completed' "
+        + READ_ORDER,
         (exp,)).fetchall()
     assert {e["time"] for e in events} <= {16, 32, 48} and len(events) >= 4
     (bracket,) = asha_brackets(searcher_of(config["config"]))

@@ -75,9 +75,9 @@ def config(task_url: str, socket_dir: Path, pool_size: int) -> tuple[str, str]:
     if not user or not dbname:
         raise DetError(f"task pooler: the tasks' database URL must name a user and a "
                        f"database, got {make_conninfo(task_url, password=None)!r}")
-    server = " ".join(f"{k}={_quote(str(params[k]))}" for k in ("host", "port")
-                      if params.get(k))
-    ini = (f"[databases]\n{dbname} = {server} dbname={_quote(dbname)}\n\n"
+    server = make_conninfo(**{k: params[k] for k in ("host", "port") if params.get(k)},
+                           dbname=dbname)
+    ini = (f"[databases]\n{dbname} = {server}\n\n"
            "[pgbouncer]\n"
            "listen_addr =\n"
            f"listen_port = {PORT}\n"
@@ -96,13 +96,6 @@ def config(task_url: str, socket_dir: Path, pool_size: int) -> tuple[str, str]:
            "log_disconnections = 0\n")
     users = f"{_quote_auth(user)} {_quote_auth(params.get('password') or '')}\n"
     return ini, users
-
-
-def _quote(value: str) -> str:
-    """A libpq connection-string value, quoted when it needs to be."""
-    if value and all(c.isalnum() or c in "/._-" for c in value):
-        return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _quote_auth(value: str) -> str:

@@ -4,6 +4,7 @@ after a checkpoint. Every metric row arrives exactly once and in order; nothing 
 before a checkpoint is lost.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from psycopg.types.json import Jsonb
 from det.db import channels
 from det.errors import DetError
 from det.harness import core, transport
-from det.harness.report_writer import MetricsRow, ReportWriter, encode_metrics
+from det.harness.report_writer import MetricsRow, ReportWriter, encode_metrics, json_safe
 from det.harness.transport import DbTransport
 
 CONFIG = {"name": "faults", "entrypoint": "true",
@@ -348,6 +349,21 @@ def test_unstorable_metrics_are_refused_when_reported(
         encode_metrics(group, steps, metrics)
 
 
+@pytest.mark.parametrize("metrics", [
+    {"loss": 0.25, "n": 3, "ok": True, "none": None, "s": "é\\u0000"},
+    {"big": 2**70, "f32": np.float32(0.1), "f64": np.float64(1e300), "arr": np.eye(2)},
+    {"nan": float("nan"), "list": [1.5, float("-inf")], "tuple": (1, "x")},
+    {1: 2, "nested": {"deep": {"x": np.int64(-7)}}},
+], ids=["plain", "numpy", "non-finite", "non-string-keys"])
+def test_fast_and_standard_encodings_agree(metrics: dict[Any, Any]) -> None:
+    """orjson encodes a report where it can; what it writes decodes to what ``json_safe`` and
+    the standard encoder give, and where it cannot (NaN, keys, big integers) they are used."""
+    torch = pytest.importorskip("torch")
+    metrics = {**metrics, "tensor": torch.tensor([0.5, 2.0]), "scalar": torch.tensor(3)}
+    row = encode_metrics("training", 1, metrics)
+    assert json.loads(row.values) == json.loads(json.dumps(json_safe(metrics)))
+
+
 def test_metric_values_are_stored_as_reported(db_url: str, tmp_path: Path) -> None:
     """Whatever the encoding on the way (json_safe's fast paths, the binary array parameter),
     the database holds the reported values: escapes, non-ASCII, non-finite floats, numpy."""
@@ -355,11 +371,11 @@ def test_metric_values_are_stored_as_reported(db_url: str, tmp_path: Path) -> No
     reported = {"quote": 'a"b', "backslash": "c\\d", "braces": "{x,y}", "unicode": "é ☃",
                 "nan": float("nan"), "inf": float("inf"), "ninf": -float("inf"),
                 "nested": {1: (1, 2.5, None, True)}, "f32": np.float32(1.5),
-                "array": np.arange(3), "big": 2**62}
+                "array": np.arange(3), "big": 2**62, "huge": 2**70}
     stored = {"quote": 'a"b', "backslash": "c\\d", "braces": "{x,y}", "unicode": "é ☃",
               "nan": "NaN", "inf": "Infinity", "ninf": "-Infinity",
               "nested": {"1": [1, 2.5, None, True]}, "f32": 1.5, "array": [0, 1, 2],
-              "big": 2**62}
+              "big": 2**62, "huge": 2**70}
     with core.init(transport=DbTransport(alloc.url, alloc.id, alloc.token)) as ctx:
         ctx.train.report_training_metrics(1, reported)
         ctx.train.report_metrics('my "group"', 2, {"x": 1})

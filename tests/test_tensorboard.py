@@ -75,3 +75,28 @@ def test_a_directory_of_its_own_is_removed_at_close(tmp_path, monkeypatch) -> No
     named.report("training", 1, {"loss": 1.0})
     named.close()
     assert list((tmp_path / "named").glob("events.out.tfevents.*"))
+
+
+def test_each_report_keeps_its_own_tags_as_the_set_changes(tmp_path, monkeypatch) -> None:
+    """Events are kept per set of tags and refilled: a report whose set differs from the last
+    (a value turning non-finite, a new name, more sets than are kept) writes its own values
+    under its own tags, and none of another report's."""
+    monkeypatch.setattr("det.harness.tensorboard.EventFile.MAX_TAG_SETS", 4)
+    storage = FsspecStorage(fsspec.filesystem("file"), str(tmp_path / "storage"))
+    files = TensorboardFiles(storage, 7, 3, tmp_path / "local")
+    for step in range(1, 31):
+        files.report("training", step, {"loss": float(step),
+                                        "acc": math.inf if step % 3 == 0 else step / 100,
+                                        f"only_{step % 7}": -step})
+    files.close()
+
+    events = EventAccumulator(str(tmp_path / "storage" / "tensorboard" / "experiment" / "7"
+                                  / "trial" / "3"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == \
+        [(s, float(s)) for s in range(1, 31)]
+    assert [(e.step, e.value) for e in events.Scalars("acc")] == \
+        [(s, pytest.approx(s / 100)) for s in range(1, 31) if s % 3]
+    for k in range(7):
+        assert [(e.step, e.value) for e in events.Scalars(f"only_{k}")] == \
+            [(s, float(-s)) for s in range(1, 31) if s % 7 == k]

@@ -99,7 +99,7 @@ class AgentSettings:
     ``warm_start``: the process runtime forks Python tasks from a zygote; ``task_url``: the
     database URL its tasks get (a role that runs only task functions), None for its own;
     ``task_pooler``: the process runtime's tasks connect through a PgBouncer of the agent's
-    (:mod:`det.agent.pooler`)."""
+    (:mod:`det.agent.pooler`; directly where PgBouncer is not installed)."""
 
     agent_id: str
     pool: str
@@ -109,7 +109,7 @@ class AgentSettings:
     poll: float = 1.0
     warm_start: bool = True
     task_url: str | None = None
-    task_pooler: bool = False
+    task_pooler: bool = True
 
 
 def check_agent_id(agent_id: str, field: str = "agent id") -> None:
@@ -127,10 +127,10 @@ def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
                    device_type: str, warm_start: bool = True, pool_size: int = 0) -> Runtime:
     """The runtime ``name`` asks for; raises ``RuntimeUnavailable`` when docker is asked for
     and no engine answers. With no name: docker if an engine answers, else process
-    (``warm_start``, ``pool_size`` with ``url`` as the tasks' URL: see
+    (``warm_start``, ``pool_size`` with ``url`` as the tasks' URL and ``agent_id``: see
     :class:`ProcessRuntime`)."""
     if name == "process":
-        return ProcessRuntime(logs, warm_start, url, pool_size)
+        return ProcessRuntime(logs, warm_start, url, pool_size, agent_id)
     from det.agent.containers import DockerRuntime, RuntimeUnavailable
 
     try:
@@ -139,7 +139,7 @@ def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
         if name == "docker":
             raise
         log.info("%s; running tasks as processes", e)
-        return ProcessRuntime(logs, warm_start, url, pool_size)
+        return ProcessRuntime(logs, warm_start, url, pool_size, agent_id)
 
 
 class Agent:
@@ -166,7 +166,7 @@ class Agent:
         self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
         self.task_url = settings.task_url or url
-        # the pooler keeps a warm server process for each slot, and a few for gang workers
+        # sessions the pooler expects at once: one a slot, and a few for 0-slot tasks
         pool_size = len(slots) + 4 if settings.task_pooler else 0
         self.runtime = choose_runtime(settings.runtime, self.logs, settings.agent_id,
                                       self.task_url, self.device_type, settings.warm_start,

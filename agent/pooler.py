@@ -1,5 +1,5 @@
 """Warm database server processes for the ``process`` runtime's tasks: a session-mode
-PgBouncer per agent (``det agent run --task-pooler``), issue 11.
+PgBouncer per agent (``det agent run``; ``--no-task-pooler`` turns it off), issue 11.
 
 Each task opens one connection, so each used to get a new PostgreSQL server process, whose
 first calls build its catalog caches and compile det's PL/pgSQL functions afresh: one toy
@@ -49,11 +49,12 @@ PORT = 6432
 _READY_SECONDS = 10.0
 
 
-def pooler_dir(task_url: str) -> Path:
+def pooler_dir(task_url: str, agent_id: str) -> Path:
     """The pooler's directory (its socket, configuration and log): in the temporary
-    directory, where a socket path fits in 107 bytes, named after ``task_url`` so that an
-    agent started again reuses it."""
-    digest = hashlib.sha256(f"{os.getuid()} {task_url}".encode()).hexdigest()[:16]
+    directory, where a socket path fits in 107 bytes, named after ``task_url`` and the agent,
+    so that an agent started again reuses it and two agents of a host never share one (the
+    second's start would take over the first's socket)."""
+    digest = hashlib.sha256(f"{os.getuid()} {agent_id} {task_url}".encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"det-pooler-{digest}"
 
 
@@ -65,7 +66,13 @@ def pooled_url(task_url: str, socket_dir: Path) -> str:
 
 def config(task_url: str, socket_dir: Path, pool_size: int) -> tuple[str, str]:
     """The pooler's ``pgbouncer.ini`` and ``auth_file`` for tasks connecting with
-    ``task_url``; ``pool_size``: server connections it may keep (at least one a slot).
+    ``task_url``; ``pool_size``: the sessions expected at once (one a slot, and a few).
+
+    A session never waits for a server process: the pool may grow to as many server processes
+    as the pooler takes clients (``max_client_conn``, at least 100), as direct connections
+    would; in session mode a client beyond a smaller pool waits until another task's session
+    ends (PgBouncer gives up after ``query_wait_timeout``, 120 s). Idle server processes are
+    closed after a minute.
 
     Raises:
         DetError: ``task_url`` names no user or database.
@@ -77,6 +84,7 @@ def config(task_url: str, socket_dir: Path, pool_size: int) -> tuple[str, str]:
                        f"database, got {make_conninfo(task_url, password=None)!r}")
     server = make_conninfo(**{k: params[k] for k in ("host", "port") if params.get(k)},
                            dbname=dbname)
+    max_clients = max(100, 4 * pool_size)
     ini = (f"[databases]\n{dbname} = {server}\n\n"
            "[pgbouncer]\n"
            "listen_addr =\n"
@@ -87,9 +95,9 @@ def config(task_url: str, socket_dir: Path, pool_size: int) -> tuple[str, str]:
            f"auth_file = {socket_dir / 'users.txt'}\n"
            "pool_mode = session\n"
            "server_reset_query = DISCARD ALL\n"
-           f"max_client_conn = {max(100, 4 * pool_size)}\n"
-           f"default_pool_size = {pool_size}\n"
-           "server_idle_timeout = 600\n"
+           f"max_client_conn = {max_clients}\n"
+           f"default_pool_size = {max_clients}\n"
+           "server_idle_timeout = 60\n"
            "ignore_startup_parameters = extra_float_digits\n"
            f"logfile = {socket_dir / 'pgbouncer.log'}\n"
            "log_connections = 0\n"

@@ -131,15 +131,15 @@ class ProcessRuntime:
     With ``warm`` (the default; ``det agent run --cold-start`` turns it off), a task that runs
     this interpreter on a script or module is forked by the agent's zygote
     (:mod:`det.agent.zygote`) with det's harness already imported; the others, and every task
-    if the zygote fails, start cold. With ``pool_size`` > 0 (``det agent run --task-pooler``)
-    tasks whose ``DET_DB_URL`` is ``task_url`` connect through the agent's PgBouncer
-    (:mod:`det.agent.pooler`), keeping up to ``pool_size`` warm server processes."""
+    if the zygote fails, start cold. With ``pool_size`` > 0 (``det agent run``'s default)
+    tasks whose ``DET_DB_URL`` is ``task_url`` connect through the PgBouncer of agent
+    ``agent_id`` (:mod:`det.agent.pooler`; ``pool_size``: the sessions it expects at once)."""
 
     name = "process"
     python = sys.executable
 
     def __init__(self, logs: LogShipper, warm: bool = True, task_url: str | None = None,
-                 pool_size: int = 0) -> None:
+                 pool_size: int = 0, agent_id: str = "") -> None:
         self.output = OutputReader(logs)
         self.zygote = Zygote() if warm else None
         self.guard = Guard()
@@ -147,7 +147,7 @@ class ProcessRuntime:
         self.pooler = None
         if pool_size > 0 and task_url is not None:
             # its guard token makes it die with the agent, as a task does
-            self.pooler = TaskPooler(task_url, pooler_dir(task_url), pool_size,
+            self.pooler = TaskPooler(task_url, pooler_dir(task_url, agent_id), pool_size,
                                      {**self._host_env, **self.guard.env})
 
     def fetch(self, allocation_id: int, spec: AllocationSpec) -> None:

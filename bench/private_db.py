@@ -123,7 +123,7 @@ def tasks_cpu(agent) -> float:
 
 
 def pooler_cpu(agent) -> float:
-    """CPU seconds of the agent's task pooler (``det agent run --task-pooler``), 0 without."""
+    """CPU seconds of the agent's task pooler (PgBouncer), 0 without one."""
     total = 0.0
     for c in psutil.Process(agent.pid).children():
         with contextlib.suppress(psutil.NoSuchProcess):

@@ -10,7 +10,7 @@ next run's start on the same trial (the promotion hop). With ``--profile DIR`` b
 run under cProfile and their top functions are printed. Figures only.
 
     python bench/toy_search.py [--trials 200] [--concurrent 16] [--profile /tmp/prof]
-                               [--agent-args=--task-pooler]
+                               [--agent-args=--no-task-pooler]
 """
 
 import argparse

@@ -230,12 +230,13 @@ def agent_run(
                                     help="The database URL its tasks connect with, as a role "
                                          "that runs only task functions (default: the "
                                          "agent's own URL)."),
-    task_pooler: bool = typer.Option(False, "--task-pooler/--no-task-pooler",
+    task_pooler: bool = typer.Option(True, "--task-pooler/--no-task-pooler",
                                      envvar="DET_AGENT_TASK_POOLER",
                                      help="Process runtime: tasks connect through a "
                                           "session-mode PgBouncer of this agent, which hands "
-                                          "each a warm database server process (needs "
-                                          "pgbouncer installed; else tasks connect directly)."),
+                                          "each a warm database server process (where "
+                                          "pgbouncer is installed; else tasks connect "
+                                          "directly)."),
 ) -> None:
     """Run an agent: register this host's slots and run the tasks assigned to it."""
     from det.agent.daemon import Agent, AgentSettings, check_agent_id

@@ -1,6 +1,7 @@
-"""The agent's task pooler (``det agent run --task-pooler``, ``det.agent.pooler``): tasks get
-warm server processes through a session-mode PgBouncer, which is started again when it dies;
-without it tasks connect directly. The PgBouncer tests need it installed (.ci/run installs
+"""The agent's task pooler (``det.agent.pooler``, on unless ``det agent run
+--no-task-pooler``): tasks get warm server processes through a session-mode PgBouncer of their
+agent's, which is started again when it dies and never makes a session wait; without it tasks
+connect directly. The PgBouncer tests need it installed (.ci/run installs
 Debian's)."""
 
 import os
@@ -29,7 +30,7 @@ def test_the_pooler_keeps_the_tasks_role_and_database() -> None:
     assert "det = host='/run/det db' dbname=det\n" in ini
     assert "pool_mode = session\n" in ini and "server_reset_query = DISCARD ALL\n" in ini
     assert "listen_addr =\n" in ini  # the socket only, no TCP
-    assert "default_pool_size = 8\n" in ini
+    assert "default_pool_size = 100\n" in ini and "max_client_conn = 100\n" in ini
     assert users == '"det_task" "p\'w""d"\n'
     pooled = conninfo_to_dict(pooled_url(url, Path("/tmp/det-pooler-x")))
     assert pooled == {"user": "det_task", "password": "p'w\"d", "dbname": "det",
@@ -50,10 +51,10 @@ def test_the_pooler_hands_out_warm_server_processes_and_comes_back_after_a_kill(
         db_url) -> None:
     url = task_url(db_url)
     guard = Guard()
-    pooler = TaskPooler(url, pooler_dir(url), 2, {**os.environ, **guard.env})
+    pooler = TaskPooler(url, pooler_dir(url, "a"), 2, {**os.environ, **guard.env})
     try:
         pooled = pooler.url()
-        assert conninfo_to_dict(pooled)["host"] == str(pooler_dir(url))
+        assert conninfo_to_dict(pooled)["host"] == str(pooler_dir(url, "a"))
 
         def session() -> dict:
             with psycopg.connect(pooled, autocommit=True, row_factory=dict_row) as c:
@@ -82,7 +83,37 @@ def test_the_pooler_hands_out_warm_server_processes_and_comes_back_after_a_kill(
     finally:
         pooler.close()
         guard.close()
-        shutil.rmtree(pooler_dir(url), ignore_errors=True)
+        shutil.rmtree(pooler_dir(url, "a"), ignore_errors=True)
+
+
+@needs_pgbouncer
+def test_two_agents_of_a_host_have_poolers_of_their_own(db_url) -> None:
+    """Agents a and b of one host, with the same task URL: each has its own socket, and b's
+    tasks go on connecting when a's pooler is gone. Many sessions at once never wait for a
+    server process, whatever the expected pool size."""
+    url = task_url(db_url)
+    guard = Guard()
+    a = TaskPooler(url, pooler_dir(url, "a"), 1, {**os.environ, **guard.env})
+    b = TaskPooler(url, pooler_dir(url, "b"), 1, {**os.environ, **guard.env})
+    try:
+        assert a.url() != b.url()
+        sessions = [psycopg.connect(b.url(), autocommit=True, connect_timeout=5)
+                    for _ in range(4)]
+        try:
+            pids = {c.execute("SELECT pg_backend_pid()").fetchone()[0] for c in sessions}
+            assert len(pids) == 4  # four at once, with a pool expected to hold one
+        finally:
+            for c in sessions:
+                c.close()
+        a.close()
+        with psycopg.connect(b.url(), autocommit=True, connect_timeout=5) as c:
+            assert c.execute("SELECT current_user").fetchone()[0] == "det_task"
+    finally:
+        a.close()
+        b.close()
+        guard.close()
+        for agent in "ab":
+            shutil.rmtree(pooler_dir(url, agent), ignore_errors=True)
 
 
 TRAIN = """
@@ -100,8 +131,7 @@ with core.init() as ctx:
 
 
 @needs_pgbouncer
-def test_an_agent_with_a_task_pooler_runs_a_search_through_it(det, conn, db_url,
-                                                              tmp_path) -> None:
+def test_an_agent_runs_a_search_through_its_task_pooler(det, conn, db_url, tmp_path) -> None:
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     (ctx / "train.py").write_text(TRAIN)
@@ -112,8 +142,8 @@ def test_an_agent_with_a_task_pooler_runs_a_search_through_it(det, conn, db_url,
                    "hyperparameters: {x: {type: double, minval: 0, maxval: 1}}\n")
     det("experiment", "create", str(cfg), str(ctx))
     det.start("reconciler", "reconcile", "--interval", "0.5")
-    det.start("agent", "agent", "run", "--slots", "1", "--runtime", "process",
-              "--task-pooler")
+    det.start("agent", "agent", "run", "--id", "pooled", "--slots", "1", "--runtime",
+              "process")  # the pooler is the default
     try:
         assert det("experiment", "wait", "1", check=False, timeout=180).returncode == 0, \
             det.log("agent")
@@ -122,9 +152,9 @@ def test_an_agent_with_a_task_pooler_runs_a_search_through_it(det, conn, db_url,
             "SELECT line FROM task_logs WHERE line LIKE 'server %%' ORDER BY id")]
     finally:
         det.stop_all()
-        shutil.rmtree(pooler_dir(task_url(db_url)), ignore_errors=True)
+        shutil.rmtree(pooler_dir(task_url(db_url), "pooled"), ignore_errors=True)
     assert states == ["COMPLETED"] * 4
     assert len(lines) == 4
-    assert {host for _, host, _ in lines} == {str(pooler_dir(task_url(db_url)))}
+    assert {host for _, host, _ in lines} == {str(pooler_dir(task_url(db_url), "pooled"))}
     pids = [pid for _, _, pid in lines]
     assert len(set(pids)) < len(pids), "server processes were handed from task to task"

@@ -217,7 +217,10 @@ def test_a_warm_agent_runs_a_search_each_task_with_its_own_connection(det, conn,
                    "hyperparameters: {x: {type: double, minval: 0, maxval: 1}}\n")
     det("experiment", "create", str(cfg), str(ctx))
     det.start("reconciler", "reconcile", "--interval", "0.5")
-    det.start("agent", "agent", "run", "--slots", "2", "--runtime", "process", "--warm-start")
+    # Directly connected tasks: the check below reads each task's server process's start,
+    # which a pooled warm process predates (tests/test_pooler.py checks pooled sessions).
+    det.start("agent", "agent", "run", "--slots", "2", "--runtime", "process", "--warm-start",
+              "--no-task-pooler")
     assert det("experiment", "wait", "1", check=False, timeout=180).returncode == 0, \
         det.log("agent")
     with conn.cursor(row_factory=dict_row) as cur:

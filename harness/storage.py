@@ -21,12 +21,14 @@ from det.harness.progress import ByteProgress
 
 
 class FsspecStorage:
-    """Checkpoints as directories ``<base>/<uuid>`` on an fsspec filesystem ``fs``."""
+    """Checkpoints as directories ``<base>/<uuid>`` on an fsspec filesystem ``fs``; ``local``
+    says whether that is this host's filesystem (``shared_fs``, ``directory``), where files
+    are written in place rather than staged and copied."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, base: str) -> None:
         self.fs = fs
         self.base = base.rstrip("/")
-        self._local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+        self.local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
     def url(self, uuid: str) -> str:
         """Where checkpoint ``uuid`` lives on ``fs``."""
@@ -37,7 +39,7 @@ class FsspecStorage:
         """Yield a local directory to write checkpoint ``uuid`` into; it is in storage when the
         block exits without an exception. On the local filesystem this is the final directory
         (no copy); elsewhere a staging directory that is uploaded, then removed."""
-        if self._local:
+        if self.local:
             path = pathlib.Path(self.url(uuid))
             path.mkdir(parents=True, exist_ok=False)
             try:
@@ -55,7 +57,7 @@ class FsspecStorage:
     def add_files(self, uuid: str, local: pathlib.Path) -> None:
         """Copy the files under the local directory ``local`` into checkpoint ``uuid``, next to
         those already there (each worker's share of a sharded checkpoint)."""
-        if self._local:
+        if self.local:
             shutil.copytree(local, self.url(uuid), dirs_exist_ok=True)
             return
         total = sum(directory_sizes(local).values())
@@ -70,7 +72,7 @@ class FsspecStorage:
         """
         if not self.fs.exists(self.url(uuid)):
             raise StorageError(f"checkpoint {uuid} not found at {self.describe(uuid)}")
-        if self._local:
+        if self.local:
             yield pathlib.Path(self.url(uuid))
             return
         with tempfile.TemporaryDirectory(prefix=f"det-restore-{uuid}-") as tmp:
@@ -100,7 +102,7 @@ class FsspecStorage:
     def describe(self, uuid: str) -> str:
         """Where checkpoint ``uuid`` lives, as a user reads it (a path, or ``s3://...``)."""
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
-        return self.url(uuid) if self._local else f"{protocol}://{self.url(uuid)}"
+        return self.url(uuid) if self.local else f"{protocol}://{self.url(uuid)}"
 
     def delete(self, uuid: str) -> bool:
         """Remove checkpoint ``uuid``'s files. Idempotent: returns False when nothing was there

@@ -51,21 +51,36 @@ def test_reported_scalars_read_back_from_storage(tmp_path) -> None:
     assert records == 1 + 100 + 2  # the file-version event, then one per report
 
 
-def test_a_directory_of_its_own_is_removed_at_close(tmp_path, monkeypatch) -> None:
-    """A trial's local event directory goes when its files have been stored, and also when
+def test_local_storage_is_written_in_place_and_a_staging_directory_is_removed(
+        tmp_path, monkeypatch) -> None:
+    """On local storage the event files are written where they belong, with no directory in
+    between; on other storage (and local storage whose directory cannot be made) they are
+    staged in a directory of their own, which goes when they have been stored, and also when
     storing them failed; a directory the caller named stays."""
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    staging = tmp_path / "tmp"
+    staging.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(staging))
     storage = FsspecStorage(fsspec.filesystem("file"), str(tmp_path / "storage"))
     files = TensorboardFiles(storage, 7, 3)
-    assert files.path.parent == tmp_path
+    assert files.path == tmp_path / "storage" / "tensorboard" / "experiment" / "7" / "trial" / "3"
+    files.report("training", 1, {"loss": 1.0})
+    files.close()
+    assert list(files.path.glob("events.out.tfevents.*"))
+    assert not list(staging.iterdir())
+
+    memory = fsspec.filesystem("memory")
+    remote = FsspecStorage(memory, f"/{tmp_path.name}")
+    files = TensorboardFiles(remote, 7, 3)
+    assert files.path.parent == staging
     files.report("training", 1, {"loss": 1.0})
     files.close()
     assert not files.path.exists()
-    assert list((tmp_path / "storage").rglob("events.out.tfevents.*"))
+    assert memory.glob(f"/{tmp_path.name}/tensorboard/experiment/7/trial/3/events.out.*")
 
     (tmp_path / "blocked").write_text("a file where the storage's directory would go")
     unstorable = TensorboardFiles(FsspecStorage(fsspec.filesystem("file"),
                                                 str(tmp_path / "blocked")), 7, 4)
+    assert unstorable.path.parent == staging
     unstorable.report("training", 1, {"loss": 1.0})
     with pytest.raises(OSError):
         unstorable.close()

@@ -28,6 +28,7 @@ from det.errors import DetError
 from det.harness import core, transport
 from det.harness.report_writer import MetricsRow, ReportWriter, encode_metrics, json_safe
 from det.harness.transport import DbTransport
+from det.reconciler import queries
 
 CONFIG = {"name": "faults", "entrypoint": "true",
           "resources": {"slots_per_trial": 1, "resource_pool": "default", "weight": 1.0},
@@ -69,6 +70,27 @@ def claim_allocation(url: str, storage: Path) -> Allocation:
         token = c.execute("SELECT det_agent_claim('a1', %s) AS t", (aid,)).fetchone()["t"]
     assert token
     return Allocation(url, aid, tid, eid, token)
+
+
+def test_a_pass_holding_its_experiment_does_not_hold_up_its_tasks(db_url: str,
+                                                                  tmp_path: Path) -> None:
+    """While a pass holds the experiments it searches (until it commits), a task of one of
+    them completes its op (a searcher event: a foreign-key check on the experiment and the
+    trial) and reports metrics (a key-share lock on its allocation) without waiting."""
+    alloc = claim_allocation(db_url, tmp_path)
+    op_id = query(db_url, "SELECT id FROM searcher_ops WHERE trial_id = %s",
+                  alloc.trial_id)[0]["id"]
+    with psycopg.connect(db_url, row_factory=dict_row) as pass_conn:
+        held = [r["id"] for r in pass_conn.execute(queries.EXPERIMENTS_TO_SEARCH)]
+        assert alloc.experiment_id in held
+        with psycopg.connect(db_url, autocommit=True) as task:
+            task.execute("SET lock_timeout = '2s'")
+            task.execute("SELECT det_complete_op(%s, %s, 0.5)", (alloc.token, op_id))
+            task.execute("SELECT det_report_metrics(%s, 'validation', 1, %s)",
+                         (alloc.token, Jsonb({"loss": 0.5})))
+        pass_conn.rollback()
+    assert query(db_url, "SELECT kind FROM searcher_events WHERE trial_id = %s",
+                 alloc.trial_id) == [{"kind": "validation_completed"}]
 
 
 def query(url: str, sql: str, *args: Any) -> list[dict[str, Any]]:

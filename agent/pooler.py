@@ -7,7 +7,7 @@ trial run's calls cost the server 25-27 ms of CPU on a new process, 7-9 ms on a 
 4-5 ms of that is the connection itself (bench/task_backend.py, 2-core host). The agent can
 instead start PgBouncer, the well-kept pooler, in session mode and give its tasks its socket:
 a task still has a session of its own for as long as it runs (LISTEN, its own transactions),
-and when it ends, PgBouncer resets the server process (``DISCARD ALL``) and hands it, warm, to
+and when it ends, PgBouncer resets the server process (``RESET_QUERY``) and hands it, warm, to
 the next task.
 
 PgBouncer listens on a Unix socket only, in a directory of mode 0700 that only its own user
@@ -47,6 +47,14 @@ PORT = 6432
 """The pooler's port: it names its socket file, ``.s.PGSQL.6432``."""
 
 _READY_SECONDS = 10.0
+
+RESET_QUERY = ("CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; "
+               "UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES")
+"""What PgBouncer runs on a server process when a task's session ends: ``DISCARD ALL`` but for
+``DISCARD PLANS``. What one task set, prepared, listened to, locked or created is gone for the
+next; the plans the server cached for det's functions stay (they do not depend on the session,
+and PostgreSQL invalidates them itself when what they read changes). ``DISCARD ALL`` made
+every task's server process plan each statement of each det function again."""
 
 
 def pooler_dir(task_url: str, agent_id: str) -> Path:
@@ -94,7 +102,7 @@ def config(task_url: str, socket_dir: Path, pool_size: int) -> tuple[str, str]:
            "auth_type = trust\n"
            f"auth_file = {socket_dir / 'users.txt'}\n"
            "pool_mode = session\n"
-           "server_reset_query = DISCARD ALL\n"
+           f"server_reset_query = {RESET_QUERY}\n"
            f"max_client_conn = {max_clients}\n"
            f"default_pool_size = {max_clients}\n"
            "server_idle_timeout = 60\n"

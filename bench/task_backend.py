@@ -6,8 +6,10 @@ does) and replays, N times, what a toy-search run sends as ``det_task``: LISTEN 
 ``det_task_info``, ``det_should_preempt``, ``det_current_op``, a batch of 27 training rows and
 one of a validation row (``det_report_metrics_batch``), ``det_complete_op`` of a new searcher
 op, ``det_current_op``. Modes, alternated: **connect** (open and close a connection, nothing
-sent), **fresh** (a new connection a run, the way tasks run now), **warm** (one connection for
-all runs, ``DISCARD ALL`` between them as a session-mode pooler resets a server connection).
+sent), **fresh** (a new connection a run, as tasks connect directly), **warm** (one connection
+for all runs, ``DISCARD ALL`` between them, the usual reset of a session-mode pooler),
+**pooled** (the same with the agent's pooler's reset, ``det.agent.pooler.RESET_QUERY``, which
+keeps the server's cached plans).
 Printed: the server's CPU ms per run (its processes' user + system time, clock ticks of 10 ms
 summed over N runs). Figures only.
 
@@ -26,6 +28,7 @@ from metric_rows import claim
 from private_db import postgres_cpu, private_database
 from psycopg import sql
 
+from det.agent.pooler import RESET_QUERY
 from det.db import channels, connect, roles
 
 TRAINING_ROWS = 27
@@ -65,13 +68,14 @@ def main() -> None:
 
             def measure(mode: str) -> float:
                 ops = [new_op() for _ in range(args.runs)]
-                # prepare_threshold=None: DISCARD ALL drops prepared statements, and each of
+                # prepare_threshold=None: a reset drops prepared statements, and each of
                 # the pooler's clients would be a new psycopg connection with none of its own
                 warm = (psycopg.connect(task_url, autocommit=True, prepare_threshold=None)
-                        if mode == "warm" else None)
+                        if mode in ("warm", "pooled") else None)
+                reset = "DISCARD ALL" if mode == "warm" else RESET_QUERY
                 if warm is not None:
                     run_calls(warm, alloc, token, new_op())  # the pooler's first client
-                    warm.execute("DISCARD ALL")
+                    warm.execute(reset)
                 time.sleep(0.2)
                 before = postgres_cpu(db.home)
                 for op in ops:
@@ -82,7 +86,7 @@ def main() -> None:
                             run_calls(conn, alloc, token, op)
                     else:
                         run_calls(warm, alloc, token, op)
-                        warm.execute("DISCARD ALL")
+                        warm.execute(reset)
                 time.sleep(0.2)  # exited server processes are counted once reaped
                 spent = postgres_cpu(db.home) - before
                 if warm is not None:
@@ -93,7 +97,7 @@ def main() -> None:
                   f"det_task):")
             for _ in range(args.rounds):
                 print("  " + "   ".join(f"{mode} {measure(mode):5.2f}"
-                                        for mode in ("connect", "fresh", "warm")))
+                                        for mode in ("connect", "fresh", "warm", "pooled")))
 
 
 if __name__ == "__main__":

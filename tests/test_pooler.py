@@ -16,7 +16,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from det.agent.guard import Guard
-from det.agent.pooler import PORT, TaskPooler, config, pooled_url, pooler_dir
+from det.agent.pooler import PORT, RESET_QUERY, TaskPooler, config, pooled_url, pooler_dir
 from det.errors import DetError
 
 needs_pgbouncer = pytest.mark.skipif(
@@ -28,7 +28,7 @@ def test_the_pooler_keeps_the_tasks_role_and_database() -> None:
     url = "postgresql://det_task:p%27w%22d@/det?host=/run/det%20db&application_name=x"
     ini, users = config(url, Path("/tmp/det-pooler-x"), 8)
     assert "det = host='/run/det db' dbname=det\n" in ini
-    assert "pool_mode = session\n" in ini and "server_reset_query = DISCARD ALL\n" in ini
+    assert "pool_mode = session\n" in ini and f"server_reset_query = {RESET_QUERY}\n" in ini
     assert "listen_addr =\n" in ini  # the socket only, no TCP
     assert "default_pool_size = 100\n" in ini and "max_client_conn = 100\n" in ini
     assert users == '"det_task" "p\'w""d"\n'
@@ -60,6 +60,9 @@ def test_the_pooler_hands_out_warm_server_processes_and_comes_back_after_a_kill(
             with psycopg.connect(pooled, autocommit=True, row_factory=dict_row) as c:
                 c.execute("LISTEN a_channel")
                 c.execute("SET statement_timeout = '7s'")
+                c.execute("PREPARE a_statement AS SELECT 1")
+                c.execute("CREATE TEMP TABLE a_table (x int)")
+                c.execute("SELECT pg_advisory_lock(7)")
                 return c.execute("SELECT pg_backend_pid() AS pid, current_user AS role, "
                                  "current_setting('statement_timeout') AS timeout, "
                                  "(SELECT count(*) FROM pg_listening_channels()) AS listening"
@@ -68,11 +71,15 @@ def test_the_pooler_hands_out_warm_server_processes_and_comes_back_after_a_kill(
         first, second = session(), session()
         assert first["role"] == second["role"] == "det_task"
         assert second["pid"] == first["pid"], "the second task gets the first one's process"
-        # ... reset in between: what the first session set or listened to is gone
+        # ... reset in between: what the first session set, listened to, prepared, created or
+        # locked is gone
         with psycopg.connect(pooled, autocommit=True) as c:
             assert c.execute("SELECT current_setting('statement_timeout'), "
-                             "(SELECT count(*) FROM pg_listening_channels())").fetchone() \
-                == ("0", 0)
+                             "(SELECT count(*) FROM pg_listening_channels()), "
+                             "(SELECT count(*) FROM pg_prepared_statements), "
+                             "to_regclass('pg_temp.a_table') IS NULL, "
+                             "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory')"
+                             ).fetchone() == ("0", 0, 0, True, 0)
 
         killed = pooler._proc
         os.kill(killed.pid, signal.SIGKILL)

@@ -14,8 +14,9 @@ PgBouncer listens on a Unix socket only, in a directory of mode 0700 that only i
 (and root) can enter, and trusts who reaches it: asking each task for the password costs
 both sides a SCRAM exchange with PgBouncer's 4,096 PBKDF2 rounds (its pooled server login uses
 the task role's own verifier, one round), and what the socket gives, the task role, does
-nothing without a task's token. It logs in to the server with the password the agent's task
-URL carries. Run as root, it switches to the owner of the database's socket directory
+nothing without a task's token. It logs in to the server with the password libpq finds for the
+agent's task URL (in the URL, or in the password file it names: det's embedded server's URLs
+name one). Run as root, it switches to the owner of the database's socket directory
 (PgBouncer refuses to run as root, and only that user may reach the embedded server's
 socket), else to ``nobody``.
 The pooler carries the agent's guard token (:mod:`det.agent.guard`), so it dies with its
@@ -37,6 +38,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from det.errors import DetError
@@ -72,9 +74,11 @@ def pooled_url(task_url: str, socket_dir: Path) -> str:
     return make_conninfo(task_url, host=str(socket_dir), port=str(PORT))
 
 
-def config(task_url: str, socket_dir: Path, pool_size: int) -> tuple[str, str]:
+def config(task_url: str, socket_dir: Path, pool_size: int,
+           password: str | None = None) -> tuple[str, str]:
     """The pooler's ``pgbouncer.ini`` and ``auth_file`` for tasks connecting with
-    ``task_url``; ``pool_size``: the sessions expected at once (one a slot, and a few).
+    ``task_url``; ``pool_size``: the sessions expected at once (one a slot, and a few);
+    ``password``: the one to log in to the server with (default: the URL's).
 
     A session never waits for a server process: the pool may grow to as many server processes
     as the pooler takes clients (``max_client_conn``, at least 100), as direct connections
@@ -110,8 +114,21 @@ def config(task_url: str, socket_dir: Path, pool_size: int) -> tuple[str, str]:
            f"logfile = {socket_dir / 'pgbouncer.log'}\n"
            "log_connections = 0\n"
            "log_disconnections = 0\n")
-    users = f"{_quote_auth(user)} {_quote_auth(params.get('password') or '')}\n"
+    password = password if password is not None else params.get("password") or ""
+    users = f"{_quote_auth(user)} {_quote_auth(password)}\n"
     return ini, users
+
+
+def login_password(url: str) -> str:
+    """The password libpq logs in with for ``url``: the URL's, or the one its password file
+    (``passfile``, ``PGPASSFILE``, ``~/.pgpass``) or ``PGPASSWORD`` gives; "" for none. It
+    connects once to find out, as libpq reads these files only while connecting.
+
+    Raises:
+        psycopg.Error: the database could not be reached.
+    """
+    with psycopg.connect(url, connect_timeout=10) as conn:
+        return conn.info.password or ""
 
 
 def _quote_auth(value: str) -> str:
@@ -131,15 +148,24 @@ class TaskPooler:
         self._env = dict(env)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
+        self._password: str | None = None  # the server login's, once libpq found it
         self._failed = False
         self._closed = False
 
     def url(self) -> str:
         """The URL a task should connect with: the pooler's (started now if it is not
-        running), or ``task_url`` where the pooler cannot run (said once in the log)."""
+        running), or ``task_url`` where the pooler cannot run (said once in the log) or
+        before it could first reach the database (the task connects directly, and waits for
+        the database as it would anyway)."""
         with self._lock:
             if self._failed:
                 return self.task_url
+            if self._password is None:
+                try:
+                    self._password = login_password(self.task_url)
+                except psycopg.Error as e:
+                    log.info("task pooler: not started, the database is unreachable (%s)", e)
+                    return self.task_url
             if self._proc is None or self._proc.poll() is not None:
                 try:
                     self._start()
@@ -169,7 +195,7 @@ class TaskPooler:
         if binary is None:
             raise DetError("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
         self.socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        ini, users = config(self.task_url, self.socket_dir, self.pool_size)
+        ini, users = config(self.task_url, self.socket_dir, self.pool_size, self._password)
         argv = [binary]
         owner = self._run_as()
         for name, text in (("pgbouncer.ini", ini), ("users.txt", users)):

@@ -26,7 +26,7 @@ def one(conn, query: str, *args):
 
 def children(pid: int) -> list[int]:
     """Pids of the processes whose parent is ``pid`` (zombies included), its guard
-    (det.agent.guard) excepted."""
+    (det.agent.guard) and task pooler (PgBouncer) excepted."""
     out = []
     for child in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -34,7 +34,8 @@ def children(pid: int) -> list[int]:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"det.agent.guard" not in cmdline:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"det.agent.guard" not in cmdline \
+                and b"pgbouncer" not in cmdline:
             out.append(int(child))
     return out
 

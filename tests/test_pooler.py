@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from conftest import task_url, wait_for
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from det.agent.guard import Guard
@@ -87,6 +87,27 @@ def test_the_pooler_hands_out_warm_server_processes_and_comes_back_after_a_kill(
                  "the pooler started again")
         assert session()["role"] == "det_task"  # on the same socket
         assert pooler.url() == pooled
+    finally:
+        pooler.close()
+        guard.close()
+        shutil.rmtree(pooler_dir(url, "a"), ignore_errors=True)
+
+
+@needs_pgbouncer
+def test_a_password_from_the_password_file_logs_the_pooler_in(db_url, tmp_path) -> None:
+    """det's embedded server's URLs name a password file rather than a password: the pooler
+    logs in to the server with what libpq finds there (it had logged in with none, and every
+    task retried for ever)."""
+    params = conninfo_to_dict(task_url(db_url))
+    passfile = tmp_path / "pgpass"
+    passfile.write_text(f"*:*:*:{params['user']}:{params.pop('password')}\n")
+    passfile.chmod(0o600)
+    url = make_conninfo(**params, passfile=str(passfile))
+    guard = Guard()
+    pooler = TaskPooler(url, pooler_dir(url, "a"), 1, {**os.environ, **guard.env})
+    try:
+        with psycopg.connect(pooler.url(), autocommit=True, connect_timeout=5) as c:
+            assert c.execute("SELECT current_user").fetchone()[0] == "det_task"
     finally:
         pooler.close()
         guard.close()

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, task_url, wait_for
+from conftest import REPO, wait_for
+from psycopg.conninfo import conninfo_to_dict
 from test_e2e_digits import DIGITS, digits_config
 
 LAUNCHER = f"{sys.executable} -m det.launch.torch_distributed"
@@ -63,14 +64,15 @@ max_restarts: 0
 
 def task_processes(db_url: str) -> list[psutil.Process]:
     """The live processes of det tasks run against ``db_url`` (launchers, workers and what
-    they started: everything with the task's ``DET_ALLOCATION_ID``); they connect with the
-    test's task URL (conftest.task_url)."""
-    urls = {db_url, task_url(db_url)}
+    they started: everything with the task's ``DET_ALLOCATION_ID``); they connect to the
+    test's own database, directly or through their agent's pooler."""
+    dbname = conninfo_to_dict(db_url)["dbname"]
     found = []
     for p in psutil.process_iter():
         try:
             env = p.environ()
-            if env.get("DET_DB_URL") in urls and "DET_ALLOCATION_ID" in env \
+            if "DET_ALLOCATION_ID" in env and "DET_DB_URL" in env \
+                    and conninfo_to_dict(env["DET_DB_URL"]).get("dbname") == dbname \
                     and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):

@@ -24,9 +24,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import orjson
-
 from det.errors import DetError
+
+try:
+    import orjson
+except ImportError:  # a task image made before det needed it: the standard encoder, slower
+    orjson = None
 
 BUFFER_BYTES = 8 * 2**20
 """Default bound of the buffer: JSON bytes of the metrics not yet written, plus
@@ -148,7 +151,10 @@ def _fast_json(metrics: Mapping[str, Any]) -> str | None:
     standard encoder take ~10: bench/metric_rows.py), or None where only the slow path gives
     det's encoding: orjson writes NaN and +-inf as ``null`` (so any ``null`` is handed back),
     refuses non-string keys, integers past 64 bits and lone surrogates, and knows no tensors
-    (``_tolist`` turns them into lists, as ``json_safe`` does)."""
+    (``_tolist`` turns them into lists, as ``json_safe`` does). None without orjson (a docker
+    task runs the agent's det on its image's packages)."""
+    if orjson is None:
+        return None
     try:
         data = orjson.dumps(metrics, default=_tolist, option=orjson.OPT_SERIALIZE_NUMPY)
     except orjson.JSONEncodeError:

@@ -25,7 +25,7 @@ from psycopg.types.json import Jsonb
 
 from det.db import channels
 from det.errors import DetError
-from det.harness import core, transport
+from det.harness import core, report_writer, transport
 from det.harness.report_writer import MetricsRow, ReportWriter, encode_metrics, json_safe
 from det.harness.transport import DbTransport
 from det.reconciler import queries
@@ -377,13 +377,16 @@ def test_unstorable_metrics_are_refused_when_reported(
     {"nan": float("nan"), "list": [1.5, float("-inf")], "tuple": (1, "x")},
     {1: 2, "nested": {"deep": {"x": np.int64(-7)}}},
 ], ids=["plain", "numpy", "non-finite", "non-string-keys"])
-def test_fast_and_standard_encodings_agree(metrics: dict[Any, Any]) -> None:
+def test_fast_and_standard_encodings_agree(metrics: dict[Any, Any], monkeypatch) -> None:
     """orjson encodes a report where it can; what it writes decodes to what ``json_safe`` and
-    the standard encoder give, and where it cannot (NaN, keys, big integers) they are used."""
+    the standard encoder give, and where it cannot (NaN, keys, big integers) they are used,
+    as they are where orjson is not installed (a task image made before det needed it)."""
     torch = pytest.importorskip("torch")
     metrics = {**metrics, "tensor": torch.tensor([0.5, 2.0]), "scalar": torch.tensor(3)}
     row = encode_metrics("training", 1, metrics)
     assert json.loads(row.values) == json.loads(json.dumps(json_safe(metrics)))
+    monkeypatch.setattr(report_writer, "orjson", None)
+    assert json.loads(encode_metrics("training", 1, metrics).values) == json.loads(row.values)
 
 
 def test_metric_values_are_stored_as_reported(db_url: str, tmp_path: Path) -> None:

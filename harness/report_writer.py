@@ -150,20 +150,22 @@ def _fast_json(metrics: Mapping[str, Any]) -> str | None:
     """``metrics`` as JSON text by orjson (~1 us for a few floats, where ``json_safe`` and the
     standard encoder take ~10: bench/metric_rows.py), or None where only the slow path gives
     det's encoding: orjson writes NaN and +-inf as ``null`` (so any ``null`` is handed back),
-    refuses non-string keys, integers past 64 bits and lone surrogates, and knows no tensors
-    (``_tolist`` turns them into lists, as ``json_safe`` does). None without orjson (a docker
-    task runs the agent's det on its image's packages)."""
+    refuses non-string keys, integers past 64 bits and lone surrogates. Tensors and numpy values
+    go through ``tolist`` (``_tolist``), as in ``json_safe``: orjson's own numpy encoding writes
+    a float32 by its shortest float32 digits (0.1 where ``tolist`` gives 0.10000000149011612),
+    so a value would be stored one way or the other depending on its report's other values.
+    None without orjson (a docker task runs the agent's det on its image's packages)."""
     if orjson is None:
         return None
     try:
-        data = orjson.dumps(metrics, default=_tolist, option=orjson.OPT_SERIALIZE_NUMPY)
+        data = orjson.dumps(metrics, default=_tolist)
     except orjson.JSONEncodeError:
         return None
     return None if b"null" in data else data.decode()
 
 
 def _tolist(value: Any) -> Any:
-    if hasattr(value, "tolist"):  # torch tensors
+    if hasattr(value, "tolist"):  # torch tensors, numpy arrays and scalars
         return value.tolist()
     raise TypeError
 

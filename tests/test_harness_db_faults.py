@@ -5,6 +5,7 @@ before a checkpoint is lost.
 """
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -373,10 +374,12 @@ def test_unstorable_metrics_are_refused_when_reported(
 
 @pytest.mark.parametrize("metrics", [
     {"loss": 0.25, "n": 3, "ok": True, "none": None, "s": "é\\u0000"},
+    {"f32": np.float32(0.1), "f64": np.float64(0.1), "i": np.int64(-7),
+     "arr": np.array([np.float32(0.1), 2.5], dtype=np.float32)},
     {"big": 2**70, "f32": np.float32(0.1), "f64": np.float64(1e300), "arr": np.eye(2)},
     {"nan": float("nan"), "list": [1.5, float("-inf")], "tuple": (1, "x")},
     {1: 2, "nested": {"deep": {"x": np.int64(-7)}}},
-], ids=["plain", "numpy", "non-finite", "non-string-keys"])
+], ids=["plain", "numpy-fast", "numpy", "non-finite", "non-string-keys"])
 def test_fast_and_standard_encodings_agree(metrics: dict[Any, Any], monkeypatch) -> None:
     """orjson encodes a report where it can; what it writes decodes to what ``json_safe`` and
     the standard encoder give, and where it cannot (NaN, keys, big integers) they are used,
@@ -385,6 +388,12 @@ def test_fast_and_standard_encodings_agree(metrics: dict[Any, Any], monkeypatch)
     metrics = {**metrics, "tensor": torch.tensor([0.5, 2.0]), "scalar": torch.tensor(3)}
     row = encode_metrics("training", 1, metrics)
     assert json.loads(row.values) == json.loads(json.dumps(json_safe(metrics)))
+    # a NaN beside them sends the whole report down the standard path: the others are stored
+    # as they would be without it
+    slow = json.loads(encode_metrics("training", 1, {**metrics, "NaN too": math.nan}).values)
+    assert slow.pop("NaN too") == "NaN"
+    assert slow == json.loads(row.values)
+
     monkeypatch.setattr(report_writer, "orjson", None)
     assert json.loads(encode_metrics("training", 1, metrics).values) == json.loads(row.values)
 

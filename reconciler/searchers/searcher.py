@@ -114,7 +114,7 @@ def searcher_step(
             actions += method.on_exit(search, trial, None)
         if not search.alive():
             actions.append(_shutdown(search))
-    return search.to_json(), actions
+    return search.finish(), actions
 
 
 def _shutdown(search: SearchState) -> Shutdown:

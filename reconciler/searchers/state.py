@@ -22,6 +22,7 @@ from det.reconciler.searchers.rng import (
     draw_request_id,
     draw_trial_seed,
     new_rng,
+    recycle,
     rng_from_json,
     rng_to_json,
 )
@@ -77,8 +78,12 @@ class SearchState:
 
     @property
     def rng(self) -> np.random.RandomState:
-        """The search's random source (numpy's legacy MT19937, reference-facts §1.2)."""
+        """The search's random source (numpy's legacy MT19937, reference-facts §1.2).
+
+        Raises RuntimeError after :meth:`finish`."""
         if self._rng is None:
+            if self.stored_rng is None:
+                raise RuntimeError("search state already finished: its RNG was given back")
             self._rng = rng_from_json(self.stored_rng)
         return self._rng
 
@@ -90,6 +95,16 @@ class SearchState:
             "shutdown": self.shutdown,
             "method_state": self.method_state,
         }
+
+    def finish(self) -> dict[str, Any]:
+        """``to_json()``, then give the RNG back for other steps to reuse (see
+        :mod:`det.reconciler.searchers.rng`): the end of this working copy's step."""
+        data = self.to_json()
+        if self._rng is not None:
+            recycle(self._rng)
+            self._rng = None
+            self.stored_rng = None
+        return data
 
     def trial(self, request_id: str) -> TrialRecord | None:
         return next((t for t in self.trials if t.request_id == request_id), None)

@@ -350,6 +350,10 @@ CREATE INDEX experiments_deleting ON experiments (id) WHERE delete_requested_at 
 -- Live experiments (the states before COMPLETED in the enum), looked for by every pass: the
 -- pass's queries name live states (state IN (...)) so that they use it, never state::text.
 CREATE INDEX experiments_live ON experiments (state) WHERE state < 'COMPLETED';
+-- Experiments not yet searched (the pass fills searcher_state at once): rare states get partial
+-- indexes, so that a pass looking for them costs what it finds, not the queue's length.
+CREATE INDEX experiments_unsearched ON experiments (id)
+    WHERE searcher_state IS NULL AND state IN ('ACTIVE', 'PAUSED');
 COMMENT ON COLUMN experiments.searcher_state IS
     'The searcher''s state (JSON), written in the same transaction that consumed the events '
     'which changed it. NULL until the searcher has made its initial decisions.';
@@ -387,6 +391,8 @@ COMMENT ON COLUMN trials.metadata IS
 CREATE INDEX trials_experiment ON trials (experiment_id);
 -- Live trials, as experiments_live.
 CREATE INDEX trials_live ON trials (state) WHERE state < 'COMPLETED';
+-- Trials the searcher closed while they still live (their runs are told to stop).
+CREATE INDEX trials_closed_live ON trials (id) WHERE closed AND state < 'COMPLETED';
 
 CREATE TABLE searcher_ops (
     id         bigserial PRIMARY KEY,
@@ -486,6 +492,9 @@ CREATE INDEX allocations_aux_live ON allocations (agent_id)
 CREATE INDEX allocations_pending ON allocations (resource_pool, id) WHERE state = 'PENDING';
 -- Ended runs the reconciler has yet to fold into their trials' state.
 CREATE INDEX allocations_unsettled ON allocations (id) WHERE state = 'TERMINATED' AND NOT settled;
+-- Live runs told to stop (by a pause, a stop, a closed trial or a preemption).
+CREATE INDEX allocations_stopping ON allocations (id)
+    WHERE desired_state <> 'RUNNING' AND state <> 'TERMINATED';
 -- Invariant: a trial has at most one live run.
 CREATE UNIQUE INDEX allocations_one_live_per_trial ON allocations (trial_id)
     WHERE state <> 'TERMINATED';

@@ -21,14 +21,17 @@ RETURNING id
 """
 
 # Runs on lost agents end with no exit code: the settle step counts them as failures. A gang
-# spanning agents ends when any of its agents is lost (issue 12).
+# spanning agents ends when any of its agents is lost (issue 12). Found from the lost agents
+# (one IN over a UNION, which the planner can join from), not by testing every live run.
 END_LOST_ALLOCATIONS = """
 UPDATE allocations a SET state = 'TERMINATED', exit_reason = 'agent lost', ended_at = now()
  WHERE a.state <> 'TERMINATED'
-   AND (a.agent_id IN (SELECT id FROM agents WHERE state = 'LOST')
-        OR a.id IN (SELECT h.allocation_id FROM allocation_slots h JOIN agents g
-                      ON g.id = h.agent_id
-                     WHERE g.state = 'LOST' AND NOT h.released))
+   AND a.id IN (SELECT x.id FROM agents g JOIN allocations x ON x.agent_id = g.id
+                 WHERE g.state = 'LOST' AND x.state <> 'TERMINATED'
+                UNION
+                SELECT h.allocation_id FROM agents g JOIN allocation_slots h
+                    ON h.agent_id = g.id AND NOT h.released
+                 WHERE g.state = 'LOST')
 RETURNING a.id
 """
 
@@ -127,15 +130,21 @@ UPDATE trials t SET state = e.state::text::trial_state FROM experiments e
             AND t.state IN ('STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_ERROR')))
 """
 
-# Desired state only escalates: RUNNING -> STOPPED (checkpoint and exit) -> KILLED.
+# Desired state only escalates: RUNNING -> STOPPED (checkpoint and exit) -> KILLED. Only a
+# live trial that is not ACTIVE, or is closed, wants its run stopped (a trial ends only once
+# it has no live run: settle and the finishing steps wait for that), so the look starts from
+# those few trials (trials_live, trials_closed_live), not from every live run.
 ESCALATE_DESIRED = """
 WITH want AS (
     SELECT a.id,
            CASE WHEN t.state = 'STOPPING_KILLED' THEN 'KILLED'
                 WHEN t.state <> 'ACTIVE' OR t.closed THEN 'STOPPED'
                 ELSE 'RUNNING' END::desired_state AS desired
-      FROM allocations a JOIN trials t ON t.id = a.trial_id
+      FROM trials t JOIN allocations a ON a.trial_id = t.id
      WHERE a.state <> 'TERMINATED'
+       AND (t.state IN ('PAUSED', 'STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED',
+                        'STOPPING_ERROR')
+            OR (t.closed AND t.state < 'COMPLETED'))
 )
 UPDATE allocations a SET desired_state = w.desired,
        stop_requested_at = coalesce(a.stop_requested_at, now())
@@ -176,10 +185,17 @@ RETURNING t.id AS trial_id, t.experiment_id, t.exit_reason
 # -- 5. Searchers ------------------------------------------------------------------------------
 
 # Each experiment with its unread events in order, in one statement (not one query per
-# experiment: a pass may search a thousand).
+# experiment: a pass may search a thousand). The experiments are found from the unread events
+# and the not yet searched (searcher_events_pending, experiments_unsearched), not by testing
+# every live experiment.
 EXPERIMENTS_TO_SEARCH = """
+WITH todo AS (
+    SELECT id FROM experiments WHERE searcher_state IS NULL AND state IN ('ACTIVE', 'PAUSED')
+    UNION
+    SELECT experiment_id FROM searcher_events WHERE NOT consumed
+)
 SELECT e.id, e.config, e.searcher_state, coalesce(v.events, '[]') AS events
-  FROM experiments e
+  FROM todo JOIN experiments e ON e.id = todo.id
   LEFT JOIN LATERAL (
         SELECT jsonb_agg(jsonb_build_object('id', v.id, 'kind', v.kind, 'payload', v.payload,
                                             'request_id', t.request_id::text)
@@ -187,9 +203,6 @@ SELECT e.id, e.config, e.searcher_state, coalesce(v.events, '[]') AS events
           FROM searcher_events v JOIN trials t ON t.id = v.trial_id
          WHERE v.experiment_id = e.id AND NOT v.consumed) v ON true
  WHERE e.state IN ('ACTIVE', 'PAUSED')
-   AND (e.searcher_state IS NULL
-        OR EXISTS (SELECT 1 FROM searcher_events v
-                    WHERE v.experiment_id = e.id AND NOT v.consumed))
  ORDER BY e.id
    FOR NO KEY UPDATE OF e
 """
@@ -402,11 +415,14 @@ UPDATE allocations a SET resource_pool = c.pool, pending_reason = NULL
 """
 
 # Each pool's scheduler is looked up once, not once per waiting allocation (DISTINCT over the
-# function's result called it for every row: 8 ms a pass with 1,000 waiting).
+# function's result called it for every row: 8 ms a pass with 1,000 waiting); and each pool
+# is asked whether it has one waiting (allocations_pending), not every waiting one its pool.
 POOLS_WITH_PENDING = """
-SELECT p.resource_pool, det_pool_scheduler(p.resource_pool) AS scheduler
-  FROM (SELECT DISTINCT resource_pool FROM allocations
-         WHERE state = 'PENDING' AND desired_state = 'RUNNING') p
+SELECT p.name AS resource_pool, det_pool_scheduler(p.name) AS scheduler
+  FROM resource_pools p
+ WHERE EXISTS (SELECT 1 FROM allocations a
+                WHERE a.resource_pool = p.name AND a.state = 'PENDING'
+                  AND a.desired_state = 'RUNNING')
  ORDER BY 1
 """
 

@@ -292,14 +292,17 @@ def test_a_task_waiting_for_its_next_op_is_woken_by_the_pass_that_decides(
 @pytest.mark.parametrize("name", ["PAUSE_TRIALS", "ACTIVATE_TRIALS", "STOP_TRIALS",
                                   "FINISH_CLOSED_TRIALS", "EXPERIMENTS_TO_SEARCH",
                                   "FINISH_STOPPING_TRIALS", "FINISH_EXPERIMENTS",
-                                  "CREATE_ALLOCATIONS"])
+                                  "CREATE_ALLOCATIONS", "ESCALATE_DESIRED"])
 def test_the_pass_finds_live_experiments_and_trials_by_index(conn, name) -> None:
     """Each pass's look for live experiments and trials can use experiments_live and
     trials_live (issue 11: reading every experiment and trial ever run made an idle pass
     take 220-340 ms over 100,000 ended experiments): with sequential scans priced out, every
-    read of either table goes through an index condition, never the whole table."""
+    read of either table goes through an index condition, never the whole table, or through
+    a partial index (which holds only the rows in the rare state it is for)."""
     from det.reconciler import queries as q
 
+    partial = {r["name"] for r in conn.execute(
+        "SELECT indexrelid::regclass::text AS name FROM pg_index WHERE indpred IS NOT NULL")}
     with conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL enable_seqscan = off")
         plan = conn.execute("EXPLAIN (FORMAT JSON) " + getattr(q, name), {}).fetchone()
@@ -307,10 +310,102 @@ def test_the_pass_finds_live_experiments_and_trials_by_index(conn, name) -> None
 
     def walk(node: dict) -> None:
         if node.get("Relation Name") in ("experiments", "trials") and node["Node Type"] not in (
-                "ModifyTable", "Bitmap Heap Scan") and "Index Cond" not in node:
+                "ModifyTable", "Bitmap Heap Scan") and "Index Cond" not in node \
+                and node.get("Index Name") not in partial:
             whole.append(f"{node['Node Type']} on {node['Relation Name']}")
         for child in node.get("Plans", []):
             walk(child)
 
     walk(plan["QUERY PLAN"][0]["Plan"])
     assert whole == []
+
+
+# The looks of a pass for rows in a rare state: on a queue where none is in it, each reads
+# (nearly) nothing.
+IDLE_LOOKS = ["END_LOST_ALLOCATIONS", "PAUSE_TRIALS", "ACTIVATE_TRIALS", "STOP_TRIALS",
+              "ESCALATE_DESIRED", "END_UNSTARTED", "KILL_OVERDUE", "FINISH_CLOSED_TRIALS",
+              "EXPERIMENTS_TO_SEARCH", "FINISH_STOPPING_TRIALS", "FINISH_EXPERIMENTS",
+              "POOLS_WITH_PENDING"]
+
+
+def test_an_idle_pass_reads_what_it_finds_not_the_queue(conn) -> None:
+    """With 300 runs queued and nothing to do, each of the pass's looks for rows in a rare
+    state (a stop, a pause, a closed trial, an unread event, a lost agent) reads at most a
+    row of experiments, trials and allocations per scan (a pool with runs waiting finds the
+    first), whatever the queue's length (issue
+    11: at 1,000 queued, those looks made up half of an idle pass). Planned from fresh
+    statistics (det.reconciler.statistics sees to them after a burst), as EXPLAIN ANALYZE
+    counts the rows each scan returned."""
+    from psycopg.types.json import Jsonb
+
+    from det.configs import load_experiment_config
+    from det.reconciler import queries as q
+    from det.reconciler.passes import Settings, run_pass
+
+    expanded = load_experiment_config(
+        "name: q\nentrypoint: 'true'\n"
+        "searcher: {name: single, metric: loss, max_length: {batches: 1}}\n").expanded()
+    with conn.transaction():
+        for _ in range(300):
+            conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(expanded),))
+    while run_pass(conn, Settings(), "test").changes:
+        pass
+    assert conn.execute("SELECT count(*) AS n FROM allocations "
+                        "WHERE state = 'PENDING'").fetchone()["n"] == 300
+    conn.execute("ANALYZE")
+    read = {}
+    for name in IDLE_LOOKS:
+        with conn.transaction(force_rollback=True):
+            plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + getattr(q, name),
+                                {"timeout": 30.0}).fetchone()["QUERY PLAN"][0]["Plan"]
+        most = 0
+
+        def walk(node: dict) -> None:
+            nonlocal most
+            if node.get("Relation Name") in ("experiments", "trials", "allocations") \
+                    and node["Node Type"] != "ModifyTable":
+                most = max(most, node["Actual Rows"] * node["Actual Loops"])
+            for child in node.get("Plans", []):
+                walk(child)
+
+        walk(plan)
+        read[name] = most
+    assert {name: n for name, n in read.items() if n > 1} == {}
+
+
+def test_the_leader_analyzes_the_tables_a_burst_changed(conn) -> None:
+    """After a burst (600 experiments submitted at once and their runs queued) the leader
+    analyzes the tables that changed by more than half (500 changes and more), once,
+    between passes; prepared
+    plans made from the statistics of nearly empty tables had an idle pass at 1,000 queued
+    take 45-50 ms instead of 29 (issue 11, bench/queued_pass.py)."""
+    from psycopg.types.json import Jsonb
+
+    from det.configs import load_experiment_config
+    from det.reconciler.passes import Settings, run_pass
+    from det.reconciler.statistics import Statistics
+
+    expanded = load_experiment_config(
+        "name: q\nentrypoint: 'true'\n"
+        "searcher: {name: single, metric: loss, max_length: {batches: 1}}\n").expanded()
+    with conn.transaction():
+        for _ in range(600):
+            conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(expanded),))
+    while run_pass(conn, Settings(), "test").changes:
+        pass
+    stats = Statistics()
+    analyzed: list[str] = []
+
+    def refreshed() -> bool:
+        stats.due = 0.0  # the server's counters lag by up to a second: look again
+        analyzed.extend(stats.refresh(conn))
+        return {"experiments", "trials"} <= set(analyzed)
+
+    wait_for(refreshed, 30, "the burst's tables analyzed")
+    last = {r["relname"]: r["last_analyze"] for r in conn.execute(
+        "SELECT relname, last_analyze FROM pg_stat_user_tables "
+        "WHERE relname IN ('experiments', 'trials')")}
+    assert all(last.values()), last
+    assert stats.refresh(conn) == []  # not due again yet
+    stats.due = 0.0
+    assert stats.refresh(conn) == []  # and nothing changed since

@@ -21,6 +21,7 @@ from det.db import channels, connect, retry
 from det.errors import DetError
 from det.reconciler import leader
 from det.reconciler.passes import Settings, run_pass
+from det.reconciler.statistics import Statistics
 
 log = logging.getLogger("det.reconciler")
 
@@ -62,9 +63,11 @@ def _lead_and_serve(conn: psycopg.Connection, settings: Settings, holder: str,
     conn.execute(f"LISTEN {channels.RECONCILER}")
     # A live leader must talk well within its lease (see det.reconciler.leader).
     wait = min(settings.interval, settings.lease / 3)
+    statistics = Statistics()
     while True:
         try:
             for _ in range(MAX_CHAINED_PASSES):
+                statistics.refresh(conn)
                 if run_pass(conn, settings, holder).changes == 0:
                     break
         except psycopg.Error as e:

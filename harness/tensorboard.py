@@ -11,8 +11,7 @@ when the task ends.
 
 Events are encoded with the ``tensorboard`` package's protobuf classes and framed with
 ``google_crc32c`` (both installed with det's ``torch`` extra); without them a warning says once
-that no event files are written. A scalar event, written at every report, is encoded by hand
-into the same bytes (:class:`ScalarEncoding`; tests compare the two).
+that no event files are written.
 """
 
 import functools
@@ -78,48 +77,6 @@ def event_protos() -> tuple[Any, Any] | None:
     return Event, google_crc32c
 
 
-def _varint(n: int) -> bytes:
-    """Protobuf's base-128 varint of ``n`` >= 0."""
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-_WALL_TIME = struct.Struct("<Bd")  # Event.wall_time: field 1, 64-bit
-
-
-class ScalarEncoding:
-    """The wire form of a scalar ``Event`` (tensorboard's ``event.proto``) for one set of tags:
-    ``wall_time`` (field 1), ``step`` (2, left out when 0 as proto3 does) and ``summary`` (5),
-    whose ``value``s (1) each hold a ``tag`` (1) and a ``simple_value`` (2, float32), in that
-    order: the bytes ``SerializeToString`` gives, made by one ``struct`` call with the tags'
-    bytes computed once, ~2 us a report where filling and serializing a kept ``Event`` took 5.
-
-    Raises ``OverflowError`` for a value past float32's range (protobuf would store an
-    infinity: the caller encodes that report with protobuf)."""
-
-    def __init__(self, tags: tuple[str, ...]) -> None:
-        fields = []
-        for t in tags:
-            name = t.encode()
-            value = b"\x0a" + _varint(len(name)) + name + b"\x15"  # tag, simple_value's key
-            fields.append(b"\x0a" + _varint(len(value) + 4) + value)  # one Summary.value
-        self._summary = b"\x2a" + _varint(sum(len(f) + 4 for f in fields))
-        self._values = struct.Struct("<" + "".join(f"{len(f)}sf" for f in fields))
-        self._args: list[Any] = [x for f in fields for x in (f, 0.0)]
-
-    def encode(self, wall_time: float, step: int, values: list[float]) -> bytes:
-        """The event's bytes; ``values`` one a tag (ValueError otherwise)."""
-        args = self._args
-        args[1::2] = values
-        return b"".join((_WALL_TIME.pack(0x09, wall_time),
-                         b"\x10" + _varint(step) if step else b"",
-                         self._summary, self._values.pack(*args)))
-
-
 def _masked_crc(crc32c: Any, data: bytes) -> bytes:
     """The TFRecord format's masked CRC-32C of ``data``, little-endian."""
     x = crc32c.value(data)
@@ -132,13 +89,13 @@ class EventFile:
 
     Not tensorboard's ``EventFileWriter``: that one hands each event to a writer thread through
     a 10-event queue and computes CRCs in pure Python, ~60 us a report on this host, which
-    made a task reporting in a loop 4x slower (bench/metric_rows.py). Scalar events are encoded
-    by hand (:class:`ScalarEncoding`, one kept per set of tags: a trial reports the same few
-    sets, step after step), ~3 us a report with the framing where building a new ``Event``
-    took 14 and refilling a kept one 5.5 (2-core host)."""
+    made a task reporting in a loop 4x slower (bench/metric_rows.py). Scalar events are kept,
+    one per set of tags (a trial reports the same few sets, step after step), with their tags
+    filled in: a report sets the time, the step and the values, ~3 us where building a new
+    ``Event`` took 14 and refilling one 5 (2-core host)."""
 
     MAX_TAG_SETS = 64
-    """Most encodings (:class:`ScalarEncoding`) kept; a report of another set makes one."""
+    """Most ``Event`` messages kept; a report of another set refills a spare one."""
 
     def __init__(self, directory: pathlib.Path, protos: tuple[Any, Any]) -> None:
         self._event, self._crc32c = protos
@@ -147,29 +104,33 @@ class EventFile:
                 f"{os.getpid()}.det")
         self._file = open(directory / name, "wb", buffering=1 << 16)  # noqa: SIM115
         self._write(self._event(wall_time=time.time(), file_version="brain.Event:2"))
-        self._encodings: dict[tuple[str, ...], ScalarEncoding] = {}
+        self._scalar_events: dict[tuple[str, ...], tuple[Any, Any]] = {}
 
     def scalars(self, steps_completed: int, tags: tuple[str, ...], values: list[float]) -> None:
         """One event holding scalar ``values[i]`` under ``tags[i]`` at ``steps_completed``."""
-        encoding = self._encodings.get(tags)
-        if encoding is None:
-            encoding = ScalarEncoding(tags)
-            if len(self._encodings) < self.MAX_TAG_SETS:
-                self._encodings[tags] = encoding
-        wall_time = time.time()
-        try:
-            data = encoding.encode(wall_time, steps_completed, values)
-        except OverflowError:  # past float32: protobuf stores an infinity
-            event = self._event(wall_time=wall_time, step=steps_completed)
-            for t, v in zip(tags, values, strict=True):
-                event.summary.value.add(tag=t, simple_value=v)
-            data = event.SerializeToString()
-        self._write_bytes(data)
+        kept = self._scalar_events.get(tags)
+        if kept is None:
+            kept = self._scalar_event(tags)
+        event, slots = kept
+        event.wall_time = time.time()
+        event.step = steps_completed
+        for slot, v in zip(slots, values, strict=True):
+            slot.simple_value = v
+        self._write(event)
+
+    def _scalar_event(self, tags: tuple[str, ...]) -> tuple[Any, Any]:
+        """An ``Event`` whose summary holds ``tags`` in order, and its value messages."""
+        event = self._event()
+        add = event.summary.value.add
+        for t in tags:
+            add(tag=t)
+        kept = (event, list(event.summary.value))
+        if len(self._scalar_events) < self.MAX_TAG_SETS:
+            self._scalar_events[tags] = kept
+        return kept
 
     def _write(self, event: Any) -> None:
-        self._write_bytes(event.SerializeToString())
-
-    def _write_bytes(self, data: bytes) -> None:
+        data = event.SerializeToString()
         header = self._headers.get(len(data))
         if header is None:  # a trial's events come in a few lengths: their headers are kept
             length = struct.pack("<Q", len(data))

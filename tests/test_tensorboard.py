@@ -115,39 +115,3 @@ def test_each_report_keeps_its_own_tags_as_the_set_changes(tmp_path, monkeypatch
     for k in range(7):
         assert [(e.step, e.value) for e in events.Scalars(f"only_{k}")] == \
             [(s, float(-s)) for s in range(1, 31) if s % 7 == k]
-
-
-@pytest.mark.parametrize("tags", [("loss",), ("a" * 200, "é/ü", "val_x"),
-                                  tuple(f"m{i}" for i in range(40))])
-def test_scalar_events_are_encoded_as_protobuf_encodes_them(tags) -> None:
-    """The hand encoding of a scalar event (a report's hot path, issue 11) gives the bytes
-    ``Event.SerializeToString`` gives: any step (0 left out, varints of one to six bytes),
-    tags and summaries past 127 bytes (two-byte lengths), float32 edge values."""
-    from det.harness.tensorboard import ScalarEncoding, event_protos
-
-    event_class, _ = event_protos()
-    edge = [0.0, -0.0, 1e-45, 3.4028234e38, -1 / 3, 1e10]
-    values = [edge[i] if i < len(edge) else (-1) ** i * i / 7 for i in range(len(tags))]
-    encoding = ScalarEncoding(tags)
-    for step in (0, 1, 127, 128, 300, 2**40):
-        event = event_class(wall_time=1732600000.123456, step=step)
-        for t, v in zip(tags, values, strict=True):
-            event.summary.value.add(tag=t, simple_value=v)
-        assert encoding.encode(1732600000.123456, step, values) == event.SerializeToString()
-    with pytest.raises(ValueError):
-        encoding.encode(1.0, 1, values + [1.0])
-
-
-def test_a_value_past_float32_is_written_as_protobuf_writes_it(tmp_path) -> None:
-    """float32 cannot hold 1e39: protobuf stores an infinity, and so does a report of it
-    (the hand encoding refuses it and the report goes through protobuf)."""
-    storage = FsspecStorage(fsspec.filesystem("file"), str(tmp_path / "storage"))
-    files = TensorboardFiles(storage, 7, 3, tmp_path / "local")
-    files.report("training", 1, {"loss": 1e39, "acc": 0.5})
-    files.report("training", 2, {"loss": 2.0, "acc": 0.25})
-    files.close()
-    events = EventAccumulator(str(tmp_path / "storage" / "tensorboard" / "experiment" / "7"
-                                  / "trial" / "3"))
-    events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, math.inf), (2, 2.0)]
-    assert [(e.step, e.value) for e in events.Scalars("acc")] == [(1, 0.5), (2, 0.25)]

@@ -416,7 +416,8 @@ UPDATE allocations a SET resource_pool = c.pool, pending_reason = NULL
 
 # Each pool's scheduler is looked up once, not once per waiting allocation (DISTINCT over the
 # function's result called it for every row: 8 ms a pass with 1,000 waiting); and each pool
-# is asked whether it has one waiting (allocations_pending), not every waiting one its pool.
+# is asked whether it has a run waiting (allocations_pending: one index probe), rather than
+# every waiting run read for its pool.
 POOLS_WITH_PENDING = """
 SELECT p.name AS resource_pool, det_pool_scheduler(p.name) AS scheduler
   FROM resource_pools p

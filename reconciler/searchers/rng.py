@@ -1,11 +1,11 @@
 """The searcher's random source: numpy's legacy ``RandomState`` (MT19937), as in the reference
 (reference-facts §1.2), with its state kept as JSON so a stored search resumes bit-exactly.
 
-A new ``RandomState`` costs 130-270 us on the 2-core development machine (numpy seeds a fresh MT19937
-from OS entropy through a SeedSequence, then copies its 624 words one by one, before the
-legacy seeding replaces them all), while re-seeding or setting the state of an existing one
-costs 3 us or 80 us: a pass of a thousand new one-trial searches spent a third of a second
-making generators. So generators a finished step gives back (:func:`recycle`) are reused.
+A new ``RandomState`` costs 130-270 us on the 2-core development machine (numpy seeds a fresh
+MT19937 from OS entropy through a SeedSequence, then copies its 624 words one by one, before
+the legacy seeding replaces them all), while re-seeding or setting the state of an existing
+one costs 3 us or 80 us: a pass of a thousand new one-trial searches spent 0.13-0.27 s making
+generators. So generators a finished step gives back (:func:`recycle`) are reused.
 """
 
 import base64

@@ -328,28 +328,35 @@ IDLE_LOOKS = ["END_LOST_ALLOCATIONS", "PAUSE_TRIALS", "ACTIVATE_TRIALS", "STOP_T
               "POOLS_WITH_PENDING"]
 
 
-def test_an_idle_pass_reads_what_it_finds_not_the_queue(conn) -> None:
-    """With 300 runs queued and nothing to do, each of the pass's looks for rows in a rare
-    state (a stop, a pause, a closed trial, an unread event, a lost agent) reads at most a
-    row of experiments, trials and allocations per scan (a pool with runs waiting finds the
-    first), whatever the queue's length (issue
-    11: at 1,000 queued, those looks made up half of an idle pass). Planned from fresh
-    statistics (det.reconciler.statistics sees to them after a burst), as EXPLAIN ANALYZE
-    counts the rows each scan returned."""
+def queue_runs(conn, n: int) -> None:
+    """Submit ``n`` one-trial experiments at once (as ``det experiment create`` does) and run
+    passes until their runs wait (no agent)."""
     from psycopg.types.json import Jsonb
 
     from det.configs import load_experiment_config
-    from det.reconciler import queries as q
     from det.reconciler.passes import Settings, run_pass
 
     expanded = load_experiment_config(
         "name: q\nentrypoint: 'true'\n"
         "searcher: {name: single, metric: loss, max_length: {batches: 1}}\n").expanded()
     with conn.transaction():
-        for _ in range(300):
+        for _ in range(n):
             conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(expanded),))
     while run_pass(conn, Settings(), "test").changes:
         pass
+
+
+def test_an_idle_pass_reads_what_it_finds_not_the_queue(conn) -> None:
+    """With 300 runs queued and nothing to do, each of the pass's looks for rows in a rare
+    state (a stop, a pause, a closed trial, an unread event, a lost agent) reads at most a
+    row of experiments, trials and allocations per scan (a pool with runs waiting finds the
+    first), whatever the queue's length (issue 11: at 1,000 queued, those looks made up half
+    of an idle pass). Planned from fresh
+    statistics (det.reconciler.statistics sees to them after a burst), as EXPLAIN ANALYZE
+    counts the rows each scan returned."""
+    from det.reconciler import queries as q
+
+    queue_runs(conn, 300)
     assert conn.execute("SELECT count(*) AS n FROM allocations "
                         "WHERE state = 'PENDING'").fetchone()["n"] == 300
     conn.execute("ANALYZE")
@@ -376,23 +383,12 @@ def test_an_idle_pass_reads_what_it_finds_not_the_queue(conn) -> None:
 def test_the_leader_analyzes_the_tables_a_burst_changed(conn) -> None:
     """After a burst (600 experiments submitted at once and their runs queued) the leader
     analyzes the tables that changed by more than half (500 changes and more), once,
-    between passes; prepared
-    plans made from the statistics of nearly empty tables had an idle pass at 1,000 queued
-    take 45-50 ms instead of 29 (issue 11, bench/queued_pass.py)."""
-    from psycopg.types.json import Jsonb
-
-    from det.configs import load_experiment_config
-    from det.reconciler.passes import Settings, run_pass
+    between passes; prepared plans made from the statistics of nearly empty tables had an
+    idle pass at 1,000 queued take 45-53 ms instead of 22-31 (issue 11,
+    bench/queued_pass.py)."""
     from det.reconciler.statistics import Statistics
 
-    expanded = load_experiment_config(
-        "name: q\nentrypoint: 'true'\n"
-        "searcher: {name: single, metric: loss, max_length: {batches: 1}}\n").expanded()
-    with conn.transaction():
-        for _ in range(600):
-            conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(expanded),))
-    while run_pass(conn, Settings(), "test").changes:
-        pass
+    queue_runs(conn, 600)
     stats = Statistics()
     analyzed: list[str] = []
 

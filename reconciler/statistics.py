@@ -6,7 +6,8 @@ new cluster, or after a burst (a thousand experiments submitted at once), those 
 still describe nearly empty tables, and autovacuum refreshes them only after its naptime
 (60 s by default) and then only at its own thresholds. Until then each pass ran plans made for
 empty tables: nested loops of index probes over what were a thousand rows, an idle pass at
-1,000 queued runs taking 45-50 ms instead of 29 (the same database once analyzed).
+1,000 queued runs taking 45-53 ms instead of 22-31 (the same database once analyzed,
+bench/queued_pass.py).
 
 So the leader checks, at most every ``CHECK_EVERY`` seconds and between passes (never inside
 one), whether a table changed by more than half its rows since it was last analyzed, and

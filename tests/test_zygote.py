@@ -6,6 +6,7 @@ The zygote tests fork real processes from a real zygote; the end-to-end test run
 search through a real reconciler and a ``--warm-start`` agent on a real database.
 """
 
+import importlib
 import os
 import signal
 import sys
@@ -17,7 +18,7 @@ from psycopg.rows import dict_row
 
 from det.agent.process import spawn_cold
 from det.agent.shell import plain_words
-from det.agent.zygote import Zygote, python_command
+from det.agent.zygote import Zygote, _own_modules, python_command
 
 PYTHON = Path(sys.executable)
 HERE_PATH = str(PYTHON.parent)
@@ -132,6 +133,29 @@ def test_a_module_an_exception_and_a_signal(zygote, tmp_path) -> None:
     assert code == 1 and "ValueError: boom" in err
     code, _, _ = run(zygote, ["die.py"], env, tmp_path)
     assert code == -signal.SIGKILL
+
+
+def test_a_task_s_own_modules_are_those_it_imported(tmp_path, monkeypatch) -> None:
+    """What a forked task releases at its exit: the modules it imported, found from the end
+    of ``sys.modules``, not the zygote's, also where it removed the zygote's last module or
+    removed one of them and imported it again."""
+    for name in ("zy_pre", "zy_last", "zy_own"):
+        (tmp_path / f"{name}.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        importlib.import_module("zy_pre")
+        importlib.import_module("zy_last")
+        preloaded = frozenset(sys.modules), next(reversed(sys.modules))
+        assert preloaded[1] == "zy_last"
+        del sys.modules["zy_pre"]
+        importlib.import_module("zy_pre")  # the zygote's, imported again: not the task's
+        importlib.import_module("zy_own")
+        assert _own_modules(preloaded) == ["zy_own"]
+        del sys.modules["zy_last"]  # the end marker is gone: every name is checked
+        assert _own_modules(preloaded) == ["zy_own"]
+    finally:
+        for name in ("zy_pre", "zy_last", "zy_own"):
+            sys.modules.pop(name, None)
 
 
 EXIT_SCRIPT = """

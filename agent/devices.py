@@ -1,8 +1,11 @@
-"""Slot discovery: CUDA devices through NVML where a driver answers, else CPU slots."""
+"""Slot discovery: CUDA devices through NVML where a driver answers, else CPU slots, or the
+kind ``det agent run --slot-type`` asks for."""
 
 import logging
 import os
 from dataclasses import asdict, dataclass
+
+from det.errors import DetError
 
 log = logging.getLogger("det.agent")
 
@@ -50,11 +53,31 @@ def _text(v: str | bytes) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
-def discover(cpu_slots: int | None = None) -> list[Slot]:
-    """The slots to register: CUDA devices if any, else ``cpu_slots`` CPU slots (default:
-    one per CPU core)."""
-    gpus = cuda_slots()
-    if gpus:
-        return gpus
+SLOT_TYPES = ("auto", "cuda", "cpu", "none")
+"""Values of ``det agent run --slot-type`` (the reference agent's ``slot_type``)."""
+
+
+def discover(cpu_slots: int | None = None, slot_type: str = "auto", nvml=None) -> list[Slot]:
+    """The slots to register, by ``slot_type`` (the reference agent's ``slot_type``):
+
+    - ``auto``: the CUDA devices if any, else ``cpu_slots`` CPU slots (default: one per core);
+    - ``cuda``: the CUDA devices;
+    - ``cpu``: ``cpu_slots`` CPU slots even where GPUs are found (a GPU host lending its
+      cores, or a bench measuring the same path on every host);
+    - ``none``: no slots (an agent for 0-slot tasks: commands, notebooks, TensorBoards).
+
+    ``nvml`` as in :func:`cuda_slots`. Raises ``DetError`` for another ``slot_type``, and for
+    ``cuda`` where no CUDA device answers.
+    """
+    if slot_type not in SLOT_TYPES:
+        raise DetError(f"--slot-type: expected one of {', '.join(SLOT_TYPES)}, got {slot_type!r}")
+    if slot_type == "none":
+        return []
+    if slot_type != "cpu":
+        gpus = cuda_slots(nvml)
+        if gpus or slot_type == "cuda":
+            if not gpus:
+                raise DetError("--slot-type cuda: no CUDA device answered through NVML")
+            return gpus
     n = cpu_slots if cpu_slots is not None else (os.cpu_count() or 1)
     return [Slot(i, "cpu", device_name="cpu") for i in range(n)]

@@ -43,7 +43,7 @@ def main() -> None:
     config = load_experiment_config(CONFIG).expanded()
     with private_database() as db:
         procs = [det_process(db.url, "reconcile"),
-                 det_process(db.url, "agent", "run", "--slots", "2")]
+                 det_process(db.url, "agent", "run", "--slot-type", "cpu", "--slots", "2")]
         try:
             with psycopg.connect(db.url, autocommit=True, row_factory=dict_row) as conn:
                 while not conn.execute("SELECT 1 FROM agents WHERE state = 'ACTIVE'").fetchone():

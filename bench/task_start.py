@@ -60,8 +60,8 @@ def pct(samples: list[float], q: float) -> float:
 
 
 def measure(runtime: str, n: int, conn, url: str, config: Path) -> dict[str, list]:
-    agent = det_process(url, "agent", "run", "--id", f"bench-{runtime}", "--slots", "1",
-                        "--runtime", runtime)
+    agent = det_process(url, "agent", "run", "--id", f"bench-{runtime}", "--slot-type", "cpu",
+                        "--slots", "1", "--runtime", runtime)
     try:
         while not conn.execute("SELECT 1 FROM agents WHERE id = %s AND state = 'ACTIVE'",
                                (f"bench-{runtime}",)).fetchone():

@@ -164,8 +164,9 @@ def main() -> None:
     with private_database() as db:
         procs = [det_process(db.url, "reconcile", "--interval", str(args.interval),
                              profile=profile("reconciler")),
-                 det_process(db.url, "agent", "run", "--id", "bench", "--slots",
-                             str(args.slots), "--runtime", "process", profile=profile("agent"))]
+                 det_process(db.url, "agent", "run", "--id", "bench", "--slot-type", "cpu",
+                             "--slots", str(args.slots), "--runtime", "process",
+                             profile=profile("agent"))]
         try:
             rates, stages, failed, wall, spent = run(db.url, config, args.n, db.home, procs)
         finally:

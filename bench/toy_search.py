@@ -79,8 +79,8 @@ def main() -> None:
         cfg = Path(tmp) / "toy.yaml"
         cfg.write_text(yaml.safe_dump(config(args.trials, args.concurrent, args.entrypoint)))
         procs = [det_process(db.url, "reconcile", profile=profile("reconciler")),
-                 det_process(db.url, "agent", "run", "--id", "bench", "--slots",
-                             str(args.concurrent), "--runtime", "process",
+                 det_process(db.url, "agent", "run", "--id", "bench", "--slot-type", "cpu",
+                             "--slots", str(args.concurrent), "--runtime", "process",
                              *args.agent_args.split(), profile=profile("agent"))]
         env = {**os.environ, "DET_DB_URL": db.url}
         try:

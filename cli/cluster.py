@@ -213,8 +213,12 @@ def agent_run(
                                  "'_' or '-', starting with a letter or digit (default: the "
                                  "hostname)."),
     resource_pool: str = typer.Option("default", "--resource-pool"),
-    slots: int = typer.Option(None, help="CPU slots to offer when no GPU is found "
-                                         "(default: CPU count)."),
+    slots: int = typer.Option(None, help="CPU slots to offer when no GPU is found, or with "
+                                         "--slot-type cpu (default: CPU count)."),
+    slot_type: str = typer.Option("auto", "--slot-type",
+                                  help="auto (GPUs if any, else CPU slots), cuda, cpu (CPU "
+                                       "slots even on a GPU host) or none (0-slot tasks "
+                                       "only)."),
     work_dir: Path = typer.Option(None, help="Task directories (default: <det home>/agent)."),
     runtime: str = typer.Option(None, envvar="DET_AGENT_RUNTIME",
                                 help="docker or process (default: docker when an engine "
@@ -240,10 +244,12 @@ def agent_run(
 ) -> None:
     """Run an agent: register this host's slots and run the tasks assigned to it."""
     from det.agent.daemon import Agent, AgentSettings, check_agent_id
-    from det.agent.devices import discover
+    from det.agent.devices import SLOT_TYPES, discover
 
     if slots is not None and slots < 0:
         raise DetError("--slots: expected a number >= 0")
+    if slot_type not in SLOT_TYPES:
+        raise DetError(f"--slot-type: expected one of {', '.join(SLOT_TYPES)}, got {slot_type!r}")
     if runtime not in (None, "docker", "process"):
         raise DetError(f"--runtime: expected docker or process, got {runtime!r}")
     if poll <= 0:
@@ -260,7 +266,7 @@ def agent_run(
                              runtime=runtime, poll=poll, warm_start=warm_start,
                              task_url=task_db_url, task_pooler=task_pooler)
     _exit_on_sigterm()
-    Agent(url, settings, discover(slots)).run()
+    Agent(url, settings, discover(slots, slot_type)).run()
 
 
 def _migrate(url: str) -> None:

@@ -271,6 +271,15 @@ def test_bad_agent_id_is_refused_before_registering(det, conn, bad) -> None:
     assert one(conn, "SELECT count(*) AS n FROM agents")["n"] == 0
 
 
+def test_an_unknown_slot_type_is_refused_before_registering(det, conn) -> None:
+    r = det("agent", "run", "--id", "a1", "--slot-type", "gpus", check=False, timeout=60)
+    assert r.returncode == 1
+    err = r.stderr.strip().splitlines()
+    assert err == ["Error: --slot-type: expected one of auto, cuda, cpu, none, got 'gpus'"], (
+        r.stderr)
+    assert one(conn, "SELECT count(*) AS n FROM agents")["n"] == 0
+
+
 def test_longest_agent_id_registers(det, conn) -> None:
     long_id = "a" + "-b" * 31  # 63 characters
     agent = det.start("agent", "agent", "run", "--id", long_id, "--slots", "1")

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from psycopg.types.json import Jsonb
 
 from det.agent.containers import (
@@ -20,10 +21,11 @@ from det.agent.containers import (
     end_reason,
     image_for,
 )
-from det.agent.devices import Slot, cuda_slots
+from det.agent.devices import Slot, cuda_slots, discover
 from det.agent.image import DEFAULT_IMAGE
 from det.agent.runtime import Launch
 from det.configs.allocation import AllocationSpec
+from det.errors import DetError
 
 
 class FakeNVML:
@@ -93,6 +95,22 @@ def test_a_driver_that_does_not_answer_means_no_cuda_slots() -> None:
             raise RuntimeError("NVML Shared Library Not Found")
 
     assert cuda_slots(NoDriver([])) == []
+
+
+def test_the_slot_type_chooses_what_a_gpu_host_offers() -> None:
+    """``--slot-type`` (the reference agent's ``slot_type``): auto takes the GPUs where any
+    answer, cpu offers ``--slots`` CPU slots even so, none offers nothing, cuda insists."""
+    gpus = FakeNVML(["GPU-aaa"])
+    assert [s.type for s in discover(4, "auto", gpus)] == ["cuda"]
+    assert [s.type for s in discover(4, "cuda", gpus)] == ["cuda"]
+    assert [(s.slot_id, s.type) for s in discover(3, "cpu", gpus)] == [
+        (0, "cpu"), (1, "cpu"), (2, "cpu")]
+    assert discover(4, "none", gpus) == []
+    assert [s.type for s in discover(2, "auto", FakeNVML([]))] == ["cpu", "cpu"]
+    with pytest.raises(DetError, match="--slot-type cuda: no CUDA device"):
+        discover(2, "cuda", FakeNVML([]))
+    with pytest.raises(DetError, match="--slot-type: expected one of auto, cuda, cpu, none"):
+        discover(2, "gpus", gpus)
 
 
 def test_cpu_slots_get_a_cpu_share_and_the_defaults() -> None:

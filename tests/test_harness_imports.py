@@ -1,6 +1,6 @@
 """What importing det.harness costs: a Core API script must not import torch (issue 11: torch
-was ~0.9 s of a task's ~1.1 s before its first line) nor pglast. Each check runs in a fresh interpreter,
-since this test process has torch imported already."""
+was ~0.9 s of a task's ~1.1 s before its first line) nor pglast. Each check runs in a fresh
+interpreter, since this test process has torch imported already."""
 
 import subprocess
 import sys

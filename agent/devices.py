@@ -78,6 +78,9 @@ def discover(cpu_slots: int | None = None, slot_type: str = "auto", nvml=None) -
         if gpus or slot_type == "cuda":
             if not gpus:
                 raise DetError("--slot-type cuda: no CUDA device answered through NVML")
+            if cpu_slots is not None:
+                log.warning("--slots %d left unused: this host offers its %d CUDA device(s) "
+                            "(--slot-type cpu offers CPU slots instead)", cpu_slots, len(gpus))
             return gpus
     n = cpu_slots if cpu_slots is not None else (os.cpu_count() or 1)
     return [Slot(i, "cpu", device_name="cpu") for i in range(n)]

@@ -97,11 +97,12 @@ def test_a_driver_that_does_not_answer_means_no_cuda_slots() -> None:
     assert cuda_slots(NoDriver([])) == []
 
 
-def test_the_slot_type_chooses_what_a_gpu_host_offers() -> None:
+def test_the_slot_type_chooses_what_a_gpu_host_offers(caplog) -> None:
     """``--slot-type`` (the reference agent's ``slot_type``): auto takes the GPUs where any
     answer, cpu offers ``--slots`` CPU slots even so, none offers nothing, cuda insists."""
     gpus = FakeNVML(["GPU-aaa"])
     assert [s.type for s in discover(4, "auto", gpus)] == ["cuda"]
+    assert "--slots 4 left unused: this host offers its 1 CUDA device(s)" in caplog.text
     assert [s.type for s in discover(4, "cuda", gpus)] == ["cuda"]
     assert [(s.slot_id, s.type) for s in discover(3, "cpu", gpus)] == [
         (0, "cpu"), (1, "cpu"), (2, "cpu")]

@@ -6,13 +6,14 @@ and in the same minutes. The objective and the search match toy_search/train.py 
 toy_search.py's config: hyperparameters x, y uniform in [-1, 1], loss
 (x - 0.3)^2 + 1/sqrt(step) + 0.1 y^2 reported at each step, 200 trials, 16 at once (one
 logical CPU each), ASHA (Ray's ``ASHAScheduler``: rungs at 1, 3, 9 and 27 steps, reduction
-factor 3). Printed: the seconds of ``Tuner.fit`` and of the whole run (``ray.init``
-included), the trials, and the CPU seconds of this process and of its descendants (Ray's
-raylet, GCS and workers). Figures only.
+factor 3; one bracket, where det's adaptive ASHA spreads its trials over several). Printed:
+the seconds of ``Tuner.fit`` and of the whole run (``ray.init`` included), the trials, and
+the CPU seconds of this process and of its descendants (Ray's raylet, GCS and workers).
+Figures only.
 
 Ray is not one of det's dependencies: run this under an environment that has it, e.g.
 
-    python3 -m venv /tmp/rayvenv && /tmp/rayvenv/bin/pip install "ray[tune]"
+    python3 -m venv /tmp/rayvenv && /tmp/rayvenv/bin/pip install "ray[tune]" psutil
     /tmp/rayvenv/bin/python bench/ray_toy_search.py [--trials 200] [--concurrent 16]
                                                     [--no-reuse-actors] [--class-api]
 """

@@ -57,6 +57,13 @@ SLOT_TYPES = ("auto", "cuda", "cpu", "none")
 """Values of ``det agent run --slot-type`` (the reference agent's ``slot_type``)."""
 
 
+def check_slot_type(slot_type: str) -> None:
+    """Raises ``DetError`` naming ``--slot-type`` unless ``slot_type`` is one of
+    ``SLOT_TYPES``."""
+    if slot_type not in SLOT_TYPES:
+        raise DetError(f"--slot-type: expected one of {', '.join(SLOT_TYPES)}, got {slot_type!r}")
+
+
 def discover(cpu_slots: int | None = None, slot_type: str = "auto", nvml=None) -> list[Slot]:
     """The slots to register, by ``slot_type`` (the reference agent's ``slot_type``):
 
@@ -69,8 +76,7 @@ def discover(cpu_slots: int | None = None, slot_type: str = "auto", nvml=None) -
     ``nvml`` as in :func:`cuda_slots`. Raises ``DetError`` for another ``slot_type``, and for
     ``cuda`` where no CUDA device answers.
     """
-    if slot_type not in SLOT_TYPES:
-        raise DetError(f"--slot-type: expected one of {', '.join(SLOT_TYPES)}, got {slot_type!r}")
+    check_slot_type(slot_type)
     if slot_type == "none":
         return []
     if slot_type != "cpu":

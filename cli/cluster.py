@@ -244,12 +244,11 @@ def agent_run(
 ) -> None:
     """Run an agent: register this host's slots and run the tasks assigned to it."""
     from det.agent.daemon import Agent, AgentSettings, check_agent_id
-    from det.agent.devices import SLOT_TYPES, discover
+    from det.agent.devices import check_slot_type, discover
 
     if slots is not None and slots < 0:
         raise DetError("--slots: expected a number >= 0")
-    if slot_type not in SLOT_TYPES:
-        raise DetError(f"--slot-type: expected one of {', '.join(SLOT_TYPES)}, got {slot_type!r}")
+    check_slot_type(slot_type)
     if runtime not in (None, "docker", "process"):
         raise DetError(f"--runtime: expected docker or process, got {runtime!r}")
     if poll <= 0:

@@ -351,9 +351,8 @@ def test_an_idle_pass_reads_what_it_finds_not_the_queue(conn) -> None:
     state (a stop, a pause, a closed trial, an unread event, a lost agent) reads at most a
     row of experiments, trials and allocations per scan (a pool with runs waiting finds the
     first), whatever the queue's length (issue 11: at 1,000 queued, those looks made up half
-    of an idle pass). Planned from fresh
-    statistics (det.reconciler.statistics sees to them after a burst), as EXPLAIN ANALYZE
-    counts the rows each scan returned."""
+    of an idle pass). Planned from fresh statistics (det.reconciler.statistics sees to them
+    after a burst), as EXPLAIN ANALYZE counts the rows each scan returned."""
     from det.reconciler import queries as q
 
     queue_runs(conn, 300)

@@ -3,70 +3,94 @@
 Errors a user caused print as one line and exit 1; ``det --debug ...`` shows the traceback.
 """
 
+import importlib
 import logging
 import sys
+from collections.abc import Callable
+from functools import cache
+from typing import Any
 
 import psycopg
 import typer
 
-from det.cli import (
-    agents,
-    audit,
-    checkpoints,
-    cluster,
-    experiments,
-    image,
-    login,
-    models,
-    pools,
-    preview,
-    queue,
-    rbac,
-    serve,
-    simulate,
-    templates,
-    trials,
-    users,
-    workspaces,
-)
+from det.cli.lazy import Lazy, group
 from det.db.sqlstate import translate
 from det.errors import DetError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+
+def _cli(module: str, attr: str) -> Callable[[], Any]:
+    """A loader of ``det.cli.<module>.<attr>``."""
+    return lambda: getattr(importlib.import_module(f"det.cli.{module}"), attr)
+
+
+@cache
+def _users() -> typer.Typer:
+    from det.cli import login, users
+    login.register(users.app)
+    return users.app
+
+
+@cache
+def _cluster() -> typer.Typer:
+    from det.cli import cluster, pools
+    cluster.cluster_app.add_typer(pools.config_app, name="config",
+                                  help="The cluster config: schedulers and resource pools.")
+    return cluster.cluster_app
+
+
+@cache
+def _jobs() -> typer.Typer:
+    from det.cli import queue, simulate
+    queue.app.command("simulate")(simulate.simulate)
+    return queue.app
+
+
+@cache
+def _agents() -> typer.Typer:
+    from det.cli import agents, cluster
+    cluster.agent_app.command("list")(agents.list_agents)
+    cluster.agent_app.command("enable")(agents.enable)
+    cluster.agent_app.command("disable")(agents.disable)
+    return cluster.agent_app
+
+
+_EXPERIMENTS = "Create, follow and steer experiments."
+_TRIALS = "Trials: logs and details."
+_TEMPLATES = "Configuration templates."
+
+COMMANDS = {
+    "reconcile": Lazy(_cli("cluster", "reconcile")),
+    "preview-search": Lazy(_cli("preview", "preview_search")),
+    "serve": Lazy(_cli("serve", "serve")),
+    "experiment": Lazy(_cli("experiments", "app"), _EXPERIMENTS),
+    "e": Lazy(_cli("experiments", "app"), _EXPERIMENTS, hidden=True),
+    "exp": Lazy(_cli("experiments", "app"), _EXPERIMENTS, hidden=True),
+    "trial": Lazy(_cli("trials", "app"), _TRIALS),
+    "t": Lazy(_cli("trials", "app"), _TRIALS, hidden=True),
+    "checkpoint": Lazy(_cli("checkpoints", "app"), "List and download checkpoints."),
+    "model": Lazy(_cli("models", "app"), "The model registry: models and their versions."),
+    "template": Lazy(_cli("templates", "app"), _TEMPLATES),
+    "user": Lazy(_users, "Users: create, list, deactivate, passwords, log in and out, who "
+                        "you are."),
+    "user-group": Lazy(_cli("users", "group_app"), "Groups of users."),
+    "workspace": Lazy(_cli("workspaces", "app"), "Workspaces: projects, pools, members."),
+    "project": Lazy(_cli("workspaces", "project_app"), "Projects of a workspace."),
+    "rbac": Lazy(_cli("rbac", "app"), "Roles: list, assign, unassign, your permissions."),
+    "audit": Lazy(_cli("audit", "app"), "The audit log (ClusterAdmin)."),
+    "tpl": Lazy(_cli("templates", "app"), _TEMPLATES, hidden=True),
+    "cluster": Lazy(_cluster, "Run a local cluster."),
+    "resource-pool": Lazy(_cli("pools", "pool_app"), "Resource pools."),
+    "job": Lazy(_jobs, "The job queue: order, priorities, why a job waits."),
+    "db": Lazy(_cli("cluster", "db_app"), "Database schema."),
+    "image": Lazy(_cli("image", "app"), "Build the default task image."),
+    "agent": Lazy(_agents, "Run, list and drain agents."),
+    "slot": Lazy(_cli("agents", "slot_app"), "List and drain slots."),
+}
+"""det's commands, in the order of its help; each module is imported when its command runs
+(:mod:`det.cli.lazy`)."""
+
+app = typer.Typer(cls=group(COMMANDS), no_args_is_help=True, add_completion=False,
                   help="det: deep-learning training on a PostgreSQL control plane.")
-app.add_typer(experiments.app, name="experiment", help="Create, follow and steer experiments.")
-app.add_typer(experiments.app, name="e", hidden=True)
-app.add_typer(experiments.app, name="exp", hidden=True)
-app.add_typer(trials.app, name="trial", help="Trials: logs and details.")
-app.add_typer(trials.app, name="t", hidden=True)
-app.add_typer(checkpoints.app, name="checkpoint", help="List and download checkpoints.")
-app.add_typer(models.app, name="model", help="The model registry: models and their versions.")
-app.add_typer(templates.app, name="template", help="Configuration templates.")
-login.register(users.app)
-app.add_typer(users.app, name="user", help="Users: create, list, deactivate, passwords, log "
-                                           "in and out, who you are.")
-app.add_typer(users.group_app, name="user-group", help="Groups of users.")
-app.add_typer(workspaces.app, name="workspace", help="Workspaces: projects, pools, members.")
-app.add_typer(workspaces.project_app, name="project", help="Projects of a workspace.")
-app.add_typer(rbac.app, name="rbac", help="Roles: list, assign, unassign, your permissions.")
-app.add_typer(audit.app, name="audit", help="The audit log (ClusterAdmin).")
-app.add_typer(templates.app, name="tpl", hidden=True)
-app.add_typer(cluster.cluster_app, name="cluster", help="Run a local cluster.")
-cluster.cluster_app.add_typer(pools.config_app, name="config",
-                              help="The cluster config: schedulers and resource pools.")
-app.add_typer(pools.pool_app, name="resource-pool", help="Resource pools.")
-app.add_typer(queue.app, name="job", help="The job queue: order, priorities, why a job waits.")
-app.add_typer(cluster.db_app, name="db", help="Database schema.")
-app.add_typer(image.app, name="image", help="Build the default task image.")
-app.add_typer(cluster.agent_app, name="agent", help="Run, list and drain agents.")
-cluster.agent_app.command("list")(agents.list_agents)
-cluster.agent_app.command("enable")(agents.enable)
-cluster.agent_app.command("disable")(agents.disable)
-app.add_typer(agents.slot_app, name="slot", help="List and drain slots.")
-app.command("reconcile")(cluster.reconcile)
-queue.app.command("simulate")(simulate.simulate)
-app.command("preview-search")(preview.preview_search)
-app.command("serve")(serve.serve)
 
 _debug = False
 

@@ -10,8 +10,10 @@ from det.cli.main import app
 
 def _commands(group, path: tuple[str, ...] = ()):
     yield path
-    if hasattr(group, "commands"):
-        for name, cmd in group.commands.items():
+    if hasattr(group, "list_commands"):  # det's own group builds its commands when asked
+        ctx = typer.Context(group)
+        for name in group.list_commands(ctx):
+            cmd = group.get_command(ctx, name)
             if not cmd.hidden:
                 yield from _commands(cmd, (*path, name))
 

@@ -1,0 +1,31 @@
+"""What a det command imports before it acts: only its own command's module (issue 11: every
+``det`` invocation imported all of them, FastAPI and the docker SDK included, ~2 s on a
+2-core host). Each check runs in a fresh interpreter."""
+
+import pytest
+from test_harness_imports import modules_after
+
+OTHERS = {"det.api", "det.cli.serve", "docker", "det.cli.image", "det.reconciler.searchers",
+          "det.cli.preview", "det.cli.experiments", "det.cli.queue", "det.cli.checkpoints"}
+
+
+def test_importing_the_cli_imports_no_command() -> None:
+    modules = modules_after("import det.cli.main")
+    assert not modules & {*OTHERS, "det.cli.cluster", "det.cli.agents", "det.cli.users"}
+
+
+@pytest.mark.parametrize(("args", "own"), [
+    (["job", "--help"], "det.cli.queue"),
+    (["agent", "list", "--help"], "det.cli.agents"),
+    (["user", "whoami", "--help"], "det.cli.login"),
+    (["cluster", "config", "show", "--help"], "det.cli.pools"),
+])
+def test_a_command_imports_its_own_module_only(args: list[str], own: str) -> None:
+    modules = modules_after(
+        "from typer.testing import CliRunner\n"
+        "from det.cli.main import app\n"
+        f"r = CliRunner().invoke(app, {args!r})\n"
+        "assert r.exit_code == 0, r.output\n"
+    )
+    assert own in modules
+    assert not modules & (OTHERS - {own})

@@ -2,6 +2,7 @@
 transaction (db/migrate.py)."""
 
 import difflib
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from pglast.stream import RawStream
 from psycopg.conninfo import make_conninfo
 
 from det.db import migrate
-from det.db.migrate import load_migrations
+from det.db.migrate import ensure_current, load_migrations
 from det.errors import DatabaseError
 
 SCHEMA_SQL = Path(__file__).resolve().parent.parent / "schema.sql"
@@ -294,3 +295,35 @@ def test_malformed_migrations_apply_nothing(new_database, tmp_path: Path, files:
 def test_migrate_refuses_a_connection_inside_a_transaction(conn) -> None:
     with conn.transaction(), pytest.raises(ValueError, match="outside any transaction"):
         migrate(conn)
+
+
+def test_a_command_migrates_a_new_database_and_only_checks_a_current_one(
+        new_database, monkeypatch) -> None:
+    """ensure_current (before every command) applies what is missing as the schema's owner,
+    and parses no migration when nothing is (issue 11: each command parsed them all)."""
+    with psycopg.connect(new_database(), autocommit=True) as conn:
+        ensure_current(conn)
+        latest = conn.execute("SELECT max(version) FROM det_migrations").fetchone()[0]
+        assert latest == load_migrations()[-1].version
+
+        def unexpected(*_):
+            raise AssertionError("a current schema's migrations were parsed")
+        monkeypatch.setattr(sys.modules["det.db.migrate"], "load_migrations", unexpected)
+        ensure_current(conn)
+
+
+def test_a_user_who_may_not_migrate_is_told_to_run_cluster_up(new_database, pg_server) -> None:
+    url = new_database()
+    role = f"det_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+    try:
+        user_url = make_conninfo(url, user=role, password="pw")
+        with psycopg.connect(user_url, autocommit=True) as conn, \
+                pytest.raises(DatabaseError, match="run `det cluster up`"):
+            ensure_current(conn)
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert conn.execute("SELECT to_regclass('det_migrations')").fetchone() == (None,)
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as admin:
+            admin.execute(f"DROP ROLE {role}")

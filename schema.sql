@@ -333,6 +333,7 @@ CREATE TABLE experiments (
     delete_requested_at timestamptz,
     project_id      integer NOT NULL DEFAULT 1 REFERENCES projects (id),
     tensorboards_deleted_at timestamptz,
+    searcher_rng    jsonb,
     CHECK ((end_time IS NULL) = (state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')))
 );
 COMMENT ON COLUMN experiments.config IS 'The expanded config: every default filled in.';
@@ -355,8 +356,14 @@ CREATE INDEX experiments_live ON experiments (state) WHERE state < 'COMPLETED';
 CREATE INDEX experiments_unsearched ON experiments (id)
     WHERE searcher_state IS NULL AND state IN ('ACTIVE', 'PAUSED');
 COMMENT ON COLUMN experiments.searcher_state IS
-    'The searcher''s state (JSON), written in the same transaction that consumed the events '
-    'which changed it. NULL until the searcher has made its initial decisions.';
+    'The searcher''s state (JSON) but its random generator (searcher_rng), written in the same '
+    'transaction that consumed the events which changed it. NULL until the searcher has made '
+    'its initial decisions.';
+-- Its own column: the state is saved at every step, the generator (3.3 KB) only at the steps
+-- that drew from it, and an UPDATE that leaves a column alone does not write it again.
+COMMENT ON COLUMN experiments.searcher_rng IS
+    'The searcher''s random generator (det.reconciler.searchers.rng), written with '
+    'searcher_state at the steps that drew from it. NULL until the searcher has begun.';
 
 -- One row per trial the searcher created: its hyperparameters and seed, its state
 -- (trial_state), how many runs and restarts it has had, and its restart point (the latest

@@ -220,8 +220,12 @@ def _checkpoint_gc_tasks(conn: psycopg.Connection, r: PassResult) -> None:
 
 
 def _search_one(writes: Writes, exp: dict, events: list[dict]) -> None:
+    stored = exp["searcher_state"]
+    if stored is not None:
+        stored = {**stored, "rng": exp["searcher_rng"]}
     state, actions = searchers.searcher_step(
-        exp["config"], exp["searcher_state"], [_to_event(v) for v in events])
+        exp["config"], stored, [_to_event(v) for v in events])
+    rng = state.pop("rng")
     eid = exp["id"]
     for a in actions:
         match a:
@@ -237,7 +241,8 @@ def _search_one(writes: Writes, exp: dict, events: list[dict]) -> None:
                 outcome = ("STOPPING_ERROR" if a.failure else
                            "STOPPING_CANCELED" if a.cancel else "STOPPING_COMPLETED")
                 writes.add(q.SHUTDOWN_EXPERIMENTS, experiment_id=eid, state=outcome)
-    writes.add(q.SAVE_SEARCHERS, experiment_id=eid, state=Jsonb(state), progress=min(
+    writes.add(q.SAVE_SEARCHERS, experiment_id=eid, state=Jsonb(state),
+               rng=None if rng == exp["searcher_rng"] else Jsonb(rng), progress=min(
         1.0, max(0.0, searchers.searcher_progress(exp["config"], state))))
     for v in events:
         writes.add(q.CONSUME_EVENTS, id=v["id"])

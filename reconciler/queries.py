@@ -194,7 +194,7 @@ WITH todo AS (
     UNION
     SELECT experiment_id FROM searcher_events WHERE NOT consumed
 )
-SELECT e.id, e.config, e.searcher_state, coalesce(v.events, '[]') AS events
+SELECT e.id, e.config, e.searcher_state, e.searcher_rng, coalesce(v.events, '[]') AS events
   FROM todo JOIN experiments e ON e.id = todo.id
   LEFT JOIN LATERAL (
         SELECT jsonb_agg(jsonb_build_object('id', v.id, 'kind', v.kind, 'payload', v.payload,
@@ -238,10 +238,12 @@ UPDATE experiments e SET state = x.state::experiment_state
  WHERE e.id = x.experiment_id
 """
 
+# rng NULL: the step drew nothing, the generator stays as stored (and is not written again).
 SAVE_SEARCHERS = """
-UPDATE experiments e SET searcher_state = x.state, progress = x.progress
-  FROM unnest(%(experiment_id)s::integer[], %(state)s::jsonb[], %(progress)s::float8[])
-       AS x(experiment_id, state, progress)
+UPDATE experiments e SET searcher_state = x.state, searcher_rng = coalesce(x.rng, e.searcher_rng),
+       progress = x.progress
+  FROM unnest(%(experiment_id)s::integer[], %(state)s::jsonb[], %(rng)s::jsonb[],
+              %(progress)s::float8[]) AS x(experiment_id, state, rng, progress)
  WHERE e.id = x.experiment_id
 """
 

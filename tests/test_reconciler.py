@@ -404,3 +404,45 @@ def test_the_leader_analyzes_the_tables_a_burst_changed(conn) -> None:
     assert stats.refresh(conn) == []  # not due again yet
     stats.due = 0.0
     assert stats.refresh(conn) == []  # and nothing changed since
+
+
+def test_a_search_resumed_from_the_database_draws_as_one_kept_in_memory(conn, tmp_path) -> None:
+    """The searcher's generator is stored apart from its state (searcher_rng: written only at
+    the steps that draw, issue 11); a pass that resumes the search from both draws the trial
+    that a search kept in memory draws."""
+    from psycopg.types.json import Jsonb
+
+    from det.configs import load_experiment_config
+    from det.reconciler.passes import Settings, run_pass
+    from det.reconciler.searchers import TrialExited, ValidationCompleted, searcher_step
+
+    expanded = load_experiment_config(
+        "name: r\nentrypoint: 'true'\nhyperparameters: {lr: {type: double, minval: 0, maxval: 1}}"
+        "\nsearcher: {name: random, metric: loss, max_trials: 3, max_concurrent_trials: 2,"
+        " max_length: {batches: 5}}\n").expanded()
+    conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(expanded),))
+    run_pass(conn, Settings(), "test")  # trials 1 and 2: two draws each
+    stored = conn.execute("SELECT searcher_state, searcher_rng FROM experiments").fetchone()
+    assert "rng" not in stored["searcher_state"] and stored["searcher_rng"] is not None
+
+    def event(trial: int, kind: str, payload: dict) -> None:
+        conn.execute("INSERT INTO searcher_events (experiment_id, trial_id, kind, payload) "
+                     "VALUES (1, %s, %s, %s)", (trial, kind, Jsonb(payload)))
+
+    first, second = (r["request_id"] for r in conn.execute(
+        "SELECT request_id::text FROM trials ORDER BY id").fetchall())
+    event(2, "validation_completed", {"length": 5, "metric": 0.5})  # draws nothing
+    run_pass(conn, Settings(), "test")
+    assert conn.execute("SELECT searcher_rng FROM experiments").fetchone()["searcher_rng"] \
+        == stored["searcher_rng"]
+    event(1, "trial_exited", {})  # room for the third trial: drawn from the stored generator
+    run_pass(conn, Settings(), "test")
+    third = conn.execute("SELECT request_id::text, seed, hparams FROM trials WHERE id = 3"
+                         ).fetchone()
+
+    memory, _ = searcher_step(expanded, None, [])
+    memory, _ = searcher_step(expanded, memory, [ValidationCompleted(second, 5, 0.5)])
+    _, actions = searcher_step(expanded, memory, [TrialExited(first)])
+    create = actions[0]
+    assert (third["request_id"], third["seed"], third["hparams"]) == \
+        (create.request_id, create.seed, create.hparams)

@@ -9,6 +9,8 @@ JSON form (``SearchState.to_json``)::
 
 ``trials`` is a list in creation order (JSONB does not keep object key order). ``exit`` is
 null while the trial lives, then ``"completed"`` (``TrialExited``) or an early-exit reason.
+The reconciler stores ``"rng"`` apart (``experiments.searcher_rng``), written only at the
+steps that draw from it.
 """
 
 import copy
@@ -66,10 +68,12 @@ class SearchState:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "SearchState":
         """A working copy of ``data`` (``to_json``'s form): ``data`` is left as it was (its
-        RNG is only read, the rest is copied)."""
+        RNG is only read, the rest is copied). Without ``"rng"`` (the state as stored in
+        ``experiments.searcher_state``, which keeps it apart) the copy can be read but not
+        drawn from: what progress and rungs need."""
         return cls(
             method=data["method"],
-            stored_rng=data["rng"],
+            stored_rng=data.get("rng"),
             trials=[TrialRecord(**trial) for trial in data["trials"]],
             shutdown=data["shutdown"],
             # the method's own fields may nest lists and dicts, which it changes in place

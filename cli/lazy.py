@@ -9,6 +9,7 @@ script or a cron job included (issue 11). This is click's documented lazy-loadin
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from difflib import get_close_matches
 from functools import cache
 
 import typer
@@ -55,5 +56,15 @@ def group(commands: dict[str, Lazy]) -> type[typer.core.TyperGroup]:
             if cmd_name in commands:
                 return build(cmd_name)
             return super().get_command(ctx, cmd_name)
+
+        def resolve_command(self, ctx, args: list[str]):
+            # typer suggests close names from the commands built so far: name the others too
+            name = args[0] if args else ""
+            if (name and not name.startswith("-") and not ctx.resilient_parsing
+                    and self.get_command(ctx, name) is None):
+                close = get_close_matches(name, [n for n, c in commands.items() if not c.hidden])
+                hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+                ctx.fail(f"No such command {name!r}.{hint}")
+            return super().resolve_command(ctx, args)
 
     return LazyGroup

@@ -29,3 +29,16 @@ def test_a_command_imports_its_own_module_only(args: list[str], own: str) -> Non
     )
     assert own in modules
     assert not modules & (OTHERS - {own})
+
+
+def test_a_mistyped_command_is_told_the_close_names() -> None:
+    from typer.testing import CliRunner
+
+    from det.cli.main import app
+
+    r = CliRunner().invoke(app, ["experimnt", "list"])
+    assert r.exit_code == 2 and "No such command 'experimnt'. Did you mean 'experiment'?" \
+        in r.output
+    r = CliRunner().invoke(app, ["zzz"])
+    assert r.exit_code == 2 and "No such command 'zzz'." in r.output
+    assert "Did you mean" not in r.output

@@ -2,8 +2,10 @@
 -- write, or SECURITY DEFINER) has its body parsed and planned again at each statement that
 -- calls it; a PL/pgSQL function keeps its plans for the session. The functions below run
 -- on every write to a watched table, every submission, every pass, every agent claim and
--- sync and every task's preemption check: ~50 us of planning a call as SQL, ~8 us as
--- PL/pgSQL (measured with 2,000 calls in one DO block). Their bodies are unchanged.
+-- sync and every task's preemption check. On PostgreSQL 15, det_web_watched took 55 us a call
+-- as SQL and 8 us as PL/pgSQL (2,000 calls in one DO block); PostgreSQL 18 keeps SQL
+-- functions' plans too, and the PL/pgSQL versions are still 1.5-2x faster there
+-- (bench/README.md). Their bodies are unchanged.
 
 CREATE OR REPLACE FUNCTION det_web_watched() RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 -- Whether some det serve streams pages now: the condition of every det_web trigger.

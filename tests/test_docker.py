@@ -22,8 +22,10 @@ def agent_id() -> str:
 
 
 def containers_of(client, agent: str, **filters) -> list:
-    return client.containers.list(all=True, filters={"label": f"{LABEL_AGENT}={agent}",
-                                                     **filters})
+    # ignore_removed: the SDK inspects each container it listed, and the agent may remove
+    # one in between (the state a test waits for)
+    return client.containers.list(all=True, ignore_removed=True,
+                                  filters={"label": f"{LABEL_AGENT}={agent}", **filters})
 
 
 def start(det, agent: str, name: str = "agent"):

@@ -406,7 +406,7 @@ def test_the_leader_analyzes_the_tables_a_burst_changed(conn) -> None:
     assert stats.refresh(conn) == []  # and nothing changed since
 
 
-def test_a_search_resumed_from_the_database_draws_as_one_kept_in_memory(conn, tmp_path) -> None:
+def test_a_search_resumed_from_the_database_draws_as_one_kept_in_memory(conn) -> None:
     """The searcher's generator is stored apart from its state (searcher_rng: written only at
     the steps that draw, issue 11); a pass that resumes the search from both draws the trial
     that a search kept in memory draws."""

@@ -56,15 +56,33 @@ class PassResult:
     """Runs to wake because the searcher read their trial's events: their next op (or none)
     is decided, which their task's ``det_current_op`` waits for (payload ``OP_DECIDED``)."""
 
+    def add(self, other: "PassResult") -> None:
+        """Count ``other``'s changes and wake-ups in this one's."""
+        self.changes += other.changes
+        self.agents |= other.agents
+        self.allocations |= other.allocations
+        self.decided |= other.decided
+
 
 def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassResult:
-    """Run one pass in one transaction on ``conn`` (the leader's connection).
+    """Run one pass on ``conn`` (the leader's connection), in two transactions:
 
+    1. lost agents, slots freed by ended runs, and placement of the runs already waiting,
+       committed at once so that the agents hear of their new runs while the rest of the pass
+       goes on (issue 11: settling and searching took ~40 ms of a slot's cycle before its
+       next run was placed);
+    2. everything else (docs/architecture.md, "The reconciler pass"), then placement again
+       where it created runs, so that a new run is placed in the pass that created it.
+
+    Either transaction, replayed or cut short, leaves what the next pass carries on from.
     Returns what changed; a pass that changed nothing means the cluster has converged.
     """
-    r = PassResult()
+    freed, r = PassResult(), PassResult()
     with conn.transaction():
-        _agents(conn, settings, r)
+        _agents(conn, settings, freed)
+        _place(conn, freed)
+        _wake(conn, freed)
+    with conn.transaction():
         _settle(conn, r)
         _experiment_states(conn, r)
         _finish_closed_trials(conn, r)
@@ -73,16 +91,24 @@ def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassR
         _finish_stopping_trials(conn, r)
         _finish_experiments(conn, r)
         _checkpoint_gc_tasks(conn, r)
-        r.changes += conn.execute(q.CREATE_ALLOCATIONS).rowcount
-        _place(conn, r)
-        wake = [(channels.agent(a), "") for a in sorted(r.agents)]
-        wake += [(channels.allocation(a), "") for a in sorted(r.allocations)]
-        wake += [(channels.allocation(a), channels.OP_DECIDED)
-                 for a in sorted(r.decided - r.allocations)]
-        isolated_each(conn, wake, lambda w: f"wake {w[0]}",
-                      lambda w: conn.execute(q.NOTIFY, {"channel": w[0], "payload": w[1]}))
+        created = conn.execute(q.CREATE_ALLOCATIONS).rowcount
+        r.changes += created
+        if created:
+            _place(conn, r)
+        _wake(conn, r)
         conn.execute(q.RECORD_PASS, {"holder": holder})
+    r.add(freed)
     return r
+
+
+def _wake(conn: psycopg.Connection, r: PassResult) -> None:
+    """NOTIFY the agents and runs ``r`` touched (delivered at the transaction's commit)."""
+    wake = [(channels.agent(a), "") for a in sorted(r.agents)]
+    wake += [(channels.allocation(a), "") for a in sorted(r.allocations)]
+    wake += [(channels.allocation(a), channels.OP_DECIDED)
+             for a in sorted(r.decided - r.allocations)]
+    isolated_each(conn, wake, lambda w: f"wake {w[0]}",
+                  lambda w: conn.execute(q.NOTIFY, {"channel": w[0], "payload": w[1]}))
 
 
 def _agents(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None:

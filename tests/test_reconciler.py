@@ -289,6 +289,56 @@ def test_a_task_waiting_for_its_next_op_is_woken_by_the_pass_that_decides(
             task.close()
 
 
+def test_freed_slots_are_placed_and_their_agent_woken_before_the_rest_of_the_pass(
+        det, conn, db_url, tmp_path) -> None:
+    """A pass places waiting runs on the slots that ended runs freed, and commits that (the
+    agent hears of it), before it settles those ends: here the settling waits on a lock
+    another session holds, and the next run is already assigned and its agent woken."""
+    import threading
+
+    import psycopg
+    from psycopg.rows import dict_row
+    from psycopg.types.json import Jsonb
+
+    from det.db import channels
+    from det.reconciler.passes import Settings, run_pass
+
+    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
+    for _ in range(2):
+        det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+    with (psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as leader,
+          psycopg.connect(db_url, autocommit=True) as agent,
+          psycopg.connect(db_url, row_factory=dict_row) as holder):
+        run_pass(leader, Settings(), "test")  # two runs: one on a1's one slot, one waits
+        runs = {r["state"]: r["id"] for r in conn.execute(
+            "SELECT id, state::text FROM allocations")}
+        first, second = runs["ASSIGNED"], runs["PENDING"]
+        conn.execute("SELECT det_agent_claim('a1', %s)", (first,))
+        conn.execute("SELECT det_agent_report_each('a1', %s, 'TERMINATED', %s, %s)",
+                     ([first], [0], [None]))
+        agent.execute(f"LISTEN {channels.agent('a1')}")
+        # Settling the first run locks its trial: held here, the pass waits at that step.
+        holder.execute("SELECT id FROM trials WHERE id = (SELECT trial_id FROM allocations "
+                       "WHERE id = %s) FOR UPDATE", (first,))
+        passing = threading.Thread(target=run_pass, args=(leader, Settings(), "test"))
+        passing.start()
+        try:
+            wait_for(lambda: state(conn, "allocations", second) == "ASSIGNED", 20,
+                     "the second run placed on the freed slot")
+            woken = list(agent.notifies(timeout=10, stop_after=1))
+            assert [n.channel for n in woken] == [channels.agent("a1")]
+            assert passing.is_alive()
+            assert conn.execute("SELECT settled FROM allocations WHERE id = %s",
+                                (first,)).fetchone()["settled"] is False
+        finally:
+            holder.rollback()
+            passing.join(20)
+        assert not passing.is_alive()
+        assert conn.execute("SELECT settled FROM allocations WHERE id = %s",
+                            (first,)).fetchone()["settled"] is True
+
+
 @pytest.mark.parametrize("name", ["PAUSE_TRIALS", "ACTIVATE_TRIALS", "STOP_TRIALS",
                                   "FINISH_CLOSED_TRIALS", "EXPERIMENTS_TO_SEARCH",
                                   "FINISH_STOPPING_TRIALS", "FINISH_EXPERIMENTS",

@@ -67,10 +67,11 @@ class PassResult:
 def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassResult:
     """Run one pass on ``conn`` (the leader's connection), in two transactions:
 
-    1. lost agents, slots freed by ended runs, and placement of the runs already waiting,
-       committed at once so that the agents hear of their new runs while the rest of the pass
-       goes on (issue 11: settling and searching took ~40 ms of a slot's cycle before its
-       next run was placed);
+    1. lost agents, slots freed by ended runs, what users asked of experiments (pause,
+       activate, stop: applied before placement, so a paused experiment's waiting run is not
+       placed), and placement of the runs already waiting, committed at once so that the
+       agents hear of their new runs while the rest of the pass goes on (issue 11: settling
+       and searching took ~40 ms of a slot's cycle before its next run was placed);
     2. everything else (docs/architecture.md, "The reconciler pass"), then placement again
        where it created runs, so that a new run is placed in the pass that created it.
 
@@ -80,11 +81,11 @@ def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassR
     freed, r = PassResult(), PassResult()
     with conn.transaction():
         _agents(conn, settings, freed)
+        _experiment_states(conn, freed)
         _place(conn, freed)
         _wake(conn, freed)
     with conn.transaction():
         _settle(conn, r)
-        _experiment_states(conn, r)
         _finish_closed_trials(conn, r)
         _search(conn, r)
         _finish_closed_trials(conn, r)

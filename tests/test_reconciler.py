@@ -339,6 +339,36 @@ def test_freed_slots_are_placed_and_their_agent_woken_before_the_rest_of_the_pas
                             (first,)).fetchone()["settled"] is True
 
 
+def test_a_pass_does_not_place_the_waiting_run_of_an_experiment_paused_meanwhile(
+        det, conn, db_url, tmp_path) -> None:
+    """The user's pause is applied before the pass places runs on freed slots: the paused
+    experiment's waiting run is not started (and then asked to stop)."""
+    import psycopg
+    from psycopg.rows import dict_row
+    from psycopg.types.json import Jsonb
+
+    from det.reconciler.passes import Settings, run_pass
+
+    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
+    for _ in range(2):
+        det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as leader:
+        run_pass(leader, Settings(), "test")  # two runs: one on a1's one slot, one waits
+        runs = {r["state"]: r for r in conn.execute(
+            "SELECT a.id, a.state::text, t.experiment_id FROM allocations a "
+            "JOIN trials t ON t.id = a.trial_id")}
+        ended, waiting = runs["ASSIGNED"], runs["PENDING"]
+        conn.execute("SELECT det_agent_claim('a1', %s)", (ended["id"],))
+        conn.execute("SELECT det_agent_report_each('a1', %s, 'TERMINATED', %s, %s)",
+                     ([ended["id"]], [0], [None]))
+        det("experiment", "pause", str(waiting["experiment_id"]))
+        run_pass(leader, Settings(), "test")
+        assert state(conn, "allocations", waiting["id"]) != "ASSIGNED"
+        assert conn.execute("SELECT count(*) AS n FROM allocation_slots "
+                            "WHERE NOT released").fetchone()["n"] == 0
+
+
 @pytest.mark.parametrize("name", ["PAUSE_TRIALS", "ACTIVATE_TRIALS", "STOP_TRIALS",
                                   "FINISH_CLOSED_TRIALS", "EXPERIMENTS_TO_SEARCH",
                                   "FINISH_STOPPING_TRIALS", "FINISH_EXPERIMENTS",

@@ -190,8 +190,8 @@ def _finish_closed_trials(conn: psycopg.Connection, r: PassResult) -> None:
 
 def _search(conn: psycopg.Connection, r: PassResult) -> None:
     exps = conn.execute(q.EXPERIMENTS_TO_SEARCH).fetchall()
-    writes = Writes([q.CREATE_TRIALS, q.ADD_OPS, q.CLOSE_TRIALS, q.SHUTDOWN_EXPERIMENTS,
-                     q.SAVE_SEARCHERS, q.CONSUME_EVENTS])
+    writes = Writes([q.CREATE_TRIALS, q.ADD_OPS, q.CLOSE_TRIALS, q.SAVE_SEARCHERS,
+                     q.CONSUME_EVENTS])
     # A searcher that cannot go on ends its experiment; other experiments carry on.
     isolated_each(conn, exps, lambda exp: f"experiment {exp['id']}: searcher",
                   lambda exp: _search_one(writes, exp, exp["events"]),
@@ -254,6 +254,7 @@ def _search_one(writes: Writes, exp: dict, events: list[dict]) -> None:
         exp["config"], stored, [_to_event(v) for v in events])
     rng = state.pop("rng")
     eid = exp["id"]
+    outcome = None
     for a in actions:
         match a:
             case searchers.Create():
@@ -267,10 +268,9 @@ def _search_one(writes: Writes, exp: dict, events: list[dict]) -> None:
             case searchers.Shutdown():
                 outcome = ("STOPPING_ERROR" if a.failure else
                            "STOPPING_CANCELED" if a.cancel else "STOPPING_COMPLETED")
-                writes.add(q.SHUTDOWN_EXPERIMENTS, experiment_id=eid, state=outcome)
     writes.add(q.SAVE_SEARCHERS, experiment_id=eid, state=Jsonb(state),
                rng=None if rng == exp["searcher_rng"] else Jsonb(rng), progress=min(
-        1.0, max(0.0, searchers.searcher_progress(exp["config"], state))))
+        1.0, max(0.0, searchers.searcher_progress(exp["config"], state))), outcome=outcome)
     for v in events:
         writes.add(q.CONSUME_EVENTS, id=v["id"])
 

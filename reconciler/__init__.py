@@ -4,7 +4,8 @@ Contract (the equivalent of controller-runtime's ``reconcile.go``):
 
 * **Reads** desired state (experiments, trials, searcher events, allocations' desired states)
   and observed state (agents' heartbeats, allocations' observed states and exit codes).
-* **Writes** only the difference, in one transaction per pass (:mod:`det.reconciler.passes`):
+* **Writes** only the difference, in two transactions per pass, placement on freed slots
+  first (:mod:`det.reconciler.passes`):
   agents marked LOST, trials settled, searcher decisions, new allocations, assignments of
   allocations to slots, desired-state changes. Agents and tasks write observed state; the
   reconciler never does, except to end allocations whose agent is lost or that were stopped

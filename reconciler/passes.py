@@ -1,8 +1,10 @@
-"""One reconciler pass: read the tables, decide, write the difference, in one transaction.
+"""One reconciler pass: read the tables, decide, write the difference, in two transactions
+(placement on freed slots first, then the rest: :func:`run_pass`).
 
 The steps follow docs/architecture.md ("The reconciler pass"); their SQL is in
 :mod:`det.reconciler.queries` and their decisions in pure modules (trials, searchers,
-scheduler). NOTIFYs are queued inside the transaction, so Postgres delivers them at commit.
+scheduler). NOTIFYs are queued inside each transaction, so Postgres delivers them at its
+commit.
 
 No single object may fail the whole pass: the work on each run, experiment, pool and wake-up
 is isolated (:mod:`det.reconciler.isolation`): a savepoint per object, or per batch of objects

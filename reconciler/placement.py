@@ -1,5 +1,5 @@
-"""Step 8 of a pass: each pool's scheduler decides; this module reads its inputs and writes
-its decision (new allocations' slots, preemptions, why the rest waits).
+"""Placement, in each pass: each pool's scheduler decides; this module reads its inputs and
+writes its decision (new allocations' slots, preemptions, why the rest waits).
 
 ``load_pool`` is also what ``det job simulate`` replays under another scheduler.
 """

@@ -27,7 +27,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from det.configs import load_experiment_config
-from det.reconciler.passes import Settings, run_pass
+from det.reconciler.passes import Settings, prepare_session, run_pass
 
 CONFIG = """
 name: queued
@@ -70,6 +70,7 @@ def main() -> None:
     config = Jsonb(load_experiment_config(CONFIG).expanded())
     with private_database() as db, \
             psycopg.connect(db.url, autocommit=True, row_factory=dict_row) as conn:
+        prepare_session(conn)  # as the reconciler's session
         stats = conn.execute("SELECT 1 FROM pg_extension "
                              "WHERE extname = 'pg_stat_statements'").fetchone() is not None
         have = 0

@@ -20,7 +20,7 @@ import psycopg
 from det.db import channels, connect, retry
 from det.errors import DetError
 from det.reconciler import leader
-from det.reconciler.passes import Settings, run_pass
+from det.reconciler.passes import Settings, prepare_session, run_pass
 from det.reconciler.statistics import Statistics
 
 log = logging.getLogger("det.reconciler")
@@ -61,6 +61,7 @@ def _lead_and_serve(conn: psycopg.Connection, settings: Settings, holder: str,
         leader.wait_to_lead(conn)
     log.info("leading as %s", holder)
     conn.execute(f"LISTEN {channels.RECONCILER}")
+    prepare_session(conn)
     # A live leader must talk well within its lease (see det.reconciler.leader).
     wait = min(settings.interval, settings.lease / 3)
     statistics = Statistics()

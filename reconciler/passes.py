@@ -66,8 +66,24 @@ class PassResult:
         self.decided |= other.decided
 
 
+# The planner's cost of a random page read for the leader's session (PostgreSQL's default,
+# 4, is a disk's). det's tables are small and hot, in shared buffers, where an index probe
+# costs about what a sequential read does. At the default, a pass joined its 1,000 queued runs
+# to their jobs by reading every job ever submitted (the scheduler's input and the fallback
+# look: 28 and 23 ms a pass over 100,000 ended experiments, issue 11); at 1.1 it probes the
+# jobs it needs, and still reads the whole table where most jobs are queued.
+SESSION_SETTINGS = "SET random_page_cost = 1.1"
+
+
+def prepare_session(conn: psycopg.Connection) -> None:
+    """Set the planner costs of :data:`SESSION_SETTINGS` on ``conn``, the session that will
+    run passes (the setting lasts as long as the session)."""
+    conn.execute(SESSION_SETTINGS)
+
+
 def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassResult:
-    """Run one pass on ``conn`` (the leader's connection), in two transactions:
+    """Run one pass on ``conn`` (the leader's connection, :func:`prepare_session`'d), in two
+    transactions:
 
     1. lost agents, slots freed by ended runs, what users asked of experiments (pause,
        activate, stop: applied before placement, so a paused experiment's waiting run is not

@@ -459,6 +459,57 @@ def test_an_idle_pass_reads_what_it_finds_not_the_queue(conn) -> None:
     assert {name: n for name, n in read.items() if n > 1} == {}
 
 
+
+def test_a_pass_reads_the_runs_and_jobs_of_its_queue_not_every_one_ever_submitted(
+        conn) -> None:
+    """With 1,000 runs queued and 100,000 ended experiments, the reconciler's session
+    (prepare_session) reads the queued runs and their jobs for the scheduler's input and the
+    fallback look, not the whole tables (issue 11: at PostgreSQL's default planner costs the
+    scheduler's input read every job ever submitted, 36 ms a pass)."""
+    from psycopg.types.json import Jsonb
+
+    from det.configs import load_experiment_config
+    from det.reconciler import queries as q
+    from det.reconciler.passes import prepare_session
+
+    queue_runs(conn, 1000)
+    config = Jsonb(load_experiment_config(
+        "name: h\nentrypoint: 'true'\n"
+        "searcher: {name: single, metric: loss, max_length: {batches: 1}}\n").expanded())
+    ids = {"first": 1_000_001, "last": 1_100_000, "config": config}
+    series = " FROM generate_series(%(first)s::integer, %(last)s) i"
+    with conn.transaction():  # ended one-trial experiments, each with its job, trial and run
+        conn.execute("INSERT INTO jobs (id, type, resource_pool, queue_position, owner) "
+                     "SELECT i, 'EXPERIMENT', 'default', i, 'admin'" + series, ids)
+        conn.execute("INSERT INTO experiments (id, job_id, name, config, original_config, "
+                     "owner, state, end_time) SELECT i, i, 'h', %(config)s, '', 'admin', "
+                     "'COMPLETED', now()" + series, ids)
+        conn.execute("INSERT INTO trials (id, experiment_id, request_id, hparams, seed, state, "
+                     "closed, end_time) SELECT i, i, gen_random_uuid(), '{}', i, 'COMPLETED', "
+                     "true, now()" + series, ids)
+        conn.execute("INSERT INTO allocations (job_id, trial_id, run, resource_pool, "
+                     "slots_needed, spec, state, exit_code, settled, ended_at) SELECT i, i, 1, "
+                     "'default', 1, '{\"kind\": \"trial\"}', 'TERMINATED', 0, true, now()"
+                     + series, ids)
+    conn.execute("ANALYZE")
+    prepare_session(conn)
+    for name, params in (("POOL_TASKS", {"pool": "default"}), ("FALL_BACK", {})):
+        with conn.transaction(force_rollback=True):
+            plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + getattr(q, name),
+                                params).fetchone()["QUERY PLAN"][0]["Plan"]
+        read = 0
+
+        def walk(node: dict) -> None:
+            nonlocal read
+            if node.get("Relation Name") in ("jobs", "allocations") \
+                    and node["Node Type"] != "ModifyTable":
+                read += node["Actual Rows"] * node["Actual Loops"]
+            for child in node.get("Plans", []):
+                walk(child)
+
+        walk(plan)
+        assert read < 5000, f"{name} read {read:.0f} rows of jobs and allocations"
+
 def test_the_leader_analyzes_the_tables_a_burst_changed(conn) -> None:
     """After a burst (600 experiments submitted at once and their runs queued) the leader
     analyzes the tables that changed by more than half (500 changes and more), once,

@@ -289,6 +289,29 @@ def test_a_task_waiting_for_its_next_op_is_woken_by_the_pass_that_decides(
             task.close()
 
 
+def one_ended_one_waiting(det, conn, leader, tmp_path: Path) -> tuple[dict, dict]:
+    """Agent a1 with one slot, two one-trial experiments, a pass on ``leader``: one run is
+    placed on the slot, claimed and reported ended (its slot released, the end not settled),
+    the other waits. Returns the two runs (id, experiment_id)."""
+    from psycopg.types.json import Jsonb
+
+    from det.reconciler.passes import Settings, run_pass
+
+    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
+    for _ in range(2):
+        det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
+    run_pass(leader, Settings(), "test")
+    runs = {r["state"]: r for r in conn.execute(
+        "SELECT a.id, a.state::text, t.experiment_id FROM allocations a "
+        "JOIN trials t ON t.id = a.trial_id")}
+    ended, waiting = runs["ASSIGNED"], runs["PENDING"]
+    conn.execute("SELECT det_agent_claim('a1', %s)", (ended["id"],))
+    conn.execute("SELECT det_agent_report_each('a1', %s, 'TERMINATED', %s, %s)",
+                 ([ended["id"]], [0], [None]))
+    return ended, waiting
+
+
 def test_freed_slots_are_placed_and_their_agent_woken_before_the_rest_of_the_pass(
         det, conn, db_url, tmp_path) -> None:
     """A pass places waiting runs on the slots that ended runs freed, and commits that (the
@@ -298,25 +321,15 @@ def test_freed_slots_are_placed_and_their_agent_woken_before_the_rest_of_the_pas
 
     import psycopg
     from psycopg.rows import dict_row
-    from psycopg.types.json import Jsonb
 
     from det.db import channels
     from det.reconciler.passes import Settings, run_pass
 
-    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
-                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
-    for _ in range(2):
-        det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
     with (psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as leader,
           psycopg.connect(db_url, autocommit=True) as agent,
           psycopg.connect(db_url, row_factory=dict_row) as holder):
-        run_pass(leader, Settings(), "test")  # two runs: one on a1's one slot, one waits
-        runs = {r["state"]: r["id"] for r in conn.execute(
-            "SELECT id, state::text FROM allocations")}
-        first, second = runs["ASSIGNED"], runs["PENDING"]
-        conn.execute("SELECT det_agent_claim('a1', %s)", (first,))
-        conn.execute("SELECT det_agent_report_each('a1', %s, 'TERMINATED', %s, %s)",
-                     ([first], [0], [None]))
+        ended, waiting = one_ended_one_waiting(det, conn, leader, tmp_path)
+        first, second = ended["id"], waiting["id"]
         agent.execute(f"LISTEN {channels.agent('a1')}")
         # Settling the first run locks its trial: held here, the pass waits at that step.
         holder.execute("SELECT id FROM trials WHERE id = (SELECT trial_id FROM allocations "
@@ -345,23 +358,11 @@ def test_a_pass_does_not_place_the_waiting_run_of_an_experiment_paused_meanwhile
     experiment's waiting run is not started (and then asked to stop)."""
     import psycopg
     from psycopg.rows import dict_row
-    from psycopg.types.json import Jsonb
 
     from det.reconciler.passes import Settings, run_pass
 
-    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
-                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
-    for _ in range(2):
-        det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as leader:
-        run_pass(leader, Settings(), "test")  # two runs: one on a1's one slot, one waits
-        runs = {r["state"]: r for r in conn.execute(
-            "SELECT a.id, a.state::text, t.experiment_id FROM allocations a "
-            "JOIN trials t ON t.id = a.trial_id")}
-        ended, waiting = runs["ASSIGNED"], runs["PENDING"]
-        conn.execute("SELECT det_agent_claim('a1', %s)", (ended["id"],))
-        conn.execute("SELECT det_agent_report_each('a1', %s, 'TERMINATED', %s, %s)",
-                     ([ended["id"]], [0], [None]))
+        _, waiting = one_ended_one_waiting(det, conn, leader, tmp_path)
         det("experiment", "pause", str(waiting["experiment_id"]))
         run_pass(leader, Settings(), "test")
         assert state(conn, "allocations", waiting["id"]) != "ASSIGNED"
@@ -459,7 +460,6 @@ def test_an_idle_pass_reads_what_it_finds_not_the_queue(conn) -> None:
     assert {name: n for name, n in read.items() if n > 1} == {}
 
 
-
 def test_a_pass_reads_the_runs_and_jobs_of_its_queue_not_every_one_ever_submitted(
         conn) -> None:
     """With 1,000 runs queued and 100,000 ended experiments, the reconciler's session
@@ -502,8 +502,9 @@ def test_a_pass_reads_the_runs_and_jobs_of_its_queue_not_every_one_ever_submitte
         def walk(node: dict) -> None:
             nonlocal read
             if node.get("Relation Name") in ("jobs", "allocations") \
-                    and node["Node Type"] != "ModifyTable":
-                read += node["Actual Rows"] * node["Actual Loops"]
+                    and node["Node Type"] != "ModifyTable":  # rows scanned, kept or not
+                read += (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) \
+                    * node["Actual Loops"]
             for child in node.get("Plans", []):
                 walk(child)
 

@@ -29,7 +29,9 @@ def load_trial_from_checkpoint_path(
     """The trial of the checkpoint at ``path``, built with its hyperparameters (off-cluster)
     and its models' weights loaded. ``trial_class`` defaults to the class ``load_data.json``
     names, imported from ``code/``; ``trial_kwargs`` go to its constructor,
-    ``torch_load_kwargs`` to ``torch.load`` (e.g. ``map_location``).
+    ``torch_load_kwargs`` to ``torch.load`` (``map_location`` defaults to the CPU: the weights
+    are then copied onto the models' devices, and a checkpoint written on a GPU host loads on
+    one without).
 
     Raises ``DetError`` when ``path`` is not such a checkpoint,
     ``det.harness.errors.EntrypointError`` when the class cannot be imported.
@@ -49,7 +51,8 @@ def load_trial_from_checkpoint_path(
             "type": "shared_fs", "host_path": str(root.parent)}) as ctx:
         context = PyTorchTrialContext(ctx)
         trial = trial_class(context, **(trial_kwargs or {}))
-    state = torch.load(root / STATE_FILE, **{"weights_only": False, **(torch_load_kwargs or {})})
+    state = torch.load(root / STATE_FILE, **{"weights_only": False, "map_location": "cpu",
+                                             **(torch_load_kwargs or {})})
     for model, weights in zip(context.models, state["models_state_dict"], strict=True):
         model.load_state_dict(weights)
     return trial

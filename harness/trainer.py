@@ -702,7 +702,7 @@ class Trainer:
         in that epoch (they are loaded, not trained)."""
         ctx = self.context
         with self.core.checkpoint.restore_path(uuid) as path:
-            state = _load_state(path, uuid, ctx.device)
+            state = _load_state(path, uuid)
         for callback in self.callbacks.values():
             callback.on_checkpoint_load_start(state)
         for kind, objects in (
@@ -842,15 +842,19 @@ def _numeric(value: Any) -> Any:
     return value
 
 
-def _load_state(path: pathlib.Path, uuid: str, device: torch.device) -> dict[str, Any]:
+def _load_state(path: pathlib.Path, uuid: str) -> dict[str, Any]:
     """The trainer state of the checkpoint at ``path``, in this version's keys (an earlier
-    ``det.pytorch.v1`` checkpoint is read too). Raises ``DetError`` for anything else."""
+    ``det.pytorch.v1`` checkpoint is read too), its tensors on the CPU wherever they were
+    saved: ``load_state_dict`` copies weights onto the models' devices and moves optimizer
+    state to its parameters', and the RNG states must be CPU byte tensors
+    (``torch.set_rng_state``, ``torch.cuda.set_rng_state_all``). Raises ``DetError`` for
+    anything else."""
     if (path / STATE_FILE).exists():
-        state = torch.load(path / STATE_FILE, map_location=device, weights_only=False)
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
         if state.get("format") == CHECKPOINT_FORMAT:
             return dict(state)
     elif (path / OLD_STATE_FILE).exists():
-        old = torch.load(path / OLD_STATE_FILE, map_location=device, weights_only=False)
+        old = torch.load(path / OLD_STATE_FILE, map_location="cpu", weights_only=False)
         if old.get("format") == OLD_CHECKPOINT_FORMAT:
             rng = old["rng"]
             return {

@@ -112,6 +112,37 @@ def test_restore_resumes_at_same_step_with_identical_state(
     assert t1.checkpoints[0][1] == 7
 
 
+def test_a_checkpoint_written_on_a_gpu_host_loads_and_resumes_on_one_without(
+    digits_trial: type[pytorch.PyTorchTrial], tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A trial trained on a GPU agent is downloaded to a laptop, or resumed on a CPU agent. The
+    # checkpoint is rewritten as a GPU host writes it: each tensor's storage tagged cuda:0.
+    config = digits_config(min_validation_period={"batches": 5})
+    hparams = {"global_batch_size": 64, "lr": 0.003, "hidden": 32, "dropout": 0.3}
+    first, _, _ = fit(digits_trial, config, hparams, tmp_path, ops=[5])
+    uuid = first.latest_checkpoint_uuid
+    state_file = tmp_path / uuid / "state_dict.pth"
+    state = torch.load(state_file, weights_only=False)
+    with monkeypatch.context() as m:
+        m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        torch.save(state, state_file)
+    if not torch.cuda.is_available():  # the rewritten file reads as a GPU host's would
+        with pytest.raises(RuntimeError, match="CUDA device"):
+            torch.load(state_file, weights_only=False)
+
+    trial = pytorch.load_trial_from_checkpoint_path(tmp_path / uuid)
+    loaded = trial.context.models[0].state_dict()
+    for name, x in first.context.models[0].state_dict().items():
+        assert torch.equal(x.cpu(), loaded[name].cpu()), name
+        assert loaded[name].device == trial.context.device, name
+
+    resumed, transport, outcome = fit(digits_trial, config, hparams, tmp_path, ops=[10],
+                                      latest_checkpoint=uuid, steps_completed=5)
+    assert outcome == "completed" and resumed.batches_trained == 10
+    assert [s for g, s, _ in transport.metrics if g == "validation"] == [10]
+
+
 class CountingTrial(pytorch.PyTorchTrial):
     """A linear model on 40 records (10 batches of 4); records every batch index trained."""
 

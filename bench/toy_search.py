@@ -5,8 +5,8 @@ Brings up a private cluster (embedded PostgreSQL in a temporary DET_HOME, or the
 DET_DB_URL names; one ``det reconcile``; one process-runtime agent with ``--slots 16``),
 submits ``toy_search/`` with ``det experiment create`` and waits for the experiment to end.
 Printed: wall seconds, trials, runs (allocations) and per run p50 of the stages the database
-clocked (placed, claimed, launched, ran, settled), then the time between a run's end and the
-next run's start on the same trial (the promotion hop). With ``--profile DIR`` both daemons
+clocked (placed, claimed, launched, ran), then the time between a run's end and the next run's
+start on the same trial (the promotion hop). With ``--profile DIR`` both daemons
 run under cProfile and their top functions are printed. Figures only.
 
     python bench/toy_search.py [--trials 200] [--concurrent 16] [--profile /tmp/prof]
@@ -121,7 +121,7 @@ def main() -> None:
           f"tasks {cpu[4]:.1f}" + (f", task pooler {cpu[5]:.1f}" if cpu[5] else "")
           + f"; the whole machine {cpu[0]:.1f}")
     print("  per run, p50 ms: " + "  ".join(
-        f"{k} {stages[k]:.0f}" for k in ("placed", "claimed", "launched", "ran", "settled")))
+        f"{k} {stages[k]:.0f}" for k in ("placed", "claimed", "launched", "ran")))
     if hop["n"]:
         print(f"  next run of the same trial after the last ended: p50 {hop['p50']:.0f} ms, "
               f"p95 {hop['p95']:.0f} ms ({hop['n']} hops)")

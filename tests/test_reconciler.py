@@ -409,20 +409,26 @@ IDLE_LOOKS = ["END_LOST_ALLOCATIONS", "PAUSE_TRIALS", "ACTIVATE_TRIALS", "STOP_T
               "POOLS_WITH_PENDING"]
 
 
-def queue_runs(conn, n: int) -> None:
-    """Submit ``n`` one-trial experiments at once (as ``det experiment create`` does) and run
-    passes until their runs wait (no agent)."""
+def one_trial_config():
+    """The expanded config of a one-trial experiment of one batch, as ``Jsonb``."""
     from psycopg.types.json import Jsonb
 
     from det.configs import load_experiment_config
+
+    return Jsonb(load_experiment_config(
+        "name: q\nentrypoint: 'true'\n"
+        "searcher: {name: single, metric: loss, max_length: {batches: 1}}\n").expanded())
+
+
+def queue_runs(conn, n: int) -> None:
+    """Submit ``n`` one-trial experiments at once (as ``det experiment create`` does) and run
+    passes until their runs wait (no agent)."""
     from det.reconciler.passes import Settings, run_pass
 
-    expanded = load_experiment_config(
-        "name: q\nentrypoint: 'true'\n"
-        "searcher: {name: single, metric: loss, max_length: {batches: 1}}\n").expanded()
+    config = one_trial_config()
     with conn.transaction():
         for _ in range(n):
-            conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(expanded),))
+            conn.execute("SELECT det_create_experiment(%s, '', NULL)", (config,))
     while run_pass(conn, Settings(), "test").changes:
         pass
 
@@ -466,17 +472,11 @@ def test_a_pass_reads_the_runs_and_jobs_of_its_queue_not_every_one_ever_submitte
     (prepare_session) reads the queued runs and their jobs for the scheduler's input and the
     fallback look, not the whole tables (issue 11: at PostgreSQL's default planner costs the
     scheduler's input read every job ever submitted, 36 ms a pass)."""
-    from psycopg.types.json import Jsonb
-
-    from det.configs import load_experiment_config
     from det.reconciler import queries as q
     from det.reconciler.passes import prepare_session
 
     queue_runs(conn, 1000)
-    config = Jsonb(load_experiment_config(
-        "name: h\nentrypoint: 'true'\n"
-        "searcher: {name: single, metric: loss, max_length: {batches: 1}}\n").expanded())
-    ids = {"first": 1_000_001, "last": 1_100_000, "config": config}
+    ids = {"first": 1_000_001, "last": 1_100_000, "config": one_trial_config()}
     series = " FROM generate_series(%(first)s::integer, %(last)s) i"
     with conn.transaction():  # ended one-trial experiments, each with its job, trial and run
         conn.execute("INSERT INTO jobs (id, type, resource_pool, queue_position, owner) "
@@ -510,6 +510,7 @@ def test_a_pass_reads_the_runs_and_jobs_of_its_queue_not_every_one_ever_submitte
 
         walk(plan)
         assert read < 5000, f"{name} read {read:.0f} rows of jobs and allocations"
+
 
 def test_the_leader_analyzes_the_tables_a_burst_changed(conn) -> None:
     """After a burst (600 experiments submitted at once and their runs queued) the leader

@@ -33,7 +33,9 @@ def login(body: Login, request: Request, response: Response) -> dict:
     with request.app.state.pool.connection() as conn:
         expires = conn.execute("SELECT det_web_login(%s, %s, %s) AS e",
                                (token, user, ttl)).fetchone()["e"]
-    response.set_cookie(COOKIE, token, max_age=int(ttl), httponly=True, samesite="strict")
+    # Secure over TLS (det serve --certfile): the browser then never sends it in the clear.
+    response.set_cookie(COOKIE, token, max_age=int(ttl), httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
     return {"token": token, "username": user, "expires_at": expires}
 
 

@@ -24,9 +24,12 @@ from pathlib import Path
 import pathspec
 from tqdm import tqdm
 
+from det.archives import unpack_tar_gz
 from det.errors import ContextError
 
 MAX_CONTEXT_BYTES = 95 * 1024 * 1024
+MAX_CONTEXT_MEMBERS = 30_000
+"""Most members (files, directories, links) a context may have when unpacked."""
 # Above this many bytes, packing shows a progress bar.
 PROGRESS_BAR_BYTES = 8 * 1024 * 1024
 _ALWAYS_IGNORED = ["__pycache__/", "*.pyc"]
@@ -102,10 +105,15 @@ def pack(root: Path) -> bytes:
     """Pack the context directory ``root`` into tar.gz bytes.
 
     Raises:
-        ContextError: not a directory, its files exceed 95 MiB (the message gives the size),
+        ContextError: not a directory, its files exceed 95 MiB (the message gives the size)
+            or number more than ``MAX_CONTEXT_MEMBERS``,
             an unreadable file or an entry that cannot be packed (``context_files``).
     """
     files = list(context_files(root))
+    if len(files) > MAX_CONTEXT_MEMBERS:
+        raise ContextError(
+            f"context directory {root} has {len(files)} files and links; the limit is "
+            f"{MAX_CONTEXT_MEMBERS} (leave data sets out with a .detignore file)")
     total = sum(size for _, size in files)
     if total > MAX_CONTEXT_BYTES:
         raise ContextError(
@@ -127,8 +135,13 @@ def pack(root: Path) -> bytes:
 
 
 def unpack(data: bytes, dest: Path) -> None:
-    """Unpack tar.gz ``data`` into ``dest`` (created if needed); refuses members that would
-    land outside ``dest``."""
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(dest, filter="data")
+    """Unpack the tar.gz context ``data`` into ``dest`` (created; if it exists, empty) with
+    :func:`det.archives.unpack_tar_gz`: members checked one by one, at most
+    ``MAX_CONTEXT_BYTES`` uncompressed and ``MAX_CONTEXT_MEMBERS`` members.
+
+    Raises:
+        ContextError: not a tar.gz, over a cap, or a member that is not a file, directory or
+            link staying inside, naming the member.
+    """
+    unpack_tar_gz(data, dest, what="context", max_bytes=MAX_CONTEXT_BYTES,
+                  max_members=MAX_CONTEXT_MEMBERS)

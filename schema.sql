@@ -3573,6 +3573,40 @@ GRANT EXECUTE ON FUNCTION det_agent_assignments(text), det_agent_live_allocation
     det_agent_context(text, bigint) TO det_agent;
 GRANT EXECUTE ON FUNCTION det_schema_version() TO det_user, det_agent, det_web;
 
+-- Issue 32: permission to create an experiment, checked before its context is unpacked.
+CREATE FUNCTION det_experiment_create_check(p_workspace text, p_project text) RETURNS integer
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Check that the caller may create an experiment in project p_project of workspace
+-- p_workspace (both NULL: Uncategorized): Editor of the workspace, neither it nor the project
+-- archived, the rules det_create_experiment applies when it stores one. det serve calls it
+-- before it unpacks a byte of the context (issue 32: a refused Viewer's context was unpacked
+-- first). Returns the project's id. Raises insufficient_privilege, no_data_found (a
+-- workspace or project the caller cannot see), check_violation (archived) or
+-- invalid_parameter_value (only one of the two named).
+DECLARE
+    p projects;
+BEGIN
+    IF (p_workspace IS NULL) <> (p_project IS NULL) THEN
+        RAISE EXCEPTION 'workspace and project: give both or neither (neither: Uncategorized)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_workspace IS NULL THEN
+        SELECT * INTO p FROM projects WHERE id = 1;
+    ELSE
+        p := det_project_find(p_workspace, p_project);
+    END IF;
+    PERFORM det_require('edit', p.workspace_id,
+                        format('create an experiment in project %s', to_jsonb(p.name)));
+    IF p.archived OR (SELECT archived FROM workspaces WHERE id = p.workspace_id) THEN
+        RAISE EXCEPTION 'project %: it (or its workspace) is archived', to_jsonb(p.name)
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN p.id;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION det_experiment_create_check(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION det_experiment_create_check(text, text) TO det_user;
+
 -- adaptive_asha in Determined 0.38's form: validation rows carrying the time metric are the
 -- searcher's events (issue 13; reference-facts §1.7).
 

@@ -461,7 +461,7 @@ class Agent:
             shutil.rmtree(partial, ignore_errors=True)
             context.unpack(blob, partial)
             partial.rename(cached)
-        shutil.copytree(cached, dest)
+        shutil.copytree(cached, dest, symlinks=True)  # the links stay links: checked inside
         return dest
 
     def _report(self, alloc_id: int, state: str, code: int | None = None,

@@ -2,7 +2,6 @@
 priority and weight, learning curves, checkpoints."""
 
 import base64
-import binascii
 import tempfile
 from pathlib import Path
 from typing import Literal
@@ -68,10 +67,14 @@ class CreateExperiment(BaseModel):
 @router.post("/experiments", status_code=201)
 def create_experiment(body: CreateExperiment, s: Session = session) -> dict:
     """Submit an experiment: the config is checked and expanded as `det experiment create`
-    does (400 naming the field), the context unpacked and its entrypoint checked."""
+    does (400 naming the field), the context unpacked and its entrypoint checked. Permission
+    to create in the target project (``det_experiment_create_check``: 403, or 404 for one the
+    caller cannot see) is checked before a byte of the context is unpacked (issue 32); a
+    context that is not base64 of a tar.gz, or whose members det refuses
+    (:mod:`det.archives`), is a 400 naming the member."""
     try:
         blob = base64.b64decode(body.context, validate=True)
-    except binascii.Error as e:
+    except ValueError as e:  # binascii.Error, or a character outside ASCII
         raise ContextError(f"context: expected base64 of a tar.gz ({e})") from e
     if len(blob) > context.MAX_CONTEXT_BYTES:
         raise ContextError(f"context: {len(blob)} bytes, more than the "
@@ -79,6 +82,7 @@ def create_experiment(body: CreateExperiment, s: Session = session) -> dict:
     tpl = get_template(s.conn, body.template) if body.template is not None else None
     workspace, project = placement(s.conn, body.config, "config", body.workspace, body.project,
                                    body.project_id)
+    s.conn.execute("SELECT det_experiment_create_check(%s, %s)", (workspace, project))
     with tempfile.TemporaryDirectory(prefix="det-api-ctx-") as tmp:
         context.unpack(blob, Path(tmp))
         expanded, original = expand_config_text(body.config, "config", Path(tmp), tpl,

@@ -1,0 +1,251 @@
+"""Unpacking contexts safely (issue 32): each archive here reproduces an attack on the old
+``tarfile.extractall(filter="data")`` unpacking, or on the order of det serve's checks, and
+checks that nothing lands outside the destination and nothing there is overwritten."""
+
+import base64
+import functools
+import gzip
+import io
+import os
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from test_api import CONFIG, Server, error
+
+from det import context
+from det.cli.users import password_verifier
+from det.errors import ContextError
+
+
+def tar_gz(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+def entry(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    info.mode = 0o755 if kind == tarfile.DIRTYPE else 0o644
+    return info
+
+
+def cve_2025_4517(victim: Path) -> bytes:
+    """The CVE-2025-4517 archive: nested directories of 247-letter names reached through
+    one-letter links, a link of ``..``s whose resolved path passes PATH_MAX (so the data
+    filter's ``realpath`` stops resolving and judges the rest lexically), an ``escape`` link
+    through it to ``victim``, a hardlink to ``victim/existing`` through that, then a file
+    written over the hardlink and a new file written through the link."""
+    comp, steps = "d" * 247, "abcdefghijklmnop"
+    members: list[tuple[tarfile.TarInfo, bytes | None]] = []
+    path = ""
+    for s in steps:
+        members.append((entry(os.path.join(path, comp), tarfile.DIRTYPE), None))
+        members.append((entry(os.path.join(path, s), tarfile.SYMTYPE, comp), None))
+        path = os.path.join(path, comp)
+    chain = "/".join(steps)
+    members.append((entry(f"{chain}/{'l' * 254}", tarfile.SYMTYPE, "../" * len(steps)), None))
+    members.append((entry("escape", tarfile.SYMTYPE, f"{chain}/{'l' * 254}"
+                          + "/.." * (len(steps) + 1) + str(victim)), None))
+    members.append((entry("flag", tarfile.LNKTYPE, "escape/existing"), None))
+    members.append((entry("flag"), b"overwritten\n"))
+    members.append((entry("escape/new"), b"new\n"))
+    return tar_gz(*members)
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Iterator[Path]:
+    """A directory outside the destination with one file; the test checks it is untouched."""
+    v = tmp_path / "victim"
+    v.mkdir()
+    (v / "existing").write_text("original\n")
+    yield v
+    assert sorted(os.listdir(v)) == ["existing"]
+    assert (v / "existing").read_text() == "original\n"
+
+
+def test_the_cve_2025_4517_archive_writes_nothing_outside(tmp_path: Path, victim: Path) -> None:
+    dest = tmp_path / "dest"
+    with pytest.raises(ContextError, match=r"^context: member 'a/b/.*': under 'a', a symbolic "
+                                           "link"):
+        context.unpack(cve_2025_4517(victim), dest)
+    assert sorted(os.listdir(tmp_path)) == ["dest", "victim"]
+
+
+@pytest.mark.parametrize("member, why", [
+    ((entry("../evil"), b"x"), "'../evil': a '..' component"),
+    ((entry("a/../../evil"), b"x"), "'a/../../evil': a '..' component"),
+    ((entry("/tmp/evil"), b"x"), "'/tmp/evil': an absolute name"),
+    ((entry("dev", tarfile.CHRTYPE), None), "'dev': a character device"),
+    ((entry("blk", tarfile.BLKTYPE), None), "'blk': a block device"),
+    ((entry("fifo", tarfile.FIFOTYPE), None), "'fifo': a FIFO"),
+    ((entry("hard", tarfile.LNKTYPE, "model_def.py"), None), "'hard': a hard link"),
+    ((entry("abs", tarfile.SYMTYPE, "/etc/passwd"), None), "'abs': a symbolic link to "
+                                                           "'/etc/passwd', an absolute path"),
+    ((entry("up", tarfile.SYMTYPE, "../victim/existing"), None), "'up': a symbolic link to "
+                                                                "'../victim/existing', outside"),
+    ((entry("sub/up", tarfile.SYMTYPE, "x/../../.."), None), "'sub/up': a symbolic link to "
+                                                             "'x/../../..', outside"),
+])
+def test_classic_members_are_refused_naming_them(tmp_path: Path, victim: Path, member,
+                                                 why: str) -> None:
+    blob = tar_gz((entry("model_def.py"), b"class MyTrial:\n    pass\n"), member)
+    with pytest.raises(ContextError, match=f"^context: member {why}"):
+        context.unpack(blob, tmp_path / "dest")
+    assert sorted(os.listdir(tmp_path)) == ["dest", "victim"]
+
+
+def test_links_may_not_lead_through_links(tmp_path: Path, victim: Path) -> None:
+    """``d/..`` is the parent of what ``d`` points to: a link walking through another is
+    refused even where its text looks inside; a file under a link is never written."""
+    deep = entry("a/b/c/deep", tarfile.SYMTYPE, "..")
+    through = entry("out", tarfile.SYMTYPE, "a/b/c/deep/../../../../victim/existing")
+    with pytest.raises(ContextError, match=r"member 'out': .* through another link "
+                                           r"\('a/b/c/deep'\)"):
+        context.unpack(tar_gz((deep, None), (through, None)), tmp_path / "d1")
+    link = entry("l", tarfile.SYMTYPE, "sub")
+    with pytest.raises(ContextError, match="member 'l/x': under 'l', a symbolic link"):
+        context.unpack(tar_gz((entry("sub", tarfile.DIRTYPE), None), (link, None),
+                              (entry("l/x"), b"x")), tmp_path / "d2")
+    with pytest.raises(ContextError, match=r"member 'f': appears twice \(already a file\)"):
+        context.unpack(tar_gz((entry("f"), b"1"), (entry("f"), b"2")), tmp_path / "d3")
+
+
+def test_links_inside_are_kept(tmp_path: Path) -> None:
+    """Links to files and directories inside (a link before its target, a link to an
+    ancestor, a link to a link) unpack as links; the agent's copy keeps them links."""
+    blob = tar_gz((entry("alias.py", tarfile.SYMTYPE, "pkg/mod.py"), None),
+                  (entry("pkg/here", tarfile.SYMTYPE, "."), None),
+                  (entry("pkg/loop", tarfile.SYMTYPE, ".."), None),
+                  (entry("pkg/mod.py"), b"y = 2\n"),
+                  (entry("pkg/run.sh", tarfile.REGTYPE), b"#!/bin/sh\n"),
+                  (entry("second", tarfile.SYMTYPE, "alias.py"), None))
+    dest = tmp_path / "dest"
+    context.unpack(blob, dest)
+    assert (dest / "alias.py").read_text() == "y = 2\n" == (dest / "second").read_text()
+    assert os.readlink(dest / "pkg" / "loop") == ".."
+    assert (dest / "pkg" / "loop" / "pkg" / "here" / "mod.py").read_text() == "y = 2\n"
+    assert not os.access(dest / "pkg" / "run.sh", os.X_OK)
+
+
+@functools.cache
+def bomb(size: int) -> bytes:
+    """A tar.gz of one file of ``size`` zero bytes, compressed as it is written (about
+    1/1000 of ``size``)."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb") as gz:
+        info = entry("zeros.bin")
+        info.size = size
+        gz.write(info.tobuf(tarfile.GNU_FORMAT))
+        chunk = b"\0" * 2**20
+        for _ in range(size // len(chunk)):
+            gz.write(chunk)
+        gz.write(b"\0" * 1024)
+    return buf.getvalue()
+
+
+def test_a_zip_bomb_stops_at_the_cap(tmp_path: Path) -> None:
+    blob = bomb(400 * 2**20)
+    assert len(blob) < 500_000
+    started = time.monotonic()
+    with pytest.raises(ContextError, match=r"^context: more than 99614720 bytes uncompressed "
+                                           r"\(at member 'zeros.bin', 419430400 bytes\)"):
+        context.unpack(blob, tmp_path / "dest")
+    assert time.monotonic() - started < 5
+    assert os.listdir(tmp_path / "dest") == []
+
+
+def test_caps_count_while_streaming(tmp_path: Path, monkeypatch) -> None:
+    """Many files, each under the cap, stop where their sum passes it; a long-name (pax)
+    header is capped before tarfile reads it whole; members are counted."""
+    monkeypatch.setattr(context, "MAX_CONTEXT_BYTES", 2**20)
+    monkeypatch.setattr(context, "MAX_CONTEXT_MEMBERS", 50)
+    files = [(entry(f"f{i:02d}"), b"\1" * 100_000) for i in range(20)]
+    with pytest.raises(ContextError, match=r"more than 1048576 bytes uncompressed \(at "
+                                           r"member 'f10', 100000 bytes\)"):
+        context.unpack(tar_gz(*files), tmp_path / "d1")
+    assert sum(p.stat().st_size for p in (tmp_path / "d1").iterdir()) <= 2**20
+    with pytest.raises(ContextError, match=r"^context: more than 1048576 bytes uncompressed"):
+        context.unpack(tar_gz((entry("x" * 80 * 2**20), b"")), tmp_path / "d2")
+    many = [(entry(f"e{i}"), b"") for i in range(51)]
+    with pytest.raises(ContextError, match="member 'e50': more than 50 members"):
+        context.unpack(tar_gz(*many), tmp_path / "d3")
+
+
+@pytest.mark.parametrize("blob, why", [
+    (b"not a tarball", "BadGzipFile"),
+    (gzip.compress(b"neither a tar"), "ReadError"),
+    (tar_gz((entry("model_def.py"), os.urandom(100_000)))[:50_000], "EOFError"),
+    (b"", "ReadError|EOFError|BadGzipFile"),
+])
+def test_garbage_is_a_context_error(tmp_path: Path, blob: bytes, why: str) -> None:
+    with pytest.raises(ContextError, match=f"^context: not a readable tar.gz.*({why})"):
+        context.unpack(blob, tmp_path / "dest")
+
+
+# -- det serve: permission before unpacking, and bad contexts as 400s ----------------------------
+
+
+@pytest.fixture
+def server(det_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
+    s = Server(det_env, tmp_path)
+    yield s
+    s.stop()
+
+
+def login(server: Server, name: str) -> httpx.Client:
+    r = httpx.post(f"{server.url}/api/v1/auth/login",
+                   json={"username": name, "password": "pw of " + name})
+    return httpx.Client(base_url=server.url, timeout=60,
+                        headers={"Authorization": f"Bearer {r.json()['token']}"})
+
+
+def test_a_viewer_is_refused_before_the_context_is_unpacked(server: Server, conn,
+                                                            tmp_path: Path,
+                                                            victim: Path) -> None:
+    """A Viewer's upload is a 403 whatever the context holds: garbage (the old code: a 500
+    from tarfile), the CVE-2025-4517 archive (the old code: wrote into ``victim``) or a
+    decompression bomb (the old code: 400 MiB in the server's temp dir)."""
+    conn.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
+    conn.execute("SELECT det_project_create('vision', 'p', '')")
+    conn.execute("SELECT det_user_create('vic', %s, false)",
+                 (password_verifier(conn, "vic", "pw of vic"),))
+    conn.execute("SELECT det_role_assign('Viewer', 'vic', NULL, 'vision', true)")
+    denied = "permission denied: needs Editor on workspace 'vision' to create an experiment " \
+             "in project \"p\""
+    with login(server, "vic") as vic:
+        for blob in (b"garbage", cve_2025_4517(victim), bomb(400 * 2**20)):
+            r = vic.post("/api/v1/experiments", json={
+                "config": CONFIG, "context": base64.b64encode(blob).decode(),
+                "workspace": "vision", "project": "p"})
+            assert error(r, 403) == denied
+    assert conn.execute("SELECT count(*) AS n FROM experiments").fetchone()["n"] == 0
+
+
+def test_bad_contexts_are_400s_naming_the_member(server: Server) -> None:
+    api = server.client
+
+    def post(blob: bytes | str) -> httpx.Response:
+        text = blob if isinstance(blob, str) else base64.b64encode(blob).decode()
+        return api.post("/api/v1/experiments", json={"config": CONFIG, "context": text})
+
+    assert error(post(b"garbage"), 400).startswith("context: not a readable tar.gz")
+    assert error(post(tar_gz((entry("h", tarfile.LNKTYPE, "x"), None))), 400) == (
+        "context: member 'h': a hard link (to 'x'); only files, directories and symbolic "
+        "links are accepted")
+    assert error(post("é"), 400).startswith("context: expected base64 of a tar.gz")
+    assert error(post(bomb(400 * 2**20)), 400).startswith(
+        "context: more than 99614720 bytes uncompressed")
+
+
+# -- downloads and GC never follow a link out of a checkpoint -----------------------------------
+

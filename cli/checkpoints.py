@@ -6,7 +6,7 @@ import typer
 
 from det.cli.output import print_json, print_table
 from det.cli.session import db
-from det.errors import NotFoundError, StateError
+from det.errors import NotFoundError, StateError, one_line
 from det.harness.storage import storage_from_config
 from det.queries.trials import CHECKPOINT
 
@@ -46,14 +46,19 @@ def download(
     output: Path = typer.Option(..., "--output", "-o", help="Directory to write the files to."),
 ) -> None:
     """Copy a checkpoint's files from its storage (shared_fs, directory or s3) into a local
-    directory, showing the bytes as they come."""
+    directory, showing the bytes as they come. Links in the checkpoint are not followed:
+    they are left out and named (a task's link to a file of its host would otherwise copy
+    this host's file at that path)."""
     with db() as conn:
         row = conn.execute(CHECKPOINT, {"uuid": uuid}).fetchone()
     if row is None:
         raise NotFoundError(f"checkpoint {uuid} not found")
     if row["state"] != "COMPLETED":
         raise StateError(f"checkpoint {uuid} is {row['state']}")
-    storage_from_config(row["storage"]).download(row["uuid"], output)
+    skipped = storage_from_config(row["storage"]).download(row["uuid"], output)
+    if skipped:
+        typer.echo(f"Left out {len(skipped)} link(s) or other entries that are not files or "
+                   f"directories: {one_line(', '.join(skipped))}", err=True)
     typer.echo(f"Checkpoint {uuid} downloaded to {output}")
 
 

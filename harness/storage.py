@@ -6,18 +6,23 @@ it at ``s3://<bucket>/<prefix>/<uuid>`` through s3fs. Uploads and downloads show
 (:mod:`det.harness.progress`).
 """
 
+import errno
+import logging
 import os
 import pathlib
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, BinaryIO
 
 import fsspec
 
 from det.harness.errors import StorageError
 from det.harness.progress import ByteProgress
+
+log = logging.getLogger("det.storage")
 
 
 class FsspecStorage:
@@ -79,26 +84,58 @@ class FsspecStorage:
             self.download(uuid, pathlib.Path(tmp))
             yield pathlib.Path(tmp)
 
-    def download(self, uuid: str, dst: pathlib.Path) -> None:
-        """Copy checkpoint ``uuid`` into the local directory ``dst`` (created if needed).
+    def download(self, uuid: str, dst: pathlib.Path) -> list[str]:
+        """Copy checkpoint ``uuid``'s files and directories into the local directory ``dst``
+        (created if needed); returns the relative paths of the entries left out, sorted.
 
-        Raises ``StorageError`` if the checkpoint does not exist or the storage fails.
+        Links are never followed, out of the checkpoint or within it (issue 32): a task can
+        write a link to any path of the host it ran on, and det serve or the CLI reading it
+        would copy the reader's own file at that path (``/etc/passwd``, a ``pgpass``). They
+        are skipped rather than refused: a stray link (a framework's ``latest``) would
+        otherwise make every other file of the checkpoint unreachable, and the caller names
+        what was left out. Pipes, sockets and devices are skipped alike. On the local
+        filesystem every entry is opened ``O_NOFOLLOW`` relative to its directory's
+        descriptor, so one swapped for a link while copying is skipped too; object stores
+        have no links, and a key whose name would land outside ``dst`` (``..``, empty
+        components) is skipped. The files are written ``O_NOFOLLOW`` under ``dst``.
+
+        Raises:
+            StorageError: the checkpoint does not exist (or is itself a link), or the storage
+                fails.
         """
         src = self.url(uuid)
         try:
-            found = self.fs.exists(src)
-            if found:
-                dst.mkdir(parents=True, exist_ok=True)
-                total = sum(self.fs.du(src, total=False).values())
-                with ByteProgress(f"checkpoint {uuid}: download", total,
-                                  upload=False) as progress:
-                    self.fs.get(src + "/", str(dst) + "/", recursive=True, callback=progress)
+            if not self.fs.exists(src):
+                raise StorageError(f"checkpoint {uuid} not found at {self.describe(uuid)}")
+            if self.local and os.path.islink(src):
+                raise StorageError(f"checkpoint {uuid}: {src} is a symbolic link, not the "
+                                   "checkpoint's directory; det does not follow it")
+            dst.mkdir(parents=True, exist_ok=True)
+            if self.local:
+                return _copy_local(src, dst, f"checkpoint {uuid}: download")
+            return self._copy_remote(src, dst, f"checkpoint {uuid}: download")
+        except StorageError:
+            raise
         except Exception as e:  # botocore, OSError: the storage's own words, on one line
             raise StorageError(f"checkpoint {uuid}: cannot download {self.describe(uuid)}: "
                                f"{type(e).__name__}: {e}") from e
-        if not found:
-            raise StorageError(f"checkpoint {uuid} not found at {self.describe(uuid)}")
 
+    def _copy_remote(self, src: str, dst: pathlib.Path, what: str) -> list[str]:
+        """Copy the objects under ``src`` into ``dst`` (``download``'s object-store half)."""
+        sizes = self.fs.find(src, detail=True)
+        skipped, files = [], []
+        for key, info in sorted(sizes.items()):
+            rel = key[len(src):].lstrip("/")
+            parts = rel.split("/")
+            if any(p in ("", ".", "..") for p in parts):
+                skipped.append(rel)
+            else:
+                files.append((key, parts, info.get("size") or 0))
+        with ByteProgress(what, sum(size for _, _, size in files), upload=False) as progress:
+            for key, parts, _ in files:
+                with self.fs.open(key, "rb") as source:
+                    _write(dst, parts, source, progress)
+        return skipped
     def describe(self, uuid: str) -> str:
         """Where checkpoint ``uuid`` lives, as a user reads it (a path, or ``s3://...``)."""
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
@@ -116,8 +153,17 @@ class FsspecStorage:
     def remove_tree(self, url: str, failure: str) -> bool:
         """Remove everything under ``url`` (a path in this storage). Idempotent: False when
         nothing was there. Raises ``StorageError`` starting with ``failure`` when the storage
-        refuses."""
+        refuses.
+
+        On the local filesystem no link is followed (issue 32: the GC task must not delete
+        outside the storage): the directories from ``base`` down to ``url`` are opened
+        ``O_NOFOLLOW`` one by one, and where one of them is a link (a task replaced it) there
+        is nothing of this storage's there to remove (False, a warning logged); ``url``
+        itself, if a link, is removed as a link; a directory is removed by descriptor
+        (``shutil.rmtree`` with ``dir_fd``), which never follows the links inside."""
         try:
+            if self.local:
+                return _remove_local(self.base, url)
             self.fs.invalidate_cache(url)
             if not self.fs.exists(url):
                 return False
@@ -128,6 +174,112 @@ class FsspecStorage:
             return False
         except Exception as e:  # botocore, OSError: the storage's own words, on one line
             raise StorageError(f"{failure}: {type(e).__name__}: {e}") from e
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_CHUNK = 1 << 20
+
+
+def _remove_local(base: str, url: str) -> bool:
+    """``remove_tree`` on this host's filesystem: ``url`` is ``base`` and a relative path."""
+    rel = os.path.relpath(url, base)
+    parts = rel.split(os.sep)
+    if rel == "." or ".." in parts:
+        raise ValueError(f"{url}: not under the storage's base {base}")
+    try:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        for i, part in enumerate(parts[:-1]):
+            try:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                return False
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                log.warning("%s: %s is not a directory (a link?); not followed, nothing "
+                            "removed", url, os.path.join(base, *parts[:i + 1]))
+                return False
+            os.close(fd)
+            fd = nxt
+        try:
+            info = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        if stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(parts[-1], dir_fd=fd)
+        else:
+            os.unlink(parts[-1], dir_fd=fd)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _copy_local(src: str, dst: pathlib.Path, what: str) -> list[str]:
+    """``download`` on this host's filesystem: copy the tree ``src`` into ``dst`` without
+    following a link; returns the relative paths skipped."""
+    total = 0
+    for dirpath, _, files in os.walk(src):  # os.walk does not descend into links
+        for name in files:
+            info = os.lstat(os.path.join(dirpath, name))
+            total += info.st_size if stat.S_ISREG(info.st_mode) else 0
+    skipped: list[str] = []
+    top = os.open(src, _DIR_FLAGS)
+    try:
+        with ByteProgress(what, total, upload=False) as progress:
+            _copy_dir(top, (), dst, skipped, progress)
+    finally:
+        os.close(top)
+    return sorted(skipped)
+
+
+def _copy_dir(fd: int, parts: tuple[str, ...], dst: pathlib.Path, skipped: list[str],
+              progress: ByteProgress) -> None:
+    """Copy the entries of the directory open as ``fd`` (``parts`` below the checkpoint)."""
+    (dst.joinpath(*parts)).mkdir(exist_ok=True)
+    for name in sorted(os.listdir(fd)):
+        here = (*parts, name)
+        try:
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(info.st_mode):
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                try:
+                    _copy_dir(sub, here, dst, skipped, progress)
+                finally:
+                    os.close(sub)
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                skipped.append("/".join(here))
+                continue
+            # O_NONBLOCK: an entry swapped for a FIFO since the stat cannot block the open
+            source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                             dir_fd=fd)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            skipped.append("/".join(here))  # swapped for a link while copying
+            continue
+        with os.fdopen(source, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                skipped.append("/".join(here))
+                continue
+            _write(dst, list(here), f, progress)
+
+
+def _write(dst: pathlib.Path, parts: list[str], source: BinaryIO,
+           progress: ByteProgress) -> None:
+    """Write ``source`` to ``dst/<parts>``, making its directories, never through a link
+    (``O_NOFOLLOW``: the file itself; the directories are ``dst``'s own)."""
+    path = dst.joinpath(*parts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                  0o644)
+    with os.fdopen(out, "wb") as f:
+        while chunk := source.read(_CHUNK):
+            f.write(chunk)
+            progress.add(len(chunk))
 
 
 def directory_sizes(root: pathlib.Path) -> dict[str, int]:

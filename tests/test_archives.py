@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import fsspec
 import httpx
 import pytest
 from test_api import CONFIG, Server, error
@@ -19,6 +20,9 @@ from test_api import CONFIG, Server, error
 from det import context
 from det.cli.users import password_verifier
 from det.errors import ContextError
+from det.harness.errors import StorageError
+from det.harness.storage import FsspecStorage
+from det.harness.tensorboard import delete_experiment_files
 
 
 def tar_gz(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
@@ -249,3 +253,81 @@ def test_bad_contexts_are_400s_naming_the_member(server: Server) -> None:
 
 # -- downloads and GC never follow a link out of a checkpoint -----------------------------------
 
+
+@pytest.fixture
+def secrets_outside(tmp_path: Path) -> Iterator[Path]:
+    """A host file and a host directory a task's links point to; checked untouched after."""
+    host = tmp_path / "host"
+    (host / "etc").mkdir(parents=True)
+    (host / "passwd").write_text("TOP SECRET passwd\n")
+    (host / "etc" / "pgpass").write_text("TOP SECRET pgpass\n")
+    yield host
+    assert (host / "passwd").read_text() == "TOP SECRET passwd\n"
+    assert (host / "etc" / "pgpass").read_text() == "TOP SECRET pgpass\n"
+
+
+def plant_links(ckpt: Path, host: Path) -> None:
+    """What a task can leave in its checkpoint: links to a host file and directory, absolute
+    and relative, and one inside the checkpoint."""
+    os.symlink(host / "passwd", ckpt / "passwd")
+    os.symlink(host / "etc", ckpt / "etc")
+    os.symlink(os.path.relpath(host / "passwd", ckpt / "sub"), ckpt / "sub-rel")
+    (ckpt / "sub").mkdir()
+    os.symlink(os.path.relpath(host / "passwd", ckpt / "sub"), ckpt / "sub" / "up")
+    os.symlink("state.bin", ckpt / "latest")
+
+
+LEFT_OUT = ["etc", "latest", "passwd", "sub-rel", "sub/up"]
+
+
+def test_a_linked_checkpoint_downloads_without_the_targets(server: Server, ended, det,
+                                                           secrets_outside: Path,
+                                                           tmp_path: Path) -> None:
+    """GET /checkpoints/{uuid}/download and `det checkpoint download` copy the checkpoint's
+    files and leave its links out (the old code served the host's files they point to)."""
+    _, [[uuid]] = ended.make([[(10, None)]])
+    plant_links(ended.storage / uuid, secrets_outside)
+    r = server.client.get(f"/api/v1/checkpoints/{uuid}/download")
+    assert r.status_code == 200, r.text
+    assert b"TOP SECRET" not in gzip.decompress(r.content)
+    with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
+        assert {m.name: m.type for m in tar.getmembers()} == {
+            uuid: tarfile.DIRTYPE, f"{uuid}/state.bin": tarfile.REGTYPE,
+            f"{uuid}/sub": tarfile.DIRTYPE}
+    out = tmp_path / "out"
+    cli = det("checkpoint", "download", uuid, "-o", str(out))
+    assert f"Left out 5 link(s) or other entries that are not files or directories: " \
+           f"{', '.join(LEFT_OUT)}" in cli.stderr
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["state.bin", "sub"]
+
+
+def test_a_checkpoint_that_is_a_link_is_not_downloaded(tmp_path: Path,
+                                                       secrets_outside: Path) -> None:
+    storage = FsspecStorage(fsspec.filesystem("file"), str(tmp_path / "ckpts"))
+    (tmp_path / "ckpts").mkdir()
+    os.symlink(secrets_outside / "etc", tmp_path / "ckpts" / "u1")
+    with pytest.raises(StorageError, match="u1 is a symbolic link, not the checkpoint's "
+                                           "directory; det does not follow it"):
+        storage.download("u1", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_gc_removes_links_not_their_targets(tmp_path: Path, secrets_outside: Path) -> None:
+    """The GC task's removals (checkpoints, TensorBoard files) never delete through a link:
+    links inside a checkpoint go as links, a checkpoint that is a link goes as a link, and a
+    directory on the way replaced by a link leaves the target alone (the old code removed
+    ``host/experiment/7`` through ``tensorboard -> host``)."""
+    base = tmp_path / "ckpts"
+    (base / "u1").mkdir(parents=True)
+    (base / "u1" / "state.bin").write_bytes(b"x")
+    plant_links(base / "u1", secrets_outside)
+    os.symlink(secrets_outside / "etc", base / "u2")
+    (secrets_outside / "experiment" / "7").mkdir(parents=True)
+    (secrets_outside / "experiment" / "7" / "events").write_text("theirs")
+    os.symlink(secrets_outside, base / "tensorboard")
+    storage = FsspecStorage(fsspec.filesystem("file"), str(base))
+    assert storage.delete("u1") and storage.delete("u2")
+    assert not delete_experiment_files(storage, 7)
+    assert sorted(os.listdir(base)) == ["tensorboard"]
+    assert (secrets_outside / "experiment" / "7" / "events").read_text() == "theirs"
+    assert not storage.delete("u1")

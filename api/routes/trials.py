@@ -86,7 +86,8 @@ def experiment_trials(exp_id: int, s: Session = session) -> dict:
 def download_checkpoint(uuid: str, s: Session = session) -> FileResponse:
     """The checkpoint's files as one ``.tar.gz`` (read from its storage: shared_fs,
     directory or s3). 404 for an unknown checkpoint, 409 for one being deleted or deleted,
-    502 when the storage fails."""
+    502 when the storage fails. Links in the checkpoint are left out, never followed
+    (``FsspecStorage.download``: a task's link to a host file must not serve that file)."""
     row = s.conn.execute(q.CHECKPOINT, {"uuid": uuid}).fetchone()
     if row is None:
         raise NotFoundError(f"checkpoint {uuid} not found")

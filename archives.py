@@ -35,6 +35,10 @@ NAME_MAX = 255
 PATH_MAX = 4095
 """Longest member name or link target, in bytes (Linux's PATH_MAX less the NUL)."""
 
+MAX_DEPTH = 256
+"""Most directories a member may be under: each member's directories are opened one by one
+from the destination, so this bounds the work a member costs."""
+
 _HEADER_ALLOWANCE = 1536
 """Bytes of tar stream per member beyond its contents: its header, a long-name or pax header,
 padding to 512."""
@@ -147,6 +151,8 @@ class _Unpacker:
             raise self.refuse(name, "a '..' component (expected a path inside the archive)")
         if any(len(os.fsencode(p)) > NAME_MAX for p in parts):
             raise self.refuse(name, f"a component longer than {NAME_MAX} bytes")
+        if len(parts) > MAX_DEPTH + 1:
+            raise self.refuse(name, f"under more than {MAX_DEPTH} directories")
         return parts
 
     def member(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:

@@ -134,14 +134,15 @@ def pack(root: Path) -> bytes:
     return buf.getvalue()
 
 
-def unpack(data: bytes, dest: Path) -> None:
+def unpack(data: bytes, dest: Path, what: str = "context") -> None:
     """Unpack the tar.gz context ``data`` into ``dest`` (created; if it exists, empty) with
     :func:`det.archives.unpack_tar_gz`: members checked one by one, at most
-    ``MAX_CONTEXT_BYTES`` uncompressed and ``MAX_CONTEXT_MEMBERS`` members.
+    ``MAX_CONTEXT_BYTES`` uncompressed and ``MAX_CONTEXT_MEMBERS`` members. ``what`` names
+    the context in errors (``"context 12"``).
 
     Raises:
         ContextError: not a tar.gz, over a cap, or a member that is not a file, directory or
             link staying inside, naming the member.
     """
-    unpack_tar_gz(data, dest, what="context", max_bytes=MAX_CONTEXT_BYTES,
+    unpack_tar_gz(data, dest, what=what, max_bytes=MAX_CONTEXT_BYTES,
                   max_members=MAX_CONTEXT_MEMBERS)

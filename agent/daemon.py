@@ -459,7 +459,7 @@ class Agent:
                                f"{self.s.agent_id} launches it")
             partial = cached.with_suffix(".partial")
             shutil.rmtree(partial, ignore_errors=True)
-            context.unpack(blob, partial)
+            context.unpack(blob, partial, f"context {context_id}")
             partial.rename(cached)
         shutil.copytree(cached, dest, symlinks=True)  # the links stay links: checked inside
         return dest

@@ -11,6 +11,9 @@ with no checkpoints gets a GC task too.
 Every step is idempotent, so a task killed at any point is finished by the next one:
 files already gone count as removed, and rows are marked only after their files are gone.
 A storage error is written on the experiment (``det_gc_task_failed``) and the task exits 1.
+No link is followed (``FsspecStorage.remove_tree``, issue 32): a link a task left in its
+checkpoint, or put in place of a directory of the storage, is removed as a link or left
+alone, never the files it points to.
 
 Its identity comes from the environment the agent sets: ``DET_DB_URL``,
 ``DET_ALLOCATION_TOKEN``.

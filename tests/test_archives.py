@@ -89,6 +89,7 @@ def test_the_cve_2025_4517_archive_writes_nothing_outside(tmp_path: Path, victim
     ((entry("../evil"), b"x"), "'../evil': a '..' component"),
     ((entry("a/../../evil"), b"x"), "'a/../../evil': a '..' component"),
     ((entry("/tmp/evil"), b"x"), "'/tmp/evil': an absolute name"),
+    ((entry("d/" * 257 + "f"), b"x"), "'(d/){257}f': under more than 256 directories"),
     ((entry("dev", tarfile.CHRTYPE), None), "'dev': a character device"),
     ((entry("blk", tarfile.BLKTYPE), None), "'blk': a block device"),
     ((entry("fifo", tarfile.FIFOTYPE), None), "'fifo': a FIFO"),
@@ -190,10 +191,10 @@ def test_caps_count_while_streaming(tmp_path: Path, monkeypatch) -> None:
     (gzip.compress(b"neither a tar"), "ReadError"),
     (tar_gz((entry("model_def.py"), os.urandom(100_000)))[:50_000], "EOFError"),
     (b"", "ReadError|EOFError|BadGzipFile"),
-])
+], ids=["not gzip", "gzip of no tar", "truncated", "empty"])
 def test_garbage_is_a_context_error(tmp_path: Path, blob: bytes, why: str) -> None:
-    with pytest.raises(ContextError, match=f"^context: not a readable tar.gz.*({why})"):
-        context.unpack(blob, tmp_path / "dest")
+    with pytest.raises(ContextError, match=f"^context 12: not a readable tar.gz.*({why})"):
+        context.unpack(blob, tmp_path / "dest", "context 12")
 
 
 # -- det serve: permission before unpacking, and bad contexts as 400s ----------------------------

@@ -796,19 +796,64 @@ CREATE FUNCTION det_template_name_problem(p_name text) RETURNS text LANGUAGE sql
     END;
 $$;
 
+CREATE FUNCTION det_secret_name(p_name text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+-- Whether a config key (or an environment variable's name) holds a secret: S3's access_key
+-- and secret_key, registry_auth's password, auth and tokens, and their like (api_key,
+-- credentials, AWS_SECRET_ACCESS_KEY, HF_TOKEN). Words are split at '_' and '-', so that
+-- max_tokens or tokenizer are not secrets.
+SELECT p_name ~* '^(auth|identitytoken|registrytoken|connection_string)$'
+    OR p_name ~* '(^|[_-])(secrets?|passwords?|passwd|token|credentials?|access_key|private_key|api_key)([_-]|$)'
+$$;
+
+CREATE FUNCTION det_redact_secrets(p_value jsonb) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+-- p_value with every secret replaced by '********' (issue 32): the value of each key that
+-- det_secret_name calls a secret, at any depth, and the value of each 'NAME=VALUE' list item
+-- (environment_variables) whose NAME is one. A null stays null: it hides nothing.
+BEGIN
+    CASE jsonb_typeof(p_value)
+    WHEN 'object' THEN
+        RETURN (SELECT coalesce(jsonb_object_agg(e.k, CASE
+                    WHEN det_secret_name(e.k) AND jsonb_typeof(e.v) <> 'null' THEN '"********"'
+                    ELSE det_redact_secrets(e.v) END), '{}')
+                  FROM jsonb_each(p_value) AS e(k, v));
+    WHEN 'array' THEN
+        RETURN (SELECT coalesce(jsonb_agg(CASE
+                    WHEN jsonb_typeof(e.v) = 'string' AND strpos(e.v #>> '{}', '=') > 1
+                         AND det_secret_name(split_part(e.v #>> '{}', '=', 1))
+                    THEN to_jsonb(split_part(e.v #>> '{}', '=', 1) || '=********')
+                    ELSE det_redact_secrets(e.v) END ORDER BY e.i), '[]')
+                  FROM jsonb_array_elements(p_value) WITH ORDINALITY AS e(v, i));
+    ELSE
+        RETURN p_value;
+    END CASE;
+END $$;
+
 CREATE TABLE templates (
-    name       text PRIMARY KEY CHECK (det_template_name_problem(name) IS NULL),
-    config     jsonb NOT NULL CHECK (jsonb_typeof(config) = 'object'),
-    original   text NOT NULL,
-    owner      text NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    updated_at timestamptz NOT NULL DEFAULT now()
+    name              text NOT NULL CHECK (det_template_name_problem(name) IS NULL),
+    config            jsonb NOT NULL CHECK (jsonb_typeof(config) = 'object'),
+    original          text NOT NULL,
+    owner             text NOT NULL,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    updated_at        timestamptz NOT NULL DEFAULT now(),
+    workspace_id      integer NOT NULL REFERENCES workspaces (id) ON DELETE CASCADE,
+    redacted_config   jsonb GENERATED ALWAYS AS (det_redact_secrets(config)) STORED,
+    redacted_original text GENERATED ALWAYS AS (
+        CASE WHEN det_redact_secrets(config) = config THEN original END) STORED,
+    PRIMARY KEY (workspace_id, name)
 );
 COMMENT ON TABLE templates IS
     'Configuration templates (spec: Configuration Templates): a partial experiment config that '
     '`det experiment create --template NAME` merges under the user''s config '
     '(det.configs.templates). Experiments store the merged config, so changing or removing a '
-    'template later changes no experiment.';
+    'template later changes no experiment. A template is its workspace''s (issue 32): '
+    'readable under the workspace''s row-level security, written by its Editors.';
+COMMENT ON COLUMN templates.config IS
+    'The template as set, secrets included: users may not select it (nor original); '
+    'det_template_expand gives it to an Editor of the workspace submitting an experiment.';
+COMMENT ON COLUMN templates.redacted_config IS
+    'config with its secrets replaced by ''********'' (det_redact_secrets): what users read.';
+COMMENT ON COLUMN templates.redacted_original IS
+    'The YAML as set when it holds no secret, else NULL (its text cannot be redacted).';
 
 -- =============================================================================================
 -- Tables: det serve, the HTTP server (issue 15)
@@ -2090,23 +2135,36 @@ BEGIN
     RETURN r.checkpoint_uuid;
 END $$;
 
-CREATE FUNCTION det_template_set(p_name text, p_config jsonb, p_original text)
-RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- `det template set`: create or replace a template (p_config: its YAML as a JSON object,
--- checked by det.configs.templates). Templates are the cluster's: any user may create one;
--- replacing one takes its owner or a ClusterAdmin. Returns true when it was created.
+CREATE FUNCTION det_template_workspace(p_workspace text, p_permission text, p_action text)
+RETURNS integer LANGUAGE plpgsql STABLE AS $$
+-- The id of workspace p_workspace (NULL: Uncategorized, id 1) once det_require has let the
+-- caller do p_action there with p_permission. A workspace that does not exist is refused as
+-- one the caller may not view: 'cannot <p_action>: not found' (no_data_found).
 DECLARE
+    v_id integer := CASE WHEN p_workspace IS NULL THEN 1
+                         ELSE (SELECT id FROM workspaces WHERE name = p_workspace) END;
+BEGIN
+    IF v_id IS NULL THEN
+        RAISE EXCEPTION 'cannot %: not found', p_action USING ERRCODE = 'no_data_found';
+    END IF;
+    PERFORM det_require(p_permission, v_id, p_action);
+    RETURN v_id;
+END $$;
+
+CREATE FUNCTION det_template_set(p_workspace text, p_name text, p_config jsonb,
+                                 p_original text)
+RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det template set`: create or replace template p_name of workspace p_workspace (NULL:
+-- Uncategorized), as an Editor there (issue 32: a template is its workspace's, not the
+-- cluster's). p_config: its YAML (p_original) as a JSON object, checked by
+-- det.configs.templates. Returns true when it was created.
+DECLARE
+    v_ws integer := det_template_workspace(
+        p_workspace, 'edit', format('set template %s in workspace %s', to_jsonb(p_name),
+                                    to_jsonb(coalesce(p_workspace, 'Uncategorized'))));
     v_problem text := det_template_name_problem(p_name);
-    v_user text := det_caller();
-    v_owner text := (SELECT owner FROM templates WHERE name = p_name);
     v_created boolean;
 BEGIN
-    IF v_owner IS DISTINCT FROM v_user THEN
-        PERFORM det_require(CASE WHEN v_owner IS NULL THEN 'view' ELSE 'admin_cluster' END,
-                            CASE WHEN v_owner IS NULL THEN 1 END,
-                            format('replace template %s of %s', to_jsonb(p_name),
-                                   to_jsonb(v_owner)));
-    END IF;
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'template name %: %', to_jsonb(p_name), v_problem
             USING ERRCODE = 'invalid_parameter_value';
@@ -2115,31 +2173,51 @@ BEGIN
         RAISE EXCEPTION 'template %: expected a mapping at the top level', to_jsonb(p_name)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO templates AS t (name, config, original, owner)
-    VALUES (p_name, p_config, p_original, v_user)
-    ON CONFLICT (name) DO UPDATE
+    INSERT INTO templates AS t (workspace_id, name, config, original, owner)
+    VALUES (v_ws, p_name, p_config, p_original, det_caller())
+    ON CONFLICT (workspace_id, name) DO UPDATE
         SET config = excluded.config, original = excluded.original, updated_at = now()
     RETURNING (xmax = 0) INTO v_created;
-    PERFORM det_audit(CASE WHEN v_created THEN 'create' ELSE 'update' END, 'template', p_name);
+    PERFORM det_audit(CASE WHEN v_created THEN 'create' ELSE 'update' END, 'template', p_name,
+                      jsonb_build_object('workspace_id', v_ws));
     RETURN v_created;
 END $$;
 
-CREATE FUNCTION det_template_remove(p_name text) RETURNS void LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- `det template remove` (its owner or a ClusterAdmin): experiments created from it keep their
--- merged configs.
+CREATE FUNCTION det_template_remove(p_workspace text, p_name text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det template remove` (an Editor of its workspace; NULL: Uncategorized): experiments
+-- created from it keep their merged configs.
 DECLARE
-    v_owner text := (SELECT owner FROM templates WHERE name = p_name);
+    v_ws integer := det_template_workspace(
+        p_workspace, 'edit', format('remove template %s of workspace %s', to_jsonb(p_name),
+                                    to_jsonb(coalesce(p_workspace, 'Uncategorized'))));
 BEGIN
-    IF v_owner IS NULL THEN
-        RAISE EXCEPTION 'template % not found', to_jsonb(p_name) USING ERRCODE = 'no_data_found';
+    DELETE FROM templates WHERE workspace_id = v_ws AND name = p_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'template % not found in workspace %', to_jsonb(p_name),
+            to_jsonb(coalesce(p_workspace, 'Uncategorized')) USING ERRCODE = 'no_data_found';
     END IF;
-    IF v_owner <> det_caller() THEN
-        PERFORM det_require('admin_cluster', NULL, format('remove template %s of %s',
-                                                          to_jsonb(p_name), to_jsonb(v_owner)));
+    PERFORM det_audit('delete', 'template', p_name, jsonb_build_object('workspace_id', v_ws));
+END $$;
+
+CREATE FUNCTION det_template_expand(p_workspace text, p_name text) RETURNS jsonb
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The config of template p_name of workspace p_workspace (NULL: Uncategorized), secrets
+-- included, for `det experiment create --template` to merge under an experiment it submits
+-- there: the one read of a template that is not redacted (issue 32). It takes what the
+-- submission takes, Editor on the workspace, so the secrets go only to those who may run
+-- experiments with them (and whose experiments' configs hold them).
+DECLARE
+    v_ws integer := det_template_workspace(
+        p_workspace, 'edit', format('use template %s of workspace %s', to_jsonb(p_name),
+                                    to_jsonb(coalesce(p_workspace, 'Uncategorized'))));
+    v_config jsonb := (SELECT config FROM templates WHERE workspace_id = v_ws AND name = p_name);
+BEGIN
+    IF v_config IS NULL THEN
+        RAISE EXCEPTION 'template % not found in workspace %', to_jsonb(p_name),
+            to_jsonb(coalesce(p_workspace, 'Uncategorized')) USING ERRCODE = 'no_data_found';
     END IF;
-    DELETE FROM templates WHERE name = p_name;
-    PERFORM det_audit('delete', 'template', p_name);
+    RETURN v_config;
 END $$;
 
 -- =============================================================================================
@@ -3331,6 +3409,13 @@ JOIN models m ON m.id = v.model_id
 JOIN checkpoints c ON c.uuid = v.checkpoint_uuid
 JOIN trials t ON t.id = c.trial_id;
 
+CREATE VIEW reporting.templates WITH (security_invoker = true) AS
+-- Configuration templates with their secrets replaced by '********' (issue 32), and their
+-- workspace's name.
+SELECT t.workspace_id, w.name AS workspace, t.name, t.owner, t.created_at, t.updated_at,
+       t.redacted_config AS config, t.redacted_original AS original
+FROM templates t JOIN workspaces w ON w.id = t.workspace_id;
+
 -- =============================================================================================
 -- Privileges and row-level security (issue 14)
 --
@@ -3405,7 +3490,8 @@ GRANT EXECUTE ON FUNCTION
     det_model_register_version(text, text, text, text, text[], jsonb),
     det_model_version_update(text, integer, text, text, text[], jsonb, text[]),
     det_model_version_delete(text, integer), det_model_move(text, text),
-    det_template_set(text, jsonb, text), det_template_remove(text),
+    det_template_set(text, text, jsonb, text), det_template_remove(text, text),
+    det_template_expand(text, text),
     det_set_gc_policy(integer, integer, integer, integer), det_delete_checkpoints(uuid[]),
     det_experiment_archive(integer, boolean), det_experiment_delete(integer),
     det_experiment_move(integer, text, text),
@@ -3427,6 +3513,7 @@ GRANT EXECUTE ON FUNCTION
     det_role_needed(text), det_workspace_find(text), det_project_find(text, text),
     det_user_find(text), det_experiment_workspace(integer),
     det_model_name_problem(text), det_label_problem(text[]), det_template_name_problem(text),
+    det_secret_name(text), det_redact_secrets(jsonb),
     det_name_problem(text, integer)
 TO det_user;
 
@@ -3437,7 +3524,7 @@ GRANT SELECT ON
     workspace_pools, projects, audit_log, resource_pools, agents, slots, cluster_config,
     reconciler_leader, jobs, experiments, context_blobs, trials,
     searcher_ops, allocation_slots, metrics, checkpoints, task_logs, models, model_versions,
-    templates, checkpoint_pins, reporting.experiments, reporting.trials, reporting.job_queue,
+    checkpoint_pins, reporting.experiments, reporting.trials, reporting.job_queue,
     reporting.slot_usage, reporting.checkpoints, reporting.models, reporting.model_versions
 TO det_user;
 -- allocations without token_hash
@@ -3446,6 +3533,13 @@ GRANT SELECT (id, job_id, trial_id, run, resource_pool, slots_needed, spec, desi
               settled, created_at, assigned_at, started_at, ended_at, preemptible,
               pending_reason, out_of_work, running_at, rendezvous)
     ON allocations TO det_user;
+-- templates without their secrets (issue 32): config and original are read only through
+-- det_template_expand, at submission
+REVOKE ALL ON templates FROM PUBLIC;
+GRANT SELECT (workspace_id, name, owner, created_at, updated_at, redacted_config,
+              redacted_original)
+    ON templates TO det_user;
+GRANT SELECT ON reporting.templates TO det_user;
 
 -- Row-level security: a user sees a workspace's rows when a role of theirs (or of a group of
 -- theirs) lets them view it. The workspace is read from the row's job (jobs, allocations and
@@ -3497,6 +3591,9 @@ CREATE POLICY visible ON models FOR SELECT
 ALTER TABLE model_versions ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON model_versions FOR SELECT
     USING (model_id IN (SELECT id FROM models));
+ALTER TABLE templates ENABLE ROW LEVEL SECURITY;
+CREATE POLICY visible ON templates FOR SELECT
+    USING (workspace_id = ANY ((SELECT det_visible_workspaces())::integer[]));
 ALTER TABLE audit_log ENABLE ROW LEVEL SECURITY;
 CREATE POLICY cluster_admins ON audit_log FOR SELECT
     USING ((SELECT det_permitted(det_caller(), 'admin_cluster', NULL)));

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from det import context
 from det.cli.output import print_json, print_table
 from det.cli.session import db
-from det.cli.templates import get_template
+from det.cli.templates import template_for_submission
 from det.configs import is_trial_class, read_config_file
 from det.configs.job import job_change
 from det.configs.load import parse_experiment_config, parse_yaml
@@ -176,12 +176,12 @@ def create(
     tpl, defaults = None, None
     if template is not None or not local:
         with db() as conn:
+            # a template is its workspace's: the one the experiment goes to (issue 32)
+            workspace, project = placement(conn, read_config_file(config_file),
+                                           str(config_file), workspace, project, project_id)
             if template is not None:
-                tpl = get_template(conn, template)
+                tpl = template_for_submission(conn, template, workspace)
             if not local:
-                workspace, project = placement(conn, read_config_file(config_file),
-                                               str(config_file), workspace, project,
-                                               project_id)
                 defaults = workspace_defaults(conn, workspace)
     with context_with(context_dir, include) as ctx:
         expanded, original = expanded_config(config_file, ctx, tpl, config_overrides,

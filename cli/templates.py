@@ -1,12 +1,16 @@
 """``det template``: configuration templates (set, list, describe, remove).
 
 A template is a partial experiment config that ``det experiment create --template NAME``
-merges under the experiment's own config (``det.configs.templates``).
+merges under the experiment's own config (``det.configs.templates``). It is its workspace's
+(issue 32): those who may view the workspace read it, its Editors write it, and reads show
+its secrets (S3 keys, registry passwords, ...: ``det_redact_secrets`` in schema.sql) as
+``********``. Only a submission gets them (:func:`template_for_submission`).
 """
 
 from pathlib import Path
 
 import typer
+import yaml
 from psycopg.types.json import Jsonb
 
 from det.cli.output import print_json, print_table
@@ -17,72 +21,123 @@ from det.errors import NotFoundError
 
 app = typer.Typer(no_args_is_help=True)
 
+DEFAULT_WORKSPACE = "Uncategorized"
+
+# What users may select of a template (schema.sql grants no more): its config with secrets
+# redacted, and its YAML only when it held none.
 LIST = """
-SELECT name, owner, created_at, updated_at, config FROM templates ORDER BY name
+SELECT w.name AS workspace, t.name, t.owner, t.created_at, t.updated_at,
+       t.redacted_config AS config
+  FROM templates t JOIN workspaces w ON w.id = t.workspace_id
+ WHERE %(workspace)s::text IS NULL OR w.name = %(workspace)s
+ ORDER BY w.name, t.name
 """
 
 ONE = """
-SELECT name, owner, created_at, updated_at, config, original FROM templates WHERE name = %(name)s
+SELECT w.name AS workspace, t.name, t.owner, t.created_at, t.updated_at,
+       t.redacted_config AS config, t.redacted_original AS original
+  FROM templates t JOIN workspaces w ON w.id = t.workspace_id
+ WHERE w.name = %(workspace)s AND t.name = %(name)s
 """
 
 
-def get_template(conn, name: str) -> dict:
-    """The template row (``config``: its mapping). Raises NotFoundError."""
-    row = conn.execute(ONE, {"name": name}).fetchone()
+def _workspace_option(what: str) -> typer.Option:
+    return typer.Option(DEFAULT_WORKSPACE, "--workspace", "-w", help=f"Workspace {what}.")
+
+
+def get_template(conn, name: str, workspace: str = DEFAULT_WORKSPACE) -> dict:
+    """Template ``name`` of ``workspace`` as the caller may read it: ``workspace``, ``name``,
+    ``owner``, times, ``config`` (its mapping, secrets as ``********``) and ``original`` (its
+    YAML, or None when it holds secrets).
+
+    Raises:
+        NotFoundError: no such template in a workspace the caller may view.
+    """
+    row = conn.execute(ONE, {"workspace": workspace, "name": name}).fetchone()
     if row is None:
-        raise NotFoundError(f"template {name!r} not found (det template list shows them)")
+        raise NotFoundError(f"template {name!r} not found in workspace {workspace!r} "
+                            "(det template list shows them)")
     return row
+
+
+def template_for_submission(conn, name: str, workspace: str | None) -> dict:
+    """Template ``name`` of ``workspace`` (None: Uncategorized), secrets included, to merge
+    under an experiment submitted to that workspace: ``{"name", "config"}``, the shape
+    ``det.cli.experiments.expanded_config`` takes. Through ``det_template_expand``, which
+    takes Editor on the workspace, as the submission does.
+
+    Raises:
+        NotFoundError: no such template there, or a workspace the caller may not view.
+        PermissionDeniedError: the caller may view the workspace but not edit it.
+    """
+    config = conn.execute("SELECT det_template_expand(%s, %s) AS c",
+                          (workspace, name)).fetchone()["c"]
+    return {"name": name, "config": config}
 
 
 @app.command("set")
 def set_(
     name: str = typer.Argument(..., help="Template name."),
     file: Path = typer.Argument(..., metavar="FILE", help="Template YAML: a partial config."),
+    workspace: str = _workspace_option("to keep it in (you need Editor there)"),
 ) -> None:
-    """Create or replace a template (yours; replacing another user's takes ClusterAdmin). The
-    file must be a mapping of experiment config keys; each key given must be valid, any may
-    be left out."""
+    """Create or replace a template of a workspace (as an Editor there). The file must be a
+    mapping of experiment config keys; each key given must be valid, any may be left out."""
     text = read_config_file(file)
     config = load_template(text, source=str(file))
     with db() as conn:
-        created = conn.execute("SELECT det_template_set(%s, %s, %s) AS c",
-                               (name, Jsonb(config), text)).fetchone()["c"]
-    typer.echo(f"{'Created' if created else 'Updated'} template {name}")
+        created = conn.execute("SELECT det_template_set(%s, %s, %s, %s) AS c",
+                               (workspace, name, Jsonb(config), text)).fetchone()["c"]
+    typer.echo(f"{'Created' if created else 'Updated'} template {name} in workspace "
+               f"{workspace}")
 
 
 @app.command("list")
 def list_(
     details: bool = typer.Option(False, "--details", "-d", help="Show each template's config."),
+    workspace: str = typer.Option(None, "--workspace", "-w",
+                                  help="Only this workspace's (default: every workspace you "
+                                       "may view)."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Templates: name, owner, last change."""
+    """Templates: workspace, name, owner, last change (--details: the config, secrets
+    shown as ********)."""
     with db() as conn:
-        rows = conn.execute(LIST).fetchall()
+        rows = conn.execute(LIST, {"workspace": workspace}).fetchall()
     if json_:
         print_json(rows)
         return
-    columns = ["name", "owner", "updated_at"] + (["config"] if details else [])
-    headers = ["Name", "Owner", "Updated"] + (["Config"] if details else [])
+    columns = ["workspace", "name", "owner", "updated_at"] + (["config"] if details else [])
+    headers = ["Workspace", "Name", "Owner", "Updated"] + (["Config"] if details else [])
     print_table(rows, columns, headers)
 
 
 @app.command("describe")
 def describe(
     name: str = typer.Argument(..., help="Template name."),
+    workspace: str = _workspace_option("it is in"),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """A template's YAML, as it was set (--json: its config as JSON)."""
+    """A template's YAML as it was set; one holding secrets is shown as its config with the
+    secrets as ******** (--json: its config as JSON)."""
     with db() as conn:
-        row = get_template(conn, name)
+        row = get_template(conn, name, workspace)
     if json_:
         print_json(row)
         return
-    typer.echo(row["original"], nl=not row["original"].endswith("\n"))
+    if row["original"] is not None:
+        typer.echo(row["original"], nl=not row["original"].endswith("\n"))
+        return
+    typer.echo(yaml.safe_dump(row["config"], sort_keys=False), nl=False)
+    typer.echo(f"(template {name}: secret fields shown as ********)", err=True)
 
 
 @app.command("remove")
-def remove(name: str = typer.Argument(..., help="Template name.")) -> None:
+def remove(
+    name: str = typer.Argument(..., help="Template name."),
+    workspace: str = _workspace_option("it is in (you need Editor there)"),
+) -> None:
     """Remove a template; experiments created from it keep their merged configs."""
     with db() as conn:
-        conn.execute("SELECT det_template_remove(%s)", (name,))
-    typer.echo(f"Removed template {name}")
+        conn.execute("SELECT det_template_remove(%s, %s)", (workspace, name))
+    typer.echo(f"Removed template {name} from workspace {workspace}")

@@ -153,7 +153,7 @@ def stored_config(conn, exp_id: int) -> dict:
 
 def test_templates_end_to_end(det, conn, ctx, tmp_path) -> None:
     assert det("template", "set", "shared", str(write(tmp_path, "t.yaml", TEMPLATE))).stdout == (
-        "Created template shared\n")
+        "Created template shared in workspace Uncategorized\n")
     det("tpl", "set", "other", str(write(tmp_path, "o.yaml", "max_restarts: 7\n")))
     assert [t["name"] for t in json.loads(det("template", "list", "--json").stdout)] == [
         "other", "shared"]
@@ -183,7 +183,7 @@ def test_templates_end_to_end(det, conn, ctx, tmp_path) -> None:
     det("template", "set", "shared", str(write(tmp_path, "t2.yaml", "max_restarts: 9\n")))
     assert "max_restarts: 9" in det("template", "describe", "shared").stdout
     assert stored_config(conn, 1) == config
-    assert det("template", "remove", "shared").stdout == "Removed template shared\n"
+    assert det("template", "remove", "shared").stdout == "Removed template shared from workspace Uncategorized\n"
     assert stored_config(conn, 1) == config
     assert [t["name"] for t in json.loads(det("template", "list", "--json").stdout)] == ["other"]
 
@@ -204,7 +204,7 @@ def test_bad_templates_are_one_line_and_write_nothing(det, conn, ctx, tmp_path) 
         (("template", "describe", "nope"), "template 'nope' not found"),
         (("template", "remove", "nope"), 'template "nope" not found'),
         (("experiment", "create", str(exp), str(ctx), "--template", "nope"),
-         "template 'nope' not found"),
+         'template "nope" not found in workspace "Uncategorized"'),
     ]
     for args, expected in cases:
         r = det(*args, check=False)

@@ -14,7 +14,7 @@ from det import context
 from det.api.session import Session, session
 from det.cli.experiments import expand_config_text, refuse_unfit
 from det.cli.preview import search_preview
-from det.cli.templates import get_template
+from det.cli.templates import template_for_submission
 from det.configs.job import job_change
 from det.errors import ContextError, DetError
 from det.queries import experiments as q
@@ -79,9 +79,10 @@ def create_experiment(body: CreateExperiment, s: Session = session) -> dict:
     if len(blob) > context.MAX_CONTEXT_BYTES:
         raise ContextError(f"context: {len(blob)} bytes, more than the "
                            f"{context.MAX_CONTEXT_BYTES} allowed")
-    tpl = get_template(s.conn, body.template) if body.template is not None else None
     workspace, project = placement(s.conn, body.config, "config", body.workspace, body.project,
                                    body.project_id)
+    tpl = (template_for_submission(s.conn, body.template, workspace)
+           if body.template is not None else None)
     s.conn.execute("SELECT det_experiment_create_check(%s, %s)", (workspace, project))
     with tempfile.TemporaryDirectory(prefix="det-api-ctx-") as tmp:
         context.unpack(blob, Path(tmp))

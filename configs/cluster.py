@@ -10,6 +10,13 @@ resource_pools:
     description: CPU hosts
     scheduler: {type: fair_share}        # optional; replaces the cluster's scheduler whole
     max_aux_containers_per_agent: 100
+checkpoint_storage:                      # optional: the cluster's own S3 storage
+  type: s3
+  bucket: det-checkpoints
+  endpoint_url: http://minio.internal:9000
+allowed_checkpoint_storage:              # optional: what else det serve may read
+  endpoint_urls: [https://s3.us-west-2.amazonaws.com]
+  buckets: [team-a-checkpoints]
 ```
 The older single-pool format, a top-level ``scheduler`` and no ``resource_pools``, still
 loads: it becomes ``resource_manager.scheduler`` with one pool named ``default``. Rules from
@@ -18,14 +25,31 @@ default for a blank ``type``, as the spec's Resource Pools example says), ``prio
 ``round_robin``; ``preemption`` and ``default_priority`` (1-99) belong to the priority
 scheduler; fitting policy ``best`` or ``worst``. Pools are named by ``name`` or the spec's
 ``pool_name``.
+
+``checkpoint_storage`` and ``allowed_checkpoint_storage`` bound where det serve reads users'
+checkpoints from and with whose credentials (issue 32; the rule is
+:func:`det.configs.storage_policy.storage_access`). The cluster config is readable by every
+user, so its ``checkpoint_storage`` holds no keys: det serve reaches it with its own
+credentials (environment, ``~/.aws``, instance role).
 """
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
+from det.configs.experiment import CheckpointStorage, S3Storage
 from det.configs.load import config_error, parse_yaml
 from det.errors import ConfigError
 
@@ -56,6 +80,28 @@ class ResourceManagerConfig(BaseModel):
     default_aux_resource_pool: str = "default"
 
 
+def _endpoint_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PydanticCustomError("endpoint_url", "expected an http:// or https:// URL with a "
+                                  "host, got '{value}'", {"value": value})
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise PydanticCustomError("endpoint_url", "expected a URL without user, password, "
+                                  "query or fragment, got '{value}'", {"value": value})
+    return value
+
+
+class StorageAllowList(BaseModel):
+    """``allowed_checkpoint_storage``: S3 endpoints and buckets det serve may read users'
+    checkpoints from, besides the cluster's own ``checkpoint_storage``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    endpoint_urls: list[Annotated[str, AfterValidator(_endpoint_url)]] = Field(
+        default_factory=list)
+    buckets: list[Annotated[str, Field(min_length=1, max_length=255)]] = Field(
+        default_factory=list)
+
+
 class ClusterConfig(BaseModel):
     """The whole cluster config; see the module docstring for the format."""
 
@@ -63,6 +109,18 @@ class ClusterConfig(BaseModel):
     resource_manager: ResourceManagerConfig = ResourceManagerConfig()
     resource_pools: list[ResourcePoolConfig] = Field(
         default_factory=lambda: [ResourcePoolConfig(name="default")])
+    checkpoint_storage: CheckpointStorage | None = None
+    allowed_checkpoint_storage: StorageAllowList = StorageAllowList()
+
+    @field_validator("checkpoint_storage")
+    @classmethod
+    def _no_keys(cls, value: Any) -> Any:
+        if isinstance(value, S3Storage) and (value.access_key or value.secret_key):
+            raise PydanticCustomError(
+                "storage_keys", "access_key and secret_key: not allowed here (every user may "
+                "read the cluster config); give det serve its credentials through its "
+                "environment, ~/.aws or an instance role")
+        return value
 
     @model_validator(mode="after")
     def _pools_named_once_and_defaults_exist(self) -> "ClusterConfig":

@@ -292,11 +292,19 @@ def directory_sizes(root: pathlib.Path) -> dict[str, int]:
     return dict(sorted(sizes.items()))
 
 
-def storage_from_config(checkpoint_storage: Mapping[str, Any] | None) -> FsspecStorage:
+def storage_from_config(checkpoint_storage: Mapping[str, Any] | None, *,
+                        ambient_credentials: bool = True) -> FsspecStorage:
     """Build the storage from the config's ``checkpoint_storage`` section.
 
-    Absent (``None``): a fresh temporary directory (local runs). Raises ``StorageError`` for a
-    type other than ``shared_fs`` / ``directory`` / ``s3`` or a missing required key.
+    Absent (``None``): a fresh temporary directory (local runs). S3 uses the section's
+    ``access_key`` / ``secret_key``; without them, the process's own AWS credential chain
+    when ``ambient_credentials`` (a task, the user's own CLI), else no credentials at all
+    (unsigned requests: det serve reading a user's storage, issue 32,
+    :func:`det.configs.storage_policy.storage_access`).
+
+    Raises:
+        StorageError: a type other than ``shared_fs`` / ``directory`` / ``s3``, a missing
+            required key, or an ``access_key`` without its ``secret_key``.
     """
     if not checkpoint_storage:
         return FsspecStorage(fsspec.filesystem("file"), tempfile.mkdtemp(prefix="det-checkpoints-"))
@@ -321,9 +329,13 @@ def storage_from_config(checkpoint_storage: Mapping[str, Any] | None) -> FsspecS
         options: dict[str, Any] = {}
         if checkpoint_storage.get("endpoint_url"):
             options["endpoint_url"] = checkpoint_storage["endpoint_url"]
-        if checkpoint_storage.get("access_key"):  # else the standard AWS credential chain
+        if checkpoint_storage.get("access_key"):
+            if not checkpoint_storage.get("secret_key"):
+                raise StorageError("checkpoint_storage.secret_key: required with access_key")
             options["key"] = checkpoint_storage["access_key"]
-            options["secret"] = checkpoint_storage.get("secret_key")
+            options["secret"] = checkpoint_storage["secret_key"]
+        elif not ambient_credentials:  # never the standard chain's: it is not the user's
+            options["anon"] = True
         fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
         return FsspecStorage(fs, f"{bucket}/{prefix}" if prefix else bucket)
     raise StorageError(

@@ -10,6 +10,7 @@ from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
 from det.api.session import Session, session
+from det.configs.storage_policy import storage_access, stored_cluster_config
 from det.errors import NotFoundError, StateError
 from det.harness.storage import storage_from_config
 from det.queries import trials as q
@@ -85,17 +86,20 @@ def experiment_trials(exp_id: int, s: Session = session) -> dict:
 @router.get("/checkpoints/{uuid}/download")
 def download_checkpoint(uuid: str, s: Session = session) -> FileResponse:
     """The checkpoint's files as one ``.tar.gz`` (read from its storage: shared_fs,
-    directory or s3). 404 for an unknown checkpoint, 409 for one being deleted or deleted,
-    502 when the storage fails. Links in the checkpoint are left out, never followed
+    directory or s3). 404 for an unknown checkpoint, 403 for S3 storage the cluster config
+    does not let det serve read (det.configs.storage_policy), 409 for one being deleted or
+    deleted, 502 when the storage fails. Links in the checkpoint are left out, never followed
     (``FsspecStorage.download``: a task's link to a host file must not serve that file)."""
     row = s.conn.execute(q.CHECKPOINT, {"uuid": uuid}).fetchone()
     if row is None:
         raise NotFoundError(f"checkpoint {uuid} not found")
+    ambient = storage_access(row["storage"], stored_cluster_config(s.conn))  # or 403
     if row["state"] != "COMPLETED":
         raise StateError(f"checkpoint {uuid} is {row['state']}")
     tmp = Path(tempfile.mkdtemp(prefix="det-api-ckpt-"))
     try:
-        storage_from_config(row["storage"]).download(row["uuid"], tmp / row["uuid"])
+        storage_from_config(row["storage"], ambient_credentials=ambient).download(
+            row["uuid"], tmp / row["uuid"])
         archive = tmp / f"{row['uuid']}.tar.gz"
         with tarfile.open(archive, "w:gz") as tar:
             tar.add(tmp / row["uuid"], arcname=row["uuid"])

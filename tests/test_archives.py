@@ -8,6 +8,7 @@ import gzip
 import io
 import os
 import tarfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,9 +203,33 @@ def test_garbage_is_a_context_error(tmp_path: Path, blob: bytes, why: str) -> No
 
 @pytest.fixture
 def server(det_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
-    s = Server(det_env, tmp_path)
+    """det serve with its temporary files under ``tmp_path/server-tmp``."""
+    (tmp_path / "server-tmp").mkdir()
+    s = Server({**det_env, "TMPDIR": str(tmp_path / "server-tmp")}, tmp_path)
     yield s
     s.stop()
+
+
+class Watch:
+    """Every name that appears in ``directory`` while the block runs (polled each 2 ms)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.seen: set[str] = set()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.poll, daemon=True)
+
+    def poll(self) -> None:
+        while not self.done.wait(0.002):
+            self.seen.update(os.listdir(self.directory))
+
+    def __enter__(self) -> "Watch":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 def login(server: Server, name: str) -> httpx.Client:
@@ -217,9 +242,10 @@ def login(server: Server, name: str) -> httpx.Client:
 def test_a_viewer_is_refused_before_the_context_is_unpacked(server: Server, conn,
                                                             tmp_path: Path,
                                                             victim: Path) -> None:
-    """A Viewer's upload is a 403 whatever the context holds: garbage (the old code: a 500
-    from tarfile), the CVE-2025-4517 archive (the old code: wrote into ``victim``) or a
-    decompression bomb (the old code: 400 MiB in the server's temp dir)."""
+    """A Viewer's upload is a 403 whatever the context holds, and det serve writes nothing to
+    its temp dir: garbage (the old code: a 500 from tarfile), the CVE-2025-4517 archive (the
+    old code: wrote into ``victim``) or a decompression bomb (the old code: 400 MiB in the
+    server's temp dir, then the 403)."""
     conn.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
     conn.execute("SELECT det_project_create('vision', 'p', '')")
     conn.execute("SELECT det_user_create('vic', %s, false)",
@@ -227,12 +253,13 @@ def test_a_viewer_is_refused_before_the_context_is_unpacked(server: Server, conn
     conn.execute("SELECT det_role_assign('Viewer', 'vic', NULL, 'vision', true)")
     denied = "permission denied: needs Editor on workspace 'vision' to create an experiment " \
              "in project \"p\""
-    with login(server, "vic") as vic:
+    with login(server, "vic") as vic, Watch(tmp_path / "server-tmp") as watch:
         for blob in (b"garbage", cve_2025_4517(victim), bomb(400 * 2**20)):
             r = vic.post("/api/v1/experiments", json={
                 "config": CONFIG, "context": base64.b64encode(blob).decode(),
                 "workspace": "vision", "project": "p"})
             assert error(r, 403) == denied
+    assert watch.seen == set()
     assert conn.execute("SELECT count(*) AS n FROM experiments").fetchone()["n"] == 0
 
 

@@ -183,7 +183,8 @@ def test_templates_end_to_end(det, conn, ctx, tmp_path) -> None:
     det("template", "set", "shared", str(write(tmp_path, "t2.yaml", "max_restarts: 9\n")))
     assert "max_restarts: 9" in det("template", "describe", "shared").stdout
     assert stored_config(conn, 1) == config
-    assert det("template", "remove", "shared").stdout == "Removed template shared from workspace Uncategorized\n"
+    assert det("template", "remove", "shared").stdout == (
+        "Removed template shared from workspace Uncategorized\n")
     assert stored_config(conn, 1) == config
     assert [t["name"] for t in json.loads(det("template", "list", "--json").stdout)] == ["other"]
 

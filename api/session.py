@@ -9,6 +9,13 @@ the WebUI's cookie, and runs as one transaction that begins with :func:`act_as`:
 ``SET LOCAL ROLE`` makes every query of the request run as that user's role, so row-level
 security applies to the API exactly as to the user's own psql. det serve's own role
 (det_web) may do nothing else.
+
+A token is good only under the password it was minted under (issue 32): ``det_web_login``
+stamps it with a digest of the role's password verifier, and ``det_web_auth`` refuses it
+(401), ends the user's other such logins and audits the change once the password differs,
+whether det changed it or the user ran ``ALTER ROLE ... PASSWORD`` in psql. Logins are
+throttled per user name and per client address in the database (``det_login_begin``), before
+PostgreSQL checks a password.
 """
 
 import secrets
@@ -83,11 +90,35 @@ def _session(request: Request) -> Iterator[Session]:
     returns (before the answer is sent), rolled back if it raises.
 
     Raises:
-        AuthError: no token, or one that is unknown or expired.
+        AuthError: no token, or one that is unknown or expired, or minted under a password
+            that is no longer its user's (PasswordChanged).
     """
     token = request_token(request)
     with request.app.state.pool.connection() as conn, conn.transaction():
-        yield Session(conn, act_as(conn, token))
+        user = _become(conn, token)
+        if user is not None:
+            yield Session(conn, user)
+    # else the transaction committed det_web_auth's end of the user's logins and its audit
+    # row: now the refusal
+    if user is None:
+        raise PasswordChanged(PASSWORD_CHANGED)
+
+
+class PasswordChanged(AuthError):
+    """The token was minted under a password that is no longer its user's (changed through
+    det, or by the user's own ALTER ROLE ... PASSWORD): 401."""
+
+
+PASSWORD_CHANGED = "the password changed since this login: log in again"
+
+
+def _become(conn: psycopg.Connection, token: str) -> str | None:
+    """:func:`act_as`, but None (nothing raised, so the caller may commit det_web_auth's
+    writes) where the user's password changed since ``token`` was minted."""
+    user = conn.execute("SELECT det_web_auth(%s) AS u", (token,)).fetchone()["u"]
+    if user is not None:
+        conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(user)))
+    return user
 
 
 def act_as(conn: psycopg.Connection, token: str) -> str:
@@ -97,9 +128,13 @@ def act_as(conn: psycopg.Connection, token: str) -> str:
     Raises:
         psycopg.Error: SQLSTATE 28000 for an unknown or expired token, or a user no longer
             active.
+        PasswordChanged: the user's password changed since the token was minted (the
+            request's own transaction rolls back det_web_auth's audit row; the next request
+            through :func:`_session`, or the next login, writes it).
     """
-    user = conn.execute("SELECT det_web_auth(%s) AS u", (token,)).fetchone()["u"]
-    conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(user)))
+    user = _become(conn, token)
+    if user is None:
+        raise PasswordChanged(PASSWORD_CHANGED)
     return user
 
 

@@ -1,17 +1,20 @@
 """``det user`` and ``det user-group``: users (PostgreSQL roles) and groups of them.
 
 A password never reaches det's tables or SQL text: the client turns it into a SCRAM-SHA-256
-verifier (libpq's PQencryptPasswordConn) that PostgreSQL keeps and checks at login.
+verifier (libpq's PQencryptPasswordConn) that PostgreSQL keeps and checks at login. So the
+CLI states the new password's length for det's minimum password policy (at least 8 characters
+unless a ClusterAdmin passes ``--weak-ok``: det_password_policy).
 """
 
 import psycopg
 import typer
+from psycopg.conninfo import make_conninfo
 
 from det.cli import login
 from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.db import roles
-from det.errors import DetError, NotFoundError
+from det.errors import AuthError, DetError, NotFoundError
 
 app = typer.Typer(no_args_is_help=True)
 group_app = typer.Typer(no_args_is_help=True)
@@ -64,19 +67,27 @@ def _new_password(password: str | None, prompt: str) -> str:
         prompt, hide_input=True, confirmation_prompt=True)
 
 
+WEAK_OK_HELP = ("Allow a password shorter than 8 characters (ClusterAdmin only; det refuses "
+                "one otherwise).")
+
+
 @app.command("create")
 def create(
     username: str = typer.Argument(..., help="Name of the new user (also its PostgreSQL role)."),
     admin: bool = typer.Option(False, "--admin", help="Make the user a ClusterAdmin."),
     password: str = typer.Option(None, "--password",
-                                 help="Its password (default: none; it cannot log in until "
-                                      "`det user change-password` sets one)."),
+                                 help="Its password, at least 8 characters (default: none; it "
+                                      "cannot log in until `det user change-password` sets "
+                                      "one)."),
+    weak_ok: bool = typer.Option(False, "--weak-ok", help=WEAK_OK_HELP),
 ) -> None:
     """Create a user (ClusterAdmin only). A new user is an Editor in Uncategorized."""
     with db() as conn:
         verifier = password_verifier(conn, username, password) if password is not None else None
-        uid = conn.execute("SELECT det_user_create(%s, %s, %s) AS id",
-                           (username, verifier, admin)).fetchone()["id"]
+        uid = conn.execute("SELECT det_user_create(%s, %s, %s, %s, %s) AS id",
+                           (username, verifier, admin,
+                            None if password is None else len(password), weak_ok)
+                           ).fetchone()["id"]
     typer.echo(f"Created user {uid}: {username}" + ("" if password is not None else
                                                     " (no password yet)"))
 
@@ -133,20 +144,53 @@ def activate(username: str = typer.Argument(..., help="The user.")) -> None:
     _set_active(username, True)
 
 
+IS_ADMIN = ("SELECT det_is_owner_session() OR det_permitted(det_caller(), 'admin_cluster', "
+            "NULL) AS ok")
+
+
 @app.command("change-password")
 def change_password(
     target_user: str = typer.Argument(None, help="Whose password (default: your own; "
                                                  "another's takes ClusterAdmin)."),
-    password: str = typer.Option(None, "--password", help="The new password (default: ask)."),
+    password: str = typer.Option(None, "--password",
+                                 help="The new password, at least 8 characters (default: "
+                                      "ask)."),
+    current_password: str = typer.Option(None, "--current-password",
+                                         help="Your current password, when you change your "
+                                              "own and are no ClusterAdmin (default: ask)."),
+    weak_ok: bool = typer.Option(False, "--weak-ok", help=WEAK_OK_HELP),
 ) -> None:
-    """Set a user's password (asked twice, not echoed)."""
+    """Set a user's password (asked twice, not echoed). A user who is no ClusterAdmin gives
+    their current password first. Every det serve login of the user ends (its tokens are
+    refused), and the change is audited (det_user_set_password)."""
     with db() as conn:
-        name = target_user or conn.execute("SELECT det_caller() AS u").fetchone()["u"]
+        me = conn.execute("SELECT det_caller() AS u").fetchone()["u"]
+        name = target_user or me
+        if name == me and not conn.execute(IS_ADMIN).fetchone()["ok"]:
+            if current_password is None:
+                current_password = typer.prompt(f"Current password for {name}",
+                                                hide_input=True)
+            _check_current(conn, name, current_password)
         new = _new_password(password, f"New password for {name}")
         verifier = password_verifier(conn, name, new)
-        conn.execute("SELECT det_user_set_password(%s, %s)", (name, verifier))
+        conn.execute("SELECT det_user_set_password(%s, %s, %s, %s)",
+                     (name, verifier, len(new), weak_ok))
     login.keep_password(name, new)
     typer.echo(f"Changed the password of {name}")
+
+
+def _check_current(conn: psycopg.Connection, name: str, password: str) -> None:
+    """Check that ``password`` is ``name``'s now: PostgreSQL does (one connection as ``name``
+    to the server ``conn`` is connected to; det never sees a stored password).
+
+    Raises:
+        AuthError: it is not.
+    """
+    try:
+        psycopg.connect(make_conninfo(conn.info.dsn, user=name, password=password,
+                                      connect_timeout=10)).close()
+    except psycopg.OperationalError as e:
+        raise AuthError(f"change the password of {name}: the current password is wrong") from e
 
 
 @group_app.command("create")

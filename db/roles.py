@@ -75,9 +75,9 @@ def provision(conn: psycopg.Connection, home: Path) -> str:
         password = passfile.new_password()
         exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (admin,)).fetchone()
         with conn.transaction():
-            conn.execute("SELECT det_user_set_password(%s, %s)" if exists
-                         else "SELECT det_user_create(%s, %s, true)",
-                         (admin, verifier(conn, admin, password)))
+            conn.execute("SELECT det_user_set_password(%s, %s, %s)" if exists
+                         else "SELECT det_user_create(%s, %s, true, %s)",
+                         (admin, verifier(conn, admin, password), len(password)))
         passfile.store(file, admin, password)
     return admin
 

@@ -111,7 +111,7 @@ def test_cluster_up_serves_the_rest_api_and_webui(local, tmp_path) -> None:
 
     wait_for(answers, 60, "the web server to answer")
     # The cluster admin (the OS user's det account) logs in once it has a password it knows.
-    local("user", "change-password", "--password", "known")
+    local("user", "change-password", "--password", "known", "--weak-ok")
     assert local("user", "whoami").stdout.strip() == getpass.getuser()
     token = httpx.post(f"{url}api/v1/auth/login",
                        json={"username": getpass.getuser(), "password": "known"}).json()["token"]

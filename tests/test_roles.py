@@ -189,7 +189,7 @@ def test_a_task_reaches_only_its_own_functions_and_no_det_process_is_a_superuser
 def test_login_switches_the_cli_user_and_logout_switches_back(local, tmp_path) -> None:
     home = tmp_path / "home"
     local("cluster", "up", "--runtime", "process", "--slots", "0", "--web-port", "0")
-    local("user", "create", "bob", "--password", "s3cret")  # as the cluster admin
+    local("user", "create", "bob", "--password", "s3cret", "--weak-ok")  # as the cluster admin
     r = local("user", "login", "bob", "--password", "wrong", check=False)
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "bob" in r.stderr
     assert local("user", "whoami").stdout.strip() == getpass.getuser()
@@ -201,9 +201,9 @@ def test_login_switches_the_cli_user_and_logout_switches_back(local, tmp_path) -
     assert stat.S_IMODE(file.stat().st_mode) == 0o600
     assert passfile.lookup(file, "bob") == "s3cret"
     # Changing one's own password keeps the CLI connected.
-    local("user", "change-password", "--password", "n3w")
+    local("user", "change-password", "--password", "n3w-password", input="s3cret\n")
     assert local("user", "whoami").stdout.strip() == "bob"
-    assert passfile.lookup(file, "bob") == "n3w"
+    assert passfile.lookup(file, "bob") == "n3w-password"
 
     assert "det connects as" in local("user", "logout").stdout
     assert passfile.lookup(file, "bob") is None

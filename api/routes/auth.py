@@ -1,11 +1,16 @@
-"""``/api/v1/auth``: log in (a token, stored hashed, expiring), log out, who am I."""
+"""``/api/v1/auth``: log in (a token, stored hashed, expiring; attempts audited and throttled
+per user name and client address), log out, who am I."""
 
+import math
 from datetime import datetime
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from det.api.session import COOKIE, Session, check_password, mint_token, request_token, session
+from det.errors import AuthError
 
 router = APIRouter(prefix="/api/v1", tags=["auth"])
 
@@ -22,17 +27,37 @@ class LoginResponse(BaseModel):
     expires_at: datetime
 
 
-@router.post("/auth/login", response_model=LoginResponse)
-def login(body: Login, request: Request, response: Response) -> dict:
+@router.post("/auth/login", response_model=LoginResponse,
+             responses={429: {"description": "Too many failed logins for this user or from "
+                                             "this address: retry after Retry-After seconds"}})
+def login(body: Login, request: Request, response: Response) -> Any:
     """Check the user and password (PostgreSQL does); answer a token good until
     ``expires_at`` (also set as the WebUI's HttpOnly cookie). 401 for a wrong user or
-    password, or a deactivated user."""
-    user = check_password(request.app.state.url, body.username, body.password)
+    password, or a deactivated user. 429 with ``Retry-After`` (seconds) while the user name or
+    the client's address is locked after failed attempts (det_login_begin: 5 per name, 20 per
+    address), asked before any password is checked, a right one included. Every attempt is
+    audited with the name tried and the client's address, never the password."""
+    address = request.client.host if request.client else None
+    pool = request.app.state.pool
+    with pool.connection() as conn:
+        wait = conn.execute("SELECT det_login_begin(%s, %s) AS w",
+                            (body.username, address)).fetchone()["w"]
+    if wait > 0:
+        seconds = math.ceil(wait)
+        return JSONResponse({"error": f"too many failed logins for {body.username!r} or from "
+                                      f"this address: try again in {seconds} s"},
+                            status_code=429, headers={"Retry-After": str(seconds)})
+    try:
+        user = check_password(request.app.state.url, body.username, body.password)
+    except AuthError:
+        with pool.connection() as conn:
+            conn.execute("SELECT det_login_failed(%s, %s)", (body.username, address))
+        raise
     token = mint_token()
     ttl = request.app.state.token_ttl
-    with request.app.state.pool.connection() as conn:
-        expires = conn.execute("SELECT det_web_login(%s, %s, %s) AS e",
-                               (token, user, ttl)).fetchone()["e"]
+    with pool.connection() as conn:
+        expires = conn.execute("SELECT det_web_login(%s, %s, %s, %s) AS e",
+                               (token, user, ttl, address)).fetchone()["e"]
     # Secure over TLS (det serve --certfile): the browser then never sends it in the clear.
     response.set_cookie(COOKIE, token, max_age=int(ttl), httponly=True, samesite="strict",
                         secure=request.url.scheme == "https")

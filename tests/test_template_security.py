@@ -208,3 +208,26 @@ def test_existing_templates_move_to_uncategorized(pg_server: str, tmp_path: Path
     assert row["config"]["checkpoint_storage"]["secret_key"] == "s3cr3t"
     assert row["redacted_config"]["checkpoint_storage"]["secret_key"] == "********"
     assert row["redacted_original"] is None
+
+
+def test_the_api_submits_with_a_template_of_the_experiments_workspace(det, det_env, conn, ctx,
+                                                                      tmp_path) -> None:
+    from test_api import Server, error, packed
+
+    (tmp_path / "t.yaml").write_text(SECRET_TEMPLATE)
+    det("template", "set", "shared", str(tmp_path / "t.yaml"))  # Uncategorized
+    server = Server(det_env, tmp_path)
+    try:
+        body = {"config": EXPERIMENT, "context": packed(ctx), "template": "shared"}
+        r = server.client.post("/api/v1/experiments", json=body)
+        assert r.status_code == 201, r.text
+        conn.execute("SELECT det_workspace_create('team', NULL, NULL, NULL)")
+        conn.execute("SELECT det_project_create('team', 'p', '')")
+        # the template of the experiment's own workspace: none of that name in 'team'
+        assert error(server.client.post("/api/v1/experiments", json={
+            **body, "workspace": "team", "project": "p"}), 404) == (
+            'template "shared" not found in workspace "team"')
+    finally:
+        server.stop()
+    config = conn.execute("SELECT config FROM experiments").fetchone()["config"]
+    assert config["checkpoint_storage"]["secret_key"] == "team-secret-key-123"

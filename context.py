@@ -8,10 +8,11 @@ written.
 Symbolic links are packed as links, not as copies of what they point to: the task sees the
 tree the user has, a file reached through several links is stored once, and a link to an
 ancestor directory cannot make packing loop. So each link must still work once unpacked: a link
-that is absolute, leads outside the context (itself or through other links), dangles, or points
-to something ``.detignore`` leaves out is refused at packing time, naming the link (unpacking
-would refuse or break it in every task). Entries other than files, directories and links
-(pipes, sockets, devices) are refused too.
+that is absolute, leads outside the context (itself or through other links), walks through
+another link on the way to its target (unpacking refuses it: :mod:`det.archives`), dangles, or
+points to something ``.detignore`` leaves out is refused at packing time, naming the link
+(unpacking would refuse or break it in every task). Entries other than files, directories and
+links (pipes, sockets, devices) are refused too.
 """
 
 import io
@@ -95,6 +96,18 @@ def _check_link(root: Path, rel: Path, spec: pathspec.GitIgnoreSpec) -> None:
         raise ContextError(f"{where}, outside the context; copy the file in instead")
     if not os.path.exists(resolved):
         raise ContextError(f"{where}, which does not exist")
+    # Unpacking refuses a link whose target walks through another link (det.archives), so
+    # packing does too, naming it: each directory on the way must be a real one.
+    walked = list(rel.parent.parts)
+    components = [c for c in target.split("/") if c not in ("", ".")]
+    for c in components[:-1]:
+        if c == "..":
+            walked.pop()
+            continue
+        walked.append(c)
+        if (root / Path(*walked)).is_symlink():
+            raise ContextError(f"{where}, through another link ({Path(*walked)}); point it "
+                               "at the real path")
     for path in (lexical, os.path.relpath(resolved, real_root)):
         suffix = "/" if os.path.isdir(os.path.join(real_root, path)) else ""
         if path != "." and spec.match_file(Path(path).as_posix() + suffix):
@@ -126,12 +139,25 @@ def pack(root: Path) -> bytes:
     ) as bar:
         for rel, size in files:
             try:
-                tar.add(root / rel, arcname=rel.as_posix(), recursive=False)
+                _add(tar, root / rel, rel.as_posix())
             except OSError as e:
                 raise ContextError(f"context directory {root}: cannot read {rel}: "
                                    f"{e.strerror}") from None
             bar.update(size)
     return buf.getvalue()
+
+
+def _add(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
+    """Add the file or link ``path`` as ``arcname``. A file with other hard links in the
+    context is stored whole each time, not as tarfile's hard-link member: unpacking refuses
+    hard links (:mod:`det.archives`)."""
+    info = tar.gettarinfo(path, arcname=arcname)
+    if info.issym():
+        tar.addfile(info)
+        return
+    with open(path, "rb") as f:
+        info.type, info.linkname, info.size = tarfile.REGTYPE, "", os.fstat(f.fileno()).st_size
+        tar.addfile(info, f)
 
 
 def unpack(data: bytes, dest: Path, what: str = "context") -> None:

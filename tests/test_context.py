@@ -49,8 +49,8 @@ def test_not_a_directory(tmp_path: Path) -> None:
 def members(blob: bytes) -> dict[str, str]:
     """Member name -> "file" or "link -> target"."""
     with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
-        return {m.name: f"link -> {m.linkname}" if m.issym() else "file"
-                for m in tar.getmembers()}
+        return {m.name: f"link -> {m.linkname}" if m.issym() else "file" if m.isreg()
+                else f"type {m.type!r}" for m in tar.getmembers()}
 
 
 def test_links_inside_the_context_are_packed_as_links(tmp_path: Path) -> None:
@@ -68,16 +68,33 @@ def test_links_inside_the_context_are_packed_as_links(tmp_path: Path) -> None:
     assert (out / "alias.py").read_text() == (out / "lib" / "mod.py").read_text() == "y = 2\n"
 
 
+def test_hard_links_are_packed_as_files(tmp_path: Path) -> None:
+    """Two names of one file (``cp -l``) are two files in the archive: unpacking refuses
+    hard-link members."""
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "a.py").write_text("x = 1\n")
+    os.link(ctx / "a.py", ctx / "b.py")
+    blob = context.pack(ctx)
+    assert members(blob) == {"a.py": "file", "b.py": "file"}
+    context.unpack(blob, tmp_path / "out")
+    assert (tmp_path / "out" / "b.py").read_text() == "x = 1\n"
+
+
 @pytest.mark.parametrize(("links", "named", "why"), [
     ({"data.py": "/etc/hostname"}, "data.py", "an absolute path"),
     ({"data.py": "../outside.py"}, "data.py", "outside the context"),
     ({"pkg/data": "../../outside.py"}, "pkg/data", "outside the context"),
     # Inside as written, outside once the other link is followed.
     ({"a.py": "pkg/up/outside.py", "pkg/up": "../.."}, "a.py", "outside the context"),
+    # Inside once followed, but through another link, which unpacking refuses.
+    ({"a.py": "lib/mod.py", "lib": "pkg", "pkg/mod.py": None}, "a.py",
+     "through another link (lib)"),
     ({"data.py": "nothing.py"}, "data.py", "does not exist"),
     ({"data.py": "secret/key.py"}, "data.py", ".detignore leaves out"),
 ])
-def test_links_that_would_not_work_unpacked_are_refused(tmp_path: Path, links: dict[str, str],
+def test_links_that_would_not_work_unpacked_are_refused(tmp_path: Path,
+                                                        links: dict[str, str | None],
                                                         named: str, why: str) -> None:
     (tmp_path / "outside.py").write_text("x = 1\n")
     ctx = tmp_path / "ctx"
@@ -86,7 +103,10 @@ def test_links_that_would_not_work_unpacked_are_refused(tmp_path: Path, links: d
     (ctx / "secret" / "key.py").write_text("k = 1\n")
     (ctx / ".detignore").write_text("secret/\n")
     for name, target in links.items():
-        os.symlink(target, ctx / name)
+        if target is None:
+            (ctx / name).write_text("y = 2\n")
+        else:
+            os.symlink(target, ctx / name)
     with pytest.raises(ContextError) as info:
         context.pack(ctx)
     message = str(info.value)

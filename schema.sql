@@ -906,6 +906,90 @@ COMMENT ON TABLE web_watchers IS
     'servers take their leases again within a second.';
 
 -- =============================================================================================
+-- NOTIFY channels (issue 32)
+--
+-- PostgreSQL has no privilege on LISTEN or NOTIFY: any role may listen or notify on any
+-- channel it can name. So det's channels have names no user or task can know: each is built
+-- by det_channel from a random cluster secret that only the schema's owner reads. det's own
+-- processes LISTEN through functions that never hand the name to a caller outside det's
+-- roles (det_listen for the owner, det_web_listen, det_agent_listen, det_task_listen), and
+-- the LISTEN runs inside the function, so the name never appears in a statement's text
+-- (pg_stat_activity shows a session's last statement to every session of its role). NOTIFY
+-- stays a hint: every listener also polls, and det serve reads what changed under the
+-- request's user's row-level security.
+
+CREATE TABLE channel_key (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    -- 32 bytes (244 random bits) of two v4 UUIDs: gen_random_uuid draws from the server's
+    -- strong random source and needs no extension
+    secret    bytea NOT NULL DEFAULT decode(replace(gen_random_uuid()::text
+                                                    || gen_random_uuid()::text, '-', ''), 'hex')
+);
+COMMENT ON TABLE channel_key IS
+    'The secret det_channel builds NOTIFY channel names from (one row, made with the schema). '
+    'Granted to no role: only the owner and its SECURITY DEFINER functions read it.';
+INSERT INTO channel_key DEFAULT VALUES;
+
+CREATE FUNCTION det_channel(p_kind text, p_key text) RETURNS text LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The channel of kind ``p_kind`` ("reconciler", "web": p_key ''; "agent": the agent's id;
+-- "alloc": the allocation's id) for this cluster: det_<kind>_<40 hex digits of
+-- SHA-256(secret || kind:key)>, at most 55 bytes (a channel name is an identifier of 63).
+-- The secret is of fixed length and a key is text (never a NUL byte), so no name derives from
+-- another's (SHA-256's length extension appends padding with NUL bytes). Executable by the
+-- owner alone (det.db.channels).
+DECLARE
+    v_secret bytea := (SELECT secret FROM channel_key);
+BEGIN
+    IF p_kind IS NULL OR p_kind NOT IN ('reconciler', 'web', 'agent', 'alloc') THEN
+        RAISE EXCEPTION 'det_channel: kind must be reconciler, web, agent or alloc, got %',
+            coalesce(p_kind, 'NULL') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_key IS NULL THEN
+        RAISE EXCEPTION 'det_channel: key of a % channel must not be NULL', p_kind
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF v_secret IS NULL THEN
+        RAISE EXCEPTION 'det_channel: table channel_key has no secret (the schema made one)'
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    RETURN 'det_' || p_kind || '_'
+        || left(encode(sha256(v_secret || convert_to(p_kind || ':' || p_key, 'UTF8')), 'hex'), 40);
+END $$;
+
+CREATE FUNCTION det_listen(p_kind text, p_key text) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- This session LISTENs on det_channel(p_kind, p_key) from its transaction's commit on (as a
+-- LISTEN statement would). Executable by the owner alone: the reconciler's own channel.
+BEGIN
+    EXECUTE format('LISTEN %I', det_channel(p_kind, p_key));
+END $$;
+
+CREATE FUNCTION det_web_listen() RETURNS void LANGUAGE sql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- det serve's event listener (det_web) LISTENs on the web channel (det_web_event).
+    SELECT det_listen('web', '');
+$$;
+
+CREATE FUNCTION det_agent_listen(p_agent text) RETURNS void LANGUAGE sql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- An agent (det_agent) LISTENs on its own channel: the reconciler wakes it there when its
+-- assignments or their desired states change. An agent names itself, as in every function
+-- of det_agent's.
+    SELECT det_listen('agent', p_agent);
+$$;
+
+CREATE FUNCTION det_task_listen(p_token text) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- A task (det_task) LISTENs on its own allocation's channel, named by its token: woken there
+-- when it should preempt (empty payload) or its trial's next searcher op is decided ("op").
+DECLARE
+    a allocations := det_auth(p_token);
+BEGIN
+    PERFORM det_listen('alloc', a.id::text);
+END $$;
+
+-- =============================================================================================
 -- Transition rules
 
 CREATE FUNCTION det_stopped_state(p_state text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
@@ -1712,7 +1796,7 @@ BEGIN
             p_original_config, v_ctx, v_user, p.id)
     RETURNING id INTO v_id;
     PERFORM det_audit('create', 'experiment', v_id::text, jsonb_build_object('project', p.id));
-    PERFORM pg_notify('det_reconciler', 'experiment');
+    PERFORM pg_notify(det_channel('reconciler', ''), 'experiment');
     RETURN v_id;
 END $$;
 
@@ -1747,7 +1831,7 @@ BEGIN
     END IF;
     UPDATE experiments SET state = v_new WHERE id = p_id;
     PERFORM det_audit(p_action, 'experiment', p_id::text);
-    PERFORM pg_notify('det_reconciler', 'experiment');
+    PERFORM pg_notify(det_channel('reconciler', ''), 'experiment');
     RETURN v_new;
 END $$;
 
@@ -1854,7 +1938,7 @@ BEGIN
     END CASE;
     PERFORM det_audit('update', 'job', p_job::text,
                       jsonb_build_object('field', p_field, 'value', p_value));
-    PERFORM pg_notify('det_reconciler', 'job');
+    PERFORM pg_notify(det_channel('reconciler', ''), 'job');
 EXCEPTION
     WHEN invalid_text_representation OR numeric_value_out_of_range THEN
         RAISE EXCEPTION 'job %: % expects a number, not "%"', p_job, p_field, p_value
@@ -1896,7 +1980,7 @@ BEGIN
     ON CONFLICT (singleton) DO UPDATE
         SET config = excluded.config, original = excluded.original, applied_at = now();
     PERFORM det_audit('apply', 'cluster_config', 'cluster', p_config);
-    PERFORM pg_notify('det_reconciler', 'cluster');
+    PERFORM pg_notify(det_channel('reconciler', ''), 'cluster');
 END $$;
 
 CREATE FUNCTION det_agent_set_enabled(p_id text, p_enabled boolean) RETURNS agent_state
@@ -1917,7 +2001,7 @@ BEGIN
         RAISE EXCEPTION 'agent % not found (or lost)', p_id USING ERRCODE = 'no_data_found';
     END IF;
     PERFORM det_audit(CASE WHEN p_enabled THEN 'enable' ELSE 'disable' END, 'agent', p_id);
-    PERFORM pg_notify('det_reconciler', 'agent');
+    PERFORM pg_notify(det_channel('reconciler', ''), 'agent');
     RETURN v_state;
 END $$;
 
@@ -1935,7 +2019,7 @@ BEGIN
     END IF;
     PERFORM det_audit(CASE WHEN p_enabled THEN 'enable' ELSE 'disable' END, 'slot',
                       p_agent || '/' || p_slot);
-    PERFORM pg_notify('det_reconciler', 'agent');
+    PERFORM pg_notify(det_channel('reconciler', ''), 'agent');
 END $$;
 
 -- =============================================================================================
@@ -2329,7 +2413,7 @@ BEGIN
     ON CONFLICT (agent_id, slot_id) DO UPDATE
         SET type = excluded.type, device_uuid = excluded.device_uuid,
             device_name = excluded.device_name, memory_mb = excluded.memory_mb;
-    PERFORM pg_notify('det_reconciler', 'agent');
+    PERFORM pg_notify(det_channel('reconciler', ''), 'agent');
 END $$;
 
 CREATE FUNCTION det_agent_heartbeat(p_id text) RETURNS agent_state LANGUAGE plpgsql
@@ -2403,7 +2487,7 @@ BEGIN
     IF p_state = 'TERMINATED' THEN
         UPDATE allocation_slots SET released = true
          WHERE allocation_id = ANY(p_allocations) AND NOT released;
-        PERFORM pg_notify('det_reconciler', 'allocation');
+        PERFORM pg_notify(det_channel('reconciler', ''), 'allocation');
     END IF;
 END $$;
 
@@ -2519,7 +2603,7 @@ BEGIN
     IF FOUND THEN
         UPDATE allocation_slots SET released = true
          WHERE allocation_id = p_allocation AND NOT released;
-        PERFORM pg_notify('det_reconciler', 'allocation');
+        PERFORM pg_notify(det_channel('reconciler', ''), 'allocation');
     END IF;
 END $$;
 
@@ -2713,7 +2797,7 @@ BEGIN
                jsonb_build_object('length', o.length, 'metric', p_metric)
         FROM trials t JOIN experiments e ON e.id = t.experiment_id
         WHERE t.id = a.trial_id AND e.config #>> '{searcher,time_metric}' IS NULL;
-        PERFORM pg_notify('det_reconciler', 'searcher');
+        PERFORM pg_notify(det_channel('reconciler', ''), 'searcher');
     END IF;
 END $$;
 
@@ -2924,7 +3008,7 @@ BEGIN
     IF e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR') THEN
         RETURN 0;
     END IF;
-    PERFORM pg_notify('det_reconciler', 'checkpoint_gc');
+    PERFORM pg_notify(det_channel('reconciler', ''), 'checkpoint_gc');
     RETURN det_checkpoint_gc(p_experiment);
 END $$;
 
@@ -2968,7 +3052,7 @@ BEGIN
      WHERE uuid = ANY(p_uuids) AND state IN ('COMPLETED', 'DELETING');
     GET DIAGNOSTICS v_n = ROW_COUNT;
     PERFORM det_audit('delete', 'checkpoint', u::text) FROM unnest(p_uuids) u;
-    PERFORM pg_notify('det_reconciler', 'checkpoint_gc');
+    PERFORM pg_notify(det_channel('reconciler', ''), 'checkpoint_gc');
     RETURN v_n - det_unpin_deleting();  -- pinned since the check above
 END $$;
 
@@ -3061,7 +3145,7 @@ BEGIN
      WHERE t.id = c.trial_id AND t.experiment_id = p_id AND c.state IN ('COMPLETED', 'DELETING');
     PERFORM det_unpin_deleting();  -- pinned since the check above: kept, and so is the experiment
     PERFORM det_audit('delete', 'experiment', p_id::text);
-    PERFORM pg_notify('det_reconciler', 'checkpoint_gc');
+    PERFORM pg_notify(det_channel('reconciler', ''), 'checkpoint_gc');
     RETURN det_purge_experiment(p_id);
 END $$;
 
@@ -3327,7 +3411,7 @@ CREATE FUNCTION det_web_event(p_topics text[]) RETURNS void LANGUAGE sql AS $$
 -- "queue", "cluster"), or "*" (every stream) when there are more than 200 of them. A hint
 -- only: the servers also look on their own every second. Identical payloads in one
 -- transaction are delivered once (PostgreSQL folds them).
-    SELECT pg_notify('det_web', CASE WHEN count(*) > 200 THEN '*'
+    SELECT pg_notify(det_channel('web', ''), CASE WHEN count(*) > 200 THEN '*'
                                      ELSE string_agg(t, ' ' ORDER BY t) END)
       FROM (SELECT DISTINCT t FROM unnest(p_topics) t WHERE t IS NOT NULL) d
     HAVING count(*) > 0;
@@ -3663,6 +3747,10 @@ GRANT EXECUTE ON FUNCTION
 TO det_web;
 -- a request logs out after det serve took its user's role: ending a login takes its token
 GRANT EXECUTE ON FUNCTION det_web_logout(text) TO det_user;
+-- each of det's roles LISTENs on its own NOTIFY channel, never learning another's (issue 32)
+GRANT EXECUTE ON FUNCTION det_web_listen() TO det_web;
+GRANT EXECUTE ON FUNCTION det_agent_listen(text) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_task_listen(text) TO det_task;
 
 GRANT EXECUTE ON FUNCTION
     -- user actions (SECURITY DEFINER, each checks its caller's permission)
@@ -3920,7 +4008,7 @@ BEGIN
                'length', greatest(least(floor(v_time::numeric), 9223372036854775807), 0)::bigint,
                'metric', CASE WHEN jsonb_typeof(v_metric) = 'number' THEN v_metric END)
       FROM trials t WHERE t.id = NEW.trial_id;
-    PERFORM pg_notify('det_reconciler', 'searcher');
+    PERFORM pg_notify(det_channel('reconciler', ''), 'searcher');
     RETURN NULL;
 END $$;
 

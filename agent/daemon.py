@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import dict_row
 
 from det import context
@@ -181,8 +180,7 @@ class Agent:
         """The main connection, opened (and LISTENing) again after it was lost."""
         if self.conn is None or self.conn.closed:
             self.conn = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
-            self.conn.execute(sql.SQL("LISTEN {}").format(
-                sql.Identifier(channels.agent(self.s.agent_id))))
+            channels.listen_agent(self.conn, self.s.agent_id)
         return self.conn
 
     def _with_db(self, fn: Callable[[], T]) -> T:

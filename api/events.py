@@ -1,6 +1,6 @@
 """Live updates: server-sent-event streams fed by ONE LISTEN connection per server process.
 
-:class:`Hub` holds that connection (``LISTEN det_web``; det.db.channels) and fans each
+:class:`Hub` holds that connection (LISTENing on the web channel: det.db.channels) and fans each
 notification out to the streams subscribed to its topics (``experiment:7``, ``trial:12``,
 ``queue``, ...). NOTIFY is a hint only (DESIGN.md): the hub also wakes every stream once a
 ``TICK`` (a change no trigger announces, or an event the metrics throttle held back, shows
@@ -84,7 +84,7 @@ class Hub:
             try:
                 async with await psycopg.AsyncConnection.connect(self.url,
                                                                  autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {channels.WEB}")
+                    await channels.listen_web(conn)
                     failures = 0
                     self.connected.set()
                     self.wake(None)

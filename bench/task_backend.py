@@ -26,7 +26,6 @@ from pathlib import Path
 import psycopg
 from metric_rows import claim
 from private_db import postgres_cpu, private_database
-from psycopg import sql
 
 from det.agent.pooler import RESET_QUERY
 from det.db import channels, connect, roles
@@ -36,7 +35,7 @@ TRAINING_ROWS = 27
 
 def run_calls(conn: psycopg.Connection, alloc: int, token: str, op: int) -> None:
     """One run's calls, in the order a Core API task makes them."""
-    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channels.allocation(alloc))))
+    channels.listen_task(conn, token)
     conn.execute("SELECT det_task_info(%s)", (token,)).fetchone()
     conn.execute("SELECT det_should_preempt(%s)", (token,)).fetchone()
     conn.execute("SELECT det_current_op(%s)", (token,)).fetchone()

@@ -25,7 +25,6 @@ from typing import Any, Protocol
 
 import psycopg
 import tenacity
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from det.db import channels, retry
@@ -370,8 +369,7 @@ class DbTransport:
     def _listen(self, conn: psycopg.Connection[Any]) -> None:
         """Each new connection of the session LISTENs on the allocation's channel."""
         conn.add_notify_handler(self._on_notify)
-        conn.execute(sql.SQL("LISTEN {}").format(
-            sql.Identifier(channels.allocation(self.allocation_id))))
+        channels.listen_task(conn, self._token)
         if self._listened:  # a NOTIFY may have been missed while there was no connection
             self._ask.set()
         self._listened = True

@@ -15,7 +15,7 @@ Contract (the equivalent of controller-runtime's ``reconcile.go``):
   timer tick.
 * **One leader** (:mod:`det.reconciler.leader`): passes run on the connection that holds a
   session advisory lock; if that connection dies, the lock and the ability to write die with it.
-* **Returns** nothing; the loop runs again when woken by NOTIFY ``det_reconciler`` or after
+* **Returns** nothing; the loop runs again when woken by NOTIFY on its channel or after
   ``interval`` seconds.
 
 Decisions are pure functions over plain data: :mod:`det.reconciler.schedulers` (placement),

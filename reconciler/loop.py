@@ -1,6 +1,6 @@
 """The reconciler process: lead, then pass after pass, through database restarts.
 
-``det reconcile`` loops: a pass, then sleep until NOTIFY ``det_reconciler`` or ``interval``
+``det reconcile`` loops: a pass, then sleep until NOTIFY on its channel or ``interval``
 seconds; a pass that changed something is followed at once by another, so a chain of
 decisions (run ended -> searcher -> new trial -> placement) settles without waiting.
 ``det reconcile --once`` runs passes until nothing changes and exits (for cron).
@@ -60,7 +60,7 @@ def _lead_and_serve(conn: psycopg.Connection, settings: Settings, holder: str,
     else:
         leader.wait_to_lead(conn)
     log.info("leading as %s", holder)
-    conn.execute(f"LISTEN {channels.RECONCILER}")
+    channels.listen(conn, channels.RECONCILER)
     prepare_session(conn)
     # A live leader must talk well within its lease (see det.reconciler.leader).
     wait = min(settings.interval, settings.lease / 3)

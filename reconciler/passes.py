@@ -127,7 +127,7 @@ def _wake(conn: psycopg.Connection, r: PassResult) -> None:
     wake += [(channels.allocation(a), channels.OP_DECIDED)
              for a in sorted(r.decided - r.allocations)]
     isolated_each(conn, wake, lambda w: f"wake {w[0]}",
-                  lambda w: conn.execute(q.NOTIFY, {"channel": w[0], "payload": w[1]}))
+                  lambda w: channels.notify(conn, w[0], w[1]))
 
 
 def _agents(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None:

@@ -507,8 +507,6 @@ UPDATE allocations SET pending_reason = %(reason)s
 
 # -- 9. Bookkeeping ----------------------------------------------------------------------------
 
-NOTIFY = "SELECT pg_notify(%(channel)s, %(payload)s)"
-
 RECORD_PASS = """
 INSERT INTO reconciler_leader (holder, since, last_pass) VALUES (%(holder)s, now(), now())
 ON CONFLICT (singleton) DO UPDATE

@@ -23,6 +23,7 @@ from psycopg.types.json import Jsonb
 
 from det import context
 from det.cli.users import password_verifier
+from det.db import channels
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -520,12 +521,14 @@ def test_metrics_notify_sparingly(conn, db_url: str) -> None:
     """A trial reporting many batches a second wakes the servers a few times a second, not
     once per batch (web_event_marks); each NOTIFY is one statement's, never one per row."""
     exp = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id", (Jsonb({
-        "name": "x", "resources": {"resource_pool": "default", "weight": 1.0},
-        "searcher": {"metric": "loss", "smaller_is_better": True}}),)).fetchone()["id"]
+        "name": "x", "resources": {"slots_per_trial": 1, "resource_pool": "default",
+                                   "weight": 1.0},
+        "searcher": {"name": "single", "metric": "loss", "smaller_is_better": True}}),)
+    ).fetchone()["id"]
     _, token = running_trial(conn, exp)
     conn.execute("SELECT det_web_watch('test', 60)")
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as listener:
-        listener.execute("LISTEN det_web")
+        channels.listen(listener, channels.WEB)
         start = time.monotonic()
         for step in range(200):
             conn.execute("SELECT det_report_metrics_batch(%s, NULL, NULL, %s, %s, %s)",
@@ -541,12 +544,13 @@ def test_events_only_while_a_server_watches(conn, db_url: str) -> None:
     """The det_web triggers send nothing while no det serve holds a lease (issue 11: ~1 ms of
     PostgreSQL time a trivial task went to events no page read); while one does they name
     what changed; a lease ended or run out stops them again."""
-    config = Jsonb({"name": "x", "resources": {"resource_pool": "default", "weight": 1.0},
-                    "searcher": {"metric": "loss", "smaller_is_better": True}})
+    config = Jsonb({"name": "x",
+                    "resources": {"slots_per_trial": 1, "resource_pool": "default", "weight": 1.0},
+                    "searcher": {"name": "single", "metric": "loss", "smaller_is_better": True}})
 
     def events_of_a_submission() -> list[str]:
         with psycopg.connect(db_url, autocommit=True) as listener:
-            listener.execute("LISTEN det_web")
+            channels.listen(listener, channels.WEB)
             exp = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
                                (config,)).fetchone()["id"]
             return [n.payload for n in listener.notifies(timeout=0.3)

@@ -24,7 +24,6 @@ from conftest import REPO, PrivateServer, wait_for
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from det.db import channels
 from det.errors import DetError
 from det.harness import core, report_writer, transport
 from det.harness.report_writer import MetricsRow, ReportWriter, encode_metrics, json_safe
@@ -186,7 +185,7 @@ def test_core_api_loop_trains_through_two_database_restarts(
     loop.checkpoint()
 
     query(alloc.url, "UPDATE allocations SET desired_state = 'STOPPED' WHERE id = %s "
-          "RETURNING pg_notify(%s, '')", alloc.id, channels.allocation(alloc.id))
+          "RETURNING pg_notify(det_channel('alloc', %s), '')", alloc.id, str(alloc.id))
     loop.thread.join(60)
     assert not loop.thread.is_alive() and loop.error is None, loop.error
 

@@ -330,7 +330,7 @@ def test_freed_slots_are_placed_and_their_agent_woken_before_the_rest_of_the_pas
           psycopg.connect(db_url, row_factory=dict_row) as holder):
         ended, waiting = one_ended_one_waiting(det, conn, leader, tmp_path)
         first, second = ended["id"], waiting["id"]
-        agent.execute(f"LISTEN {channels.agent('a1')}")
+        channels.listen(agent, channels.agent("a1"))
         # Settling the first run locks its trial: held here, the pass waits at that step.
         holder.execute("SELECT id FROM trials WHERE id = (SELECT trial_id FROM allocations "
                        "WHERE id = %s) FOR UPDATE", (first,))
@@ -340,7 +340,7 @@ def test_freed_slots_are_placed_and_their_agent_woken_before_the_rest_of_the_pas
             wait_for(lambda: state(conn, "allocations", second) == "ASSIGNED", 20,
                      "the second run placed on the freed slot")
             woken = list(agent.notifies(timeout=10, stop_after=1))
-            assert [n.channel for n in woken] == [channels.agent("a1")]
+            assert [n.channel for n in woken] == [channels.name(conn, channels.agent("a1"))]
             assert passing.is_alive()
             assert conn.execute("SELECT settled FROM allocations WHERE id = %s",
                                 (first,)).fetchone()["settled"] is False

@@ -1728,18 +1728,213 @@ END $$;
 -- =============================================================================================
 -- User actions (the CLI). Each is one transaction; each wakes the reconciler.
 
+CREATE FUNCTION det_config_value_problem(
+    p_value jsonb, p_key text, p_kind text, p_min numeric DEFAULT NULL,
+    p_max numeric DEFAULT NULL, p_required boolean DEFAULT false
+) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+-- Why p_value, a config's value at key p_key (dotted, for the message), is not of kind
+-- p_kind, or NULL. Kinds: 'integer' (a whole JSON number from p_min to p_max), 'number' (above
+-- p_min, at most p_max), 'boolean', 'name' (a non-blank string of at most p_max characters
+-- without control characters: it is shown in one table cell), 'text' (a string of at most
+-- p_max characters), 'length' (det.configs.length: {batches|records|epochs: N} or a bare N,
+-- N from 1 to 2**63 - 1). Absent or JSON null is a problem only if p_required.
+DECLARE
+    v_type text := jsonb_typeof(p_value);
+    v_got text := left(p_value::text, 64);
+    v_bad boolean;
+BEGIN
+    IF v_type IS NULL OR v_type = 'null' THEN
+        RETURN CASE WHEN p_required
+                    THEN format('%s: required; expected an expanded config (det.configs)', p_key)
+               END;
+    END IF;
+    CASE p_kind
+    WHEN 'integer' THEN
+        -- CASE: the casts run only on a number (OR's operands have no set order).
+        v_bad := CASE WHEN v_type = 'number' THEN p_value::numeric % 1 <> 0
+                                                 OR p_value::numeric NOT BETWEEN p_min AND p_max
+                      ELSE true END;
+        IF v_bad THEN
+            RETURN format('%s: expected a whole number from %s to %s, got %s', p_key, p_min,
+                          p_max, v_got);
+        END IF;
+    WHEN 'number' THEN
+        v_bad := CASE WHEN v_type = 'number' THEN NOT (p_value::numeric > p_min
+                                                       AND p_value::numeric <= p_max)
+                      ELSE true END;
+        IF v_bad THEN
+            RETURN format('%s: expected a number above %s and at most %s, got %s', p_key,
+                          p_min, p_max, v_got);
+        END IF;
+    WHEN 'boolean' THEN
+        IF v_type <> 'boolean' THEN
+            RETURN format('%s: expected true or false, got %s', p_key, v_got);
+        END IF;
+    WHEN 'name', 'text' THEN
+        IF v_type <> 'string' THEN
+            RETURN format('%s: expected a string, got %s', p_key, v_got);
+        ELSIF length(p_value #>> '{}') > p_max THEN
+            RETURN format('%s: expected at most %s characters, got %s', p_key, p_max,
+                          length(p_value #>> '{}'));
+        ELSIF p_kind = 'name' AND (btrim(p_value #>> '{}') = ''
+                                   OR p_value #>> '{}' ~ '[[:cntrl:]]') THEN
+            RETURN format('%s: expected non-blank printable text, got %s', p_key, v_got);
+        END IF;
+    WHEN 'length' THEN
+        v_bad := NOT CASE v_type
+            WHEN 'number' THEN det_config_value_problem(p_value, p_key, 'integer', 1,
+                                                        9223372036854775807) IS NULL
+            WHEN 'object' THEN (SELECT count(*) = 1 AND bool_and(
+                                    k IN ('batches', 'records', 'epochs')
+                                    AND det_config_value_problem(v, p_key, 'integer', 1,
+                                                                 9223372036854775807) IS NULL)
+                                  FROM jsonb_each(p_value) AS e (k, v))
+            ELSE false END;
+        IF v_bad THEN
+            RETURN format('%s: expected {batches|records|epochs: N} or N (batches), N from 1 '
+                          'to 2**63 - 1, got %s', p_key, v_got);
+        END IF;
+    END CASE;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION det_experiment_config_problem(p_config jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+-- Why p_config cannot be stored as an experiment's config, or NULL: the first key, dotted,
+-- and what was expected. det.configs expands every config before submission (its rules:
+-- configs/experiment.py, configs/searcher.py, configs/limits.py); this is the part of them
+-- that det_create_experiment checks again, so that a config stored from psql past det.configs
+-- cannot break the control plane (issue 32): the values the reconciler's SQL casts
+-- (resources.slots_per_trial, max_restarts, preemption_timeout, searcher.source_trial_id,
+-- checkpoint_storage.save_*: one bad value would fail the statement for every experiment),
+-- the searcher's name and required fields, and what the readers show (name, description,
+-- searcher.metric and smaller_is_better). Required: name, searcher.name, searcher.metric,
+-- the searcher's required fields, resources.resource_pool, resources.weight and
+-- resources.slots_per_trial; the other keys are checked when present. The rest
+-- (hyperparameters, entrypoint, environment, ...) is det.configs' alone: the searcher reads
+-- the config through it, and a failure there errors that one experiment.
+DECLARE
+    s jsonb := p_config -> 'searcher';
+    r jsonb := p_config -> 'resources';
+    v_searcher text;
+    v_problem text;
+BEGIN
+    IF jsonb_typeof(p_config) IS DISTINCT FROM 'object' THEN
+        RETURN 'config: expected a JSON object (an expanded config, det.configs)';
+    END IF;
+    IF jsonb_typeof(s) IS DISTINCT FROM 'object' THEN
+        RETURN format('searcher: required, a mapping (an expanded config, det.configs); got %s',
+                      coalesce(left(s::text, 64), 'none'));
+    END IF;
+    IF jsonb_typeof(r) IS DISTINCT FROM 'object' THEN
+        RETURN format('resources: required, a mapping (an expanded config, det.configs); got %s',
+                      coalesce(left(r::text, 64), 'none'));
+    END IF;
+    v_searcher := CASE WHEN jsonb_typeof(s -> 'name') = 'string' THEN s ->> 'name' END;
+    IF v_searcher IS NULL OR v_searcher NOT IN ('single', 'random', 'grid', 'adaptive_asha',
+                                                'tpe') THEN
+        RETURN coalesce(det_config_value_problem(s -> 'name', 'searcher.name', 'name',
+                                                 p_required => true),
+                        format('searcher.name: expected one of single|random|grid|'
+                               'adaptive_asha|tpe, got %s', left((s -> 'name')::text, 64)));
+    END IF;
+    IF s ? 'source_trial_id' AND s ? 'source_checkpoint_uuid'
+       AND s -> 'source_trial_id' <> 'null' AND s -> 'source_checkpoint_uuid' <> 'null' THEN
+        RETURN 'searcher: expected at most one of source_trial_id, source_checkpoint_uuid';
+    END IF;
+    IF jsonb_typeof(s -> 'source_checkpoint_uuid') = 'string'
+       AND s ->> 'source_checkpoint_uuid'
+           !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
+        RETURN format('searcher.source_checkpoint_uuid: expected a checkpoint UUID, got %s',
+                      left((s -> 'source_checkpoint_uuid')::text, 64));
+    END IF;
+    SELECT x.problem INTO v_problem FROM (VALUES
+        (1, det_config_value_problem(p_config -> 'name', 'name', 'text', 0, 255, true)),
+        (2, det_config_value_problem(p_config -> 'description', 'description', 'text', 0,
+                                     4096)),
+        (3, det_config_value_problem(p_config -> 'max_restarts', 'max_restarts', 'integer', 0,
+                                     2147483647)),
+        (4, det_config_value_problem(p_config -> 'preemption_timeout', 'preemption_timeout',
+                                     'integer', 0, 2147483647)),
+        (5, det_config_value_problem(p_config #> '{reproducibility,experiment_seed}',
+                                     'reproducibility.experiment_seed', 'integer', 0,
+                                     4294967295)),
+        (6, det_config_value_problem(s -> 'metric', 'searcher.metric', 'name', 0, 255, true)),
+        (7, det_config_value_problem(s -> 'smaller_is_better', 'searcher.smaller_is_better',
+                                     'boolean')),
+        (8, det_config_value_problem(s -> 'max_trials', 'searcher.max_trials', 'integer', 1,
+                                     10000, v_searcher IN ('random', 'adaptive_asha', 'tpe'))),
+        (9, det_config_value_problem(s -> 'max_concurrent_trials',
+                                     'searcher.max_concurrent_trials', 'integer', 0,
+                                     2147483647)),
+        -- adaptive_asha: max_length, or max_time with time_metric (det.configs.searcher).
+        (10, det_config_value_problem(s -> 'max_length', 'searcher.max_length', 'length',
+                                      p_required => v_searcher = 'tpe'
+                                          OR (v_searcher = 'adaptive_asha'
+                                              AND coalesce(s -> 'max_time', 'null') = 'null'))),
+        (11, det_config_value_problem(s -> 'max_time', 'searcher.max_time', 'integer', 1,
+                                      9223372036854775807)),
+        (12, det_config_value_problem(s -> 'time_metric', 'searcher.time_metric', 'name', 0,
+                                      255, coalesce(s -> 'max_time', 'null') <> 'null')),
+        (13, det_config_value_problem(s -> 'source_trial_id', 'searcher.source_trial_id',
+                                      'integer', 1, 9223372036854775807)),
+        (14, det_config_value_problem(s -> 'source_checkpoint_uuid',
+                                      'searcher.source_checkpoint_uuid', 'text', 0, 36)),
+        (15, CASE jsonb_typeof(r -> 'resource_pool')
+             WHEN 'array' THEN coalesce(
+                 (SELECT det_config_value_problem(v, format('resources.resource_pool[%s]',
+                                                            i - 1), 'name', 0, 255)
+                    FROM jsonb_array_elements(r -> 'resource_pool') WITH ORDINALITY AS a (v, i)
+                   WHERE det_config_value_problem(v, 'x', 'name', 0, 255, true) IS NOT NULL
+                   ORDER BY i LIMIT 1),
+                 CASE WHEN jsonb_array_length(r -> 'resource_pool') = 0
+                      THEN 'resources.resource_pool: expected a pool name or a non-empty list '
+                           'of them' END)
+             ELSE det_config_value_problem(r -> 'resource_pool', 'resources.resource_pool',
+                                           'name', 0, 255, true) END),
+        (16, det_config_value_problem(r -> 'weight', 'resources.weight', 'number', 0, 1000000,
+                                      true)),
+        (17, det_config_value_problem(r -> 'slots_per_trial', 'resources.slots_per_trial',
+                                      'integer', 0, 2147483647, true)),
+        (18, det_config_value_problem(r -> 'priority', 'resources.priority', 'integer', 1, 99)),
+        (19, det_config_value_problem(r -> 'max_slots', 'resources.max_slots', 'integer', 0,
+                                      2147483647)),
+        (20, det_config_value_problem(p_config #> '{checkpoint_storage,save_experiment_best}',
+                                      'checkpoint_storage.save_experiment_best', 'integer', 0,
+                                      2147483647)),
+        (21, det_config_value_problem(p_config #> '{checkpoint_storage,save_trial_best}',
+                                      'checkpoint_storage.save_trial_best', 'integer', 0,
+                                      2147483647)),
+        (22, det_config_value_problem(p_config #> '{checkpoint_storage,save_trial_latest}',
+                                      'checkpoint_storage.save_trial_latest', 'integer', 0,
+                                      2147483647)),
+        (23, det_config_value_problem(p_config -> 'workspace', 'workspace', 'name', 0, 255)),
+        (24, det_config_value_problem(p_config -> 'project', 'project', 'name', 0, 255))
+    ) AS x (n, problem) WHERE x.problem IS NOT NULL ORDER BY x.n LIMIT 1;
+    RETURN v_problem;
+END $$;
+
 CREATE FUNCTION det_create_experiment(
     p_config jsonb, p_original_config text, p_context bytea, p_workspace text DEFAULT NULL,
     p_project text DEFAULT NULL
 ) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Submit an experiment (Editor of its workspace), owned by the caller. p_config is the
 -- expanded config (validated by det.configs, every default filled: nothing here supplies one
--- again); p_context the packed model definition (tar.gz), stored once per distinct content.
+-- again); what the control plane reads of it is checked again here
+-- (det_experiment_config_problem: invalid_parameter_value naming the key), so a caller
+-- from psql cannot store a config that breaks the reconciler or the readers. p_context is the
+-- packed model definition (tar.gz), stored once per distinct content.
 -- It goes to project p_project of workspace p_workspace, else the config's workspace and
 -- project (both or neither), else Uncategorized. Its pools must serve that workspace
 -- (workspace_pools). The job's priority defaults to its pool scheduler's default_priority
 -- (the pool's rule, not the config's).
+-- The checkpoint it warm-starts from (searcher.source_checkpoint_uuid, or the checkpoints of
+-- trial searcher.source_trial_id) is pinned (checkpoint_pins): its owner can no longer
+-- delete it, so the caller must be an Editor of that checkpoint's workspace, not only a
+-- viewer (issue 32; the model registry's rule, det_model_register_version). One the caller
+-- cannot view, or that does not exist, is not found (no_data_found).
 DECLARE
+    v_problem text := det_experiment_config_problem(p_config);
     v_workspace text := coalesce(p_workspace, p_config ->> 'workspace');
     v_project text := coalesce(p_project, p_config ->> 'project');
     p projects;
@@ -1749,16 +1944,20 @@ DECLARE
                                     p_config #> '{resources,resource_pool}'))
         ELSE ARRAY[p_config #>> '{resources,resource_pool}'] END;
     v_pool text := v_pools[1];
+    v_source_trial bigint;
+    v_source_uuid uuid;
+    v_source_ws integer;
     v_ctx bigint;
     v_job bigint;
     v_id integer;
 BEGIN
-    IF p_config #> '{resources,resource_pool}' IS NULL OR p_config #> '{resources,weight}' IS NULL
-       OR p_config ->> 'name' IS NULL THEN
-        RAISE EXCEPTION 'det_create_experiment: expected an expanded config (det.configs) with '
-            'name, resources.resource_pool and resources.weight'
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'det_create_experiment: %', v_problem
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Cast only now: det_experiment_config_problem has checked their kinds.
+    v_source_trial := p_config #>> '{searcher,source_trial_id}';
+    v_source_uuid := p_config #>> '{searcher,source_checkpoint_uuid}';
     IF (v_workspace IS NULL) <> (v_project IS NULL) THEN
         RAISE EXCEPTION 'workspace and project: give both or neither (neither: Uncategorized)'
             USING ERRCODE = 'invalid_parameter_value';
@@ -1775,6 +1974,36 @@ BEGIN
             USING ERRCODE = 'check_violation';
     END IF;
     PERFORM det_check_pools(p.workspace_id, v_pools, 'resources.resource_pool');
+    -- The pin's target: FOR KEY SHARE keeps its row from being deleted (an experiment purged)
+    -- until this experiment, and so the pin, commits; det_unpin_deleting settles a GC that
+    -- marked it meanwhile.
+    IF v_source_trial IS NOT NULL THEN
+        SELECT j.workspace_id INTO v_source_ws
+          FROM trials t JOIN experiments e ON e.id = t.experiment_id JOIN jobs j ON j.id = e.job_id
+         WHERE t.id = v_source_trial FOR KEY SHARE OF t;
+    ELSIF v_source_uuid IS NOT NULL THEN
+        SELECT j.workspace_id INTO v_source_ws
+          FROM checkpoints c JOIN trials t ON t.id = c.trial_id
+          JOIN experiments e ON e.id = t.experiment_id JOIN jobs j ON j.id = e.job_id
+         WHERE c.uuid = v_source_uuid FOR KEY SHARE OF c;
+    END IF;
+    IF coalesce(v_source_trial::text, v_source_uuid::text) IS NOT NULL THEN
+        IF v_source_ws IS NULL
+           OR NOT (det_is_owner_session() OR det_permitted(v_user, 'view', v_source_ws)) THEN
+            RAISE EXCEPTION '%: % % not found',
+                CASE WHEN v_source_trial IS NOT NULL THEN 'searcher.source_trial_id'
+                     ELSE 'searcher.source_checkpoint_uuid' END,
+                CASE WHEN v_source_trial IS NOT NULL THEN 'trial' ELSE 'checkpoint' END,
+                coalesce(v_source_trial::text, v_source_uuid::text)
+                USING ERRCODE = 'no_data_found';
+        END IF;
+        PERFORM det_require('edit', v_source_ws, CASE
+            WHEN v_source_trial IS NOT NULL THEN format(
+                'warm-start from trial %s (searcher.source_trial_id), which pins its checkpoints',
+                v_source_trial)
+            ELSE format('warm-start from checkpoint %s (searcher.source_checkpoint_uuid), '
+                        'which pins it', v_source_uuid) END);
+    END IF;
     IF p_context IS NOT NULL THEN
         INSERT INTO context_blobs (sha256, size_bytes, data)
         VALUES (sha256(p_context), length(p_context), p_context)
@@ -2162,7 +2391,9 @@ CREATE FUNCTION det_model_register_version(
 -- model's row lock serialises concurrent registrations) is the checkpoint p_checkpoint, which
 -- must be COMPLETED (Determined: "checkpoints for model versions must be in a COMPLETED
 -- state"). The version pins the checkpoint. An archived model takes no new versions. The
--- caller is an Editor of the model's workspace and may view the checkpoint's.
+-- caller is an Editor of the model's workspace and of the checkpoint's: a pinned checkpoint
+-- cannot be deleted by its owner, so viewing it is not enough (issue 32; the same rule as
+-- det_create_experiment's searcher.source_checkpoint_uuid).
 DECLARE
     m models := det_model_find(p_model);
     v_uuid uuid;
@@ -2188,11 +2419,11 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'checkpoint % not found', v_uuid USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_require('view', (SELECT j.workspace_id FROM checkpoints c
+    PERFORM det_require('edit', (SELECT j.workspace_id FROM checkpoints c
                                    JOIN trials t ON t.id = c.trial_id
                                    JOIN experiments e ON e.id = t.experiment_id
                                    JOIN jobs j ON j.id = e.job_id WHERE c.uuid = v_uuid),
-                        format('register checkpoint %s', v_uuid));
+                        format('register checkpoint %s, which pins it', v_uuid));
     IF v_state <> 'COMPLETED' THEN
         RAISE EXCEPTION 'checkpoint % is %: only a COMPLETED checkpoint can be registered',
             v_uuid, v_state USING ERRCODE = 'check_violation';

@@ -37,6 +37,7 @@ from det.queries.experiments import (
     get_experiment,
     job_of,
     list_experiments,
+    searcher_of,
 )
 from det.queries.workspaces import placement, workspace_defaults
 from det.reconciler.schedulers import Agent, Task
@@ -320,12 +321,14 @@ def describe(
     if json_:
         print_json({**exp, "trials": trials, "checkpoints": ckpts})
         return
-    searcher = exp["config"]["searcher"]
-    metric, smaller = searcher["metric"], searcher.get("smaller_is_better", True)
+    # An old or partial stored config shows "-" for what it lacks (issue 32), never a KeyError.
+    searcher = searcher_of(exp["config"])
+    metric = searcher.get("metric") or "-"
+    smaller = searcher.get("smaller_is_better", True) is not False
     best = [t["best_validation"] for t in trials if t["best_validation"] is not None]
     typer.echo(f"Experiment {exp['id']}: {exp['name']}  [{exp['state']}]  "
                f"progress {exp['progress'] * 100:.0f}%  owner {exp['owner']}")
-    typer.echo(f"searcher {searcher['name']}, metric {metric} "
+    typer.echo(f"searcher {searcher.get('name') or '-'}, metric {metric} "
                f"({'smaller' if smaller else 'larger'} is better); best: "
                f"{(min(best) if smaller else max(best)) if best else '-'}")
     typer.echo(f"resource pool {exp['resource_pool']}, priority {exp['priority']}, "
@@ -526,7 +529,8 @@ def set_gc_policy(
                 typer.echo(f"The new policy deletes these {len(rows)} checkpoint(s) "
                            f"({total} bytes) {when}:")
                 print_table(rows, ["uuid", "trial_id", "steps_completed", "metric", "size_bytes"],
-                            ["UUID", "Trial", "Batches", exp["config"]["searcher"]["metric"],
+                            ["UUID", "Trial", "Batches",
+                             searcher_of(exp["config"]).get("metric") or "Metric",
                              "Bytes"])
             typer.confirm("Apply the new policy?", abort=True)
             conn.rollback()  # the preview's snapshot ends; the change is its own transaction

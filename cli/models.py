@@ -210,7 +210,8 @@ def register_version(
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Register a COMPLETED checkpoint as the model's next version; the checkpoint is then kept
-    by checkpoint GC and cannot be deleted while the version exists."""
+    by checkpoint GC and cannot be deleted while the version exists, so you must be an Editor
+    of the checkpoint's workspace as well as the model's."""
     text, meta, label_list = _notes(notes, notes_file), _metadata(metadata), _labels(labels)
     _check_storable(name=name, notes=text, metadata=meta, labels=label_list)
     with db() as conn:

@@ -152,6 +152,16 @@ def list_experiments(conn: psycopg.Connection, f: ListFilter) -> list[dict]:
     return rows
 
 
+def searcher_of(config: object) -> dict:
+    """The ``searcher`` section of a stored experiment config, or ``{}`` when it has none.
+
+    Readers take every key of a stored config with a display default (``.get``), never by
+    indexing: a config stored before a key existed, or from psql before
+    ``det_create_experiment`` checked configs (issue 32), may lack it."""
+    searcher = config.get("searcher") if isinstance(config, dict) else None
+    return searcher if isinstance(searcher, dict) else {}
+
+
 def live_progress(conn: psycopg.Connection, ids: list[int]) -> dict[int, float]:
     """Progress in [0, 1] of the experiments ``ids`` (those still running), counting the
     batches their open trials have trained so far, not only the lengths they validated at:
@@ -166,9 +176,10 @@ def live_progress(conn: psycopg.Connection, ids: list[int]) -> dict[int, float]:
     out = {}
     for row in conn.execute(LIVE, {"ids": ids}).fetchall():
         config, state = row["config"], dict(row["searcher_state"])
-        if not config["searcher"].get("max_length"):
+        max_length = searcher_of(config).get("max_length")
+        if not isinstance(max_length, dict) or not max_length:
             continue  # each trial's code decides its length: the saved progress stands
-        unit = next(iter(config["searcher"]["max_length"]))
+        unit = next(iter(max_length))
         trials = {t["request_id"]: t for t in row["trials"]}
         records = []
         for rec in state["trials"]:
@@ -181,7 +192,10 @@ def live_progress(conn: psycopg.Connection, ids: list[int]) -> dict[int, float]:
                     units = 0
                 rec = {**rec, "length": max(rec["length"], int(units))}
             records.append(rec)
-        out[row["id"]] = searcher_progress(config, {**state, "trials": records})
+        try:
+            out[row["id"]] = searcher_progress(config, {**state, "trials": records})
+        except (DetError, ValueError):
+            continue  # an old config the searcher no longer reads: the saved progress stands
     return out
 
 
@@ -207,10 +221,13 @@ def add_rungs(conn: psycopg.Connection, exp: dict, trials: list[dict]) -> bool:
     from the searcher's state; returns whether the searcher has rungs."""
     from det.reconciler.searchers import trial_rungs
 
-    if exp["config"]["searcher"]["name"] not in ("adaptive_asha", "tpe"):
+    if searcher_of(exp["config"]).get("name") not in ("adaptive_asha", "tpe"):
         return False
     state = conn.execute(SEARCHER_STATE, {"id": exp["id"]}).fetchone()["searcher_state"]
-    rungs = trial_rungs(exp["config"], state)
+    try:
+        rungs = trial_rungs(exp["config"], state)
+    except (DetError, ValueError):
+        return False  # an old config the searcher no longer reads: shown without rungs
     for t in trials:
         rung = rungs.get(t["request_id"])
         t["rung"] = asdict(rung) if rung else None

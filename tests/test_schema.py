@@ -29,7 +29,7 @@ def make_experiment(conn) -> int:
 
 
 def test_unknown_pool_writes_nothing(conn) -> None:
-    bad = {**CONFIG, "resources": {"resource_pool": "nope", "weight": 1.0}}
+    bad = {**CONFIG, "resources": {**CONFIG["resources"], "resource_pool": "nope"}}
     with pytest.raises(psycopg.errors.ForeignKeyViolation, match='no resource pool named "nope"'):
         conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(bad),))
     assert conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == 0

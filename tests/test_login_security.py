@@ -132,6 +132,8 @@ def test_logins_are_audited_without_the_password(server: Server, conn) -> None:
     assert [r["detail"]["outcome"] for r in audit(conn, "login", "nobody")] == ["failure"]
     assert conn.execute("SELECT count(*) AS n FROM audit_log WHERE detail::text LIKE "
                         "'%wrong guess%'").fetchone()["n"] == 0
+    assert error(login(server, "a\x00b", "a wrong guess"), 400) == \
+        "username: Value error, NUL bytes are not allowed"
 
 
 def test_five_failures_lock_a_user_from_every_address_a_right_password_included(

@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from det.api.session import COOKIE, Session, check_password, mint_token, request_token, session
 from det.errors import AuthError
@@ -19,6 +19,14 @@ class Login(BaseModel):
     model_config = ConfigDict(extra="forbid")
     username: str = Field(max_length=255)
     password: str = Field(default="", max_length=4096)
+
+    @field_validator("username", "password")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        # neither PostgreSQL text (the audit row, the throttle's key) nor libpq takes NUL
+        if "\x00" in value:
+            raise ValueError("NUL bytes are not allowed")
+        return value
 
 
 class LoginResponse(BaseModel):

@@ -39,6 +39,13 @@ function bar(pct) {
   return `<span class="bar"><span style="width:${Math.min(100, pct || 0)}%"></span></span>${fmt(pct || 0)}%`;
 }
 
+// The searcher section of an experiment's stored config; {} for an old or partial config
+// that has none (issue 32: readers show defaults, never fail on a missing key).
+function searcherOf(exp) {
+  const s = exp && exp.config && exp.config.searcher;
+  return s && typeof s === "object" ? s : {};
+}
+
 function showError(msg) {
   const el = document.getElementById("error");
   el.textContent = msg || "";
@@ -330,7 +337,7 @@ async function experimentPage(id) {
 
   const redraw = () => {
     const names = store.names(groupSel.value);
-    const cur = metricSel.value || (exp && exp.config.searcher.metric);
+    const cur = metricSel.value || searcherOf(exp).metric;
     metricSel.innerHTML = names.map((n) => `<option ${n === cur ? "selected" : ""}>${esc(n)}</option>`).join("");
     const metric = metricSel.value;
     if (!metric) { chart.el.innerHTML = '<span class="muted">no metrics reported yet</span>'; return; }
@@ -342,7 +349,7 @@ async function experimentPage(id) {
       hpSel.innerHTML = hps.map((h) => `<option ${h === curHp ? "selected" : ""}>${esc(h)}</option>`).join("");
       if (hpSel.value) {
         scatter.update(trials.map((t) => [t.hparams[hpSel.value], t.best_validation]),
-                       hpSel.value, `best ${exp.config.searcher.metric}`);
+                       hpSel.value, `best ${searcherOf(exp).metric || ""}`);
       }
     }
   };
@@ -354,14 +361,14 @@ async function experimentPage(id) {
     exp = { ...exp, ...e };
     trials = e.trials;
     const best = trials.map((t) => t.best_validation).filter((v) => v !== null);
-    const smaller = exp.config ? exp.config.searcher.smaller_is_better !== false : true;
+    const smaller = searcherOf(exp).smaller_is_better !== false;
     const batches = trials.reduce((a, t) => a + (t.batches || 0), 0);
     document.getElementById("title").innerHTML =
       `Experiment ${esc(e.id)}: ${esc(e.name)} ${state(e.state)} <span class="live">● live</span>`;
     document.getElementById("cards").innerHTML = [
       ["Progress", bar(Math.round((e.progress || 0) * 100))],
       ["Batches trained", batches],
-      [`Best ${exp.config ? esc(exp.config.searcher.metric) : ""}`,
+      [`Best ${esc(searcherOf(exp).metric || "")}`,
        best.length ? fmt(smaller ? Math.min(...best) : Math.max(...best)) : "–"],
       ["Trials", trials.length], ["Owner", esc(e.owner)],
       ["Duration", duration(e.start_time, e.end_time)],

@@ -1866,7 +1866,7 @@ BEGIN
                                      10000, v_searcher IN ('random', 'adaptive_asha', 'tpe'))),
         (9, det_config_value_problem(s -> 'max_concurrent_trials',
                                      'searcher.max_concurrent_trials', 'integer', 0,
-                                     2147483647)),
+                                     9223372036854775807)),
         -- adaptive_asha: max_length, or max_time with time_metric (det.configs.searcher).
         (10, det_config_value_problem(s -> 'max_length', 'searcher.max_length', 'length',
                                       p_required => v_searcher = 'tpe'

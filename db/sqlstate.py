@@ -53,18 +53,31 @@ _BY_STATE: dict[str, type[DetError]] = {
     "28P01": AuthError,  # invalid_password: PostgreSQL refused a login
     "42501": PermissionDeniedError,  # insufficient_privilege: det_require, or a table grant
     "2BP01": StateError,  # dependent_objects_still_exist: a workspace that still holds work
+    # Values PostgreSQL cannot hold, sent by a client (issue 32: the API answered 503):
+    "22003": DetError,  # numeric_value_out_of_range: an id or offset past bigint
+    "22P05": DetError,  # untranslatable_character: \u0000 in JSON text
+    "22021": DetError,  # character_not_in_repertoire: bytes that are not UTF-8
 }
+
+_BAD_VALUE_PREFIX = {"22003", "22P05", "22021"}
+"""SQLSTATEs whose message (``bigint out of range``) names no field: it gets a lead saying
+that a value of the request was refused."""
 
 
 def translate(e: psycopg.Error) -> DetError:
     """The det error a user should see for ``e``: its type from the SQLSTATE, its message the
     function's own (which names the field or object), or a readable one for a known table
-    constraint; a lost connection says the database is unavailable."""
+    constraint; a value the database cannot hold (a number past bigint, a NUL byte, text
+    that is not UTF-8) is bad input (DetError: 400 in the API); a lost connection says the
+    database is unavailable."""
     from det.db.retry import is_connection_lost
 
     if is_connection_lost(e):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return DatabaseError(f"the database is unavailable: {first}")
+    if isinstance(e, psycopg.DataError) and e.sqlstate is None:
+        # psycopg refused to send it (text with a NUL byte, an int past numeric's range)
+        return DetError(f"a value cannot be stored: {e}")
     diag = e.diag
     message = CONSTRAINTS.get(diag.constraint_name or "")
     if message is not None:
@@ -74,4 +87,6 @@ def translate(e: psycopg.Error) -> DetError:
         message = diag.message_primary or str(e)
     kind = (_CONSTRAINT_TYPES.get(diag.constraint_name or "")
             or _BY_STATE.get(e.sqlstate or "", DatabaseError))
+    if e.sqlstate in _BAD_VALUE_PREFIX:
+        message = f"a value cannot be stored: {message}"
     return kind(message)

@@ -63,7 +63,7 @@ def placement(conn: psycopg.Connection, config_text: str, source: str, workspace
     """
     if project_id is not None:
         if workspace is not None or project is not None:
-            raise ConfigError("--project_id: give it, or --workspace and --project, not both")
+            raise ConfigError("--project_id", "give it, or --workspace and --project, not both")
         row = conn.execute("SELECT w.name AS workspace, p.name AS project FROM projects p "
                            "JOIN workspaces w ON w.id = p.workspace_id WHERE p.id = %s",
                            (project_id,)).fetchone()
@@ -77,13 +77,13 @@ def placement(conn: psycopg.Connection, config_text: str, source: str, workspace
             data = None  # the config's own check reports it, with its line
         if isinstance(data, dict):
             workspace, project = data.get("workspace") or None, data.get("project") or None
-            source = f"{source}: workspace and project"
+            where = "workspace and project"
         else:
             return None, None
     else:
-        source = "--workspace and --project"
+        source, where = None, "--workspace and --project"
     if (workspace is None) != (project is None):
-        raise ConfigError(f"{source}: give both or neither (neither: Uncategorized)")
+        raise ConfigError(where, "give both or neither (neither: Uncategorized)", source)
     return workspace, project
 
 

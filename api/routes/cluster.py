@@ -5,6 +5,7 @@ from typing import Literal
 
 from fastapi import APIRouter, Query
 
+from det.api.params import IntId
 from det.api.session import Session, session
 from det.configs.cluster import ClusterConfig
 from det.queries.cluster import AGENTS, POOLS, SLOTS, STORED
@@ -39,7 +40,7 @@ def slots(s: Session = session,
 
 
 @router.post("/agents/{agent_id}/slots/{slot_id}/{action}")
-def set_slot(agent_id: str, slot_id: int, action: Toggle, s: Session = session) -> dict:
+def set_slot(agent_id: str, slot_id: IntId, action: Toggle, s: Session = session) -> dict:
     """enable | disable one slot (drain)."""
     enabled = action == "enable"
     s.conn.execute("SELECT det_slot_set_enabled(%s, %s, %s)", (agent_id, slot_id, enabled))

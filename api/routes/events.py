@@ -15,6 +15,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from det.api.events import Stream, sse, stream
+from det.api.params import BIGINT_MAX, IntId
 from det.api.session import act_as, request_token
 from det.db import channels
 from det.queries import experiments as qe
@@ -74,13 +75,15 @@ async def experiments(
     name: str | None = Query(None, max_length=255), archived: bool = Query(False),
     workspace: str | None = Query(None, max_length=255),
     project: str | None = Query(None, max_length=255),
-    sort: str = Query("-id"), limit: int = Query(100), offset: int = Query(0),
+    sort: str = Query("-id"), limit: int = Query(100), offset: int = Query(0, le=BIGINT_MAX),
 ) -> StreamingResponse:
     """The experiment list page (filters as ``GET /experiments``), whenever it changes."""
-    await _auth(request)
     f = qe.ListFilter(archived=archived, states=tuple(state) if state else None, owner=owner,
                       name=name, workspace=workspace, project=project, sort=sort, limit=limit,
                       offset=offset)
+    # The filter is checked by a first read (400 naming the field) before the stream starts:
+    # once it has, an error can only cut the stream.
+    await _auth(request, lambda conn: qe.list_experiments(conn, f))
 
     def read(conn, st: Stream) -> list[str]:
         page = {"experiments": qe.list_experiments(conn, f),
@@ -92,7 +95,7 @@ async def experiments(
 
 
 @router.get("/experiments/{exp_id}")
-async def experiment(request: Request, exp_id: int) -> StreamingResponse:
+async def experiment(request: Request, exp_id: IntId) -> StreamingResponse:
     """One experiment: ``experiment`` (summary and trials) and ``metrics`` of its trials."""
     await _auth(request, lambda conn: qe.get_experiment(conn, exp_id))
 
@@ -113,7 +116,7 @@ async def experiment(request: Request, exp_id: int) -> StreamingResponse:
 
 
 @router.get("/trials/{trial_id}")
-async def trial(request: Request, trial_id: int) -> StreamingResponse:
+async def trial(request: Request, trial_id: IntId) -> StreamingResponse:
     """One trial: ``trial`` (its row), ``metrics`` and ``logs`` (new lines)."""
     await _auth(request, lambda conn: qt.get_trial(conn, trial_id))
 

@@ -6,6 +6,7 @@ from typing import Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from det.api.params import BIGINT_MAX, BigId
 from det.api.session import Session, session
 from det.configs.job import job_change
 from det.errors import DetError, NotFoundError, StateError
@@ -42,7 +43,7 @@ class JobChanges(BaseModel):
 
 
 @router.patch("/jobs/{job_id}")
-def update_job(job_id: int, body: JobChanges, s: Session = session) -> dict:
+def update_job(job_id: BigId, body: JobChanges, s: Session = session) -> dict:
     """Change one job (`det job update`): each field checked against its pool's scheduler;
     all apply or none."""
     given = body.model_dump(by_alias=True, exclude_none=True)
@@ -57,7 +58,7 @@ def update_job(job_id: int, body: JobChanges, s: Session = session) -> dict:
 
 class BatchChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    job_id: int
+    job_id: int = Field(ge=-BIGINT_MAX - 1, le=BIGINT_MAX)
     field: JobField
     value: str | int | float
 
@@ -78,7 +79,7 @@ def update_batch(body: Batch, s: Session = session) -> dict:
 
 
 @router.post("/jobs/{job_id}/move-to-top")
-def move_to_top(job_id: int, s: Session = session) -> dict:
+def move_to_top(job_id: BigId, s: Session = session) -> dict:
     """Put the job ahead of the current head of its pool's queue (priority scheduler: it
     takes the head's priority; 400 under another). A job at the head stays; 409 for a job no
     longer queued."""

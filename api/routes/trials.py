@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
+from det.api.params import BIGINT_MAX, IntId
 from det.api.session import Session, session
 from det.configs.storage_policy import storage_access, stored_cluster_config
 from det.errors import NotFoundError, StateError
@@ -29,7 +30,7 @@ MAX_LOG_LINES = 5000
 
 
 @router.get("/trials/{trial_id}")
-def get_trial(trial_id: int, s: Session = session) -> dict:
+def get_trial(trial_id: IntId, s: Session = session) -> dict:
     """The trial: state, hyperparameters, batches trained (``batches``, live; and as of its
     latest checkpoint, ``steps_completed``), restarts, and its runs: where each ran, how
     it ended and why (``run_history``)."""
@@ -39,7 +40,7 @@ def get_trial(trial_id: int, s: Session = session) -> dict:
 
 @router.get("/trials/{trial_id}/metrics")
 def trial_metrics(
-    trial_id: int, s: Session = session,
+    trial_id: IntId, s: Session = session,
     group: str = Query("training", max_length=255,
                        description="training, validation, or any other group reported."),
     max_points: int | None = Query(None, description="Downsample to at most this many rows "
@@ -53,8 +54,8 @@ def trial_metrics(
 
 @router.get("/trials/{trial_id}/logs")
 def trial_logs(
-    trial_id: int, s: Session = session,
-    after: int = Query(0, ge=0, description="Only lines after this log id."),
+    trial_id: IntId, s: Session = session,
+    after: int = Query(0, ge=0, le=BIGINT_MAX, description="Only lines after this log id."),
     tail: int | None = Query(None, ge=1, le=MAX_LOG_LINES,
                              description="Only the last N lines."),
     limit: int = Query(MAX_LOG_LINES, ge=1, le=MAX_LOG_LINES),
@@ -70,14 +71,14 @@ def trial_logs(
 
 
 @router.get("/trials/{trial_id}/checkpoints")
-def trial_checkpoints(trial_id: int, s: Session = session) -> dict:
+def trial_checkpoints(trial_id: IntId, s: Session = session) -> dict:
     """The trial's checkpoints: batches, state, size in bytes."""
     q.get_trial(s.conn, trial_id)
     return {"checkpoints": s.conn.execute(CHECKPOINTS, {"id": trial_id}).fetchall()}
 
 
 @router.get("/experiments/{exp_id}/trials")
-def experiment_trials(exp_id: int, s: Session = session) -> dict:
+def experiment_trials(exp_id: IntId, s: Session = session) -> dict:
     """The experiment's trials (as in ``GET /experiments/{id}``)."""
     get_experiment(s.conn, exp_id)
     return {"trials": s.conn.execute(TRIALS, {"id": exp_id}).fetchall()}

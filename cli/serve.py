@@ -31,11 +31,10 @@ def serve(
     from det.api import create_app
     from det.host_user import SERVE_AS_ROOT, private_files, warn_if_root
 
-    private_files()  # uploads it spools, files it writes: its user's alone
-    warn_if_root("det serve", SERVE_AS_ROOT)
-
     if (certfile is None) != (keyfile is None):
         raise DetError("--certfile and --keyfile: give both or neither")
+    private_files()  # uploads it spools, files it writes: its user's alone
+    warn_if_root("det serve", SERVE_AS_ROOT)
     app = create_app(role_url(roles.WEB), token_ttl=token_ttl)
     scheme = "https" if certfile else "http"
     typer.echo(f"det serve: {scheme}://{host}:{port}/ (API docs: /api/v1/docs)")

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import psycopg
 from fastapi import Depends, Request
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from det.errors import AuthError
 
@@ -42,23 +41,6 @@ class Session:
 
     conn: psycopg.Connection
     user: str
-
-
-def check_password(url: str, username: str, password: str) -> str:
-    """The user ``username`` if PostgreSQL accepts ``password`` for them: one connection to the
-    database at ``url`` as that user (their role must be allowed to log in: an active user).
-
-    Raises:
-        AuthError: any other user or password (one message for both, so neither leaks).
-    """
-    if not password:
-        raise AuthError("invalid username or password")
-    try:
-        with psycopg.connect(make_conninfo(url, user=username, password=password,
-                                           connect_timeout=10)) as conn:
-            return conn.execute("SELECT session_user").fetchone()[0]
-    except psycopg.OperationalError as e:
-        raise AuthError("invalid username or password") from e
 
 
 def mint_token() -> str:

@@ -8,7 +8,6 @@ unless a ClusterAdmin passes ``--weak-ok``: det_password_policy).
 
 import psycopg
 import typer
-from psycopg.conninfo import make_conninfo
 
 from det.cli import login
 from det.cli.output import print_json, print_table
@@ -170,27 +169,17 @@ def change_password(
             if current_password is None:
                 current_password = typer.prompt(f"Current password for {name}",
                                                 hide_input=True)
-            _check_current(conn, name, current_password)
+            try:  # PostgreSQL checks it: det never sees a stored password
+                roles.check_password(conn.info.dsn, name, current_password)
+            except AuthError:
+                raise AuthError(f"change the password of {name}: the current password is "
+                                "wrong") from None
         new = _new_password(password, f"New password for {name}")
         verifier = password_verifier(conn, name, new)
         conn.execute("SELECT det_user_set_password(%s, %s, %s, %s)",
                      (name, verifier, len(new), weak_ok))
     login.keep_password(name, new)
     typer.echo(f"Changed the password of {name}")
-
-
-def _check_current(conn: psycopg.Connection, name: str, password: str) -> None:
-    """Check that ``password`` is ``name``'s now: PostgreSQL does (one connection as ``name``
-    to the server ``conn`` is connected to; det never sees a stored password).
-
-    Raises:
-        AuthError: it is not.
-    """
-    try:
-        psycopg.connect(make_conninfo(conn.info.dsn, user=name, password=password,
-                                      connect_timeout=10)).close()
-    except psycopg.OperationalError as e:
-        raise AuthError(f"change the password of {name}: the current password is wrong") from e
 
 
 @group_app.command("create")

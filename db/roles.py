@@ -16,9 +16,10 @@ from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from det.db import embedded, passfile
-from det.errors import DatabaseError
+from det.errors import AuthError, DatabaseError
 
 AGENT = "det_agent"
 TASK = "det_task"
@@ -92,3 +93,20 @@ def task_url(home: Path) -> str:
                             "run `det cluster up`")
     return (f"postgresql://{TASK}:{quote(password, safe='')}@/{embedded.DB_NAME}"
             f"?host={quote(str(embedded.socket_dir(home)), safe='/')}")
+
+
+def check_password(url: str, username: str, password: str) -> str:
+    """The user ``username`` if PostgreSQL accepts ``password`` for them: one connection to the
+    database at ``url`` as that user (their role must be allowed to log in: an active user).
+
+    Raises:
+        AuthError: any other user or password (one message for both, so neither leaks).
+    """
+    if not password:
+        raise AuthError("invalid username or password")
+    try:
+        with psycopg.connect(make_conninfo(url, user=username, password=password,
+                                           connect_timeout=10)) as conn:
+            return conn.execute("SELECT session_user").fetchone()[0]
+    except psycopg.OperationalError as e:
+        raise AuthError("invalid username or password") from e

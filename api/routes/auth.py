@@ -9,7 +9,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from det.api.session import COOKIE, Session, check_password, mint_token, request_token, session
+from det.api.session import COOKIE, Session, mint_token, request_token, session
+from det.db.roles import check_password
 from det.errors import AuthError
 
 router = APIRouter(prefix="/api/v1", tags=["auth"])

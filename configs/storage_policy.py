@@ -65,14 +65,11 @@ def storage_access(storage: Mapping[str, Any] | None, cluster: ClusterConfig) ->
     own = cluster.checkpoint_storage if isinstance(cluster.checkpoint_storage, S3Storage) \
         else None
     allowed = cluster.allowed_checkpoint_storage
-    endpoints = {endpoint_key(u) for u in allowed.endpoint_urls}
-    buckets = set(allowed.buckets)
-    if own is not None:
-        buckets.add(own.bucket)
-        if own.endpoint_url:
-            endpoints.add(endpoint_key(own.endpoint_url))
+    own_endpoint = _key(own.endpoint_url) if own is not None else None
+    endpoints = {endpoint_key(u) for u in allowed.endpoint_urls} | {own_endpoint} - {None}
+    buckets = set(allowed.buckets) | ({own.bucket} if own is not None else set())
     endpoint, bucket = storage.get("endpoint_url") or None, storage.get("bucket")
-    if endpoint is not None and endpoint_key(str(endpoint)) not in endpoints:
+    if endpoint is not None and _key(endpoint) not in endpoints:
         raise PermissionDeniedError(
             f"checkpoint_storage.endpoint_url: {endpoint!r} is not one det serve may read "
             f"checkpoints from (allowed: {_listed(sorted(endpoints))}; a ClusterAdmin adds "
@@ -82,11 +79,13 @@ def storage_access(storage: Mapping[str, Any] | None, cluster: ClusterConfig) ->
             f"checkpoint_storage.bucket: {bucket!r} is not one det serve may read checkpoints "
             f"from (allowed: {_listed(sorted(buckets))}; a ClusterAdmin adds one to the "
             "cluster config's allowed_checkpoint_storage.buckets)")
-    if own is None or bucket != own.bucket or storage.get("access_key"):
-        return False
-    if endpoint is None or not own.endpoint_url:
-        return endpoint is None and not own.endpoint_url
-    return endpoint_key(str(endpoint)) == endpoint_key(own.endpoint_url)
+    return (own is not None and bucket == own.bucket and not storage.get("access_key")
+            and _key(endpoint) == own_endpoint)
+
+
+def _key(url: object) -> str | None:
+    """:func:`endpoint_key` of an ``endpoint_url`` that may be absent (None: AWS itself)."""
+    return endpoint_key(str(url)) if url else None
 
 
 def _listed(values: list[str]) -> str:

@@ -249,9 +249,8 @@ class _Unpacker:
         return fd
 
     def check_target(self, name: str, parts: tuple[str, ...], target: str) -> None:
-        """Refuse a link target that is absolute, too long, or leaves the destination on a
-        component-by-component walk from the link's directory (how the kernel resolves it:
-        ``d/..`` is the parent of what ``d`` points to, not the link's directory)."""
+        """Refuse a link target that is empty, absolute or too long, as its member is read;
+        where it leads is checked by :meth:`link`, once every member is known."""
         if not target or "\0" in target:
             raise self.refuse(name, "a symbolic link with an empty target")
         if target.startswith("/"):
@@ -262,9 +261,10 @@ class _Unpacker:
                                     "bytes")
 
     def link(self, parts: tuple[str, ...], target: str) -> None:
-        """Make link ``parts`` -> ``target`` once every member is known: each component its
-        target walks through (all but the last) must be a directory of the archive, never a
-        link, and ``..`` may not climb above the destination."""
+        """Make link ``parts`` -> ``target`` once every member is known: walked component by
+        component from the link's directory (as the kernel resolves it: ``d/..`` is the
+        parent of what ``d`` points to, so no component it walks through, all but the last,
+        may be a link), ``..`` may not climb above the destination."""
         name = "/".join(parts)
         where = list(parts[:-1])
         components = [c for c in target.split("/") if c not in ("", ".")]

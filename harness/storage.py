@@ -136,6 +136,7 @@ class FsspecStorage:
                 with self.fs.open(key, "rb") as source:
                     _write(dst, parts, source, progress)
         return skipped
+
     def describe(self, uuid: str) -> str:
         """Where checkpoint ``uuid`` lives, as a user reads it (a path, or ``s3://...``)."""
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]

@@ -17,6 +17,7 @@ from collections import defaultdict
 import psycopg
 
 from det.db import retry
+from det.db.reconnect import open_connection
 
 log = logging.getLogger("det.agent")
 
@@ -99,7 +100,7 @@ class LogShipper:
     def _write(self, alloc: int, lines: list[tuple[str, str]]) -> None:
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self._url, autocommit=True)
+                self._conn = open_connection(self._url)
             self._conn.execute("SELECT det_append_logs(%s, %s, %s)",
                                (alloc, [s for s, _ in lines], [ln for _, ln in lines]))
         except psycopg.Error as e:

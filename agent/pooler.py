@@ -41,6 +41,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from det.db.reconnect import open_connection
 from det.errors import DetError
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ def login_password(url: str) -> str:
     Raises:
         psycopg.Error: the database could not be reached.
     """
-    with psycopg.connect(url, connect_timeout=10) as conn:
+    with open_connection(url, autocommit=False) as conn:
         return conn.info.password or ""
 
 

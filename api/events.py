@@ -26,6 +26,7 @@ from fastapi.encoders import jsonable_encoder
 from starlette.concurrency import run_in_threadpool
 
 from det.db import channels
+from det.db.reconnect import open_async_connection
 from det.db.retry import BACKOFF_INITIAL, BACKOFF_MAX, is_connection_lost
 from det.errors import DatabaseError
 
@@ -82,8 +83,7 @@ class Hub:
         failures = 0
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.url,
-                                                                 autocommit=True) as conn:
+                async with await open_async_connection(self.url) as conn:
                     await channels.listen_web(conn)
                     failures = 0
                     self.connected.set()

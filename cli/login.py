@@ -18,6 +18,7 @@ from psycopg.conninfo import conninfo_to_dict
 from det.cli.session import db
 from det.db import det_home, embedded, passfile
 from det.db.connect import LOGIN_FILE, login_name, owner_url
+from det.db.reconnect import open_connection
 from det.errors import AuthError, DatabaseError
 
 _NOT_SERVER = ("user", "password", "passfile")
@@ -45,7 +46,7 @@ def login(
     if password is None:
         password = typer.prompt(f"Password for {name}", hide_input=True)
     try:
-        psycopg.connect(**params, user=name, password=password).close()
+        open_connection("", **params, user=name, password=password).close()
     except psycopg.OperationalError as e:
         if "password" in str(e) or "does not exist" in str(e):
             raise AuthError(f"login {name}: the user or the password is wrong") from e

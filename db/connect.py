@@ -15,6 +15,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from det.db import embedded, passfile
+from det.db.reconnect import open_connection
 from det.errors import DatabaseError
 
 
@@ -105,6 +106,6 @@ def connect(url: str | None = None, autocommit: bool = False) -> psycopg.Connect
     """
     url = url or database_url()
     try:
-        return psycopg.connect(url, autocommit=autocommit, row_factory=dict_row)
+        return open_connection(url, dict_row, autocommit=autocommit)
     except psycopg.OperationalError as e:
         raise DatabaseError(f"cannot connect to the database: {str(e).strip()}") from e

@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-import psycopg
 from psycopg import sql
 
 from det.db import passfile
+from det.db.reconnect import open_connection
 from det.errors import DatabaseError
 
 DB_NAME = "det"
@@ -166,7 +166,7 @@ def _require_passwords(home: Path) -> None:
         return
     password = passfile.lookup(passfile.path(home), OWNER) or passfile.new_password()
     host = str(socket_dir(home))
-    with psycopg.connect(host=host, user=OWNER, dbname="postgres", autocommit=True) as conn:
+    with open_connection("", host=host, user=OWNER, dbname="postgres") as conn:
         verifier = conn.pgconn.encrypt_password(password.encode(), OWNER.encode(),
                                                 b"scram-sha-256").decode()
         conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(OWNER),
@@ -231,7 +231,7 @@ def ensure_running(home: Path) -> str:
         raise DatabaseError(
             f"could not start the embedded PostgreSQL in {data_dir(home)}: {e}"
         ) from e
-    with psycopg.connect(role_url(home, OWNER, "postgres"), autocommit=True) as conn:
+    with open_connection(role_url(home, OWNER, "postgres")) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DB_NAME,)).fetchone()
         if not exists:
             conn.execute(f"CREATE DATABASE {DB_NAME}")

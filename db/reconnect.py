@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import RowFactory, tuple_row
 
 from det.db import retry
@@ -26,14 +26,34 @@ CONNECT_TIMEOUT_SECONDS = 10
 progress) fails the attempt, which is then retried, instead of hanging it."""
 
 
-def open_connection(url: str, row_factory: RowFactory[Any] = tuple_row) -> psycopg.Connection[Any]:
-    """An autocommit connection to ``url``, with ``CONNECT_TIMEOUT_SECONDS`` unless the URL sets
-    ``connect_timeout``. Raises psycopg's ``OperationalError`` when the server cannot be
-    reached (``det.db.retry.is_connection_lost`` is true for it)."""
-    kwargs: dict[str, Any] = {}
-    if "connect_timeout" not in conninfo_to_dict(url):
-        kwargs["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
-    return psycopg.connect(url, autocommit=True, row_factory=row_factory, **kwargs)
+def open_connection(url: str, row_factory: RowFactory[Any] = tuple_row, *,
+                    autocommit: bool = True, **params: Any) -> psycopg.Connection[Any]:
+    """A connection to ``url`` (autocommit unless ``autocommit`` is false), with ``params``
+    (libpq keywords: ``user``, ``password``, ...) over the URL's, and
+    ``CONNECT_TIMEOUT_SECONDS`` unless either sets ``connect_timeout``. One attempt: callers
+    that must ride out a loss retry it (:class:`Reconnecting`, ``det.db.retry.call``); a check
+    that must fail fast (a password) calls it alone.
+
+    This and :func:`open_async_connection` are the only places det opens a connection
+    (tests/test_one_retry_layer.py), so every det process shares this timeout and the retry
+    layer's idea of a loss.
+
+    Raises psycopg's ``OperationalError`` when the server cannot be reached or refuses the
+    login (``det.db.retry.is_connection_lost`` is true for the former only).
+    """
+    return psycopg.connect(_conninfo(url, params), autocommit=autocommit,
+                           row_factory=row_factory)
+
+
+async def open_async_connection(url: str) -> psycopg.AsyncConnection[Any]:
+    """:func:`open_connection` for asyncio (det serve's listener): autocommit, tuple rows."""
+    return await psycopg.AsyncConnection.connect(_conninfo(url, {}), autocommit=True)
+
+
+def _conninfo(url: str, params: dict[str, Any]) -> str:
+    merged = {**conninfo_to_dict(url), **params}
+    merged.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
+    return make_conninfo(**merged)
 
 
 class Reconnecting:

@@ -16,9 +16,9 @@ from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from det.db import embedded, passfile
+from det.db.reconnect import open_connection
 from det.errors import AuthError, DatabaseError
 
 AGENT = "det_agent"
@@ -105,8 +105,8 @@ def check_password(url: str, username: str, password: str) -> str:
     if not password:
         raise AuthError("invalid username or password")
     try:
-        with psycopg.connect(make_conninfo(url, user=username, password=password,
-                                           connect_timeout=10)) as conn:
+        # One attempt: a wrong password must not wait out a retry.
+        with open_connection(url, autocommit=False, user=username, password=password) as conn:
             return conn.execute("SELECT session_user").fetchone()[0]
     except psycopg.OperationalError as e:
         raise AuthError("invalid username or password") from e

@@ -27,9 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import psycopg
-
-from det.db import retry
+from det.db.reconnect import Reconnecting
 from det.errors import one_line
 from det.harness.errors import StorageError
 from det.harness.storage import FsspecStorage, storage_from_config
@@ -51,24 +49,13 @@ class GcTask:
     def __init__(self, url: str, token: str) -> None:
         self.url = url
         self.token = token
-        self.conn: psycopg.Connection[Any] | None = None
+        self.session = Reconnecting(url)
         self.storages: dict[str, FsspecStorage] = {}
         self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="det-gc")
 
     def _call(self, what: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         """Run ``sql`` (autocommit), reconnecting through connection losses (det.db.retry)."""
-
-        def attempt() -> list[tuple[Any, ...]]:
-            if self.conn is None or self.conn.closed:
-                self.conn = psycopg.connect(self.url, autocommit=True)
-            try:
-                return self.conn.execute(sql, args).fetchall()
-            except psycopg.Error as e:
-                if retry.is_connection_lost(e):
-                    self.conn.close()
-                raise
-
-        return retry.call(what, attempt)
+        return self.session.run(what, lambda conn: conn.execute(sql, args).fetchall())
 
     def _storage(self, config: dict[str, Any]) -> FsspecStorage:
         key = json.dumps(config, sort_keys=True)
@@ -113,8 +100,7 @@ class GcTask:
 
     def close(self) -> None:
         self.pool.shutdown()
-        if self.conn is not None:
-            self.conn.close()
+        self.session.close()
 
 
 def main() -> int:

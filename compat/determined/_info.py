@@ -1,19 +1,20 @@
 """``determined.get_cluster_info()``: what a task knows about itself, in 0.38's shape.
 
 On a det cluster the answer comes from ``det_task_info`` (the allocation's token, read once
-and cached); off-cluster (no ``DET_ALLOCATION_TOKEN``) it is ``None``, as in Determined.
-``master_url`` is det's database URL: the database is det's control plane.
+and cached) through the task's one ``DbTransport``, which ``determined.core.init`` then
+takes over (:func:`task_transport`): one connection per task, retried through database
+restarts like det's own harness (issue 39: a bare connect here made 9 of 30 tasks ERROR at
+``max_connections`` 20). Off-cluster (no ``DET_ALLOCATION_TOKEN``) it is ``None``, as in
+Determined. ``master_url`` is det's database URL: the database is det's control plane.
 """
 
-import functools
 import os
 import socket
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
-
-from det.harness.transport import TaskInfo
+from det.harness.transport import DbTransport, TaskInfo
 
 
 @dataclass(frozen=True)
@@ -108,20 +109,43 @@ def _host_address() -> str:
         return "127.0.0.1"
 
 
-@functools.cache
-def _cluster_info(db_url: str, token: str) -> ClusterInfo:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        row = conn.execute("SELECT det_task_info(%s)", (token,)).fetchone()
-    assert row is not None
-    return ClusterInfo.from_task_info(TaskInfo.from_json(row[0]), dict(os.environ))
+_lock = threading.Lock()
+_info: ClusterInfo | None = None
+_unclaimed: DbTransport | None = None  # opened by get_cluster_info, not yet taken
+
+
+def on_cluster() -> bool:
+    """Whether this process is a det task (its environment names database, allocation and
+    token)."""
+    return all(os.environ.get(n) for n in ("DET_DB_URL", "DET_ALLOCATION_TOKEN",
+                                           "DET_ALLOCATION_ID"))
 
 
 def get_cluster_info() -> ClusterInfo | None:
     """This task's ``ClusterInfo``, or ``None`` off-cluster (no det task environment).
 
-    Raises psycopg errors if the database refuses the task's token.
+    Waits for the database while it is away (``det.db.retry``). A token the database refuses
+    (the allocation was ended) ends the process with one line (``DbTransport``).
     """
-    url, token = os.environ.get("DET_DB_URL"), os.environ.get("DET_ALLOCATION_TOKEN")
-    if not url or not token or not os.environ.get("DET_ALLOCATION_ID"):
+    if not on_cluster():
         return None
-    return _cluster_info(url, token)
+    with _lock:
+        global _info, _unclaimed
+        if _info is None:
+            _unclaimed = DbTransport.from_env()
+            _info = ClusterInfo.from_task_info(_unclaimed.task_info(), dict(os.environ))
+        return _info
+
+
+def task_transport() -> tuple[DbTransport, ClusterInfo]:
+    """The task's ``DbTransport`` and ``ClusterInfo`` for ``determined.core.init``: the
+    transport :func:`get_cluster_info` opened if it is still unclaimed, else a new one. The
+    caller owns the transport (closes it). Call only :func:`on_cluster`."""
+    with _lock:
+        global _info, _unclaimed
+        transport, _unclaimed = _unclaimed, None
+        if transport is None:
+            transport = DbTransport.from_env()
+        if _info is None:
+            _info = ClusterInfo.from_task_info(transport.task_info(), dict(os.environ))
+        return transport, _info

@@ -20,9 +20,9 @@ from typing import Any
 from det.errors import DetError
 from det.harness import core as det_core
 from det.harness.core import DistributedContext
-from det.harness.transport import DbTransport, LocalTransport, Transport
+from det.harness.transport import LocalTransport, Transport
 from det.reasons import EarlyExitReason as _DetReason
-from determined._info import ClusterInfo, get_cluster_info
+from determined._info import ClusterInfo, on_cluster, task_transport
 
 __all__ = [
     "CheckpointContext",
@@ -404,10 +404,10 @@ def init_for(
 ) -> Context:
     """``init`` with, off-cluster, the trial's ``hparams`` and experiment ``config`` (what
     ``determined.pytorch.init`` passes); on a cluster they come from the trial."""
-    info = get_cluster_info()
     transport: Transport
-    if info is not None:
-        transport = DbTransport.from_env()
+    info: ClusterInfo | None = None
+    if on_cluster():
+        transport, info = task_transport()
     else:
         config = dict(config or {})
         seed = int((config.get("reproducibility") or {}).get("experiment_seed") or 0)

@@ -12,6 +12,7 @@
 """
 
 import atexit
+import contextlib
 import copy
 import json
 import os
@@ -19,9 +20,9 @@ import sys
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import psycopg
 import tenacity
@@ -44,8 +45,17 @@ from det.harness.report_writer import (
 __all__ = ["DbTransport", "LocalTransport", "SearcherOp", "TaskInfo", "Transport", "json_safe"]
 
 PREEMPT_POLL_SECONDS = 5.0
-"""How often the preemption watcher asks ``det_should_preempt`` even without a NOTIFY."""
+"""How often the preemption watcher asks ``det_should_preempt`` even without a NOTIFY; so
+also the longest a task whose allocation was ended (its token revoked) runs on while the
+database is up: the reconciler's fence before re-placing a lost agent's run reads it."""
 
+FENCED_EXIT_STATUS = 1
+"""Exit status of a task process that found its allocation ended (see ``DbTransport``)."""
+
+
+T = TypeVar("T")
+
+_FENCE_LOCK = threading.Lock()
 
 OP_POLL_SECONDS = 0.1
 """First pause between ``det_current_op`` calls while the searcher decides (doubles). The
@@ -170,6 +180,14 @@ class DbTransport:
     the writer's last batch. A second thread watches the connection for the NOTIFYs of its
     allocation's channel (preemption, the next op decided): one connection, so one server
     process, per task.
+
+    Fencing (issue 39): a token the database refuses (SQLSTATE 28000 from ``det_auth``) means
+    the cluster ended the allocation (its agent was declared lost, the run was killed) and may
+    have placed a replacement, so whichever call sees it first (the watcher within
+    ``PREEMPT_POLL_SECONDS``, a report, a checkpoint) prints one line and ends the process at
+    once with ``FENCED_EXIT_STATUS`` (``os._exit``: no flush, no handler of the user's can
+    keep it running). Each worker of a distributed task has its own transport, so each
+    stops; the launcher ends the rest when one exits.
     """
 
     def __init__(self, db_url: str, allocation_id: int, token: str, *,
@@ -211,6 +229,25 @@ class DbTransport:
             )
         return cls(env["DET_DB_URL"], int(env["DET_ALLOCATION_ID"]), env["DET_ALLOCATION_TOKEN"])
 
+    def _run(self, what: str, fn: Callable[[psycopg.Connection[Any]], T],
+             give_up_after: float | None = None) -> T:
+        """``fn`` on the session (``Reconnecting.run``); a refused token ends the process."""
+        try:
+            return self._session.run(f"{self._what}: {what}", fn, give_up_after)
+        except psycopg.errors.InvalidAuthorizationSpecification as e:
+            self._end_fenced(e)
+
+    def _end_fenced(self, e: psycopg.Error) -> NoReturn:
+        """One line on stderr, then exit at once (see the class docstring)."""
+        with _FENCE_LOCK:  # another thread that sees it too waits here until the exit
+            first = (str(e).strip().splitlines() or ["token refused"])[0]
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os.write(2, (f"det.harness: allocation {self.allocation_id} was ended by the "
+                         f"cluster ({first}); stopping this process\n").encode())
+            os._exit(FENCED_EXIT_STATUS)
+
     def _call(self, what: str, sql: str, *args: Any) -> Any:
         """``sql`` with the token and ``args``, retried after connection losses; the first
         column of the first row (or ``None``)."""
@@ -218,7 +255,7 @@ class DbTransport:
             row = conn.execute(sql, (self._token, *args)).fetchone()
             return row[0] if row else None
 
-        return self._session.run(f"{self._what}: {what}", attempt)
+        return self._run(what, attempt)
 
     def task_info(self) -> TaskInfo:
         """``det_task_info(token)``."""
@@ -256,7 +293,7 @@ class DbTransport:
                 unknown = unknown or retry.is_connection_lost(e)
                 raise
 
-        self._session.run(f"{self._what}: report checkpoint {uuid}", attempt)
+        self._run(f"report checkpoint {uuid}", attempt)
 
     def current_op(self) -> SearcherOp | None:
         """``det_current_op(token)``: ``{"id", "length"}``, or NULL (-> ``None``).
@@ -383,15 +420,16 @@ class DbTransport:
         is using it (:meth:`Reconnecting.wait_for_notifies`), so that the NOTIFYs of the
         allocation's channel reach :meth:`_on_notify`; ask again. NOTIFY is only a hint
         (docs/architecture.md). A lost connection is reopened with backoff
-        (``det.db.retry``), and LISTENs again; another error is printed and the watch goes on
-        after one poll period."""
+        (``det.db.retry``), and LISTENs again; a refused token ends the process (fencing,
+        see the class docstring); another error is printed and the watch goes on after one
+        poll period."""
         retrying = retry.retrying(f"{self._what}: preemption watcher").copy(
             stop=tenacity.stop_when_event_set(self._stop), sleep=self._stop.wait)
         while not self._stop.is_set():
             self._ask.clear()
             try:
-                preempted = retrying(lambda: self._session.run(
-                    f"{self._what}: should preempt",
+                preempted = retrying(lambda: self._run(
+                    "should preempt",
                     lambda conn: conn.execute("SELECT det_should_preempt(%s)",
                                               (self._token,)).fetchone()[0],
                     give_up_after=0))

@@ -70,11 +70,21 @@ def logs(
 def describe(
     trial_id: int = typer.Argument(..., metavar="TRIAL_ID"),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
+    superseded: bool = typer.Option(
+        False, "--superseded",
+        help="Also show the metrics of earlier runs that a restart superseded (they reported "
+             "after the checkpoint the next run resumed from), with the run that did."),
 ) -> None:
-    """The trial's state, hyperparameters and metrics."""
+    """The trial's state, hyperparameters and metrics: its one history, each step as the run
+    that trained it last reported it."""
     with db() as conn:
         trial = get_trial(conn, trial_id)
-        metrics = conn.execute(METRICS, {"id": trial_id}).fetchall()
+        metrics = conn.execute(METRICS, {"id": trial_id, "superseded": superseded}).fetchall()
+    columns = ["group", "steps_completed", "values"]
+    if superseded:
+        columns.append("superseded_by_run")
+    else:
+        metrics = [{k: m[k] for k in columns} for m in metrics]
     if json_:
         print_json({**trial, "metrics": metrics})
         return
@@ -85,4 +95,5 @@ def describe(
     if trial["metadata"]:
         typer.echo(f"metadata: {trial['metadata']}")
     typer.echo("")
-    print_table(metrics, ["group", "steps_completed", "values"], ["Group", "Batches", "Metrics"])
+    headers = ["Group", "Batches", "Metrics", "Superseded by run"]
+    print_table(metrics, columns, headers[:len(columns)])

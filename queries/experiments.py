@@ -54,7 +54,8 @@ SELECT t.id, t.request_id::text AS request_id, t.state::text AS state, t.hparams
        t.start_time, t.end_time,
        greatest(t.steps_completed,
                 (SELECT max(m.steps_completed) FROM metrics m
-                  WHERE m.trial_id = t.id AND m."group" = 'training')) AS batches
+                  WHERE m.trial_id = t.id AND m."group" = 'training'
+                    AND m.superseded_by IS NULL)) AS batches
   FROM trials t WHERE t.experiment_id = %(id)s ORDER BY t.id
 """
 
@@ -64,9 +65,9 @@ SEARCHER_STATE = "SELECT searcher_state FROM experiments WHERE id = %(id)s"
 
 CHECKPOINTS = """
 SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_at,
-       (SELECT m."values" FROM metrics m
+       (SELECT det_json_shown(m."values") FROM metrics m
          WHERE m.trial_id = c.trial_id AND m."group" = 'validation'
-           AND m.steps_completed = c.steps_completed
+           AND m.steps_completed = c.steps_completed AND m.superseded_by IS NULL
          ORDER BY m.id DESC LIMIT 1) AS validation
   FROM checkpoints c JOIN trials t ON t.id = c.trial_id
  WHERE t.experiment_id = %(id)s ORDER BY c.trial_id, c.steps_completed
@@ -84,7 +85,8 @@ SELECT e.id, e.config, e.searcher_state,
            'request_id', t.request_id::text, 'hparams', t.hparams,
            'batches', greatest(t.steps_completed,
                                (SELECT max(m.steps_completed) FROM metrics m
-                                 WHERE m.trial_id = t.id AND m."group" = 'training'))))
+                                 WHERE m.trial_id = t.id AND m."group" = 'training'
+                                   AND m.superseded_by IS NULL))))
                 FILTER (WHERE t.id IS NOT NULL), '[]') AS trials
   FROM experiments e LEFT JOIN trials t ON t.experiment_id = e.id
  WHERE e.id = ANY (%(ids)s) AND e.searcher_state IS NOT NULL

@@ -7,10 +7,11 @@ from det.errors import DetError, NotFoundError
 TRIAL = """
 SELECT t.id, t.experiment_id, t.state::text AS state, t.hparams, t.seed, t.restarts, t.runs,
        t.steps_completed, t.best_validation, t.latest_checkpoint::text AS latest_checkpoint,
-       t.exit_reason, t.start_time, t.end_time, t.metadata,
+       t.exit_reason, t.start_time, t.end_time, det_json_shown(t.metadata) AS metadata,
        greatest(t.steps_completed,
                 (SELECT max(m.steps_completed) FROM metrics m
-                  WHERE m.trial_id = t.id AND m."group" = 'training')) AS batches
+                  WHERE m.trial_id = t.id AND m."group" = 'training'
+                    AND m.superseded_by IS NULL)) AS batches
   FROM trials t WHERE t.id = %(id)s
 """
 
@@ -35,16 +36,25 @@ SELECT run, state::text AS state, agent_id, slots_needed, exit_code, exit_reason
 
 FIRST_TRIAL = "SELECT min(id) AS id FROM trials WHERE experiment_id = %(id)s"
 
+# Every reader of metrics reads the trial's surviving history: rows a later run superseded
+# (superseded_by, set when it resumed from an earlier checkpoint) are left out, and values are
+# shown through det_json_shown (rows stored before depth was bounded may nest too deep to
+# parse). METRICS shows the superseded rows too when asked (%(superseded)s), with the run
+# (allocations.run) that superseded each.
 METRICS = """
-SELECT "group", steps_completed, "values" FROM metrics
- WHERE trial_id = %(id)s ORDER BY steps_completed, id
+SELECT m."group", m.steps_completed, det_json_shown(m."values") AS "values",
+       s.run AS superseded_by_run
+  FROM metrics m LEFT JOIN allocations s ON s.id = m.superseded_by
+ WHERE m.trial_id = %(id)s AND (m.superseded_by IS NULL OR %(superseded)s)
+ ORDER BY m.steps_completed, m.id
 """
 
 # One group's rows after a metrics id (what an event stream has not sent yet).
 METRICS_AFTER = """
-SELECT id, "group", steps_completed, "values", reported_at FROM metrics
+SELECT id, "group", steps_completed, det_json_shown("values") AS "values", reported_at
+  FROM metrics
  WHERE trial_id = %(trial)s AND (%(group)s::text IS NULL OR "group" = %(group)s)
-   AND id > %(after)s
+   AND id > %(after)s AND superseded_by IS NULL
  ORDER BY id LIMIT %(limit)s
 """
 
@@ -56,17 +66,17 @@ SELECT id, "group", steps_completed, "values", reported_at FROM metrics
 SERIES = """
 WITH span AS (
     SELECT (SELECT steps_completed FROM metrics
-             WHERE trial_id = %(trial)s AND "group" = %(group)s
+             WHERE trial_id = %(trial)s AND "group" = %(group)s AND superseded_by IS NULL
              ORDER BY steps_completed LIMIT 1) AS lo,
            (SELECT steps_completed FROM metrics
-             WHERE trial_id = %(trial)s AND "group" = %(group)s
+             WHERE trial_id = %(trial)s AND "group" = %(group)s AND superseded_by IS NULL
              ORDER BY steps_completed DESC LIMIT 1) AS hi
 )
-SELECT DISTINCT m.id, m.steps_completed, m."values", m.reported_at
+SELECT DISTINCT m.id, m.steps_completed, det_json_shown(m."values") AS "values", m.reported_at
   FROM span, generate_series(0, %(n)s - 1) k
  CROSS JOIN LATERAL (
        SELECT x.id, x.steps_completed, x."values", x.reported_at FROM metrics x
-        WHERE x.trial_id = %(trial)s AND x."group" = %(group)s
+        WHERE x.trial_id = %(trial)s AND x."group" = %(group)s AND x.superseded_by IS NULL
           AND x.steps_completed >= span.lo + (span.hi - span.lo) * k / (%(n)s - 1)
         ORDER BY x.steps_completed LIMIT 1) m
  WHERE span.lo IS NOT NULL
@@ -74,8 +84,8 @@ SELECT DISTINCT m.id, m.steps_completed, m."values", m.reported_at
 """
 
 SERIES_ALL = """
-SELECT id, steps_completed, "values", reported_at FROM metrics
- WHERE trial_id = %(trial)s AND "group" = %(group)s
+SELECT id, steps_completed, det_json_shown("values") AS "values", reported_at FROM metrics
+ WHERE trial_id = %(trial)s AND "group" = %(group)s AND superseded_by IS NULL
  ORDER BY steps_completed, id LIMIT %(limit)s
 """
 
@@ -118,8 +128,10 @@ def metric_series(conn: psycopg.Connection, trial_id: int, group: str,
 # yet. The primary key's range from ``after`` holds only the rows written since (all trials'),
 # so this stays cheap however long the series are.
 METRICS_SINCE = """
-SELECT id, trial_id, "group", steps_completed, "values" FROM metrics
- WHERE id > %(after)s AND trial_id = ANY (%(trials)s) ORDER BY id LIMIT 10000
+SELECT id, trial_id, "group", steps_completed, det_json_shown("values") AS "values"
+  FROM metrics
+ WHERE id > %(after)s AND trial_id = ANY (%(trials)s) AND superseded_by IS NULL
+ ORDER BY id LIMIT 10000
 """
 
 LAST_METRIC_ID = "SELECT coalesce(max(id), 0) AS id FROM metrics"

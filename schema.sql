@@ -69,11 +69,16 @@ CREATE TABLE reconciler_leader (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     holder     text NOT NULL,
     since      timestamptz NOT NULL,
-    last_pass  timestamptz
+    last_pass  timestamptz,
+    agent_timeout double precision CHECK (agent_timeout > 0)
 );
 COMMENT ON TABLE reconciler_leader IS
     'Who leads (for `det cluster status`). Leadership itself is a session advisory lock held by '
     'the connection that runs every pass, so a leader whose connection dies cannot write.';
+COMMENT ON COLUMN reconciler_leader.agent_timeout IS
+    'Seconds without a heartbeat after which the leader declares an agent lost (`det reconcile '
+    '--agent-timeout`), recorded by each pass; agents read it (det_agent_timeout) to kill '
+    'their own tasks before it expires (self-fencing, det.agent.heartbeat).';
 
 CREATE TABLE cluster_config (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -107,11 +112,15 @@ CREATE TABLE agents (
     state          agent_state NOT NULL DEFAULT 'ACTIVE',
     runtime        text NOT NULL CHECK (runtime IN ('process', 'docker')),
     registered_at  timestamptz NOT NULL DEFAULT now(),
-    last_heartbeat timestamptz NOT NULL DEFAULT now()
+    last_heartbeat timestamptz NOT NULL DEFAULT now(),
+    stopping       boolean NOT NULL DEFAULT false
 );
 COMMENT ON TABLE agents IS
     'One row per host daemon. The reconciler marks an agent LOST when its heartbeat is older '
     'than the timeout, and ends its allocations.';
+COMMENT ON COLUMN agents.stopping IS
+    'The agent is stopping (det_agent_stop_runs): nothing new is placed on it until it '
+    'registers again.';
 
 CREATE TABLE slots (
     agent_id    text NOT NULL REFERENCES agents (id) ON DELETE CASCADE,
@@ -275,6 +284,29 @@ CREATE INDEX audit_log_object ON audit_log (object_type, object_id);
 -- =============================================================================================
 -- Tables: experiments, trials and the searcher
 
+-- Ids users type (experiments, trials, jobs) come from these counter rows, not sequences:
+-- PostgreSQL WAL-logs a sequence 32 values ahead, so ids jumped by ~32 after every crash of
+-- the postmaster (issue 39; CACHE 1 does not stop it).
+CREATE TABLE id_counters (
+    name       text PRIMARY KEY,
+    last_value bigint NOT NULL CHECK (last_value >= 0)
+);
+COMMENT ON TABLE id_counters IS
+    'The last id given to each kind of object users type the id of (det_next_id): a row '
+    'updated in the creating transaction, so ids are consecutive across crashes and '
+    'rollbacks (a sequence jumps by 32 after a crash).';
+INSERT INTO id_counters (name, last_value) VALUES ('experiments', 0), ('jobs', 0), ('trials', 0);
+
+CREATE FUNCTION det_next_id(p_name text) RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+-- The next id of p_name (a row of id_counters), the default of experiments.id, trials.id and
+-- jobs.id. The row stays locked until the caller's transaction ends, so concurrent creates
+-- take ids one after the other (the second waits for the first to commit or roll back; both
+-- succeed under READ COMMITTED). Returns NULL for an unknown name (the NOT NULL of the id
+-- column then names the table).
+    UPDATE id_counters SET last_value = last_value + 1 WHERE name = p_name RETURNING last_value;
+$$;
+
 CREATE TABLE context_blobs (
     id         bigserial PRIMARY KEY,
     sha256     bytea NOT NULL UNIQUE,
@@ -286,7 +318,7 @@ COMMENT ON TABLE context_blobs IS
     'at 95 MiB.';
 
 CREATE TABLE jobs (
-    id             bigserial PRIMARY KEY,
+    id             bigint PRIMARY KEY DEFAULT det_next_id('jobs'),
     type           text NOT NULL CHECK (type IN ('EXPERIMENT', 'COMMAND', 'NOTEBOOK', 'SHELL',
                                                  'TENSORBOARD')),
     resource_pool  text NOT NULL REFERENCES resource_pools (name),
@@ -315,7 +347,7 @@ CREATE INDEX jobs_workspace ON jobs (workspace_id);
 -- One row per submitted experiment: its expanded config, its state (experiment_state), and
 -- the searcher's saved state. end_time is set exactly when the state is terminal.
 CREATE TABLE experiments (
-    id              serial PRIMARY KEY,
+    id              integer PRIMARY KEY DEFAULT det_next_id('experiments'),
     job_id          bigint NOT NULL UNIQUE REFERENCES jobs (id),
     name            text NOT NULL,
     description     text NOT NULL DEFAULT '',
@@ -334,6 +366,7 @@ CREATE TABLE experiments (
     project_id      integer NOT NULL DEFAULT 1 REFERENCES projects (id),
     tensorboards_deleted_at timestamptz,
     searcher_rng    jsonb,
+    paused_reason   text,
     CHECK ((end_time IS NULL) = (state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')))
 );
 COMMENT ON COLUMN experiments.config IS 'The expanded config: every default filled in.';
@@ -342,6 +375,9 @@ COMMENT ON COLUMN experiments.checkpoint_gc_error IS
     '`det experiment describe`; cleared once no checkpoint of the experiment is DELETING.';
 COMMENT ON COLUMN experiments.delete_requested_at IS
     '`det experiment delete` asked for it: its rows go once its checkpoints'' files are gone.';
+COMMENT ON COLUMN experiments.paused_reason IS
+    'Why the cluster paused the experiment (a run''s checkpoint storage error), shown by '
+    '`det experiment describe`; cleared when it is activated, canceled or killed.';
 COMMENT ON COLUMN experiments.tensorboards_deleted_at IS
     'When the GC task of its deletion removed its TensorBoard files (det_purge_experiment waits '
     'for it when a trial of it ran, checkpoints or not).';
@@ -369,7 +405,7 @@ COMMENT ON COLUMN experiments.searcher_rng IS
 -- (trial_state), how many runs and restarts it has had, and its restart point (the latest
 -- checkpoint and the batches trained as of it).
 CREATE TABLE trials (
-    id                 serial PRIMARY KEY,
+    id                 integer PRIMARY KEY DEFAULT det_next_id('trials'),
     experiment_id      integer NOT NULL REFERENCES experiments (id),
     request_id         uuid NOT NULL,
     hparams            jsonb NOT NULL,
@@ -461,6 +497,9 @@ CREATE TABLE allocations (
     out_of_work    boolean NOT NULL DEFAULT false,
     running_at     timestamptz,
     rendezvous     text,
+    storage_error  text,
+    planned_stop   boolean NOT NULL DEFAULT false,
+    fenced_until   timestamptz,
     UNIQUE (trial_id, run),
     CHECK ((ended_at IS NULL) = (state <> 'TERMINATED')),
     CHECK (state = 'PENDING' OR state = 'TERMINATED' OR agent_id IS NOT NULL)
@@ -490,6 +529,20 @@ COMMENT ON COLUMN allocations.rendezvous IS
     'host:port where the workers of an allocation spanning agents meet (torchrun''s master '
     'address and port), recorded by the chief''s agent (allocations.agent_id) before it '
     'starts its workers; the other agents start theirs once it is set.';
+COMMENT ON COLUMN allocations.storage_error IS
+    'The checkpoint storage error that ended the run: one line naming the path and the OS '
+    'error, set by the task (det_report_storage_error); its exit reason, over the agent''s. '
+    'A failed run with one pauses its experiment, without counting a restart '
+    '(det.reconciler.trials.settle).';
+COMMENT ON COLUMN allocations.planned_stop IS
+    'Its agent stopped it on purpose (det_agent_stop_runs: the agent shut down): however the '
+    'run ends, its trial resumes from its latest checkpoint and the end is not a failure '
+    '(restarts counts failures only).';
+COMMENT ON COLUMN allocations.fenced_until IS
+    'Set when the reconciler ends the run of a lost agent: until then the old process may '
+    'still be alive (a frozen agent cannot kill it), so no new run of its trial is created. '
+    'Longer than the task''s preemption watcher''s poll, after which a task whose token was '
+    'revoked has exited (det.reconciler.passes.FENCE_SECONDS).';
 -- Each agent's live allocations (what an agent runs, what a lost agent leaves behind).
 CREATE INDEX allocations_live ON allocations (agent_id) WHERE state <> 'TERMINATED';
 -- Each agent's live zero-slot tasks, counted per agent by the scheduling pass (POOL_AGENTS).
@@ -668,6 +721,7 @@ CREATE TABLE checkpoints (
     delete_requested_at timestamptz,
     deleted_at      timestamptz,
     freed_bytes     bigint,
+    gc_pending      boolean NOT NULL DEFAULT true,
     CHECK ((state = 'DELETED') = (deleted_at IS NOT NULL)
            AND (state = 'COMPLETED') = (delete_requested_at IS NULL))
 );
@@ -680,9 +734,14 @@ COMMENT ON COLUMN checkpoints.delete_requested_at IS
     'against it (the reconciler gives up after a few and leaves the error on the experiment).';
 COMMENT ON COLUMN checkpoints.freed_bytes IS
     'Bytes of storage the deletion freed: the size of its files (resources), set at DELETED.';
+COMMENT ON COLUMN checkpoints.gc_pending IS
+    'Reported since the reconciler last applied its experiment''s GC policy: the pass applies '
+    'it to the live experiments that have such checkpoints, then clears the flag.';
 CREATE INDEX checkpoints_trial ON checkpoints (trial_id, steps_completed);
 -- What GC tasks still have to remove, per trial (read by every pass).
 CREATE INDEX checkpoints_deleting ON checkpoints (trial_id) WHERE state = 'DELETING';
+-- Checkpoints new since the pass last applied the GC policy (read by every pass).
+CREATE INDEX checkpoints_gc_pending ON checkpoints (trial_id) WHERE gc_pending;
 
 CREATE FUNCTION det_checkpoint_input_check() RETURNS trigger LANGUAGE plpgsql AS $$
 -- BEFORE INSERT ON checkpoints: what a task records of a checkpoint (det_report_checkpoint)
@@ -2074,7 +2133,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- pause | activate | cancel | kill (spec: run-training-code, Pause and Activate). Returns the
 -- new state. The reconciler turns the state into desired states of the trials' allocations.
 -- An action the state does not allow is a check_violation (an illegal transition); an
--- unknown action a bad argument.
+-- unknown action a bad argument. Any action but pause clears the reason the cluster paused
+-- the experiment for (experiments.paused_reason).
 DECLARE
     v_state experiment_state;
     v_new experiment_state;
@@ -2098,7 +2158,9 @@ BEGIN
         RAISE EXCEPTION 'experiment %: cannot % an experiment in state %', p_id, p_action, v_state
             USING ERRCODE = 'check_violation';
     END IF;
-    UPDATE experiments SET state = v_new WHERE id = p_id;
+    UPDATE experiments
+       SET state = v_new, paused_reason = CASE WHEN p_action = 'pause' THEN paused_reason END
+     WHERE id = p_id;
     PERFORM det_audit(p_action, 'experiment', p_id::text);
     PERFORM pg_notify(det_channel('reconciler', ''), 'experiment');
     RETURN v_new;
@@ -2662,7 +2724,8 @@ CREATE FUNCTION det_agent_register(
     p_id text, p_hostname text, p_pool text, p_runtime text, p_slots jsonb
 ) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- An agent (re)registers its slots: [{slot_id, type, device_uuid, device_name, memory_mb}].
--- Slots it no longer has are removed; a LOST agent becomes ACTIVE again.
+-- Slots it no longer has are removed; a LOST agent becomes ACTIVE again, a stopping one
+-- (det_agent_stop_runs) takes work again.
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p_pool) THEN
         RAISE EXCEPTION 'agent %: no resource pool named "%"', p_id, p_pool
@@ -2672,7 +2735,7 @@ BEGIN
     VALUES (p_id, p_hostname, p_pool, p_runtime)
     ON CONFLICT (id) DO UPDATE
         SET hostname = excluded.hostname, resource_pool = excluded.resource_pool,
-            runtime = excluded.runtime, last_heartbeat = now(),
+            runtime = excluded.runtime, last_heartbeat = now(), stopping = false,
             state = CASE WHEN agents.state = 'LOST' THEN 'ACTIVE' ELSE agents.state END;
     DELETE FROM slots s WHERE s.agent_id = p_id
         AND s.slot_id NOT IN (SELECT (e ->> 'slot_id')::integer
@@ -2696,6 +2759,42 @@ BEGIN
     UPDATE agents SET last_heartbeat = now() WHERE id = p_id AND state <> 'LOST'
     RETURNING state INTO v_state;
     RETURN coalesce(v_state, 'LOST');
+END $$;
+
+CREATE FUNCTION det_agent_timeout() RETURNS double precision LANGUAGE sql STABLE
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The leader's agent timeout in seconds (reconciler_leader.agent_timeout), NULL before any
+-- reconciler has run a pass: an agent kills its tasks before it passes (self-fencing).
+SELECT agent_timeout FROM reconciler_leader;
+$$;
+
+CREATE FUNCTION det_agent_stop_runs(p_agent text) RETURNS bigint[] LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- A planned stop (issue 39): agent p_agent is going away (SIGTERM: `det cluster down`, a
+-- restart) and stops its live runs the way pause does, without a reconciler (the same `down`
+-- stops it): each becomes desired STOPPED (a KILLED one stays so) and planned_stop, and its
+-- task is woken on its channel to checkpoint and exit (det_should_preempt). The agent is
+-- marked stopping: no new run is placed on it until it registers again. Runs it holds a share
+-- of (a gang whose chief is elsewhere) stop too. Returns the ids of the runs, ascending.
+DECLARE
+    v_ids bigint[];
+BEGIN
+    UPDATE agents SET stopping = true WHERE id = p_agent;
+    WITH stopped AS (
+        UPDATE allocations a
+           SET desired_state = greatest(a.desired_state, 'STOPPED'), planned_stop = true,
+               stop_requested_at = coalesce(a.stop_requested_at, now())
+         WHERE a.state <> 'TERMINATED'
+           AND a.id IN (SELECT x.id FROM allocations x
+                         WHERE x.agent_id = p_agent AND x.state <> 'TERMINATED'
+                        UNION
+                        SELECT h.allocation_id FROM allocation_slots h
+                         WHERE h.agent_id = p_agent AND NOT h.released)
+        RETURNING a.id
+    )
+    SELECT coalesce(array_agg(s.id ORDER BY s.id), '{}') INTO v_ids FROM stopped s;
+    PERFORM pg_notify(det_channel('alloc', x::text), '') FROM unnest(v_ids) x;
+    RETURN v_ids;
 END $$;
 
 CREATE FUNCTION det_agent_claim_each(p_agent text, p_allocations bigint[])
@@ -3136,6 +3235,32 @@ BEGIN
      WHERE id = a.trial_id AND steps_completed <= p_steps_completed;
 END $$;
 
+CREATE FUNCTION det_checkpoint_begin(p_token text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The task is about to write a checkpoint: refused (SQLSTATE 28000, det_auth) once its
+-- allocation was ended (agent lost, run killed), so a fenced run writes no files (issue 39).
+-- det_report_checkpoint checks again when the files are in place.
+BEGIN
+    PERFORM det_auth(p_token);
+END $$;
+
+CREATE FUNCTION det_report_storage_error(p_token text, p_message text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The task could not write a checkpoint to its storage (no space, quota, read-only, I/O
+-- error): p_message, one line naming the path and the OS error, becomes the run's exit reason
+-- (allocations.storage_error), control characters made spaces, cut to 1000 characters. A
+-- blank message is invalid_parameter_value.
+DECLARE
+    a allocations := det_auth(p_token);
+    v_line text := btrim(regexp_replace(p_message, '[[:cntrl:]]+', ' ', 'g'));
+BEGIN
+    IF v_line IS NULL OR v_line = '' THEN
+        RAISE EXCEPTION 'storage error: a message naming the path and the error is required'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE allocations SET storage_error = left(v_line, 1000) WHERE id = a.id;
+END $$;
+
 CREATE FUNCTION det_current_op(p_token text) RETURNS jsonb LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The trial's oldest open searcher operation as {id, length}; {"wait": true} while the
@@ -3264,10 +3389,11 @@ END $$;
 -- (det_checkpoints_to_delete); the checkpoints never deleted are the view checkpoint_pins.
 
 CREATE VIEW checkpoint_pins WITH (security_invoker = true) AS
--- Checkpoints that are never deleted, whatever the GC policy or a user asks: the versions of
--- the model registry, and the checkpoints experiments warm-start from
+-- Checkpoints that are not deleted, whatever the GC policy or a user asks: the versions of
+-- the model registry, the checkpoints experiments warm-start from
 -- (searcher.source_checkpoint_uuid, or the latest checkpoint of searcher.source_trial_id;
--- reference-facts §1.1, §5). It is the one home of "pinned".
+-- reference-facts §1.1, §5), and while a trial lives its restart point (its latest
+-- checkpoint: GC runs during runs, issue 39). It is the one home of "pinned".
 SELECT checkpoint_uuid FROM model_versions
 UNION
 SELECT (e.config #>> '{searcher,source_checkpoint_uuid}')::uuid AS checkpoint_uuid
@@ -3278,7 +3404,10 @@ UNION
 SELECT t.latest_checkpoint
   FROM experiments e
   JOIN trials t ON t.id = (e.config #>> '{searcher,source_trial_id}')::bigint
- WHERE t.latest_checkpoint IS NOT NULL;
+ WHERE t.latest_checkpoint IS NOT NULL
+UNION
+SELECT t.latest_checkpoint FROM trials t
+ WHERE t.state < 'COMPLETED' AND t.latest_checkpoint IS NOT NULL;
 
 CREATE FUNCTION det_checkpoints_to_delete(
     p_experiment integer, p_save_experiment_best integer DEFAULT NULL,
@@ -3642,6 +3771,19 @@ DECLARE
     a allocations := det_gc_auth(p_token);
 BEGIN
     UPDATE experiments SET checkpoint_gc_error = p_message WHERE job_id = a.job_id;
+END $$;
+
+CREATE FUNCTION det_gc_task_unrecorded(p_token text, p_uuids uuid[]) RETURNS SETOF uuid
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Of p_uuids (checkpoint directories the GC task found in its experiment's storage), those no
+-- checkpoint row names, of any experiment: files a crashed run published but never recorded
+-- (det.harness.checkpoint_gc sweeps them once they are old enough).
+DECLARE
+    a allocations := det_gc_auth(p_token);
+BEGIN
+    RETURN QUERY
+    SELECT u FROM unnest(p_uuids) AS u
+     WHERE NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.uuid = u);
 END $$;
 
 -- =============================================================================================
@@ -4124,7 +4266,7 @@ GRANT EXECUTE ON FUNCTION
     det_gang_agents(bigint), det_gang_started(bigint),
     det_agent_set_rendezvous(text, bigint, text), det_agent_claim_node(text, bigint),
     det_agent_report_node(text, bigint, allocation_state, integer, text),
-    det_append_logs(bigint, text[], text[])
+    det_append_logs(bigint, text[], text[]), det_agent_timeout(), det_agent_stop_runs(text)
 TO det_agent;
 
 GRANT EXECUTE ON FUNCTION
@@ -4136,7 +4278,8 @@ GRANT EXECUTE ON FUNCTION
     det_ack_preemption(text), det_report_early_exit(text, text),
     det_experiment_best_validation(text), det_gc_task_checkpoints(text, integer),
     det_gc_task_tensorboards(text), det_gc_task_deleted(text, uuid[]),
-    det_gc_task_failed(text, text)
+    det_gc_task_failed(text, text), det_checkpoint_begin(text),
+    det_report_storage_error(text, text), det_gc_task_unrecorded(text, uuid[])
 TO det_task;
 
 GRANT EXECUTE ON FUNCTION
@@ -4205,7 +4348,8 @@ TO det_user;
 GRANT SELECT (id, job_id, trial_id, run, resource_pool, slots_needed, spec, desired_state,
               state, agent_id, exit_code, exit_reason, stop_requested_at, preempt_acked,
               settled, created_at, assigned_at, started_at, ended_at, preemptible,
-              pending_reason, out_of_work, running_at, rendezvous)
+              pending_reason, out_of_work, running_at, rendezvous, storage_error, planned_stop,
+              fenced_until)
     ON allocations TO det_user;
 -- templates without their secrets (issue 32): config and original are read only through
 -- det_template_expand, at submission

@@ -13,6 +13,10 @@ this agent against the tasks it runs (docs/architecture.md).
 * ended here (its main process exited; see the runtimes): flush its logs, report TERMINATED
   with exit code and reason, remove its remains;
 * running here, state not yet RUNNING (the report was lost with the connection): report it.
+A planned stop (SIGTERM: ``det cluster down``, a restart) stops the tasks the way pause does,
+with no reconciler needed (:meth:`Agent.shutdown`), and an agent that cannot heartbeat for its
+lease kills its tasks before the reconciler places them elsewhere (self-fencing,
+:mod:`det.agent.heartbeat`).
 The same rules hold for this agent's share of a gang allocation whose chief is another agent
 (distributed training across agents, :mod:`det.agent.gang`); that share starts once the
 chief's agent recorded the rendezvous endpoint, and ending badly it ends the whole run.
@@ -50,6 +54,7 @@ from det.agent.runtime import Exit, Launch, Runtime, Task
 from det.configs import env_for_device
 from det.configs.allocation import AllocationSpec
 from det.db import channels, retry
+from det.db.reconnect import open_connection
 from det.errors import ConfigError, DetError
 
 log = logging.getLogger("det.agent")
@@ -68,8 +73,13 @@ FRESH_SECONDS = 5.0
 # placed again while the rest of the batch starts (issue 11: 32 tiny tasks take ~100 ms to
 # start, longer than each runs).
 BATCH_REPORT_SECONDS = 0.025
-# Seconds a stopping agent keeps trying to report its tasks' ends while the database is away.
-SHUTDOWN_RETRY_SECONDS = 10.0
+# A planned stop (SIGTERM) gives the tasks STOP_GRACE_SECONDS to checkpoint and exit, then
+# kills them; it then tries for SHUTDOWN_RETRY_SECONDS to report their ends while the database
+# is away. Both together stay within the supervisor's STOP_GRACE (15 s between its SIGTERM and
+# SIGKILL of the agent, det.cli.supervisor), which `det cluster down` waits for: 10 + 3 s.
+STOP_GRACE_SECONDS = 10.0
+SHUTDOWN_RETRY_SECONDS = 3.0
+STOP_RUNS = "SELECT det_agent_stop_runs(%s)"
 # A share of a gang run that ended on the chief's agent may finish by itself this long
 # (seconds) before it is killed: its workers end with the chief's.
 NODE_GRACE_SECONDS = 10.0
@@ -161,6 +171,8 @@ class Agent:
         self.claimed: set[int] = set()  # claims made by this process, not yet launched
         self.nodes: set[int] = set()  # allocations this agent runs a share of, not the chief
         self.orphaned: dict[int, float] = {}  # shares whose run ended elsewhere: since when
+        # why a task was killed where its exit code cannot say (a self-fence), by allocation
+        self.kill_reasons: dict[int, str] = {}
         self.last_launch = float("-inf")  # time.monotonic() of the latest launch
         self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
@@ -170,7 +182,8 @@ class Agent:
         self.runtime = choose_runtime(settings.runtime, self.logs, settings.agent_id,
                                       self.task_url, self.device_type, settings.warm_start,
                                       pool_size)
-        self.heartbeat = Heartbeat(url, settings.agent_id, settings.heartbeat, self._register)
+        self.heartbeat = Heartbeat(url, settings.agent_id, settings.heartbeat, self._register,
+                                   self._fence)
         # A lost connection's backoff is spent watching the tasks (see _tend_for).
         self._retrying = retry.retrying("agent").copy(sleep=self._tend_for)
 
@@ -179,7 +192,7 @@ class Agent:
     def _connect(self) -> psycopg.Connection:
         """The main connection, opened (and LISTENing) again after it was lost."""
         if self.conn is None or self.conn.closed:
-            self.conn = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+            self.conn = open_connection(self.url, dict_row)
             channels.listen_agent(self.conn, self.s.agent_id)
         return self.conn
 
@@ -329,6 +342,8 @@ class Agent:
         """Launch the assigned runs ``rows``: claim them (one round trip for those this agent
         runs alone), start each, then report them RUNNING (one round trip). 1,000 tiny tasks
         on 32 slots start in batches of 32 (issue 11)."""
+        if self.heartbeat.fenced:
+            return  # killed its tasks for want of a heartbeat: starts nothing until it beats
         ready = [(row, spec) for row in rows if (spec := self._fetched(row)) is not None]
         # Recorded before the claim: its answer may be lost with the connection after the
         # claim committed (STARTING), and the next pass claims again rather than give up.
@@ -502,7 +517,8 @@ class Agent:
                 task.kill()  # again: a kill the engine refused is retried
             end = task.poll()
             if end is not None:
-                self.ended[alloc_id] = end
+                why = self.kill_reasons.pop(alloc_id, None)
+                self.ended[alloc_id] = end if why is None else Exit(end.code, why)
                 del self.tasks[alloc_id]
                 self.killing.discard(alloc_id)
                 self.orphaned.pop(alloc_id, None)
@@ -516,19 +532,58 @@ class Agent:
             self._tend()
             time.sleep(min(left, TEND_SECONDS))
 
-    def shutdown(self) -> None:
-        """Kill the tasks (they cannot outlive the agent anyway) and report them ended,
-        trying for ``SHUTDOWN_RETRY_SECONDS`` while the database is away."""
-        for alloc_id, task in self.tasks.items():
-            task.kill()
+    def _fence(self, silent: float) -> None:
+        """Kill every task: this agent could not heartbeat for ``silent`` seconds, past its
+        lease (:mod:`det.agent.heartbeat`). Called on the heartbeat's fence thread; it only
+        signals, and the main loop collects the ends as usual."""
+        why = (f"self-fenced: agent {self.s.agent_id} could not heartbeat for {silent:.0f} s "
+               f"(the reconciler's agent timeout is {self.heartbeat.agent_timeout:.0f} s)")
+        for alloc_id, task in list(self.tasks.items()):
+            self.kill_reasons[alloc_id] = why
             self.killing.add(alloc_id)
+            task.kill()
+
+    def _stop_runs(self) -> bool:
+        """Mark this agent's runs a planned stop and wake their tasks to checkpoint and exit
+        (``det_agent_stop_runs``); False when the database stayed away for
+        ``SHUTDOWN_RETRY_SECONDS`` (the tasks then cannot learn of the stop)."""
+        def stop() -> None:
+            self._connect().execute(STOP_RUNS, (self.s.agent_id,))
+
+        try:
+            retry.call("agent stop", lambda: self._closing_if_lost(stop),
+                       give_up_after=SHUTDOWN_RETRY_SECONDS)
+        except psycopg.Error as e:
+            log.error("could not tell the tasks to checkpoint and stop: %s; killing them", e)
+            return False
+        return True
+
+    def shutdown(self) -> None:
+        """Stop: a planned stop, not a failure (issue 39). The runs are marked so
+        (``det_agent_stop_runs``), so their tasks checkpoint and exit as on pause; those still
+        running after ``STOP_GRACE_SECONDS`` are killed (they resume from their latest
+        checkpoint all the same). Where the database cannot be reached, the tasks are killed
+        at once (they cannot outlive the agent anyway). Then their ends are reported, trying
+        for ``SHUTDOWN_RETRY_SECONDS`` while the database is away."""
+        if self.conn is not None:  # possibly interrupted mid-statement by the signal
+            self.conn.close()
         stopped = set(self.tasks)
+        planned = self._stop_runs()  # with no task either: nothing new is placed here
+        if planned and stopped:
+            log.info("planned stop: allocation(s) %s checkpoint and exit (%.0f s grace)",
+                     sorted(stopped), STOP_GRACE_SECONDS)
+        deadline = time.monotonic() + (STOP_GRACE_SECONDS if planned else 0.0)
+        overdue: set[int] = set()
         while self.tasks:
+            if time.monotonic() >= deadline:
+                overdue |= self.tasks.keys()
+                for alloc_id in self.tasks.keys() - self.killing:
+                    self._kill(alloc_id)
             self._tend()
             time.sleep(TEND_SECONDS / 2)
         for alloc_id in stopped:
-            self.ended[alloc_id] = Exit(self.ended[alloc_id].code, "agent shut down")
-        if self.conn is not None:  # possibly interrupted mid-statement by the signal
+            self.ended[alloc_id] = self._stop_end(alloc_id, planned, alloc_id in overdue)
+        if self.conn is not None:
             self.conn.close()
         try:
             retry.call("agent shutdown", lambda: self._closing_if_lost(self._report_ends),
@@ -540,3 +595,15 @@ class Agent:
         self.logs.close()
         if self.conn is not None:
             self.conn.close()
+
+    def _stop_end(self, alloc_id: int, planned: bool, overdue: bool) -> Exit:
+        """The end to report for a task the agent's stop ended (``overdue``: killed at the
+        grace's end)."""
+        end = self.ended[alloc_id]
+        if not planned:
+            return Exit(end.code, "agent shut down")
+        how = ("checkpointed and exited" if end.code == 0
+               else f"killed after the {STOP_GRACE_SECONDS:.0f} s grace" if overdue
+               else end.reason or f"exit code {end.code}")
+        return Exit(end.code, f"preempted: planned stop (agent {self.s.agent_id} shut down), "
+                              f"{how}")

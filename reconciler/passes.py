@@ -33,6 +33,13 @@ log = logging.getLogger("det.reconciler")
 # the reconciler stops starting new ones; the error then waits on the experiment.
 GC_MAX_FAILURES = 3
 
+FENCE_SECONDS = 10.0
+"""How long (seconds) a lost agent's run keeps its trial from getting a new run
+(allocations.fenced_until): the old process may still be alive on a frozen agent, and exits
+once its token is revoked (the run ended) within the preemption watcher's poll,
+``det.harness.transport.PREEMPT_POLL_SECONDS`` (5 s; tests/test_fencing.py keeps this
+longer), so no two processes of one trial run at once (issue 39, item 3)."""
+
 
 @dataclass
 class Settings:
@@ -109,13 +116,14 @@ def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassR
         _finish_closed_trials(conn, r)
         _finish_stopping_trials(conn, r)
         _finish_experiments(conn, r)
+        _checkpoint_gc_live(conn, r)
         _checkpoint_gc_tasks(conn, r)
         created = conn.execute(q.CREATE_ALLOCATIONS).rowcount
         r.changes += created
         if created:
             _place(conn, r)
         _wake(conn, r)
-        conn.execute(q.RECORD_PASS, {"holder": holder})
+        conn.execute(q.RECORD_PASS, {"holder": holder, "agent_timeout": settings.agent_timeout})
     r.add(freed)
     return r
 
@@ -134,14 +142,14 @@ def _agents(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None
     lost = conn.execute(q.EXPIRE_AGENTS, {"timeout": settings.agent_timeout}).fetchall()
     for row in lost:
         log.warning("agent %s lost: no heartbeat for %.0f s", row["id"], settings.agent_timeout)
-    ended = conn.execute(q.END_LOST_ALLOCATIONS).fetchall()
+    ended = conn.execute(q.END_LOST_ALLOCATIONS, {"fence": FENCE_SECONDS}).fetchall()
     r.changes += len(lost) + len(ended) + conn.execute(q.RELEASE_SLOTS).rowcount
 
 
 def _settle(conn: psycopg.Connection, r: PassResult) -> None:
     runs = conn.execute(q.UNSETTLED_RUNS).fetchall()
     writes = Writes([q.UPDATE_SETTLED_TRIALS, q.INSERT_SEARCHER_EVENTS, q.MARK_SETTLED,
-                     q.LOG_DECISIONS])
+                     q.PAUSE_FOR_STORAGE_ERROR, q.LOG_DECISIONS])
     isolated_each(conn, runs, lambda run: f"settling allocation {run['allocation_id']}",
                   lambda run: _settle_one(writes, run),
                   lambda run, msg: conn.execute(q.SETTLE_FAILED, {**run, "message": msg}),
@@ -152,10 +160,14 @@ def _settle(conn: psycopg.Connection, r: PassResult) -> None:
 def _settle_one(writes: Writes, run: dict) -> None:
     s = settle(RunEnd(run["trial_state"], run["restarts"], run["max_restarts"],
                       run["exit_code"], run["exit_reason"], run["stop_requested"],
-                      run["open_op"], run["out_of_work"]))
+                      run["open_op"], run["out_of_work"], run["planned_stop"],
+                      run["storage_error"]))
     writes.add(q.UPDATE_SETTLED_TRIALS, trial_id=run["trial_id"], state=s.state,
                restarts=s.restarts, close=s.close)
     writes.add(q.MARK_SETTLED, allocation_id=run["allocation_id"])
+    if s.pause_experiment:
+        writes.add(q.PAUSE_FOR_STORAGE_ERROR, experiment_id=run["experiment_id"],
+                   reason=f"trial {run['trial_id']}: {run['storage_error']}")
     how = f"exit code {run['exit_code']}" if run["exit_code"] is not None else "no exit code"
     reason = f" ({run['exit_reason']})" if run["exit_reason"] else ""
     then = ""
@@ -167,6 +179,11 @@ def _settle_one(writes: Writes, run: dict) -> None:
         then = "; the trial's code finished its own training, so the trial is done"
     elif s.failed and not s.state.startswith("STOPPING_"):
         then = f"; restarting from the latest checkpoint ({s.restarts}/{run['max_restarts']})"
+    elif s.pause_experiment:
+        then = ("; a checkpoint storage error, not retried: the experiment is paused (fix the "
+                "storage, then `det experiment activate`)")
+    elif run["planned_stop"]:
+        then = "; a planned stop, not a failure: a new run resumes from the latest checkpoint"
     elif run["open_op"] and not run["stop_requested"]:
         then = "; the searcher has new work for it: a new run resumes from its checkpoint"
     _log_decision(writes, run, f"run ended with {how}{reason}{then}")
@@ -236,21 +253,43 @@ def _finish_stopping_trials(conn: psycopg.Connection, r: PassResult) -> None:
 
 
 def _finish_experiments(conn: psycopg.Connection, r: PassResult) -> None:
-    """End the experiments whose trials are all done, and apply the checkpoint GC policy of
-    each one that has checkpoints in the same transaction (reference-facts §5: GC runs when
-    an experiment ends; one with none has nothing to apply it to)."""
+    """End the experiments whose trials are all done, set their progress to what they
+    trained (searchers.ended_progress), and apply the checkpoint GC policy of each one that
+    has checkpoints in the same transaction (reference-facts §5: GC runs when an experiment
+    ends; one with none has nothing to apply it to)."""
     ended = conn.execute(q.FINISH_EXPERIMENTS).fetchall()
-    with_checkpoints = [row["id"] for row in ended if row["has_checkpoints"]]
-    isolated_each(conn, with_checkpoints, lambda eid: f"experiment {eid}: checkpoint GC",
-                  lambda eid: conn.execute(q.CHECKPOINT_GC, {"experiment_id": eid}),
-                  lambda eid, msg: conn.execute(q.GC_DECISION_FAILED,
-                                                {"experiment_id": eid, "message": msg}))
+    isolated_each(conn, ended, lambda row: f"experiment {row['id']}: progress",
+                  lambda row: conn.execute(q.SET_PROGRESS, {
+                      "experiment_id": row["id"], "progress": searchers.ended_progress(
+                          row["config"], row["searcher_state"], row["trained"])}))
+    _apply_gc_policy(conn, [row["id"] for row in ended if row["has_checkpoints"]])
     r.changes += len(ended)
 
 
+def _checkpoint_gc_live(conn: psycopg.Connection, r: PassResult) -> None:
+    """Apply the checkpoint GC policy of each live experiment that has checkpoints new since
+    the last look (issue 39: checkpoints superseded during a run are collected then, not only
+    at the experiment's end). Only those experiments are looked at, so a pass with no new
+    checkpoint costs one index probe. Each live trial's restart point is pinned
+    (checkpoint_pins), so no run loses the checkpoint it resumes from."""
+    live = [row["id"] for row in conn.execute(q.LIVE_EXPERIMENTS_WITH_NEW_CHECKPOINTS)]
+    _apply_gc_policy(conn, live)
+    r.changes += len(live)
+
+
+def _apply_gc_policy(conn: psycopg.Connection, experiment_ids: list[int]) -> None:
+    """det_checkpoint_gc for each experiment, one failing (say, on a malformed checkpoint)
+    recorded on it as its GC error without failing the others."""
+    isolated_each(conn, experiment_ids, lambda eid: f"experiment {eid}: checkpoint GC",
+                  lambda eid: conn.execute(q.CHECKPOINT_GC, {"experiment_id": eid}),
+                  lambda eid, msg: conn.execute(q.GC_DECISION_FAILED,
+                                                {"experiment_id": eid, "message": msg}))
+
+
 def _checkpoint_gc_tasks(conn: psycopg.Connection, r: PassResult) -> None:
-    """Settle ended GC tasks, start one where checkpoints wait to be removed, and remove the
-    rows of deleted experiments whose files are gone."""
+    """Settle ended GC tasks, start one per experiment (never two at once: each removes all
+    that is DELETING then) where checkpoints wait to be removed, and remove the rows of
+    deleted experiments whose files are gone."""
     r.changes += conn.execute(q.SETTLE_GC_RUNS).fetchone()["n"]
     r.changes += conn.execute(q.CREATE_GC_TASKS, {"max_failures": GC_MAX_FAILURES}).rowcount
     for row in conn.execute(q.EXPERIMENTS_TO_PURGE).fetchall():

@@ -14,17 +14,26 @@ for the pass to commit (a task's ``det_complete_op`` inserting its searcher even
 # -- 1. Agents ---------------------------------------------------------------------------------
 
 # Agents silent for longer than the timeout are lost (docs/architecture.md, "The reconciler pass").
+# Silence is counted from the database server's start at the earliest: after a long outage
+# (the server down, every heartbeat old) agents get the timeout to beat again rather than all
+# being declared lost at once by the first pass (issue 39).
 EXPIRE_AGENTS = """
 UPDATE agents SET state = 'LOST'
- WHERE state <> 'LOST' AND last_heartbeat < now() - make_interval(secs => %(timeout)s)
+ WHERE state <> 'LOST'
+   AND greatest(last_heartbeat, pg_postmaster_start_time())
+       < now() - make_interval(secs => %(timeout)s)
 RETURNING id
 """
 
-# Runs on lost agents end with no exit code: the settle step counts them as failures. A gang
-# spanning agents ends when any of its agents is lost (issue 12). Found from the lost agents
-# (one IN over a UNION, which the planner can join from), not by testing every live run.
+# Runs on lost agents end with no exit code: the settle step counts them as failures (but a
+# planned stop's, see allocations.planned_stop). A gang spanning agents ends when any of its
+# agents is lost (issue 12). Found from the lost agents (one IN over a UNION, which the
+# planner can join from), not by testing every live run. The old process may live on (a
+# frozen agent cannot kill it): its trial gets no new run for %(fence)s seconds
+# (allocations.fenced_until, honoured by CREATE_ALLOCATIONS).
 END_LOST_ALLOCATIONS = """
-UPDATE allocations a SET state = 'TERMINATED', exit_reason = 'agent lost', ended_at = now()
+UPDATE allocations a SET state = 'TERMINATED', exit_reason = 'agent lost', ended_at = now(),
+       fenced_until = now() + make_interval(secs => %(fence)s)
  WHERE a.state <> 'TERMINATED'
    AND a.id IN (SELECT x.id FROM agents g JOIN allocations x ON x.agent_id = g.id
                  WHERE g.state = 'LOST' AND x.state <> 'TERMINATED'
@@ -44,10 +53,11 @@ UPDATE allocation_slots s SET released = true
 # -- 2. Settle ended runs ----------------------------------------------------------------------
 
 UNSETTLED_RUNS = """
-SELECT a.id AS allocation_id, a.exit_code, a.exit_reason, t.id AS trial_id,
+SELECT a.id AS allocation_id, a.exit_code, coalesce(a.storage_error, a.exit_reason) AS exit_reason,
+       a.storage_error, t.id AS trial_id,
        t.experiment_id, t.state::text AS trial_state, t.restarts,
        a.desired_state <> 'RUNNING' AS stop_requested,
-       a.out_of_work,
+       a.out_of_work, a.planned_stop,
        EXISTS (SELECT 1 FROM searcher_ops o WHERE o.trial_id = t.id AND NOT o.completed)
            AS open_op,
        (e.config ->> 'max_restarts')::integer AS max_restarts
@@ -72,6 +82,13 @@ UPDATE trials t SET state = x.state::trial_state, restarts = x.restarts,
 """
 
 MARK_SETTLED = "UPDATE allocations SET settled = true WHERE id = ANY(%(allocation_id)s::bigint[])"
+
+# A run's checkpoint storage error pauses its experiment, with the reason (settle's rule).
+PAUSE_FOR_STORAGE_ERROR = """
+UPDATE experiments e SET state = 'PAUSED', paused_reason = x.reason
+  FROM unnest(%(experiment_id)s::integer[], %(reason)s::text[]) AS x(experiment_id, reason)
+ WHERE e.id = x.experiment_id AND e.state = 'ACTIVE'
+"""
 
 # Settling a run raised: the run is marked settled and its trial ends in error with the reason
 # (a stopping trial in its terminal state), so one bad row cannot stall every later pass.
@@ -282,14 +299,40 @@ UPDATE experiments e
                       AND t.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR'))
 RETURNING e.id, EXISTS (SELECT 1 FROM trials t JOIN checkpoints c ON c.trial_id = t.id
                          WHERE t.experiment_id = e.id AND c.state = 'COMPLETED')
-                AS has_checkpoints
+                AS has_checkpoints,
+          e.config, e.searcher_state,
+          -- units each trial trained (its ops' reported progress), by request id
+          (SELECT coalesce(jsonb_object_agg(t.request_id::text, o.units), '{}')
+             FROM trials t
+             CROSS JOIN LATERAL (SELECT max(o.progress) AS units FROM searcher_ops o
+                                  WHERE o.trial_id = t.id) o
+            WHERE t.experiment_id = e.id AND o.units IS NOT NULL) AS trained
 """
+
+# An ended experiment's progress: what it trained over what it planned (ended_progress).
+SET_PROGRESS = "UPDATE experiments SET progress = %(progress)s WHERE id = %(experiment_id)s"
 
 # -- 6b. Checkpoint GC (issue 16) ---------------------------------------------------------------
 
 # An experiment that just ended applies its GC policy (the keep rule is det_checkpoints_to_delete),
 # in the transaction that ended it.
 CHECKPOINT_GC = "SELECT det_checkpoint_gc(%(experiment_id)s) AS n"
+
+# GC during runs (issue 39): the live experiments with checkpoints reported since the last
+# look, whose policy the pass applies now. The same statement clears the flags it read; a
+# checkpoint committed after it keeps its flag for the next pass. An ended experiment's
+# flags are only cleared (the pass that ended it applied its policy).
+LIVE_EXPERIMENTS_WITH_NEW_CHECKPOINTS = """
+WITH seen AS (
+    UPDATE checkpoints SET gc_pending = false WHERE gc_pending RETURNING trial_id
+)
+SELECT DISTINCT t.experiment_id AS id
+  FROM (SELECT DISTINCT trial_id FROM seen) s
+  JOIN trials t ON t.id = s.trial_id JOIN experiments e ON e.id = t.experiment_id
+ WHERE e.state IN ('ACTIVE', 'PAUSED', 'STOPPING_COMPLETED', 'STOPPING_CANCELED',
+                   'STOPPING_KILLED', 'STOPPING_ERROR')
+ ORDER BY 1
+"""
 
 # Ended GC tasks are settled; one that failed without saying why (killed, lost with its agent)
 # leaves its end on the experiment while checkpoints are still to be removed.
@@ -368,13 +411,17 @@ UPDATE experiments SET checkpoint_gc_error = %(message)s WHERE id = %(experiment
 
 # -- 7. New runs for trials that have work and no run ------------------------------------------
 
+# Not while an earlier run's process may still act (allocations.fenced_until, issue 39).
+
 CREATE_ALLOCATIONS = """
 WITH runnable AS (
     SELECT t.id FROM trials t JOIN experiments e ON e.id = t.experiment_id
      WHERE e.state = 'ACTIVE' AND t.state = 'ACTIVE' AND NOT t.closed
        AND EXISTS (SELECT 1 FROM searcher_ops o WHERE o.trial_id = t.id AND NOT o.completed)
        AND NOT EXISTS (SELECT 1 FROM allocations a
-                        WHERE a.trial_id = t.id AND (a.state <> 'TERMINATED' OR NOT a.settled))
+                        WHERE a.trial_id = t.id
+                          AND (a.state <> 'TERMINATED' OR NOT a.settled
+                               OR a.fenced_until > now()))
        FOR NO KEY UPDATE OF t
 ), bumped AS (
     UPDATE trials t SET runs = t.runs + 1 FROM runnable r WHERE t.id = r.id
@@ -400,7 +447,7 @@ FALL_BACK = """
 WITH free AS (
     SELECT g.resource_pool AS pool, count(s.slot_id) AS n
       FROM agents g JOIN slots s ON s.agent_id = g.id AND s.enabled
-     WHERE g.state = 'ACTIVE'
+     WHERE g.state = 'ACTIVE' AND NOT g.stopping
        AND NOT EXISTS (SELECT 1 FROM allocation_slots h WHERE h.agent_id = s.agent_id
                           AND h.slot_id = s.slot_id AND NOT h.released)
      GROUP BY g.id, g.resource_pool
@@ -449,7 +496,7 @@ SELECT g.id AS agent_id,
   LEFT JOIN (SELECT agent_id, count(*) AS n FROM allocations
               WHERE slots_needed = 0 AND state <> 'TERMINATED' GROUP BY agent_id) z
          ON z.agent_id = g.id
- WHERE g.state = 'ACTIVE' AND g.resource_pool = %(pool)s
+ WHERE g.state = 'ACTIVE' AND NOT g.stopping AND g.resource_pool = %(pool)s
  GROUP BY g.id, p.max_aux_containers_per_agent, z.n
  ORDER BY g.id
 """
@@ -507,10 +554,12 @@ UPDATE allocations SET pending_reason = %(reason)s
 
 # -- 9. Bookkeeping ----------------------------------------------------------------------------
 
+# With the leader's agent timeout, which agents read to fence themselves (det_agent_timeout).
 RECORD_PASS = """
-INSERT INTO reconciler_leader (holder, since, last_pass) VALUES (%(holder)s, now(), now())
+INSERT INTO reconciler_leader (holder, since, last_pass, agent_timeout)
+VALUES (%(holder)s, now(), now(), %(agent_timeout)s)
 ON CONFLICT (singleton) DO UPDATE
-   SET last_pass = now(),
+   SET last_pass = now(), agent_timeout = excluded.agent_timeout,
        since = CASE WHEN reconciler_leader.holder = excluded.holder
                     THEN reconciler_leader.since ELSE now() END,
        holder = excluded.holder

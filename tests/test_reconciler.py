@@ -450,7 +450,8 @@ def test_an_idle_pass_reads_what_it_finds_not_the_queue(conn) -> None:
     for name in IDLE_LOOKS:
         with conn.transaction(force_rollback=True):
             plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + getattr(q, name),
-                                {"timeout": 30.0}).fetchone()["QUERY PLAN"][0]["Plan"]
+                                {"timeout": 30.0, "fence": 10.0}
+                                ).fetchone()["QUERY PLAN"][0]["Plan"]
         most = 0
 
         def walk(node: dict) -> None:

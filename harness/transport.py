@@ -231,11 +231,15 @@ class DbTransport:
 
     def _run(self, what: str, fn: Callable[[psycopg.Connection[Any]], T],
              give_up_after: float | None = None) -> T:
-        """``fn`` on the session (``Reconnecting.run``); a refused token ends the process."""
+        """``fn`` on the session (``Reconnecting.run``); a refused token ends the process, a
+        refused value (invalid_parameter_value) raises ``DetError``."""
         try:
             return self._session.run(f"{self._what}: {what}", fn, give_up_after)
         except psycopg.errors.InvalidAuthorizationSpecification as e:
             self._end_fenced(e)
+        except psycopg.errors.InvalidParameterValue as e:
+            # a value the task's functions refuse (schema.sql's bounds): one line naming it
+            raise translate(e) from None
 
     def _end_fenced(self, e: psycopg.Error) -> NoReturn:
         """One line on stderr, then exit at once (see the class docstring)."""
@@ -358,11 +362,8 @@ class DbTransport:
     def set_trial_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
         """``det_set_trial_metadata(token, metadata)``: merged into the trial's metadata, which
         it returns. Raises ``DetError`` for a key already set to another value."""
-        try:
-            merged = self._call("set trial metadata", "SELECT det_set_trial_metadata(%s, %s)",
-                                Jsonb(json_safe(dict(metadata))))
-        except psycopg.errors.InvalidParameterValue as e:
-            raise translate(e) from None
+        merged = self._call("set trial metadata", "SELECT det_set_trial_metadata(%s, %s)",
+                            Jsonb(json_safe(dict(metadata))))
         return dict(merged)
 
     def trial_metadata(self) -> dict[str, Any]:

@@ -123,3 +123,21 @@ def test_describe_shows_deep_metadata_stored_before(det, conn, token) -> None:
     assert "nested deeper than 32 levels" in r.stdout and r.stderr == ""
     out = json.loads(det("trial", "describe", "--json", str(trial)).stdout)
     assert out["metadata"] == "(not shown: nested deeper than 32 levels)"
+
+
+def test_the_harness_raises_a_refusal_as_one_line(conn, db_url) -> None:
+    """Through the task's transport a refused report is a DetError of one line (the group's
+    escape sequence shown escaped), not psycopg's error with its PL/pgSQL context."""
+    from conftest import task_url
+
+    from det.errors import DetError
+    from det.harness.transport import DbTransport
+
+    job, trial = a_trial(conn)
+    alloc, token = start_run(conn, job, trial, 1)
+    task = DbTransport(task_url(db_url), alloc, token)
+    task.report_metrics("\x1b[31mred", 1, {"loss": 1.0})
+    with pytest.raises(DetError) as e:
+        task.close()  # flushes: the writer's refused batch is raised here
+    assert str(e.value) == ('metrics "\\u001b[31mred" at batch 1: group: holds a control '
+                            "character")

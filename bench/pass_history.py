@@ -58,8 +58,8 @@ def queue(conn: psycopg.Connection, config: Jsonb, n: int) -> None:
     their runs wait."""
     if n == 0:
         return
-    for table in ("jobs", "experiments", "trials"):
-        conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 10000000)")
+    conn.execute("UPDATE id_counters SET last_value = 10000000 "
+                 "WHERE name IN ('jobs', 'experiments', 'trials')")
     with conn.transaction():
         for _ in range(n):
             conn.execute("SELECT det_create_experiment(%s, '', NULL)", (config,))

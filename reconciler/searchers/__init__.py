@@ -1,7 +1,8 @@
 """det.reconciler.searchers: pure hyperparameter-search methods.
 
 ``searcher_step(config, state, events) -> (state, actions)`` and
-``searcher_progress(config, state) -> float`` are the whole interface the reconciler uses;
+``searcher_progress(config, state) -> float`` (and, once an experiment ended,
+``ended_progress(config, state, trained) -> float``) are the whole interface the reconciler uses;
 actions and events are the dataclasses of ``actions``. Implemented: ``single``, ``random``,
 ``grid``, ``adaptive_asha``, ``tpe``. New methods subclass ``SearchMethod`` and register in
 ``METHODS``.
@@ -33,6 +34,7 @@ from det.reconciler.searchers.method import SearchMethod
 from det.reconciler.searchers.searcher import (
     METHODS,
     SearcherError,
+    ended_progress,
     searcher_progress,
     searcher_step,
 )
@@ -54,6 +56,7 @@ __all__ = [
     "ValidateAfter",
     "ValidationCompleted",
     "asha_preview",
+    "ended_progress",
     "searcher_progress",
     "searcher_step",
     "trial_rungs",

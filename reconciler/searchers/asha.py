@@ -55,6 +55,7 @@ false); a NaN or infinite metric ranks worst (JSONB cannot store it).
 
 import bisect
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,6 +296,14 @@ class AdaptiveAsha(SearchMethod):
         if state.shutdown:
             return 1.0
         done = sum(t.length for t in state.trials if t.exit != ExitReason.INVALID_HP)
+        expected = sum(preview.units for preview in self.preview)
+        return min(done / expected, 1.0)
+
+    def trained_progress(self, state: SearchState, trained: Mapping[str, float]) -> float:
+        """Of an ended search: units the trials trained (``trained`` by request id, at least
+        what each validated) over the units the preview expects, capped at 1."""
+        done = sum(max(trained.get(t.request_id, 0.0), t.length) for t in state.trials
+                   if t.exit != ExitReason.INVALID_HP)
         expected = sum(preview.units for preview in self.preview)
         return min(done / expected, 1.0)
 

@@ -6,6 +6,7 @@ in ``SearchState.method_state`` (JSON). ``searcher_step`` calls ``initial`` once
 """
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 
 from det.configs import ExperimentConfig
 from det.reconciler.searchers.actions import Action, Close, ExitReason
@@ -59,4 +60,19 @@ class SearchMethod(ABC):
                 done += 1.0
             else:
                 done += min(trial.length / self.target_length(), 1.0)
+        return min(done / max(self.total_trials(state), 1), 1.0)
+
+    def trained_progress(self, state: SearchState, trained: Mapping[str, float]) -> float:
+        """Of an ended search: the mean over the search's trials of 1.0 (the searcher closed
+        it) or what it trained over the target length (``trained`` by request id, else its
+        validated length); trials never created count 0, invalid-HP ones not at all."""
+        done = 0.0
+        for trial in state.trials:
+            if trial.exit == ExitReason.INVALID_HP:
+                continue
+            if trial.closed:
+                done += 1.0
+            else:
+                units = max(trained.get(trial.request_id, 0.0), trial.length)
+                done += min(units / self.target_length(), 1.0)
         return min(done / max(self.total_trials(state), 1), 1.0)

@@ -10,7 +10,7 @@ becomes a ``SearcherError``.
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from det.configs import ExperimentConfig, parse_experiment_config
@@ -130,3 +130,20 @@ def searcher_progress(config: dict[str, Any], state: dict[str, Any]) -> float:
     """Search progress in [0, 1]: the mean over the planned trials of each trial's
     progress (1.0 once closed or exited); 1.0 after shutdown."""
     return _method(config).progress(SearchState.from_json(state))
+
+
+def ended_progress(config: dict[str, Any], state: dict[str, Any] | None,
+                   trained: Mapping[str, float]) -> float:
+    """Progress in [0, 1] of an experiment that ended: what its trials trained over what the
+    search planned (issue 39: a killed or errored experiment showed 0 % or 100 %, not what it
+    did). ``trained``: units (of ``searcher.max_length``) each trial trained, by request id
+    (a trial not in it trained what it validated). A search that finished its plan (shut
+    down with every trial closed by the searcher) is 1.0; one never begun (``state`` None)
+    is 0.0."""
+    if state is None:
+        return 0.0
+    search = SearchState.from_json(state)
+    if search.shutdown and all(t.closed or t.exit == ExitReason.INVALID_HP
+                               for t in search.trials):
+        return 1.0
+    return _method(config).trained_progress(search, trained)

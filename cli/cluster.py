@@ -30,8 +30,10 @@ cluster_app = typer.Typer(no_args_is_help=True)
 db_app = typer.Typer(no_args_is_help=True)
 agent_app = typer.Typer(no_args_is_help=True)
 
-# Processes the supervisor runs: name -> det sub-command.
-PROCESSES = {"reconciler": ["reconcile"], "agent": ["agent", "run"], "server": ["serve"]}
+# Processes the supervisor runs: name -> det sub-command. Two reconcilers: one leads, the
+# other is its hot standby (a killed leader's place is taken within a poll, not a restart).
+PROCESSES = {"reconciler": ["reconcile"], "reconciler2": ["reconcile"], "agent": ["agent", "run"],
+             "server": ["serve"]}
 
 WEB_PORT = 8080
 """The port `det cluster up` serves the REST API and WebUI on (det serve)."""
@@ -58,7 +60,7 @@ def up(
                                  help="Port of the REST API and WebUI on 127.0.0.1 (0: none)."),
 ) -> None:
     """Start the database (embedded unless DET_DB_URL is set) and a supervisor that keeps a
-    reconciler, an agent and the web server (det serve) running."""
+    reconciler and its standby, an agent and the web server (det serve) running."""
     private_files()  # det home and all below it: this user's alone (det.host_user)
     url = owner_url(start=True)
     with connect(url) as conn:
@@ -81,8 +83,8 @@ def up(
     proc = subprocess.Popen(args, env=dict(os.environ), stdout=logfile,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
-    typer.echo(f"supervisor: started (pid {proc.pid}), running a reconciler and an agent; "
-               f"logs in {_run_dir()}")
+    typer.echo(f"supervisor: started (pid {proc.pid}), running a reconciler, its standby and "
+               f"an agent; logs in {_run_dir()}")
     if web_port:
         who = admin or "a det user"
         typer.echo(f"web: http://127.0.0.1:{web_port}/ (REST API and WebUI; log in as {who} "
@@ -108,8 +110,9 @@ def supervise(slots: int = typer.Option(None), runtime: str = typer.Option(None)
                 "server": {"DET_DB_URL": embedded.role_url(home, roles.WEB)},
                 "agent": {"DET_DB_URL": embedded.role_url(home, roles.AGENT),
                           "DET_TASK_DB_URL": roles.task_url(home)}}
-    children = [Child("reconciler", PROCESSES["reconciler"], env=urls["reconciler"]),
-                Child("agent", agent, env=urls["agent"])]
+    children = [Child(name, PROCESSES[name], env=urls["reconciler"])
+                for name in ("reconciler", "reconciler2")]
+    children.append(Child("agent", agent, env=urls["agent"]))
     (_run_dir() / "server.url").unlink(missing_ok=True)
     if web_port:
         children.append(Child("server", [*PROCESSES["server"], "--port", str(web_port)],

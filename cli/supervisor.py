@@ -1,11 +1,19 @@
 """The local cluster's supervisor: what ``det cluster up`` leaves running in the background.
 
-It runs the reconciler and the local agent as its children and starts again any that dies
-(after an exponential backoff that resets once a child has run for ``STEADY_SECONDS``), and,
-with the embedded database, starts the server again when it is found dead. So nothing that
-crashed waits for a person to type ``det cluster up`` (issue 10, item 4). On SIGTERM it stops
-its children (SIGTERM, ``STOP_GRACE`` seconds, SIGKILL) and exits. Elsewhere systemd or
-Kubernetes plays this part.
+It runs two reconcilers (one leads, the other waits as a hot standby and takes over within
+a poll of the leader's death: det.reconciler.leader) and the local agent as its children and
+starts again any that dies, and, with the embedded database, starts the server again when it
+is found dead. So nothing that crashed waits for a person to type ``det cluster up`` (issue
+10, item 4), and a killed leader leaves no gap beyond the standby's takeover (issue 39).
+
+When a child is started again (:func:`restart_delay`): a child killed by a signal after it had
+run ``QUICK_SECONDS`` (SIGKILL, the OOM killer, a person's ``kill``: an event from outside, not
+its own failure) is started again at once; a child that exits on its own with any code, or
+dies within ``QUICK_SECONDS`` of its start however it died, is failing, and waits an
+exponential backoff (0.5 s doubling to 30 s) over its consecutive failures; a child that ran
+``STEADY_SECONDS`` starts its count again. On SIGTERM the supervisor stops its children
+(SIGTERM, ``STOP_GRACE`` seconds, SIGKILL) and exits. Elsewhere systemd or Kubernetes plays
+this part.
 
 Its pid file and its children's pid files and logs live in ``<det home>/run``.
 """
@@ -33,6 +41,10 @@ CHECK_SECONDS = 1.0
 
 STEADY_SECONDS = 60.0
 """A child that ran this long before dying is restarted at once (its backoff resets)."""
+
+QUICK_SECONDS = 5.0
+"""A child that dies sooner than this after its start is failing, even when a signal ended
+it (a start that is killed again and again is a crash loop, not bad luck)."""
 
 STOP_GRACE = 15.0
 """Seconds a child gets between SIGTERM and SIGKILL."""
@@ -119,8 +131,7 @@ class Supervisor:
             if code is None:
                 return
             ran = now - child.started
-            child.failures = 0 if ran >= STEADY_SECONDS else child.failures + 1
-            delay = _BACKOFF(_attempt(child.failures)) if child.failures else 0.0
+            child.failures, delay = restart_delay(code, ran, child.failures)
             log.warning("%s exited with code %s after %.0f s; restarting in %.1f s",
                         child.name, code, ran, delay)
             child.proc = None
@@ -152,6 +163,17 @@ class Supervisor:
         for c in self.children:
             with contextlib.suppress(OSError):
                 (self.run_dir / f"{c.name}.pid").unlink()
+
+
+def restart_delay(code: int, ran: float, failures: int) -> tuple[int, float]:
+    """A child exited with ``code`` (negative: killed by that signal) after running ``ran``
+    seconds, having failed ``failures`` times in a row before: its new failure count and the
+    seconds to wait before starting it again (the rule in this module's docstring)."""
+    if ran >= STEADY_SECONDS:
+        return 0, 0.0
+    if code < 0 and ran >= QUICK_SECONDS:
+        return failures, 0.0
+    return failures + 1, _BACKOFF(_attempt(failures + 1))
 
 
 def _attempt(n: int) -> tenacity.RetryCallState:

@@ -26,6 +26,10 @@ LOCK_KEY = 0x6465745F726563  # "det_rec"
 DEFAULT_LEASE = 10.0
 """Seconds a leader may stay silent before the server ends its session (and its lock)."""
 
+STANDBY_POLL = 0.5
+"""Seconds between a standby's tries for the lock: a killed leader's lock goes with its
+session at once, so this is the leaderless gap (plus one pass) that a kill leaves."""
+
 
 # The recorded leader, and whether a session really holds the leader lock now (a leader that
 # died leaves its row behind).
@@ -61,7 +65,7 @@ def try_lead(conn: psycopg.Connection) -> bool:
     return bool(row["ok"])
 
 
-def wait_to_lead(conn: psycopg.Connection, poll: float = 1.0) -> None:
+def wait_to_lead(conn: psycopg.Connection, poll: float = STANDBY_POLL) -> None:
     """Block as a hot standby until ``conn`` holds the leader lock (polls every ``poll`` s)."""
     if try_lead(conn):
         return

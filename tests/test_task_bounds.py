@@ -141,3 +141,13 @@ def test_the_harness_raises_a_refusal_as_one_line(conn, db_url) -> None:
         task.close()  # flushes: the writer's refused batch is raised here
     assert str(e.value) == ('metrics "\\u001b[31mred" at batch 1: group: holds a control '
                             "character")
+
+
+def test_trial_metadata_is_bounded_as_merged(conn, token) -> None:
+    """Each call within bounds, the trial's metadata still stops at 1 MiB of JSON."""
+    for i in range(17):
+        conn.execute("SELECT det_set_trial_metadata(%s, %s::jsonb)",
+                     (token, json.dumps({f"k{i}": "x" * 60_000})))
+    refused(conn, "SELECT det_set_trial_metadata(%s, %s::jsonb)",
+            (token, json.dumps({"k17": "x" * 60_000})), "metadata: the trial's metadata would be")
+    assert len(conn.execute("SELECT metadata FROM trials").fetchone()["metadata"]) == 17

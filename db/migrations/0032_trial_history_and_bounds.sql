@@ -17,17 +17,19 @@ COMMENT ON COLUMN metrics.superseded_by IS
 
 CREATE FUNCTION det_json_problem(p_value jsonb, p_max_bytes integer) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
--- What is wrong with a JSON object a task stores (metric values, metadata), or NULL: not an
--- object, larger than p_max_bytes as stored (jsonb's size), or a value nested deeper than 32
--- levels (a top-level value is level 1; deeper documents break readers that recurse, such as
--- Python's json). Plain SQL, so that a query over many rows inlines it.
+-- What is wrong with a JSON object a task sends to store (metric values, metadata), or NULL:
+-- not an object, larger than p_max_bytes (jsonb's size, of the value as sent: a stored value
+-- may be compressed), or a value nested deeper than 32 levels (a top-level value is level 1;
+-- deeper documents break readers that recurse, such as Python's json). A jsonb that deep
+-- takes 8 bytes or more per level, so smaller ones skip the walk (most metrics rows are
+-- about 100 bytes). Plain SQL, so that a query over many rows inlines it.
     SELECT CASE
         WHEN jsonb_typeof(p_value) IS DISTINCT FROM 'object'
             THEN 'must be a JSON object, not ' || coalesce(jsonb_typeof(p_value), 'null')
         WHEN pg_column_size(p_value) > p_max_bytes
             THEN format('is %s bytes, more than the %s allowed', pg_column_size(p_value),
                         p_max_bytes)
-        WHEN jsonb_path_exists(p_value, 'strict $.**{33}')
+        WHEN pg_column_size(p_value) >= 256 AND jsonb_path_exists(p_value, 'strict $.**{33}')
             THEN 'nests deeper than 32 levels' END;
 $$;
 
@@ -248,9 +250,10 @@ BEGIN
     END IF;
     UPDATE trials SET metadata = det_merge_metadata(metadata, p_metadata)
      WHERE id = a.trial_id RETURNING metadata INTO v_merged;
-    IF pg_column_size(v_merged) > 1048576 THEN
-        RAISE EXCEPTION 'metadata: the trial''s metadata would be % bytes, more than the % '
-            'allowed', pg_column_size(v_merged), 1048576 USING ERRCODE = 'invalid_parameter_value';
+    IF octet_length(v_merged::text) > 1048576 THEN
+        RAISE EXCEPTION 'metadata: the trial''s metadata would be % bytes of JSON, more than '
+            'the % allowed', octet_length(v_merged::text), 1048576
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN v_merged;
 END $$;

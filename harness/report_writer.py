@@ -16,9 +16,11 @@ it would block at its next checkpoint anyway, since a checkpoint must not be rec
 the metrics reported ahead of it (see ``flush``).
 """
 
+import functools
 import json
 import math
 import threading
+import unicodedata
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -108,21 +110,29 @@ the same batch (the writer never does, but ``write`` retries internally after co
 losses, when a batch's first attempt may have been committed)."""
 
 
+MAX_STEPS = 2**53 - 1
+"""Largest ``steps_completed`` det_report_metrics_batch stores (what a JSON reader such as the
+WebUI holds exactly)."""
+
+
 def encode_metrics(group: str, steps_completed: int, metrics: Mapping[str, Any]) -> MetricsRow:
     """Check and encode one metrics report for the buffer.
 
     Values go through ``json_safe`` (tensors, numpy values, non-finite floats). Refused here,
     with a ``DetError`` naming the report, rather than by the database later in a batch with
-    other reports: a ``steps_completed`` that is not a non-negative integer, an empty
-    ``group``, values that are not JSON, strings holding NUL (jsonb cannot store it) or lone
-    surrogates (not UTF-8).
+    other reports: a ``steps_completed`` that is not an integer from 0 to ``MAX_STEPS``, a
+    ``group`` that is empty, longer than 255 characters or holds a control character (the
+    database's rules for these, det_report_metrics_batch, which alone also bounds the values'
+    size and depth), values that are not JSON, strings holding NUL (jsonb cannot store it) or
+    lone surrogates (not UTF-8).
     """
-    if not isinstance(group, str) or not group:
-        raise DetError(f"metrics group must be a non-empty name, got {group!r}")
+    if not isinstance(group, str) or not _group_ok(group):
+        raise DetError(f"metrics group must be a non-empty name of at most 255 characters "
+                       f"without control characters, got {group!r}")
     if isinstance(steps_completed, bool) or not isinstance(steps_completed, int) \
-            or steps_completed < 0:
-        raise DetError(f"{_where(group, steps_completed)}: steps_completed must be a "
-                       "non-negative integer (batches)")
+            or not 0 <= steps_completed <= MAX_STEPS:
+        raise DetError(f"{_where(group, steps_completed)}: steps_completed must be an "
+                       "integer from 0 to 2^53 - 1 (batches)")
     text = _fast_json(metrics)
     if text is None:
         try:
@@ -140,6 +150,11 @@ def encode_metrics(group: str, steps_completed: int, metrics: Mapping[str, Any])
         raise DetError(f"{_where(group, steps_completed)}: a string holds NUL (\\x00), which "
                        "jsonb cannot store")
     return MetricsRow(group, steps_completed, text)
+
+
+@functools.lru_cache(maxsize=64)  # a task reports a few groups, many times each
+def _group_ok(group: str) -> bool:
+    return 0 < len(group) <= 255 and not any(unicodedata.category(c) == "Cc" for c in group)
 
 
 def _where(group: str, steps_completed: int) -> str:

@@ -126,8 +126,9 @@ def test_describe_shows_deep_metadata_stored_before(det, conn, token) -> None:
 
 
 def test_the_harness_raises_a_refusal_as_one_line(conn, db_url) -> None:
-    """Through the task's transport a refused report is a DetError of one line (the group's
-    escape sequence shown escaped), not psycopg's error with its PL/pgSQL context."""
+    """Through the task's transport a report the database refuses (over 64 KiB: a bound only
+    the database checks) is a DetError of one line, not psycopg's error with its PL/pgSQL
+    context."""
     from conftest import task_url
 
     from det.errors import DetError
@@ -136,11 +137,11 @@ def test_the_harness_raises_a_refusal_as_one_line(conn, db_url) -> None:
     job, trial = a_trial(conn)
     alloc, token = start_run(conn, job, trial, 1)
     task = DbTransport(task_url(db_url), alloc, token)
-    task.report_metrics("\x1b[31mred", 1, {"loss": 1.0})
+    task.report_metrics("training", 1, {"loss": "x" * 70_000})
     with pytest.raises(DetError) as e:
         task.close()  # flushes: the writer's refused batch is raised here
-    assert str(e.value) == ('metrics "\\u001b[31mred" at batch 1: group: holds a control '
-                            "character")
+    assert str(e.value).startswith('metrics "training" at batch 1: values is 700')
+    assert str(e.value).endswith("bytes, more than the 65536 allowed")
 
 
 def test_trial_metadata_is_bounded_as_merged(conn, token) -> None:
@@ -151,3 +152,16 @@ def test_trial_metadata_is_bounded_as_merged(conn, token) -> None:
     refused(conn, "SELECT det_set_trial_metadata(%s, %s::jsonb)",
             (token, json.dumps({"k17": "x" * 60_000})), "metadata: the trial's metadata would be")
     assert len(conn.execute("SELECT metadata FROM trials").fetchone()["metadata"]) == 17
+
+
+@pytest.mark.parametrize(("group", "steps"), [
+    ("a\nb", 1), ("\x1b[31mred", 1), ("g" * 256, 1), ("", 1), ("training", 2**53),
+])
+def test_the_harness_refuses_what_the_database_would_when_reported(group, steps) -> None:
+    """Group and step rules are checked at the report too, naming it, so that the good
+    reports buffered with it are not refused with it."""
+    from det.errors import DetError
+    from det.harness.report_writer import encode_metrics
+
+    with pytest.raises(DetError, match="group must be|steps_completed must be"):
+        encode_metrics(group, steps, {"x": 1})

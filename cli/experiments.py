@@ -339,6 +339,9 @@ def describe(
         typer.echo("being deleted: its rows go once its checkpoints' files are removed")
     if exp["checkpoint_gc_error"]:
         typer.echo(f"checkpoint GC failed: {exp['checkpoint_gc_error']}")
+    if exp["paused_reason"]:
+        typer.echo(f"paused by the cluster: {exp['paused_reason']}; fix it, then "
+                   f"`det experiment activate {exp['id']}`")
     typer.echo("\nTrials:")
     print_table(trials, ["id", "state", "hparams", "batches", "best_validation",
                          "restarts", "exit_reason"],

@@ -9,7 +9,7 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.db import database_url
 from det.db.reconnect import Reconnecting
-from det.queries.trials import FIRST_TRIAL, LOGS_AFTER, METRICS, TERMINAL, get_trial
+from det.queries.trials import FIRST_TRIAL, LOGS_AFTER, METRICS, RUNS, TERMINAL, get_trial
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -80,13 +80,14 @@ def describe(
     with db() as conn:
         trial = get_trial(conn, trial_id)
         metrics = conn.execute(METRICS, {"id": trial_id, "superseded": superseded}).fetchall()
+        runs = conn.execute(RUNS, {"id": trial_id}).fetchall()
     columns = ["group", "steps_completed", "values"]
     if superseded:
         columns.append("superseded_by_run")
     else:
         metrics = [{k: m[k] for k in columns} for m in metrics]
     if json_:
-        print_json({**trial, "metrics": metrics})
+        print_json({**trial, "runs": runs, "metrics": metrics})
         return
     print_table([trial], ["id", "experiment_id", "state", "batches", "best_validation",
                           "restarts", "latest_checkpoint"],
@@ -94,6 +95,10 @@ def describe(
     typer.echo(f"\nhyperparameters: {trial['hparams']}")
     if trial["metadata"]:
         typer.echo(f"metadata: {trial['metadata']}")
+    if runs:
+        typer.echo("")
+        print_table(runs, ["run", "state", "agent_id", "exit_code", "exit_reason"],
+                    ["Run", "State", "Agent", "Exit code", "Exit reason"])
     typer.echo("")
     headers = ["Group", "Batches", "Metrics", "Superseded by run"]
     print_table(metrics, columns, headers[:len(columns)])

@@ -11,6 +11,9 @@ with no checkpoints gets a GC task too.
 Every step is idempotent, so a task killed at any point is finished by the next one:
 files already gone count as removed, and rows are marked only after their files are gone.
 A storage error is written on the experiment (``det_gc_task_failed``) and the task exits 1.
+Then it sweeps the storages it touched for what crashed runs left (issue 39): staging
+directories and checkpoint directories no row names (``det_gc_task_unrecorded``), untouched
+for ``LEFTOVER_AGE_SECONDS`` (``FsspecStorage.leftovers``).
 No link is followed (``FsspecStorage.remove_tree``, issue 32): a link a task left in its
 checkpoint, or put in place of a directory of the storage, is removed as a link or left
 alone, never the files it points to.
@@ -40,6 +43,11 @@ BATCH = 100
 
 WORKERS = 8
 """Checkpoints removed at the same time."""
+
+LEFTOVER_AGE_SECONDS = 3600.0
+"""How long a checkpoint directory without a row, or a staging directory, must have been
+untouched before the sweep removes it: far longer than a writer takes between its last file
+and its record (det_report_checkpoint), so a checkpoint being written is never taken."""
 
 
 class GcTask:
@@ -98,6 +106,26 @@ class GcTask:
                        "SELECT det_gc_task_tensorboards_deleted(%s)", self.token)
         return count, freed
 
+    def sweep(self, older_than: float = LEFTOVER_AGE_SECONDS) -> list[str]:
+        """Remove what crashed or fenced runs left in the storages this task touched (see
+        the module docstring); returns what was removed. A failure is a warning: leftovers
+        are nobody's data, and the next GC task tries again."""
+        def recorded(uuids: list[str]) -> set[str]:
+            rows = self._call("checkpoint GC: unrecorded checkpoints",
+                              "SELECT u::text FROM det_gc_task_unrecorded(%s, %s::uuid[]) u",
+                              self.token, uuids)
+            return set(uuids) - {u for (u,) in rows}
+
+        removed = []
+        for storage in self.storages.values():
+            try:
+                for url in storage.leftovers(recorded, older_than):
+                    if storage.remove_tree(url, f"leftover {url}: cannot remove"):
+                        removed.append(url)
+            except (StorageError, OSError) as e:
+                log.warning("sweeping leftovers: %s", one_line(str(e)))
+        return removed
+
     def close(self) -> None:
         self.pool.shutdown()
         self.session.close()
@@ -110,13 +138,14 @@ def main() -> int:
     started = time.monotonic()
     try:
         count, freed = task.run()
+        leftovers = task.sweep()
     except StorageError as e:
         log.error("%s", one_line(str(e)))
         return 1
     finally:
         task.close()
-    log.info("removed %d checkpoint(s), %d bytes, in %.2f s", count, freed,
-             time.monotonic() - started)
+    log.info("removed %d checkpoint(s), %d bytes, and %d leftover(s) of crashed runs, in "
+             "%.2f s", count, freed, len(leftovers), time.monotonic() - started)
     return 0
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from det.errors import DetError
 from det.harness.distributed import DistributedContext
-from det.harness.errors import MissingSearcherMetricError
+from det.harness.errors import CheckpointStorageError, MissingSearcherMetricError
 from det.harness.lengths import UnitConverter, parse_length
 from det.harness.storage import FsspecStorage, directory_sizes, storage_from_config
 from det.harness.tensorboard import TensorboardFiles
@@ -181,37 +181,60 @@ class CheckpointContext:
                            "call store_path(metadata, shard=True) on every worker to store "
                            "one in shards")
         uuid = str(uuidlib.uuid4())
-        with self.storage.store_dir(uuid) as path:
-            yield path, uuid
-            (path / "metadata.json").write_text(json.dumps(dict(metadata), default=str))
-            resources = directory_sizes(path)
-        self._transport.report_checkpoint(uuid, steps, resources, dict(metadata))
+        with self._writing(uuid, chief=True):
+            with self.storage.store_dir(uuid) as path:
+                yield path, uuid
+                (path / "metadata.json").write_text(json.dumps(dict(metadata), default=str))
+                resources = directory_sizes(path)
+            self._transport.report_checkpoint(uuid, steps, resources, dict(metadata))
         if self._tensorboard is not None:
             _sync(self._tensorboard)
+
+    @contextmanager
+    def _writing(self, uuid: str, chief: bool) -> Iterator[None]:
+        """Around writing and recording checkpoint ``uuid``. The chief first has the platform
+        check that its run is live, so a fenced run writes no file, and the files are removed
+        if the record is refused (``Transport.checkpoint_guard``). A storage failure
+        (``CheckpointStorageError``: a full disk, ...) is printed as one line and reported as
+        the run's exit reason (``Transport.report_storage_error``), then raised."""
+        try:
+            if chief:
+                with self._transport.checkpoint_guard(uuid,
+                                                      lambda: self.storage.discard(uuid)):
+                    yield
+            else:
+                yield
+        except CheckpointStorageError as e:
+            print(f"det.harness: {e}", file=sys.stderr, flush=True)
+            self._transport.report_storage_error(str(e))
+            raise
 
     @contextmanager
     def _store_shard(self, metadata: Mapping[str, Any],
                      steps: int) -> Iterator[tuple[pathlib.Path, str]]:
         dist = self._dist
         uuid = dist.broadcast(str(uuidlib.uuid4()) if dist.rank == 0 else None)
-        with tempfile.TemporaryDirectory(prefix=f"det-ckpt-{uuid}-{dist.rank}-") as tmp:
-            path = pathlib.Path(tmp)
-            yield path, uuid
+        with self._writing(uuid, chief=dist.rank == 0):
+            with tempfile.TemporaryDirectory(prefix=f"det-ckpt-{uuid}-{dist.rank}-") as tmp:
+                path = pathlib.Path(tmp)
+                yield path, uuid
+                if dist.rank == 0:
+                    (path / "metadata.json").write_text(json.dumps(dict(metadata), default=str))
+                mine = directory_sizes(path)
+                shares = dist.allgather(mine)
+                owners: dict[str, int] = {}
+                clashes = sorted({f for rank, share in enumerate(shares) for f in share
+                                  if owners.setdefault(f, rank) != rank})
+                if clashes:
+                    raise DetError(f"checkpoint {uuid}: several workers wrote "
+                                   f"{', '.join(clashes)}; give each worker's files names of "
+                                   "their own (by rank)")
+                self.storage.add_files(uuid, path)
+            dist.allgather(None)  # a barrier: every share is in storage before the report
             if dist.rank == 0:
-                (path / "metadata.json").write_text(json.dumps(dict(metadata), default=str))
-            mine = directory_sizes(path)
-            shares = dist.allgather(mine)
-            owners: dict[str, int] = {}
-            clashes = sorted({f for rank, share in enumerate(shares) for f in share
-                              if owners.setdefault(f, rank) != rank})
-            if clashes:
-                raise DetError(f"checkpoint {uuid}: several workers wrote {', '.join(clashes)}; "
-                               "give each worker's files names of their own (by rank)")
-            self.storage.add_files(uuid, path)
-        dist.allgather(None)  # a barrier: every share is in storage before the report
-        if dist.rank == 0:
-            resources = {f: n for share in shares for f, n in share.items()}
-            self._transport.report_checkpoint(uuid, steps, resources, dict(metadata))
+                self.storage.publish(uuid)
+                resources = {f: n for share in shares for f, n in share.items()}
+                self._transport.report_checkpoint(uuid, steps, resources, dict(metadata))
 
     @contextmanager
     def restore_path(self, uuid: str) -> Iterator[pathlib.Path]:

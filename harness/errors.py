@@ -32,5 +32,13 @@ class StorageError(DetError):
     """Checkpoint storage is misconfigured or a checkpoint cannot be found."""
 
 
+class CheckpointStorageError(StorageError):
+    """A checkpoint could not be written for a reason of its storage that waiting or
+    restarting does not cure (no space, quota, read-only, I/O error: see
+    ``det.harness.storage.STORAGE_ERRNOS``). The message is one line naming the storage path
+    and the OS error, e.g. ``checkpoint storage /mnt/ckpt: [Errno 28] No space left on
+    device``; the task reports it as its run's exit reason (``det_report_storage_error``)."""
+
+
 class TaskEnvironmentError(DetError):
     """A task environment variable (``DET_DB_URL``, ``DET_ALLOCATION_ID``, ...) is missing."""

@@ -7,8 +7,10 @@ searcher wants nothing more, when preempted (after a checkpoint), on a stop requ
 says (``best``, the default: when the searcher metric is the best so far; ``all``; ``none``).
 SIGTERM (the agent stopping the task) is treated like a preemption request:
 checkpoint at the next batch, exit 0; except in a worker among several, started by
-``det.launch.torch_distributed``, where it ends the worker. On any other exception it prints
-the traceback to stderr and exits 1 (the agent reports the exit code).
+``det.launch.torch_distributed``, where it ends the worker. A checkpoint storage error
+(``CheckpointStorageError``) exits 1 after its one line (printed and reported where it was
+raised); on any other exception it prints the traceback to stderr and exits 1 (the agent
+reports the exit code).
 """
 
 import os
@@ -19,6 +21,7 @@ import traceback
 
 from det.harness import core
 from det.harness.entrypoint import load_trial_class
+from det.harness.errors import CheckpointStorageError
 from det.harness.trainer import Trainer
 from det.harness.transport import DbTransport
 
@@ -40,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
             # The config's checkpoint_policy, as Determined's legacy harness reads it.
             outcome = Trainer(trial_class, ctx).fit(
                 checkpoint_policy=ctx.info.config.get("checkpoint_policy"))
+    except CheckpointStorageError:
+        return 1  # its one line says it all (det.harness.core.CheckpointContext)
     except Exception:
         traceback.print_exc()
         return 1

@@ -4,8 +4,15 @@
 ``directory`` at ``<container_path>/<uuid>``; both on fsspec's local filesystem. ``s3`` stores
 it at ``s3://<bucket>/<prefix>/<uuid>`` through s3fs. Uploads and downloads show their bytes
 (:mod:`det.harness.progress`).
+
+A checkpoint appears under its name only whole (issue 39): on the local filesystem it is
+written as ``<base>/.det-staging-<uuid>`` and renamed into place (:meth:`publish`); an
+object store gets it uploaded from a local staging directory. What a crash leaves (staging
+directories, published directories never recorded) the GC task sweeps
+(:meth:`FsspecStorage.leftovers`, ``det.harness.checkpoint_gc``).
 """
 
+import datetime
 import errno
 import logging
 import os
@@ -13,16 +20,32 @@ import pathlib
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator, Mapping
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 import fsspec
 
-from det.harness.errors import StorageError
+from det.harness.errors import CheckpointStorageError, StorageError
 from det.harness.progress import ByteProgress
 
 log = logging.getLogger("det.storage")
+
+STAGING = ".det-staging-"
+"""Prefix of the directory ``<base>/<STAGING><uuid>`` a checkpoint is written into on the
+local filesystem before :meth:`FsspecStorage.publish` renames it into place: beside the
+checkpoints (the same filesystem: the rename is atomic), hidden, and gone once published."""
+
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO,
+                            errno.EACCES, errno.EPERM})
+"""OS errors of a storage that a restart does not cure: writing a checkpoint that fails with
+one is a ``CheckpointStorageError`` (its run's experiment is paused, not retried)."""
+
+LOW_SPACE_BYTES = 1 << 20
+"""Free bytes below which a failed checkpoint write is taken for a full disk
+(:func:`storage_os_error`)."""
 
 
 class FsspecStorage:
@@ -39,35 +62,128 @@ class FsspecStorage:
         """Where checkpoint ``uuid`` lives on ``fs``."""
         return f"{self.base}/{uuid}"
 
+    def staging(self, uuid: str) -> pathlib.Path:
+        """Where checkpoint ``uuid`` is written on the local filesystem before
+        :meth:`publish` (same filesystem as its final place, so the rename is atomic)."""
+        return pathlib.Path(self.base, STAGING + uuid)
+
     @contextmanager
     def store_dir(self, uuid: str) -> Iterator[pathlib.Path]:
-        """Yield a local directory to write checkpoint ``uuid`` into; it is in storage when the
-        block exits without an exception. On the local filesystem this is the final directory
-        (no copy); elsewhere a staging directory that is uploaded, then removed."""
+        """Yield a local directory to write checkpoint ``uuid`` into; it is in storage under
+        its name when the block exits without an exception. On the local filesystem this is
+        :meth:`staging`, then renamed into place (:meth:`publish`); elsewhere a temporary
+        directory that is uploaded, then removed. On an exception the files are removed.
+
+        Raises:
+            CheckpointStorageError: the files could not be written for a reason of the
+                storage (:func:`storage_os_error`), in the block or while publishing.
+        """
         if self.local:
-            path = pathlib.Path(self.url(uuid))
-            path.mkdir(parents=True, exist_ok=False)
+            path = self.staging(uuid)
             try:
-                yield path
-            except BaseException:
-                shutil.rmtree(path, ignore_errors=True)
-                raise
+                with self._storage_errors(path, self.base):  # before the files go
+                    path.mkdir(parents=True, exist_ok=False)
+                    yield path
+                    self.publish(uuid)
+            finally:
+                shutil.rmtree(path, ignore_errors=True)  # nothing left once published
             return
         with tempfile.TemporaryDirectory(prefix=f"det-ckpt-{uuid}-") as tmp:
-            yield pathlib.Path(tmp)
+            with self._storage_errors(pathlib.Path(tmp), tmp):
+                yield pathlib.Path(tmp)
             total = sum(directory_sizes(pathlib.Path(tmp)).values())
             with ByteProgress(f"checkpoint {uuid}: upload", total, upload=True) as progress:
                 self.fs.put(tmp + "/", self.url(uuid), recursive=True, callback=progress)
 
+    @contextmanager
+    def _storage_errors(self, path: pathlib.Path, shown: str) -> Iterator[None]:
+        """Turn a storage failure while writing under ``path`` into one
+        ``CheckpointStorageError`` naming ``shown``; any other error passes. The check runs
+        before the caller removes the partial files (their bytes tell a full disk)."""
+        try:
+            yield
+        except CheckpointStorageError:
+            raise
+        except Exception as e:
+            err = storage_os_error(e, path)
+            if err is None:
+                raise
+            raise CheckpointStorageError(
+                f"checkpoint storage {shown}: [Errno {err}] {os.strerror(err)}") from e
+
+    def publish(self, uuid: str) -> None:
+        """Rename the staged checkpoint ``uuid`` into place (local filesystem; an object
+        store's upload is its publication, so nothing to do there). Raises
+        ``CheckpointStorageError`` for a storage failure."""
+        if self.local:
+            with self._storage_errors(self.staging(uuid), self.base):
+                os.rename(self.staging(uuid), self.url(uuid))
+
     def add_files(self, uuid: str, local: pathlib.Path) -> None:
         """Copy the files under the local directory ``local`` into checkpoint ``uuid``, next to
-        those already there (each worker's share of a sharded checkpoint)."""
+        those already there (each worker's share of a sharded checkpoint): into
+        :meth:`staging` on the local filesystem, for :meth:`publish` once every share is in.
+        Raises ``CheckpointStorageError`` for a storage failure."""
         if self.local:
-            shutil.copytree(local, self.url(uuid), dirs_exist_ok=True)
+            with self._storage_errors(local, self.base):
+                shutil.copytree(local, self.staging(uuid), dirs_exist_ok=True)
             return
         total = sum(directory_sizes(local).values())
         with ByteProgress(f"checkpoint {uuid}: upload", total, upload=True) as progress:
             self.fs.put(str(local) + "/", self.url(uuid), recursive=True, callback=progress)
+
+    def discard(self, uuid: str) -> None:
+        """Remove whatever exists of checkpoint ``uuid``, staged or published (a write the
+        cluster refused); errors are logged, not raised: the GC task sweeps what is left."""
+        try:
+            if self.local:
+                shutil.rmtree(self.staging(uuid), ignore_errors=True)
+            self.remove_tree(self.url(uuid), f"checkpoint {uuid}: cannot remove")
+        except (StorageError, OSError, ValueError) as e:
+            log.warning("%s", e)
+
+    def leftovers(self, recorded: Callable[[list[str]], set[str]],
+                  older_than: float) -> list[str]:
+        """URLs of what crashed writers left in this storage, untouched for ``older_than``
+        seconds: staging directories (local filesystem), and checkpoint directories (named by
+        a uuid) whose uuid ``recorded`` does not return (it answers which of the uuids
+        given have a checkpoint row). Other entries (TensorBoard files) are never listed."""
+        now = time.time()
+        found: list[str] = list(self._uuid_entries(STAGING).values()) if self.local else []
+        named = self._uuid_entries("")
+        if named:
+            known = recorded(list(named))
+            found += [url for u, url in named.items() if u not in known]
+        return sorted(url for url in found if now - self._newest(url) >= older_than)
+
+    def _uuid_entries(self, prefix: str) -> dict[str, str]:
+        """``{uuid: url}`` of the entries of the base named ``<prefix><uuid>``."""
+        try:
+            names = self.fs.ls(self.base, detail=False)
+        except FileNotFoundError:
+            return {}
+        entries = {}
+        for name in names:
+            last = name.rstrip("/").rsplit("/", 1)[-1]
+            if not last.startswith(prefix):
+                continue
+            try:
+                entries[str(uuidlib.UUID(last[len(prefix):]))] = f"{self.base}/{last}"
+            except ValueError:
+                continue
+        return entries
+
+    def _newest(self, url: str) -> float:
+        """The newest modification time (epoch seconds) under ``url``: the entry itself, and
+        every file below it (a writer still at work keeps it young)."""
+        times = []
+        for info in [self.fs.info(url), *self.fs.find(url, detail=True).values()]:
+            stamp = info.get("mtime") or info.get("LastModified") or info.get("created")
+            if isinstance(stamp, datetime.datetime):
+                stamp = stamp.timestamp()
+            if stamp is not None:
+                times.append(float(stamp))
+        return max(times, default=time.time())
 
     @contextmanager
     def restore_dir(self, uuid: str) -> Iterator[pathlib.Path]:
@@ -281,6 +397,34 @@ def _write(dst: pathlib.Path, parts: list[str], source: BinaryIO,
         while chunk := source.read(_CHUNK):
             f.write(chunk)
             progress.add(len(chunk))
+
+
+def storage_os_error(e: BaseException, path: pathlib.Path) -> int | None:
+    """The errno of a storage failure behind ``e``, raised while writing under the local
+    ``path``, or None for any other error.
+
+    An ``OSError`` in ``e``'s chain (``__cause__`` / ``__context__``) with an errno of
+    ``STORAGE_ERRNOS`` is one. Otherwise a full disk is recognised by its free space
+    (below ``LOW_SPACE_BYTES``, or no free inode): torch's writer (``inline_container.cc``)
+    reports a failed write as ``RuntimeError: ... unexpected pos N vs M``, its OSError lost in
+    C++, so no errno is left to read (issue 39: that was all a full disk said)."""
+    seen: set[int] = set()
+    err: BaseException | None = e
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in STORAGE_ERRNOS:
+            return err.errno
+        err = err.__cause__ or err.__context__
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        fs = os.statvfs(probe)
+    except OSError:
+        return None
+    if fs.f_bavail * fs.f_frsize < LOW_SPACE_BYTES or (fs.f_files and fs.f_favail == 0):
+        return errno.ENOSPC
+    return None
 
 
 def directory_sizes(root: pathlib.Path) -> dict[str, int]:

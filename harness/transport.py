@@ -20,7 +20,8 @@ import sys
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol, TypeVar
 
@@ -130,6 +131,11 @@ class Transport(Protocol):
         metadata: Mapping[str, Any],
     ) -> None: ...
 
+    def checkpoint_guard(self, uuid: str,
+                         discard: Callable[[], None]) -> AbstractContextManager[None]: ...
+
+    def report_storage_error(self, message: str) -> None: ...
+
     def current_op(self) -> SearcherOp | None: ...
 
     out_of_work: bool
@@ -166,8 +172,8 @@ class DbTransport:
     database restarted or failed over. Every function called is safe to run again after an
     attempt whose outcome is unknown (the commit may have happened, its answer was lost):
     ``det_task_info``, ``det_current_op``, ``det_report_progress``, ``det_complete_op``,
-    ``det_ack_preemption``, ``det_report_early_exit`` set values or read (a second run
-    changes nothing); ``det_report_checkpoint`` inserts by uuid, so a unique violation on a
+    ``det_ack_preemption``, ``det_report_early_exit``, ``det_checkpoint_begin``,
+    ``det_report_storage_error`` set values or read (a second run changes nothing); ``det_report_checkpoint`` inserts by uuid, so a unique violation on a
     retry means the lost attempt recorded it (success); ``det_report_metrics_batch`` skips a
     batch its writer already recorded (``metric_batches``).
 
@@ -202,6 +208,8 @@ class DbTransport:
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()  # close() ends the watcher's wait at once
         self._listened = False  # whether a connection of the session has LISTENed yet
+        # Checkpoints being written, not yet recorded: what to remove if the run is fenced.
+        self._discards: dict[str, Callable[[], None]] = {}
         self._session = Reconnecting(db_url, on_connect=self._listen)
         # Names this transport's metrics batches (metric_batches.writer).
         self._writer_id = uuidlib.uuid4()
@@ -244,6 +252,9 @@ class DbTransport:
     def _end_fenced(self, e: psycopg.Error) -> NoReturn:
         """One line on stderr, then exit at once (see the class docstring)."""
         with _FENCE_LOCK:  # another thread that sees it too waits here until the exit
+            for discard in list(self._discards.values()):  # no file without its row
+                with contextlib.suppress(Exception):
+                    discard()
             first = (str(e).strip().splitlines() or ["token refused"])[0]
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
@@ -296,8 +307,31 @@ class DbTransport:
             except Exception as e:
                 unknown = unknown or retry.is_connection_lost(e)
                 raise
+            # Recorded: its files stay. Under the session's lock, so a fence seen by another
+            # call comes before (the record is refused) or after this (the files are kept).
+            self._discards.pop(uuid, None)
 
         self._run(f"report checkpoint {uuid}", attempt)
+
+    @contextmanager
+    def checkpoint_guard(self, uuid: str, discard: Callable[[], None]) -> Iterator[None]:
+        """Around writing checkpoint ``uuid`` and :meth:`report_checkpoint`:
+        ``det_checkpoint_begin(token)`` first, so a run whose allocation was ended writes no
+        file (the refusal ends the process, see the class docstring); until the checkpoint is
+        recorded, a refusal seen by any call runs ``discard`` (remove its files) before the
+        process ends, so no checkpoint directory is left without its row (issue 39)."""
+        self._discards[uuid] = discard
+        try:
+            self._call(f"begin checkpoint {uuid}", "SELECT det_checkpoint_begin(%s)")
+            yield
+        finally:
+            self._discards.pop(uuid, None)
+
+    def report_storage_error(self, message: str) -> None:
+        """``det_report_storage_error(token, message)``: ``message`` (one line naming the
+        storage path and the OS error) becomes the run's exit reason, and its experiment is
+        paused instead of the trial restarting (``det.reconciler.trials.settle``)."""
+        self._call("report storage error", "SELECT det_report_storage_error(%s, %s)", message)
 
     def current_op(self) -> SearcherOp | None:
         """``det_current_op(token)``: ``{"id", "length"}``, or NULL (-> ``None``).
@@ -475,6 +509,7 @@ class LocalTransport:
     completed_ops: list[tuple[int, float]] = field(default_factory=list)
     progress: list[tuple[int, float]] = field(default_factory=list)
     early_exit: str | None = None
+    storage_error: str | None = None
     trial_metadata_: dict[str, Any] = field(default_factory=dict)
     out_of_work: bool = False
     preemption_acknowledged: bool = False
@@ -516,6 +551,15 @@ class LocalTransport:
         self.latest_checkpoint, self.steps_completed = uuid, steps_completed
         size = sum(resources.values())
         self._print(f"checkpoint {uuid} at batch {steps_completed} ({size} bytes)")
+
+    @contextmanager
+    def checkpoint_guard(self, uuid: str, discard: Callable[[], None]) -> Iterator[None]:
+        """No platform to refuse a checkpoint: nothing to check."""
+        yield
+
+    def report_storage_error(self, message: str) -> None:
+        """Keep the message (a local run has no run row to store it on)."""
+        self.storage_error = message
 
     def current_op(self) -> SearcherOp | None:
         """The first op not yet completed, ids counting from 1."""

@@ -41,7 +41,8 @@ NULLABLE = {"ended", "best_validation"}
 EXPERIMENT = """
 SELECT e.id, e.name, e.description, e.state::text AS state, e.owner, e.progress, e.config,
        e.start_time, e.end_time, j.resource_pool, j.priority, j.weight, j.id AS job_id,
-       e.archived, e.checkpoint_gc_error, e.delete_requested_at, e.original_config
+       e.archived, e.checkpoint_gc_error, e.delete_requested_at, e.original_config,
+       e.paused_reason
   FROM experiments e JOIN jobs j ON j.id = e.job_id WHERE e.id = %(id)s
 """
 

@@ -27,10 +27,11 @@ SELECT id, ts, stream, line FROM task_logs
 """
 
 # A trial's runs (its restarts are the runs after the first): where each ran, how it ended
-# and why.
+# and why (the task's checkpoint storage error over the agent's reason).
 RUNS = """
-SELECT run, state::text AS state, agent_id, slots_needed, exit_code, exit_reason,
-       created_at, started_at, ended_at, pending_reason
+SELECT run, state::text AS state, agent_id, slots_needed, exit_code,
+       coalesce(storage_error, exit_reason) AS exit_reason, created_at, started_at, ended_at,
+       pending_reason
   FROM allocations WHERE trial_id = %(id)s ORDER BY run
 """
 

@@ -90,3 +90,42 @@ def test_a_report_of_an_ended_allocation_ends_the_task_with_one_line(
     assert_fenced(proc, alloc, within=PREEMPT_POLL_SECONDS + 10)
     with psycopg.connect(db_url, row_factory=dict_row) as c:
         assert c.execute("SELECT count(*) AS n FROM checkpoints").fetchone()["n"] == 0
+
+
+def leftovers(storage: Path) -> list[str]:
+    """Every file under ``storage`` (checkpoints, staged ones), relative."""
+    return sorted(str(p.relative_to(storage)) for p in storage.rglob("*") if p.is_file())
+
+
+def test_a_fenced_run_writes_no_checkpoint_file(db_url: str, tmp_path: Path) -> None:
+    """The run was ended before it began a checkpoint: det_checkpoint_begin refuses it before
+    a file is written (before issue 39 the files were written, then the record refused: an
+    orphan directory that no GC removed)."""
+    alloc = claim_allocation(db_url, tmp_path / "storage")
+    proc = start_task(alloc, tmp_path, after=(
+        "with ctx.checkpoint.store_path({'steps_completed': 1}) as (p, _):\n"
+        "        (p / 'model.bin').write_bytes(b'x' * 1000)"))
+    end_allocation(alloc)
+    (tmp_path / "go").touch()
+    assert_fenced(proc, alloc, within=PREEMPT_POLL_SECONDS + 10)
+    assert leftovers(tmp_path / "storage") == []
+
+
+def test_a_checkpoint_whose_record_is_refused_is_removed(db_url: str, tmp_path: Path) -> None:
+    """The run is ended while it writes a checkpoint: its files are removed before the
+    process ends, so none is left without a row."""
+    alloc = claim_allocation(db_url, tmp_path / "storage")
+    proc = start_task(alloc, tmp_path, after=(
+        "with ctx.checkpoint.store_path({'steps_completed': 1}) as (p, _):\n"
+        "        (p / 'model.bin').write_bytes(b'x' * 1000)\n"
+        "        print('WRITTEN', flush=True)\n"
+        "        while not (go.parent / 'go2').exists(): time.sleep(0.02)"))
+    (tmp_path / "go").touch()
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "WRITTEN"
+    assert [f.rsplit("/", 1)[-1] for f in leftovers(tmp_path / "storage")] == ["model.bin"]
+    end_allocation(alloc)
+    (tmp_path / "go2").touch()
+    assert_fenced(proc, alloc, within=PREEMPT_POLL_SECONDS + 10)
+    assert leftovers(tmp_path / "storage") == []
+    with psycopg.connect(db_url, row_factory=dict_row) as c:
+        assert c.execute("SELECT count(*) AS n FROM checkpoints").fetchone()["n"] == 0

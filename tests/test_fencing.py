@@ -1,0 +1,162 @@
+"""Fencing, the agent's and the reconciler's side (issue 39, item 3): a run is re-placed only
+once its old process can no longer act.
+
+* An agent that cannot heartbeat for its lease (two thirds of the reconciler's agent timeout,
+  which it reads from the database) kills its own tasks before that timeout expires.
+* A frozen agent cannot: its task lives on until its preemption watcher finds its token
+  revoked. So the reconciler holds the trial's next run for FENCE_SECONDS after it ended the
+  lost agent's run, and no two processes of one trial run at any instant.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import psutil
+import psycopg
+from conftest import Det, private_env, processes, wait_for
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
+from test_reconciler import config
+
+from det.harness.storage import STAGING
+from det.harness.transport import PREEMPT_POLL_SECONDS
+from det.reconciler.passes import FENCE_SECONDS
+
+SLEEPER = ["sleep", "617"]
+
+
+def test_the_fence_outlasts_the_watchers_poll() -> None:
+    assert FENCE_SECONDS > PREEMPT_POLL_SECONDS + 2
+
+
+def test_an_agent_that_cannot_heartbeat_kills_its_tasks_before_its_timeout(
+        private_pg, det_env, tmp_path) -> None:
+    """The database goes away (for this agent it is the same as a partition): the agent kills
+    its task within its lease, before the reconciler's agent timeout (6 s here) could have
+    declared it lost and placed the run elsewhere; once back, it reports why."""
+    det = Det(private_env(det_env, private_pg.url), tmp_path)
+    try:
+        det("experiment", "create", str(config(tmp_path, " ".join(SLEEPER))),
+            str(tmp_path / "ctx"))
+        det("reconcile", "--once", "--agent-timeout", "6")  # records the timeout
+        det.start("agent", "agent", "run", "--id", "a1", "--slots", "1", "--cold-start")
+        with psycopg.connect(private_pg.url, autocommit=True) as c:
+            wait_for(lambda: c.execute("SELECT 1 FROM agents").fetchone(), 60, "the agent")
+        det("reconcile", "--once", "--agent-timeout", "6")
+        wait_for(lambda: processes(SLEEPER), 60, "the task to start")
+        private_pg.stop()
+        stopped = time.monotonic()
+        wait_for(lambda: not processes(SLEEPER), 10, "the agent to kill its task")
+        took = time.monotonic() - stopped
+        assert took < 6.0, f"the task ran on {took:.1f} s without a heartbeat"
+        private_pg.start()
+        with psycopg.connect(private_pg.url, autocommit=True, row_factory=dict_row) as c:
+            wait_for(lambda: c.execute("SELECT 1 FROM allocations WHERE state = 'TERMINATED'"
+                                       ).fetchone(), 60, "the end to be reported")
+            run = c.execute("SELECT exit_code, exit_reason FROM allocations").fetchone()
+        assert run["exit_code"] == -9
+        assert run["exit_reason"].startswith("self-fenced: agent a1 could not heartbeat for")
+        assert "agent timeout is 6 s" in run["exit_reason"]
+    finally:
+        det.stop_all()
+        for pid in processes(SLEEPER):
+            os.kill(pid, signal.SIGKILL)
+
+
+# Trains steps of 0.05 s, checkpointing at step 20 and then every 200 steps, and reporting
+# nothing else (a task that talks to the platform rarely: only its preemption watcher's poll
+# finds its token revoked), resuming from its latest checkpoint.
+SILENT = """
+import time
+from det.harness import core
+with core.init() as ctx:
+    step = ctx.info.steps_completed
+    for op in ctx.searcher.operations():
+        while step < op.length:
+            time.sleep(0.05)
+            step += 1
+            if step == 20 or step % 200 == 0:
+                with ctx.checkpoint.store_path({"steps_completed": step}) as (path, _):
+                    (path / "weights").write_text("w" * 1000)
+        op.report_completed(0.5)
+"""
+
+
+def trial_processes(dbname: str) -> list[psutil.Process]:
+    """Live (not zombie) processes of trial 1 of the test's database (by their environment:
+    the agents start their tasks cold, so each is an exec with its own)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            env = p.environ()
+            if env.get("DET_TRIAL_ID") == "1" and "DET_DB_URL" in env \
+                    and conninfo_to_dict(env["DET_DB_URL"]).get("dbname") == dbname \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def test_a_frozen_agents_run_is_replaced_only_once_its_process_is_gone(
+        det, conn, db_url, tmp_path) -> None:
+    """Agent a1 is SIGSTOPped past the reconciler's agent timeout (4 s) with a2 beside it:
+    sampled every ~100 ms, at no instant do two processes of the trial run; the trial
+    completes on a2, and every checkpoint directory has its row."""
+    storage = tmp_path / "checkpoints"
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "train.py").write_text(SILENT)
+    cfg = tmp_path / "silent.yaml"
+    cfg.write_text(f"""\
+name: silent
+entrypoint: {sys.executable} train.py
+searcher: {{name: single, metric: loss, max_length: {{batches: 600}}}}
+checkpoint_storage: {{type: shared_fs, host_path: {storage}}}
+max_restarts: 1
+""")
+    det("experiment", "create", str(cfg), str(ctx))
+    det.start("reconciler", "reconcile", "--interval", "0.5", "--agent-timeout", "4")
+    a1 = det.start("a1", "agent", "run", "--id", "a1", "--slots", "1", "--cold-start")
+    wait_for(lambda: conn.execute("SELECT 1 FROM checkpoints").fetchone(), 120,
+             "the first run's first checkpoint")
+    det.start("a2", "agent", "run", "--id", "a2", "--slots", "1", "--cold-start")
+    wait_for(lambda: conn.execute("SELECT 1 FROM agents WHERE id = 'a2'").fetchone(), 60,
+             "a2 to register")
+
+    dbname = conninfo_to_dict(db_url)["dbname"]
+    most: list[tuple[int, list[str]]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.1):
+            seen = trial_processes(dbname)
+            most.append((len(seen), [f"{p.pid} {p.environ().get('DET_AGENT_ID')}"
+                                     for p in seen if p.is_running()]))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    a1.send_signal(signal.SIGSTOP)
+    sampler.start()
+    try:
+        r = det("experiment", "wait", "1", check=False, timeout=240)
+    finally:
+        done.set()
+        sampler.join()
+        a1.send_signal(signal.SIGCONT)
+    assert r.returncode == 0, r.stdout + det("trial", "logs", "1").stdout
+    runs = conn.execute("SELECT run, agent_id, exit_reason, fenced_until IS NOT NULL AS fenced "
+                        "FROM allocations WHERE trial_id = 1 ORDER BY run").fetchall()
+    assert [(x["run"], x["agent_id"], x["exit_reason"], x["fenced"]) for x in runs] == [
+        (1, "a1", "agent lost", True), (2, "a2", None, False)], runs
+    twice = [s for s in most if s[0] > 1]
+    assert twice == [], f"two processes of the trial at once: {twice[:3]}"
+    assert max(n for n, _ in most) == 1 and len(most) > 50
+    rows = {r["uuid"] for r in conn.execute("SELECT uuid::text FROM checkpoints")}
+    left = {d.name for d in storage.iterdir() if d.is_dir()} - rows - {"tensorboard", STAGING}
+    assert left == set(), f"checkpoint directories without a row: {left}"
+    staged = list((storage / STAGING).iterdir()) if (storage / STAGING).exists() else []
+    assert staged == [], "a fenced run's staged checkpoint was left behind"
+

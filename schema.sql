@@ -2336,6 +2336,18 @@ BEGIN
     RETURN v_state;
 END $$;
 
+CREATE FUNCTION det_agent_drain(p_id text) RETURNS integer LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det agent disable --drain` (ClusterAdmin): disable agent p_id (det_agent_set_enabled) and
+-- stop its live runs as a planned stop (det_stop_runs_of): each trial checkpoints and exits as
+-- on pause and resumes on another agent from that checkpoint, its end no failure (issue 39).
+-- A task that ignores the request is killed after its preemption_timeout (the reconciler's
+-- KILL_OVERDUE), still no failure. Returns how many runs were asked to stop.
+BEGIN
+    PERFORM det_agent_set_enabled(p_id, false);
+    RETURN cardinality(det_stop_runs_of(p_id));
+END $$;
+
 CREATE FUNCTION det_slot_set_enabled(p_agent text, p_slot integer, p_enabled boolean)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Disable (drain) or enable one slot of an agent (ClusterAdmin); work holding it runs on.
@@ -2768,18 +2780,16 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
 SELECT agent_timeout FROM reconciler_leader;
 $$;
 
-CREATE FUNCTION det_agent_stop_runs(p_agent text) RETURNS bigint[] LANGUAGE plpgsql
+CREATE FUNCTION det_stop_runs_of(p_agent text) RETURNS bigint[] LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- A planned stop (issue 39): agent p_agent is going away (SIGTERM: `det cluster down`, a
--- restart) and stops its live runs the way pause does, without a reconciler (the same `down`
--- stops it): each becomes desired STOPPED (a KILLED one stays so) and planned_stop, and its
--- task is woken on its channel to checkpoint and exit (det_should_preempt). The agent is
--- marked stopping: no new run is placed on it until it registers again. Runs it holds a share
--- of (a gang whose chief is elsewhere) stop too. Returns the ids of the runs, ascending.
+-- A planned stop of agent p_agent's live runs (issue 39), for det_agent_stop_runs and
+-- det_agent_drain: each becomes desired STOPPED (a KILLED one stays so) and planned_stop, and
+-- its task is woken on its channel to checkpoint and exit as on pause (det_should_preempt).
+-- Runs it holds a share of (a gang whose chief is elsewhere) stop too. Returns their ids,
+-- ascending. Executable by the owner alone.
 DECLARE
     v_ids bigint[];
 BEGIN
-    UPDATE agents SET stopping = true WHERE id = p_agent;
     WITH stopped AS (
         UPDATE allocations a
            SET desired_state = greatest(a.desired_state, 'STOPPED'), planned_stop = true,
@@ -2795,6 +2805,17 @@ BEGIN
     SELECT coalesce(array_agg(s.id ORDER BY s.id), '{}') INTO v_ids FROM stopped s;
     PERFORM pg_notify(det_channel('alloc', x::text), '') FROM unnest(v_ids) x;
     RETURN v_ids;
+END $$;
+
+CREATE FUNCTION det_agent_stop_runs(p_agent text) RETURNS bigint[] LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Agent p_agent is going away (SIGTERM: `det cluster down`, a restart) and stops its live runs
+-- as a planned stop (det_stop_runs_of), with no reconciler needed (the same `down` stops it).
+-- The agent is marked stopping: no new run is placed on it until it registers again. Returns
+-- the ids of the runs.
+BEGIN
+    UPDATE agents SET stopping = true WHERE id = p_agent;
+    RETURN det_stop_runs_of(p_agent);
 END $$;
 
 CREATE FUNCTION det_agent_claim_each(p_agent text, p_allocations bigint[])
@@ -4301,7 +4322,7 @@ GRANT EXECUTE ON FUNCTION
     det_create_experiment(jsonb, text, bytea, text, text),
     det_experiment_action(integer, text), det_job_update(bigint, text, text),
     det_apply_cluster_config(jsonb, text), det_agent_set_enabled(text, boolean),
-    det_slot_set_enabled(text, integer, boolean),
+    det_agent_drain(text), det_slot_set_enabled(text, integer, boolean),
     det_model_create(text, text, text[], text),
     det_model_update(text, text, text, text, text[], jsonb, text[]),
     det_model_set_archived(text, boolean), det_model_delete(text),

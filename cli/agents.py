@@ -1,7 +1,9 @@
 """``det agent list | enable | disable`` and ``det slot list | enable | disable``.
 
 Disabling drains (spec: system-architecture, Agent): work already running finishes, the
-scheduler places nothing new there. Both go through SQL functions (migration 2).
+scheduler places nothing new there; ``--drain`` also stops the running work as a planned stop
+(it checkpoints and resumes elsewhere, not a failure; issue 39). All go through SQL functions
+(migrations 2 and 31).
 """
 
 import typer
@@ -38,9 +40,19 @@ def enable(agent_id: str = typer.Argument(..., metavar="AGENT_ID")) -> None:
     _set_agent(agent_id, True)
 
 
-def disable(agent_id: str = typer.Argument(..., metavar="AGENT_ID")) -> None:
-    """Drain this agent: running work finishes, nothing new lands."""
-    _set_agent(agent_id, False)
+def disable(agent_id: str = typer.Argument(..., metavar="AGENT_ID"),
+            drain: bool = typer.Option(False, "--drain",
+                                       help="Also stop its running trials now: each "
+                                            "checkpoints (as on pause) and resumes on another "
+                                            "agent; not counted as a failure.")) -> None:
+    """Disable this agent: nothing new lands; running work finishes (with --drain: stops
+    at its next checkpoint)."""
+    if not drain:
+        _set_agent(agent_id, False)
+        return
+    with db() as conn:
+        n = conn.execute("SELECT det_agent_drain(%s) AS n", (agent_id,)).fetchone()["n"]
+    typer.echo(f"Agent {agent_id}: DISABLED; {n} run(s) asked to checkpoint and stop")
 
 
 @slot_app.command("list")

@@ -162,6 +162,31 @@ def test_a_task_that_ignores_the_stop_is_killed_after_the_grace_and_not_failed(
     det("experiment", "kill", "1")
 
 
+def test_drain_checkpoints_the_trial_and_it_resumes_on_another_agent(det, conn,
+                                                                   tmp_path) -> None:
+    """`det agent disable --drain a1`: its max_restarts 0 trial checkpoints and exits, and
+    resumes on a2 from that checkpoint; 0 restarts."""
+    cfg, ctx = train_config(tmp_path, 300)
+    det("experiment", "create", str(cfg), str(ctx))
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("a1", "agent", "run", "--id", "a1", "--slots", "1")
+    wait_for(lambda: trained(conn) >= 20, 120, "the trial to train 20 steps")
+    det.start("a2", "agent", "run", "--id", "a2", "--slots", "1")
+    wait_for(lambda: conn.execute("SELECT 1 FROM agents WHERE id = 'a2'").fetchone(), 60,
+             "a2 to register")
+    out = det("agent", "disable", "--drain", "a1").stdout
+    assert "1 run(s) asked to checkpoint and stop" in out
+    r = det("experiment", "wait", "1", check=False, timeout=240)
+    logs = det("trial", "logs", "1").stdout
+    assert r.returncode == 0, r.stdout + logs
+    runs = conn.execute("SELECT agent_id, exit_code, planned_stop FROM allocations "
+                        "WHERE trial_id = 1 ORDER BY run").fetchall()
+    assert [tuple(x.values()) for x in runs] == [("a1", 0, True), ("a2", 0, False)]
+    assert conn.execute("SELECT restarts FROM trials").fetchone()["restarts"] == 0
+    ckpt = conn.execute("SELECT min(steps_completed) AS s FROM checkpoints").fetchone()["s"]
+    assert f"resuming at {ckpt}" in logs and ckpt >= 20
+
+
 def test_cluster_down_then_up_resumes_the_trial(local: Det, tmp_path) -> None:  # noqa: F811
     """Through the real CLI: a max_restarts 0 trial trains under `det cluster up`; `det
     cluster down` mid-training checkpoints it (within the supervisor's grace); after `det

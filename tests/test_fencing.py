@@ -160,3 +160,24 @@ max_restarts: 1
     staged = list((storage / STAGING).iterdir()) if (storage / STAGING).exists() else []
     assert staged == [], "a fenced run's staged checkpoint was left behind"
 
+
+
+def test_after_a_database_restart_agents_get_the_timeout_to_heartbeat_again(
+        private_pg, det_env, tmp_path) -> None:
+    """A long outage leaves every heartbeat old: the first pass after the server's restart
+    does not declare every agent lost at once; silence counts from the server's start."""
+    det = Det(private_env(det_env, private_pg.url), tmp_path)
+    with psycopg.connect(private_pg.url, autocommit=True) as c:
+        c.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', '[]')")
+        c.execute("UPDATE agents SET last_heartbeat = now() - interval '1 hour'")
+    private_pg.restart()
+    restarted = time.monotonic()
+    det("reconcile", "--once", "--agent-timeout", "5")
+
+    def agent_state() -> str:
+        with psycopg.connect(private_pg.url) as c:
+            return c.execute("SELECT state::text FROM agents").fetchone()[0]
+    assert agent_state() == "ACTIVE"
+    time.sleep(max(0.0, 5.5 - (time.monotonic() - restarted)))
+    det("reconcile", "--once", "--agent-timeout", "5")
+    assert agent_state() == "LOST"

@@ -54,7 +54,8 @@ class Task(Protocol):
 
     def kill(self) -> None:
         """SIGKILL the task now: no checkpoint, no grace (``det experiment kill``; a stop
-        ignored past ``preemption_timeout``). Idempotent; never blocks."""
+        ignored past ``preemption_timeout`` or the agent's stop grace; a self-fence, called
+        from the heartbeat's fence thread). Idempotent; never blocks."""
 
     def remove(self) -> None:
         """Free what the task left behind on this host (called after its end is reported)."""

@@ -123,7 +123,13 @@ def supervise(slots: int = typer.Option(None), runtime: str = typer.Option(None)
 
 @cluster_app.command("down")
 def down() -> None:
-    """Stop the supervisor with its reconciler and agent, then the embedded database."""
+    """Stop the supervisor with its reconciler and agent, then the embedded database.
+
+    A planned stop, not a failure (issue 39): the agent gives its running trials up to
+    ``STOP_GRACE_SECONDS`` (10 s, det.agent.daemon) to checkpoint and exit as on pause, kills
+    what is left, and reports the ends within the supervisor's ``STOP_GRACE`` (15 s between
+    its SIGTERM and SIGKILL of each child); this waits for the supervisor up to twice that.
+    The trials resume from those checkpoints on `det cluster up`, with no restart counted."""
     pid = read_pid(_run_dir(), "supervisor")
     if pid is None:
         typer.echo("supervisor: not running")
@@ -251,7 +257,9 @@ def agent_run(
 ) -> None:
     """Run an agent: register this host's slots and run the tasks assigned to it. What it
     and its tasks create is private to its user (det.host_user); it warns once if it runs as
-    root."""
+    root. SIGTERM is a planned stop: its trials checkpoint and exit within 10 s, then it
+    kills what is left (det.agent.daemon.Agent.shutdown); one that cannot heartbeat for two
+    thirds of the reconciler's agent timeout kills its tasks (det.agent.heartbeat)."""
     from det.agent.daemon import Agent, AgentSettings, check_agent_id
     from det.agent.devices import check_slot_type, discover
 

@@ -73,10 +73,11 @@ FRESH_SECONDS = 5.0
 # placed again while the rest of the batch starts (issue 11: 32 tiny tasks take ~100 ms to
 # start, longer than each runs).
 BATCH_REPORT_SECONDS = 0.025
-# A planned stop (SIGTERM) gives the tasks STOP_GRACE_SECONDS to checkpoint and exit, then
-# kills them; it then tries for SHUTDOWN_RETRY_SECONDS to report their ends while the database
-# is away. Both together stay within the supervisor's STOP_GRACE (15 s between its SIGTERM and
-# SIGKILL of the agent, det.cli.supervisor), which `det cluster down` waits for: 10 + 3 s.
+# A planned stop (SIGTERM) gives the tasks STOP_GRACE_SECONDS from the signal to checkpoint
+# and exit, then kills them; it then tries for SHUTDOWN_RETRY_SECONDS to report their ends while
+# the database is away. Both together stay within the supervisor's STOP_GRACE (15 s between its
+# SIGTERM and SIGKILL of the agent, det.cli.supervisor), which `det cluster down` waits for:
+# 10 + 3 s (tests/test_planned_stop.py checks the sum).
 STOP_GRACE_SECONDS = 10.0
 SHUTDOWN_RETRY_SECONDS = 3.0
 STOP_RUNS = "SELECT det_agent_stop_runs(%s)"
@@ -567,12 +568,13 @@ class Agent:
         for ``SHUTDOWN_RETRY_SECONDS`` while the database is away."""
         if self.conn is not None:  # possibly interrupted mid-statement by the signal
             self.conn.close()
+        begun = time.monotonic()  # the grace counts from here, however long the marking took
         stopped = set(self.tasks)
         planned = self._stop_runs()  # with no task either: nothing new is placed here
         if planned and stopped:
             log.info("planned stop: allocation(s) %s checkpoint and exit (%.0f s grace)",
                      sorted(stopped), STOP_GRACE_SECONDS)
-        deadline = time.monotonic() + (STOP_GRACE_SECONDS if planned else 0.0)
+        deadline = begun + (STOP_GRACE_SECONDS if planned else 0.0)
         overdue: set[int] = set()
         while self.tasks:
             if time.monotonic() >= deadline:

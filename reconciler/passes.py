@@ -33,6 +33,12 @@ log = logging.getLogger("det.reconciler")
 # the reconciler stops starting new ones; the error then waits on the experiment.
 GC_MAX_FAILURES = 3
 
+GC_LIVE_BATCH_SECONDS = 30.0
+"""How long (seconds) checkpoints a live experiment's policy dropped wait for their GC task,
+so that one task removes what that many seconds of checkpoints superseded: a task per
+checkpoint (one every few seconds under a short checkpoint period) was a process start each.
+An ended or deleted experiment's GC task starts at once."""
+
 FENCE_SECONDS = 10.0
 """How long (seconds) a lost agent's run keeps its trial from getting a new run
 (allocations.fenced_until): the old process may still be alive on a frozen agent, and exits
@@ -291,7 +297,8 @@ def _checkpoint_gc_tasks(conn: psycopg.Connection, r: PassResult) -> None:
     that is DELETING then) where checkpoints wait to be removed, and remove the rows of
     deleted experiments whose files are gone."""
     r.changes += conn.execute(q.SETTLE_GC_RUNS).fetchone()["n"]
-    r.changes += conn.execute(q.CREATE_GC_TASKS, {"max_failures": GC_MAX_FAILURES}).rowcount
+    r.changes += conn.execute(q.CREATE_GC_TASKS, {"max_failures": GC_MAX_FAILURES,
+                                                  "live_batch": GC_LIVE_BATCH_SECONDS}).rowcount
     for row in conn.execute(q.EXPERIMENTS_TO_PURGE).fetchall():
         eid = row["id"]
         gone: list[bool] = []

@@ -364,12 +364,13 @@ SELECT count(*) AS n FROM ended
 # again (`det checkpoint delete`, `det experiment delete`).
 CREATE_GC_TASKS = """
 WITH wanted AS (
-    SELECT t.experiment_id, max(c.delete_requested_at) AS requested
+    SELECT t.experiment_id, max(c.delete_requested_at) AS requested,
+           min(c.delete_requested_at) AS oldest
       FROM checkpoints c JOIN trials t ON t.id = c.trial_id
      WHERE c.state = 'DELETING'
      GROUP BY t.experiment_id
     UNION ALL  -- a deleted experiment's TensorBoard files, checkpoints or not
-    SELECT e.id, e.delete_requested_at FROM experiments e
+    SELECT e.id, e.delete_requested_at, e.delete_requested_at FROM experiments e
      WHERE e.delete_requested_at IS NOT NULL AND e.tensorboards_deleted_at IS NULL
        AND EXISTS (SELECT 1 FROM trials t WHERE t.experiment_id = e.id AND t.runs > 0)
        AND NOT EXISTS (SELECT 1 FROM checkpoints c JOIN trials t ON t.id = c.trial_id
@@ -392,6 +393,11 @@ SELECT e.job_id,
    AND (SELECT count(*) FROM allocations a
          WHERE a.job_id = e.job_id AND a.spec ->> 'kind' = 'checkpoint_gc'
            AND a.ended_at > w.requested AND a.exit_code IS DISTINCT FROM 0) < %(max_failures)s
+   -- a live experiment's superseded checkpoints are removed together, once the oldest has
+   -- waited live_batch seconds: one GC task per that many seconds, not one per checkpoint
+   AND (e.state NOT IN ('ACTIVE', 'PAUSED', 'STOPPING_COMPLETED', 'STOPPING_CANCELED',
+                        'STOPPING_KILLED', 'STOPPING_ERROR')
+        OR w.oldest < now() - make_interval(secs => %(live_batch)s))
 RETURNING id
 """
 

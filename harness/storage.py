@@ -125,7 +125,7 @@ class FsspecStorage:
         :meth:`staging` on the local filesystem, for :meth:`publish` once every share is in.
         Raises ``CheckpointStorageError`` for a storage failure."""
         if self.local:
-            with self._storage_errors(local, self.base):
+            with self._storage_errors(self.staging(uuid), self.base):
                 shutil.copytree(local, self.staging(uuid), dirs_exist_ok=True)
             return
         total = sum(directory_sizes(local).values())
@@ -404,15 +404,18 @@ def storage_os_error(e: BaseException, path: pathlib.Path) -> int | None:
     ``path``, or None for any other error.
 
     An ``OSError`` in ``e``'s chain (``__cause__`` / ``__context__``) with an errno of
-    ``STORAGE_ERRNOS`` is one. Otherwise a full disk is recognised by its free space
-    (below ``LOW_SPACE_BYTES``, or no free inode): torch's writer (``inline_container.cc``)
-    reports a failed write as ``RuntimeError: ... unexpected pos N vs M``, its OSError lost in
-    C++, so no errno is left to read (issue 39: that was all a full disk said)."""
+    ``STORAGE_ERRNOS`` is one, unless it names a file outside ``path`` (the user's code
+    failing to read its data is not the storage's failure). Otherwise a full disk is
+    recognised by its free space (below ``LOW_SPACE_BYTES``, or no free inode): torch's
+    writer (``inline_container.cc``) reports a failed write as ``RuntimeError: ... unexpected
+    pos N vs M``, its OSError lost in C++, so no errno is left to read (issue 39: that was all
+    a full disk said)."""
     seen: set[int] = set()
     err: BaseException | None = e
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in STORAGE_ERRNOS:
+        if isinstance(err, OSError) and err.errno in STORAGE_ERRNOS and (
+                err.filename is None or _within(err.filename, path)):
             return err.errno
         err = err.__cause__ or err.__context__
     probe = path
@@ -425,6 +428,14 @@ def storage_os_error(e: BaseException, path: pathlib.Path) -> int | None:
     if fs.f_bavail * fs.f_frsize < LOW_SPACE_BYTES or (fs.f_files and fs.f_favail == 0):
         return errno.ENOSPC
     return None
+
+
+def _within(name: str | bytes | int, path: pathlib.Path) -> bool:
+    """Whether the file ``name`` (an OSError's ``filename``) is ``path`` or below it."""
+    if not isinstance(name, str):
+        return False
+    return os.path.abspath(name) == str(path) or os.path.abspath(name).startswith(
+        str(path) + os.sep)
 
 
 def directory_sizes(root: pathlib.Path) -> dict[str, int]:

@@ -93,7 +93,7 @@ def test_settle_pauses_on_a_storage_error_without_a_restart() -> None:
 def test_a_storage_errno_is_found_in_the_chain(tmp_path: Path) -> None:
     try:
         try:
-            raise OSError(errno.EROFS, "Read-only file system", "/x/model.pt")
+            raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "model.pt"))
         except OSError as inner:
             raise RuntimeError("[enforce fail at inline_container.cc:595] . unexpected pos") \
                 from inner
@@ -101,6 +101,8 @@ def test_a_storage_errno_is_found_in_the_chain(tmp_path: Path) -> None:
         assert storage_os_error(e, tmp_path) == errno.EROFS
     assert storage_os_error(RuntimeError("unrelated"), tmp_path) is None
     assert storage_os_error(OSError(errno.ENOENT, "gone"), tmp_path) is None
+    elsewhere = PermissionError(errno.EACCES, "Permission denied", "/data/train.csv")
+    assert storage_os_error(elsewhere, tmp_path) is None
 
 
 def test_a_failed_checkpoint_leaves_nothing_and_a_good_one_appears_whole(

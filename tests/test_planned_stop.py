@@ -15,11 +15,13 @@ import psycopg
 import pytest
 from conftest import Det, wait_for
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 from test_cluster_up import local  # noqa: F401 (the fixture)
-from test_reconciler import config
+from test_reconciler import config, queue_runs
 
 from det.agent.daemon import SHUTDOWN_RETRY_SECONDS, STOP_GRACE_SECONDS
 from det.cli.supervisor import STOP_GRACE
+from det.db import channels
 from det.reconciler.trials import RunEnd, Settlement, settle
 
 # A Core API trial of STEPS steps of STEP_SECONDS each, resuming from its latest checkpoint;
@@ -93,6 +95,31 @@ def test_grace_fits_in_the_supervisors_stop_grace() -> None:
 ])
 def test_a_planned_stops_end_is_not_a_failure(run, expected) -> None:
     assert settle(run) == expected
+
+
+def test_stop_runs_marks_the_agents_runs_and_wakes_their_tasks(conn, db_url) -> None:
+    """det_agent_stop_runs, what the agent calls on SIGTERM: its live run becomes desired
+    STOPPED and planned_stop, its task's channel is notified at once (no reconciler, no
+    poll), the agent is stopping until it registers again, and other agents' runs are left."""
+    conn.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
+    queue_runs(conn, 2)  # one placed on a1's slot, one waiting
+    placed = conn.execute("SELECT id FROM allocations WHERE agent_id = 'a1'").fetchone()["id"]
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        channels.listen(listener, channels.allocation(placed))
+        ids = conn.execute("SELECT det_agent_stop_runs('a1') AS ids").fetchone()["ids"]
+        woken = list(listener.notifies(timeout=5, stop_after=1))
+    assert ids == [placed] and len(woken) == 1
+    rows = conn.execute("SELECT id, desired_state::text AS d, planned_stop FROM allocations "
+                        "ORDER BY id").fetchall()
+    assert {r["id"]: (r["d"], r["planned_stop"]) for r in rows} == {
+        placed: ("STOPPED", True),
+        **{r["id"]: ("RUNNING", False) for r in rows if r["id"] != placed}}
+    stopping = "SELECT stopping FROM agents WHERE id = 'a1'"
+    assert conn.execute(stopping).fetchone()["stopping"]
+    conn.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
+    assert not conn.execute(stopping).fetchone()["stopping"]
 
 
 def test_sigterm_checkpoints_the_trial_without_a_reconciler(det, conn, tmp_path) -> None:

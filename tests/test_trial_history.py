@@ -122,3 +122,53 @@ def test_a_run_starting_twice_keeps_its_own_rows(conn) -> None:
     assert rows == 2
     assert conn.execute("SELECT best_validation AS b FROM trials WHERE id = %s",
                         (trial,)).fetchone()["b"] == 0.4
+
+
+def test_migration_0032_supersedes_what_earlier_restarts_left(pg_server, tmp_path) -> None:
+    """A database whose trial restarted twice before migration 0032 (three copies of steps
+    3 and 4, the dead run's 0.1 its best) has one history once migrated."""
+    import shutil
+    import uuid
+
+    from conftest import _admin, drop_database
+    from psycopg.conninfo import make_conninfo
+    from psycopg.rows import dict_row
+
+    from det.db.migrate import migrate, migrations_dir
+
+    before = tmp_path / "migrations"
+    before.mkdir()
+    for f in migrations_dir().iterdir():
+        if f.name.endswith(".sql") and f.name < "0032":
+            shutil.copyfile(str(f), before / f.name)
+    name = f"det_test_{uuid.uuid4().hex[:12]}"
+    with _admin(pg_server) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    url = make_conninfo(pg_server, dbname=name)
+    try:
+        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+            migrate(conn, before)
+            job, trial = a_trial(conn)
+            a1, t1 = start_run(conn, job, trial, 1)
+            report(conn, t1, [("training", 2, {"loss": 0.8}), ("validation", 2, {"loss": 0.5})])
+            checkpoint(conn, t1, 2)
+            report(conn, t1, [("training", 3, {"loss": 0.7}), ("validation", 4, {"loss": 0.1})])
+            kill(conn, a1)
+            a2, t2 = start_run(conn, job, trial, 2)
+            report(conn, t2, [("training", 3, {"loss": 0.75}), ("training", 5, {"loss": 0.5})])
+            kill(conn, a2)
+            _, t3 = start_run(conn, job, trial, 3)
+            report(conn, t3, [("training", 3, {"loss": 0.7}), ("validation", 4, {"loss": 0.3})])
+            assert conn.execute("SELECT best_validation AS b FROM trials").fetchone()["b"] == 0.1
+            assert migrate(conn)[0] == 32
+            rows = conn.execute(
+                "SELECT m.steps_completed AS s, m.\"values\" ->> 'loss' AS loss, a.run, "
+                "s.run AS superseded_by FROM metrics m JOIN allocations a "
+                "ON a.id = m.allocation_id LEFT JOIN allocations s ON s.id = m.superseded_by "
+                "ORDER BY m.id").fetchall()
+            assert [(r["s"], r["loss"], r["run"], r["superseded_by"]) for r in rows] == [
+                (2, "0.8", 1, None), (2, "0.5", 1, None), (3, "0.7", 1, 2), (4, "0.1", 1, 2),
+                (3, "0.75", 2, 3), (5, "0.5", 2, 3), (3, "0.7", 3, None), (4, "0.3", 3, None)]
+            assert conn.execute("SELECT best_validation AS b FROM trials").fetchone()["b"] == 0.3
+    finally:
+        drop_database(pg_server, url)

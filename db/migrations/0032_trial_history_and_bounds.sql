@@ -392,3 +392,26 @@ $$;
 
 
 GRANT EXECUTE ON FUNCTION det_json_shown(jsonb) TO det_user;
+
+-- Trials that restarted before this migration: the same rule, applied once to what their runs
+-- left. A run resumed from the latest checkpoint of the runs before it, so each row of an
+-- earlier run after that checkpoint's step is superseded by the first later run that resumed
+-- from before it; the best validation of the trials that had such rows is recomputed.
+WITH starts AS (
+    SELECT r.id, r.trial_id, r.run,
+           coalesce((SELECT max(c.steps_completed) FROM checkpoints c
+                      JOIN allocations p ON p.id = c.allocation_id
+                     WHERE c.trial_id = r.trial_id AND p.run < r.run), 0) AS steps
+      FROM allocations r WHERE r.trial_id IS NOT NULL AND r.run > 1
+), marks AS (
+    SELECT DISTINCT ON (m.id) m.id, s.id AS by
+      FROM starts s
+      JOIN metrics m ON m.trial_id = s.trial_id AND m.steps_completed > s.steps
+      JOIN allocations p ON p.id = m.allocation_id AND p.run < s.run
+     ORDER BY m.id, s.run
+)
+UPDATE metrics m SET superseded_by = marks.by FROM marks WHERE m.id = marks.id;
+-- (a statement of its own: it reads the rows as marked)
+UPDATE trials t SET best_validation = det_trial_best_validation(t.id)
+ WHERE EXISTS (SELECT 1 FROM metrics m WHERE m.trial_id = t.id AND m."group" = 'validation'
+                                         AND m.superseded_by IS NOT NULL);

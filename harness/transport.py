@@ -173,9 +173,10 @@ class DbTransport:
     attempt whose outcome is unknown (the commit may have happened, its answer was lost):
     ``det_task_info``, ``det_current_op``, ``det_report_progress``, ``det_complete_op``,
     ``det_ack_preemption``, ``det_report_early_exit``, ``det_checkpoint_begin``,
-    ``det_report_storage_error`` set values or read (a second run changes nothing); ``det_report_checkpoint`` inserts by uuid, so a unique violation on a
-    retry means the lost attempt recorded it (success); ``det_report_metrics_batch`` skips a
-    batch its writer already recorded (``metric_batches``).
+    ``det_report_storage_error`` set values or read (a second run changes nothing);
+    ``det_report_checkpoint`` inserts by uuid, so a unique violation on a retry means the lost
+    attempt recorded it (success); ``det_report_metrics_batch`` skips a batch its writer
+    already recorded (``metric_batches``).
 
     Metrics and op progress are buffered (``ReportWriter``, at most ``buffer_bytes``; a full
     buffer blocks ``report_metrics``) and written in order by a background thread, so

@@ -321,10 +321,14 @@ CHECKPOINT_GC = "SELECT det_checkpoint_gc(%(experiment_id)s) AS n"
 # GC during runs (issue 39): the live experiments with checkpoints reported since the last
 # look, whose policy the pass applies now. The same statement clears the flags it read; a
 # checkpoint committed after it keeps its flag for the next pass. An ended experiment's
-# flags are only cleared (the pass that ended it applied its policy).
+# flags are only cleared (the pass that ended it applied its policy). A checkpoint row
+# another transaction holds (a GC task marking it, a user's delete) is skipped, not waited
+# for: the next pass sees it.
 LIVE_EXPERIMENTS_WITH_NEW_CHECKPOINTS = """
 WITH seen AS (
-    UPDATE checkpoints SET gc_pending = false WHERE gc_pending RETURNING trial_id
+    UPDATE checkpoints c SET gc_pending = false
+     WHERE c.uuid IN (SELECT uuid FROM checkpoints WHERE gc_pending FOR UPDATE SKIP LOCKED)
+    RETURNING c.trial_id
 )
 SELECT DISTINCT t.experiment_id AS id
   FROM (SELECT DISTINCT trial_id FROM seen) s

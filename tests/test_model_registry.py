@@ -238,12 +238,17 @@ def test_a_registered_checkpoint_is_pinned(det, conn, ckpts) -> None:
 
 def test_a_registered_checkpoint_survives_a_0_0_0_policy(det, conn, ckpts) -> None:
     """The GC keep rule reads checkpoint_pins, which holds every model version: with a policy
-    that keeps nothing, only the unregistered checkpoint is to be deleted."""
+    that keeps nothing, only the unregistered checkpoint is to be deleted (once the trial
+    ended: while it lives its latest checkpoint, its restart point, is pinned too)."""
     det("model", "create", "m")
     det("model", "register-version", "m", ckpts[0])
     experiment = conn.execute(
         "SELECT t.experiment_id AS id FROM checkpoints c JOIN trials t ON t.id = c.trial_id "
         "WHERE c.uuid = %s", (ckpts[0],)).fetchone()["id"]
+    assert conn.execute("SELECT count(*) AS n FROM det_checkpoints_to_delete(%s, 0, 0, 0)",
+                        (experiment,)).fetchone()["n"] == 0
+    for state in ("STOPPING_COMPLETED", "COMPLETED"):
+        conn.execute("UPDATE trials SET state = %s WHERE experiment_id = %s", (state, experiment))
     doomed = conn.execute("SELECT uuid::text AS uuid FROM det_checkpoints_to_delete(%s, 0, 0, 0)",
                           (experiment,)).fetchall()
     assert [row["uuid"] for row in doomed] == [ckpts[1]]

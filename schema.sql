@@ -535,8 +535,9 @@ COMMENT ON COLUMN allocations.storage_error IS
     'A failed run with one pauses its experiment, without counting a restart '
     '(det.reconciler.trials.settle).';
 COMMENT ON COLUMN allocations.planned_stop IS
-    'Its agent stopped it on purpose (det_agent_stop_runs: the agent shut down): however the '
-    'run ends, its trial resumes from its latest checkpoint and the end is not a failure '
+    'Its agent stopped it on purpose (det_agent_stop_runs: the agent shut down; '
+    'det_agent_mark_fenced: it killed its tasks for want of a heartbeat): however the run '
+    'ends, its trial resumes from its latest checkpoint and the end is not a failure '
     '(restarts counts failures only).';
 COMMENT ON COLUMN allocations.fenced_until IS
     'Set when the reconciler ends the run of a lost agent: until then the old process may '
@@ -2346,6 +2347,22 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     PERFORM det_agent_set_enabled(p_id, false);
     RETURN cardinality(det_stop_runs_of(p_id));
+END $$;
+
+CREATE FUNCTION det_agent_mark_fenced(p_agent text, p_ids bigint[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Agent p_agent killed its live runs p_ids because it could not heartbeat for its lease
+-- (self-fencing, det.agent.heartbeat): the cluster's doing, not the trials' (a database outage
+-- longer than the lease does it to every agent), so each is marked planned_stop and its
+-- trial resumes from its latest checkpoint without counting a restart. Runs that already
+-- ended (the reconciler declared the agent lost first: a failure, as any lost agent's run) or
+-- that are not this agent's are left alone.
+BEGIN
+    UPDATE allocations a SET planned_stop = true
+     WHERE a.id = ANY (p_ids) AND a.state <> 'TERMINATED'
+       AND (a.agent_id = p_agent
+            OR EXISTS (SELECT 1 FROM allocation_slots h
+                        WHERE h.allocation_id = a.id AND h.agent_id = p_agent));
 END $$;
 
 CREATE FUNCTION det_slot_set_enabled(p_agent text, p_slot integer, p_enabled boolean)
@@ -4289,7 +4306,8 @@ GRANT EXECUTE ON FUNCTION
     det_gang_agents(bigint), det_gang_started(bigint),
     det_agent_set_rendezvous(text, bigint, text), det_agent_claim_node(text, bigint),
     det_agent_report_node(text, bigint, allocation_state, integer, text),
-    det_append_logs(bigint, text[], text[]), det_agent_timeout(), det_agent_stop_runs(text)
+    det_append_logs(bigint, text[], text[]), det_agent_timeout(), det_agent_stop_runs(text),
+    det_agent_mark_fenced(text, bigint[])
 TO det_agent;
 
 GRANT EXECUTE ON FUNCTION

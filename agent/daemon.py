@@ -81,6 +81,8 @@ BATCH_REPORT_SECONDS = 0.025
 STOP_GRACE_SECONDS = 10.0
 SHUTDOWN_RETRY_SECONDS = 3.0
 STOP_RUNS = "SELECT det_agent_stop_runs(%s)"
+# Runs this agent killed by self-fencing: no failure of their trials (see Agent._fence).
+MARK_FENCED = "SELECT det_agent_mark_fenced(%s, %s::bigint[])"
 # A share of a gang run that ended on the chief's agent may finish by itself this long
 # (seconds) before it is killed: its workers end with the chief's.
 NODE_GRACE_SECONDS = 10.0
@@ -174,6 +176,7 @@ class Agent:
         self.orphaned: dict[int, float] = {}  # shares whose run ended elsewhere: since when
         # why a task was killed where its exit code cannot say (a self-fence), by allocation
         self.kill_reasons: dict[int, str] = {}
+        self.fenced_runs: set[int] = set()  # killed by a self-fence, not yet reported
         self.last_launch = float("-inf")  # time.monotonic() of the latest launch
         self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
@@ -329,6 +332,10 @@ class Agent:
             return
         self.logs.flush()
         ends = list(self.ended.items())
+        fenced = sorted(self.fenced_runs.intersection(self.ended))
+        if fenced:  # before the end: the settle step must see the mark with it
+            self._connect().execute(MARK_FENCED, (self.s.agent_id, fenced))
+            self.fenced_runs.difference_update(fenced)
         self._report_each([a for a, _ in ends], "TERMINATED", [end.code for _, end in ends],
                           [end.reason for _, end in ends])
         for alloc_id, _ in ends:  # reported (a report lost with the connection is made again)
@@ -536,11 +543,14 @@ class Agent:
     def _fence(self, silent: float) -> None:
         """Kill every task: this agent could not heartbeat for ``silent`` seconds, past its
         lease (:mod:`det.agent.heartbeat`). Called on the heartbeat's fence thread; it only
-        signals, and the main loop collects the ends as usual."""
+        signals, and the main loop collects the ends as usual. Their ends are reported as
+        planned stops (``det_agent_mark_fenced``): a database outage longer than the lease
+        fences every agent, and that is no failure of the trials (their restarts stay)."""
         why = (f"self-fenced: agent {self.s.agent_id} could not heartbeat for {silent:.0f} s "
                f"(the reconciler's agent timeout is {self.heartbeat.agent_timeout:.0f} s)")
         for alloc_id, task in list(self.tasks.items()):
             self.kill_reasons[alloc_id] = why
+            self.fenced_runs.add(alloc_id)
             self.killing.add(alloc_id)
             task.kill()
 

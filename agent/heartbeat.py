@@ -9,6 +9,8 @@ An agent that has not beaten for its lease, ``FENCE_FRACTION`` of that timeout, 
 tasks first, so a run is not live twice. The lease runs from the moment the last successful
 beat was sent, which is no later than the ``last_heartbeat`` the database recorded for it;
 a separate thread watches it, so a beat stuck in the network cannot hold the kill back.
+Those runs end as planned stops (``det_agent_mark_fenced``): an agent cannot tell a database
+outage, which fences every agent, from a partition, and neither is the trials' failure.
 """
 
 import logging

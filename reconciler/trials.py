@@ -10,7 +10,8 @@ Rules (spec: experiment-lifecycle, Pausing and Activating; notes §3.2 ``max_res
   ``restarts`` counts the restarts that were made (the failure that ends it is not one);
 * a clean exit (0) after a stop request (preemption, pause) leaves the trial to resume later;
 * so does any end of a planned stop (``planned_stop``: its agent stopped it on purpose, as
-  ``det cluster down`` does; issue 39), a run killed after the agent's grace included: it is
+  ``det cluster down`` does, or killed it when it could not heartbeat for its lease, as in a
+  long database outage; issue 39), a run killed after the agent's grace included: it is
   not a failure, ``restarts`` is unchanged, and the next run resumes from the latest
   checkpoint;
 * a failed run that could not write a checkpoint to its storage (``storage_error``: no space,

@@ -36,7 +36,8 @@ def test_an_agent_that_cannot_heartbeat_kills_its_tasks_before_its_timeout(
         private_pg, det_env, tmp_path) -> None:
     """The database goes away (for this agent it is the same as a partition): the agent kills
     its task within its lease, before the reconciler's agent timeout (6 s here) could have
-    declared it lost and placed the run elsewhere; once back, it reports why."""
+    declared it lost and placed the run elsewhere; once back, it reports why, and the trial
+    spends no restart on it."""
     det = Det(private_env(det_env, private_pg.url), tmp_path)
     try:
         det("experiment", "create", str(config(tmp_path, " ".join(SLEEPER))),
@@ -56,10 +57,17 @@ def test_an_agent_that_cannot_heartbeat_kills_its_tasks_before_its_timeout(
         with psycopg.connect(private_pg.url, autocommit=True, row_factory=dict_row) as c:
             wait_for(lambda: c.execute("SELECT 1 FROM allocations WHERE state = 'TERMINATED'"
                                        ).fetchone(), 60, "the end to be reported")
-            run = c.execute("SELECT exit_code, exit_reason FROM allocations").fetchone()
+            run = c.execute("SELECT exit_code, exit_reason, planned_stop "
+                            "FROM allocations").fetchone()
         assert run["exit_code"] == -9
         assert run["exit_reason"].startswith("self-fenced: agent a1 could not heartbeat for")
         assert "agent timeout is 6 s" in run["exit_reason"]
+        # The cluster's doing, not the trial's: no restart is spent on it.
+        assert run["planned_stop"]
+        det("reconcile", "--once", "--agent-timeout", "6")
+        with psycopg.connect(private_pg.url, autocommit=True, row_factory=dict_row) as c:
+            trial = c.execute("SELECT state, restarts FROM trials").fetchone()
+        assert trial == {"state": "ACTIVE", "restarts": 0}
     finally:
         det.stop_all()
         for pid in processes(SLEEPER):

@@ -149,6 +149,8 @@ def _agents(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None
     for row in lost:
         log.warning("agent %s lost: no heartbeat for %.0f s", row["id"], settings.agent_timeout)
     ended = conn.execute(q.END_LOST_ALLOCATIONS, {"fence": FENCE_SECONDS}).fetchall()
+    # Woken, a task of a frozen agent finds its token revoked and exits now, not at its poll.
+    r.allocations.update(row["id"] for row in ended)
     r.changes += len(lost) + len(ended) + conn.execute(q.RELEASE_SLOTS).rowcount
 
 

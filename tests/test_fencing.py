@@ -137,13 +137,17 @@ max_restarts: 1
 
     dbname = conninfo_to_dict(db_url)["dbname"]
     most: list[tuple[int, list[str]]] = []
+    a1_seen = []  # when a sample last saw a1's task (epoch seconds)
     done = threading.Event()
 
     def sample() -> None:
         while not done.wait(0.1):
             seen = trial_processes(dbname)
-            most.append((len(seen), [f"{p.pid} {p.environ().get('DET_AGENT_ID')}"
-                                     for p in seen if p.is_running()]))
+            names = [f"{p.pid} {p.environ().get('DET_AGENT_ID')}"
+                     for p in seen if p.is_running()]
+            most.append((len(seen), names))
+            if any(n.endswith(" a1") for n in names):
+                a1_seen.append(time.time())
 
     sampler = threading.Thread(target=sample, daemon=True)
     a1.send_signal(signal.SIGSTOP)
@@ -167,6 +171,11 @@ max_restarts: 1
     assert left == set(), f"checkpoint directories without a row: {left}"
     staged = list((storage / STAGING).iterdir()) if (storage / STAGING).exists() else []
     assert staged == [], "a fenced run's staged checkpoint was left behind"
+    # The figure (not a bound): the pass that ends the lost agent's run wakes its task.
+    (ended,) = conn.execute("SELECT extract(epoch FROM ended_at) FROM allocations "
+                            "WHERE trial_id = 1 AND run = 1").fetchone().values()
+    print(f"a1's task exited {max(a1_seen) - float(ended):.2f} s after its run was ended "
+          f"(fence {FENCE_SECONDS:.0f} s, watcher poll {PREEMPT_POLL_SECONDS:.0f} s)")
 
 
 

@@ -516,7 +516,8 @@ def set_gc_policy(
 ) -> None:
     """Change the checkpoint GC policy (reference-facts §5). Shows the checkpoints the new
     policy deletes and asks first (unless --yes); an ended experiment's are deleted now, a
-    running one's when it ends. Pinned checkpoints are never deleted."""
+    running one's once it reports a new checkpoint or ends. Pinned checkpoints (a live trial's
+    latest among them) are never deleted."""
     params = {"id": exp_id, "seb": save_experiment_best, "stb": save_trial_best,
               "stl": save_trial_latest}
     with db() as conn:
@@ -524,7 +525,8 @@ def set_gc_policy(
         if not yes:
             rows = conn.execute(GC_PREVIEW, params).fetchall()
             ended = exp["state"] in WAIT_EXIT
-            when = "now" if ended else "when the experiment ends (if it ended now)"
+            when = ("now" if ended else
+                    "at its next checkpoint or when the experiment ends (if it ended now)")
             if not rows:
                 typer.echo(f"The new policy deletes no checkpoint {when}.")
             else:

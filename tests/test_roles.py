@@ -144,7 +144,7 @@ def test_a_task_reaches_only_its_own_functions_and_no_det_process_is_a_superuser
         local, tmp_path) -> None:
     """From inside a running task of a real cluster (process runtime): tables, user functions
     and agent functions are denied while its own task API works; meanwhile the only
-    superuser sessions are the reconciler's (and this test's)."""
+    superuser sessions are the reconcilers' (and this test's)."""
     home = tmp_path / "home"
     release = tmp_path / "release"
     ctx = tmp_path / "ctx"
@@ -175,7 +175,9 @@ def test_a_task_reaches_only_its_own_functions_and_no_det_process_is_a_superuser
             "SELECT a.application_name, a.usename::text, r.rolsuper FROM pg_stat_activity a "
             "JOIN pg_roles r ON r.oid = a.usesysid WHERE a.datname = 'det'").fetchall()
     supers = {name for name, _user, su in sessions if su}
-    assert supers <= {"det-reconciler", "det-test"} and "det-reconciler" in supers
+    # the reconciler and its standby (det cluster up runs both)
+    assert supers <= {"det-reconciler", "det-reconciler2", "det-test"}
+    assert "det-reconciler" in supers
     users = {name: user for name, user, _su in sessions}
     assert users["det-agent"] == "det_agent"
     assert users["det-server"] == "det_web"

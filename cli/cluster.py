@@ -204,6 +204,8 @@ def reconcile(
                                                    "is lost."),
     lease: float = typer.Option(10.0, help="Seconds a frozen leader keeps leadership before "
                                            "the database ends its session.", min=1.0),
+    gc_batch: float = typer.Option(30.0, help="Seconds a running experiment's superseded "
+                                              "checkpoints wait to be removed together.", min=0.0),
 ) -> None:
     """Run the reconciler (one leader; others wait as standbys). It rides out database
     restarts: it reconnects and leads again."""
@@ -216,8 +218,8 @@ def reconcile(
     retry.call("reconciler: migrate", lambda: _migrate(url),
                give_up_after=60.0 if once else None)
     _exit_on_sigterm()
-    run(url, Settings(agent_timeout=agent_timeout, interval=interval, lease=lease),
-        once=once)
+    run(url, Settings(agent_timeout=agent_timeout, interval=interval, lease=lease,
+                      gc_batch=gc_batch), once=once)
 
 
 @agent_app.command("run")

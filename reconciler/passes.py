@@ -34,10 +34,10 @@ log = logging.getLogger("det.reconciler")
 GC_MAX_FAILURES = 3
 
 GC_LIVE_BATCH_SECONDS = 30.0
-"""How long (seconds) checkpoints a live experiment's policy dropped wait for their GC task,
-so that one task removes what that many seconds of checkpoints superseded: a task per
-checkpoint (one every few seconds under a short checkpoint period) was a process start each.
-An ended or deleted experiment's GC task starts at once."""
+"""Default of ``Settings.gc_batch``: how long (seconds) checkpoints a live experiment's policy
+dropped wait for their GC task, so that one task removes what that many seconds of
+checkpoints superseded: a task per checkpoint (one every few seconds under a short checkpoint
+period) was a process start each. An ended or deleted experiment's GC task starts at once."""
 
 FENCE_SECONDS = 10.0
 """How long (seconds) a lost agent's run keeps its trial from getting a new run
@@ -52,11 +52,13 @@ class Settings:
     """Reconciler settings. ``agent_timeout``: seconds without a heartbeat before an agent is
     lost; ``interval``: seconds between passes when nothing wakes the loop; ``lease``: seconds
     a frozen leader keeps leadership before the server ends its session
-    (:mod:`det.reconciler.leader`)."""
+    (:mod:`det.reconciler.leader`); ``gc_batch``: seconds a live experiment's checkpoints
+    wait to be removed together (:data:`GC_LIVE_BATCH_SECONDS`)."""
 
     agent_timeout: float = 30.0
     interval: float = 2.0
     lease: float = 10.0
+    gc_batch: float = GC_LIVE_BATCH_SECONDS
 
 
 @dataclass
@@ -123,7 +125,7 @@ def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassR
         _finish_stopping_trials(conn, r)
         _finish_experiments(conn, r)
         _checkpoint_gc_live(conn, r)
-        _checkpoint_gc_tasks(conn, r)
+        _checkpoint_gc_tasks(conn, settings, r)
         created = conn.execute(q.CREATE_ALLOCATIONS).rowcount
         r.changes += created
         if created:
@@ -294,13 +296,13 @@ def _apply_gc_policy(conn: psycopg.Connection, experiment_ids: list[int]) -> Non
                                                 {"experiment_id": eid, "message": msg}))
 
 
-def _checkpoint_gc_tasks(conn: psycopg.Connection, r: PassResult) -> None:
+def _checkpoint_gc_tasks(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None:
     """Settle ended GC tasks, start one per experiment (never two at once: each removes all
     that is DELETING then) where checkpoints wait to be removed, and remove the rows of
     deleted experiments whose files are gone."""
     r.changes += conn.execute(q.SETTLE_GC_RUNS).fetchone()["n"]
     r.changes += conn.execute(q.CREATE_GC_TASKS, {"max_failures": GC_MAX_FAILURES,
-                                                  "live_batch": GC_LIVE_BATCH_SECONDS}).rowcount
+                                                  "live_batch": settings.gc_batch}).rowcount
     for row in conn.execute(q.EXPERIMENTS_TO_PURGE).fetchall():
         eid = row["id"]
         gone: list[bool] = []

@@ -125,11 +125,12 @@ def supervise(slots: int = typer.Option(None), runtime: str = typer.Option(None)
 def down() -> None:
     """Stop the supervisor with its reconciler and agent, then the embedded database.
 
-    A planned stop, not a failure (issue 39): the agent gives its running trials up to
-    ``STOP_GRACE_SECONDS`` (10 s, det.agent.daemon) to checkpoint and exit as on pause, kills
-    what is left, and reports the ends within the supervisor's ``STOP_GRACE`` (15 s between
-    its SIGTERM and SIGKILL of each child); this waits for the supervisor up to twice that.
-    The trials resume from those checkpoints on `det cluster up`, with no restart counted."""
+    A planned stop, not a failure: the agent gives its running trials up to 10 s to
+    checkpoint and exit as on pause, kills what is left, and reports the ends within the
+    supervisor's 15 s between its SIGTERM and SIGKILL of each child; this command waits for
+    the supervisor up to twice that. The trials resume from those checkpoints on
+    `det cluster up`, with no restart counted."""
+    # The numbers: det.agent.daemon.STOP_GRACE_SECONDS and det.cli.supervisor.STOP_GRACE.
     pid = read_pid(_run_dir(), "supervisor")
     if pid is None:
         typer.echo("supervisor: not running")

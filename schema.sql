@@ -3547,8 +3547,9 @@ CREATE FUNCTION det_set_gc_policy(
     p_save_trial_latest integer
 ) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det experiment set gc-policy`: store the new save_* values in the experiment's config and,
--- if it has ended, apply them now (a running experiment applies them when it ends). Returns
--- the checkpoints marked DELETING.
+-- if it has ended, apply them now (a running experiment applies them at its next checkpoint,
+-- when the pass looks at its new checkpoints, or when it ends). Returns the checkpoints marked
+-- DELETING.
 DECLARE
     e experiments;
 BEGIN

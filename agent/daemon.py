@@ -174,9 +174,9 @@ class Agent:
         self.claimed: set[int] = set()  # claims made by this process, not yet launched
         self.nodes: set[int] = set()  # allocations this agent runs a share of, not the chief
         self.orphaned: dict[int, float] = {}  # shares whose run ended elsewhere: since when
-        # why a task was killed where its exit code cannot say (a self-fence), by allocation
-        self.kill_reasons: dict[int, str] = {}
-        self.fenced_runs: set[int] = set()  # killed by a self-fence, not yet reported
+        # runs killed by a self-fence, until their ends are reported: why (their exit code
+        # cannot say)
+        self.fenced_runs: dict[int, str] = {}
         self.last_launch = float("-inf")  # time.monotonic() of the latest launch
         self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
@@ -332,10 +332,11 @@ class Agent:
             return
         self.logs.flush()
         ends = list(self.ended.items())
-        fenced = sorted(self.fenced_runs.intersection(self.ended))
+        fenced = sorted(self.fenced_runs.keys() & self.ended.keys())
         if fenced:  # before the end: the settle step must see the mark with it
             self._connect().execute(MARK_FENCED, (self.s.agent_id, fenced))
-            self.fenced_runs.difference_update(fenced)
+            for alloc_id in fenced:
+                del self.fenced_runs[alloc_id]
         self._report_each([a for a, _ in ends], "TERMINATED", [end.code for _, end in ends],
                           [end.reason for _, end in ends])
         for alloc_id, _ in ends:  # reported (a report lost with the connection is made again)
@@ -525,7 +526,7 @@ class Agent:
                 task.kill()  # again: a kill the engine refused is retried
             end = task.poll()
             if end is not None:
-                why = self.kill_reasons.pop(alloc_id, None)
+                why = self.fenced_runs.get(alloc_id)
                 self.ended[alloc_id] = end if why is None else Exit(end.code, why)
                 del self.tasks[alloc_id]
                 self.killing.discard(alloc_id)
@@ -549,8 +550,7 @@ class Agent:
         why = (f"self-fenced: agent {self.s.agent_id} could not heartbeat for {silent:.0f} s "
                f"(the reconciler's agent timeout is {self.heartbeat.agent_timeout:.0f} s)")
         for alloc_id, task in list(self.tasks.items()):
-            self.kill_reasons[alloc_id] = why
-            self.fenced_runs.add(alloc_id)
+            self.fenced_runs[alloc_id] = why
             self.killing.add(alloc_id)
             task.kill()
 

@@ -333,8 +333,7 @@ WITH seen AS (
 SELECT DISTINCT t.experiment_id AS id
   FROM (SELECT DISTINCT trial_id FROM seen) s
   JOIN trials t ON t.id = s.trial_id JOIN experiments e ON e.id = t.experiment_id
- WHERE e.state IN ('ACTIVE', 'PAUSED', 'STOPPING_COMPLETED', 'STOPPING_CANCELED',
-                   'STOPPING_KILLED', 'STOPPING_ERROR')
+ WHERE e.state < 'COMPLETED'
  ORDER BY 1
 """
 
@@ -399,9 +398,7 @@ SELECT e.job_id,
            AND a.ended_at > w.requested AND a.exit_code IS DISTINCT FROM 0) < %(max_failures)s
    -- a live experiment's superseded checkpoints are removed together, once the oldest has
    -- waited live_batch seconds: one GC task per that many seconds, not one per checkpoint
-   AND (e.state NOT IN ('ACTIVE', 'PAUSED', 'STOPPING_COMPLETED', 'STOPPING_CANCELED',
-                        'STOPPING_KILLED', 'STOPPING_ERROR')
-        OR w.oldest < now() - make_interval(secs => %(live_batch)s))
+   AND (e.state >= 'COMPLETED' OR w.oldest < now() - make_interval(secs => %(live_batch)s))
 RETURNING id
 """
 
@@ -422,7 +419,6 @@ UPDATE experiments SET checkpoint_gc_error = %(message)s WHERE id = %(experiment
 # -- 7. New runs for trials that have work and no run ------------------------------------------
 
 # Not while an earlier run's process may still act (allocations.fenced_until, issue 39).
-
 CREATE_ALLOCATIONS = """
 WITH runnable AS (
     SELECT t.id FROM trials t JOIN experiments e ON e.id = t.experiment_id

@@ -1,17 +1,11 @@
 """``det experiment``: create, list, describe, wait, pause, activate, cancel, kill, archive,
 unarchive, delete, set (scheduling settings and the checkpoint GC policy)."""
 
-import ast
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
-import yaml
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from tqdm import tqdm
@@ -19,15 +13,11 @@ from tqdm import tqdm
 from det import context
 from det.cli.output import print_json, print_table
 from det.cli.session import db
-from det.cli.templates import template_for_submission
-from det.configs import is_trial_class, read_config_file
+from det.configs import read_config_file
 from det.configs.job import job_change
-from det.configs.load import parse_experiment_config, parse_yaml
-from det.configs.overrides import apply_overrides, make_test_config
-from det.configs.templates import merge
-from det.db import database_url, det_home
+from det.db import database_url
 from det.db.reconnect import Reconnecting
-from det.errors import ConfigError, ContextError, DetError
+from det.errors import DetError
 from det.queries.experiments import (
     CHECKPOINTS,
     STATE,
@@ -40,101 +30,12 @@ from det.queries.experiments import (
     searcher_of,
 )
 from det.queries.workspaces import placement, workspace_defaults
-from det.reconciler.schedulers import Agent, Task
-from det.reconciler.schedulers.fitting import never_fits
+from det.submission import context_with, expanded_config, refuse_unfit, template_for_submission
 
 app = typer.Typer(no_args_is_help=True)
 
 # `det experiment wait` exit codes, by terminal state.
 WAIT_EXIT = {"COMPLETED": 0, "ERROR": 1, "CANCELED": 2}
-
-
-def check_entrypoint(entrypoint: str | list[str], ctx: Path) -> None:
-    """For a ``module:Class`` entrypoint, check the module file exists in the context and
-    defines the class (read with ``ast``; nothing is imported).
-
-    Raises:
-        ConfigError: naming the missing file or class.
-    """
-    if not is_trial_class(entrypoint):
-        return
-    module, cls = entrypoint.split(":")
-    rel = Path(*module.split("."))
-    path = next((p for p in (ctx / f"{rel}.py", ctx / rel / "__init__.py") if p.is_file()), None)
-    if path is None:
-        raise ConfigError("entrypoint", f"{entrypoint}: no file {rel}.py in context {ctx}")
-    tree = ast.parse(path.read_text(), filename=str(path))
-    if not any(isinstance(n, ast.ClassDef) and n.name == cls for n in tree.body):
-        raise ConfigError("entrypoint", f"{entrypoint}: {path.name} defines no class {cls}")
-
-
-def expanded_config(config_file: Path, ctx: Path, template: dict | None = None,
-                    overrides: list[str] | None = None, test: bool = False,
-                    defaults: dict | None = None) -> tuple[dict, str]:
-    """Read ``config_file`` and :func:`expand_config_text` it.
-
-    Raises:
-        ConfigError: unreadable or oversized file, or what expand_config_text raises.
-    """
-    return expand_config_text(read_config_file(config_file), str(config_file), ctx, template,
-                              overrides, test, defaults)
-
-
-def expand_config_text(text: str, source: str, ctx: Path, template: dict | None = None,
-                       overrides: list[str] | None = None, test: bool = False,
-                       defaults: dict | None = None) -> tuple[dict, str]:
-    """Validate and expand the config ``text`` (read from ``source``), with ``overrides``
-    (``--config KEY=VALUE``) applied and merged over ``template`` (a template row: ``name``,
-    ``config``; det.configs.templates) if given; returns (expanded config, original text).
-    With ``test``, the config is first validated as it is, then made ``--test``'s small
-    experiment (``det.configs.overrides.make_test_config``); the original text is then
-    the test config's YAML, as with overrides. ``defaults`` (a partial config: the target
-    workspace's default pool and checkpoint storage, :func:`workspace_defaults`) is merged
-    under everything. The CLI and ``POST /api/v1/experiments`` both submit through it.
-
-    The default checkpoint storage is a shared_fs directory under det's home; a
-    ``checkpoint_storage`` without ``type`` (GC settings only, as 0.38 allows) is merged over
-    it. Determined keys det does not use are printed as warnings on stderr, one line each.
-
-    Raises:
-        ConfigError: invalid YAML or config (or merge), or an entrypoint the context lacks.
-    """
-    data = parse_yaml(text, source)
-    if overrides:
-        data = apply_overrides(data, overrides)
-        text = yaml.safe_dump(data, sort_keys=False)
-    if test:
-        expanded_config_data(data, source, ctx, template, defaults)
-        from det.harness.local import local_hparams
-
-        data = make_test_config(data, local_hparams(data.get("hyperparameters") or {}))
-        text = yaml.safe_dump(data, sort_keys=False)
-    return expanded_config_data(data, source, ctx, template, defaults), text
-
-
-def expanded_config_data(data: object, source: str, ctx: Path, template: dict | None = None,
-                         defaults: dict | None = None) -> dict:
-    """``expanded_config`` of already parsed YAML ``data`` read from ``source``."""
-    if template is not None and isinstance(data, dict):
-        data = merge(data, template["config"])
-        source = f"{source} with template {template['name']!r}"
-    if defaults and isinstance(data, dict):
-        data = merge(data, defaults)
-    default_storage = {"type": "shared_fs", "host_path": str(det_home() / "checkpoints")}
-    if isinstance(data, dict) and isinstance(data.get("checkpoint_storage"), dict) \
-            and data["checkpoint_storage"].get("type") is None:
-        data = {**data, "checkpoint_storage": merge(data["checkpoint_storage"], default_storage)}
-    warnings: list[str] = []
-    cfg = parse_experiment_config(data, source, warnings)
-    for line in warnings:
-        typer.echo(line, err=True)
-    check_entrypoint(cfg.entrypoint, ctx)
-    expanded = cfg.expanded()
-    if expanded.get("checkpoint_storage") is None:
-        expanded["checkpoint_storage"] = {
-            **default_storage, "storage_path": None, "save_experiment_best": 0,
-            "save_trial_best": 1, "save_trial_latest": 1}
-    return expanded
 
 
 @app.command("create")
@@ -211,33 +112,6 @@ def create(
         follow_experiment(row["id"])
 
 
-@contextmanager
-def context_with(context_dir: Path, include: list[Path]) -> Iterator[Path]:
-    """``context_dir``, or with ``include`` (files or directories) a temporary copy of it with
-    each added at its top level (Determined's ``--include``).
-
-    Raises ``ContextError`` for a missing include or one whose name the context already has.
-    """
-    if not include:
-        yield context_dir
-        return
-    with tempfile.TemporaryDirectory(prefix="det-context-") as tmp:
-        root = Path(tmp) / "context"
-        shutil.copytree(context_dir, root, symlinks=True)
-        for path in include:
-            target = root / path.resolve().name
-            if not path.exists():
-                raise ContextError(f"--include {path}: no such file or directory")
-            if target.exists():
-                raise ContextError(f"--include {path}: the context already has "
-                                   f"{target.name}")
-            if path.is_dir():
-                shutil.copytree(path, target, symlinks=True)
-            else:
-                shutil.copy2(path, target)
-        yield root
-
-
 def _follow_test(exp_id: int) -> None:
     """Follow a ``--test`` experiment's logs to its end, archive it, and say whether the test
     passed (exit 1 if not)."""
@@ -256,33 +130,6 @@ def _follow_test(exp_id: int) -> None:
                        "failed (see its logs above)")
     typer.echo(f"Test experiment {exp_id} COMPLETED (archived): model definition test "
                "succeeded")
-
-
-POOL_CAPACITY = """
-SELECT g.id, count(s.slot_id) AS slots FROM agents g LEFT JOIN slots s ON s.agent_id = g.id
- WHERE g.resource_pool = %(pool)s AND g.state <> 'LOST' GROUP BY g.id
-"""
-
-
-def refuse_unfit(conn, expanded: dict) -> None:
-    """Raise ConfigError if no agent now registered in the job's pools (any of them, when
-    ``resources.resource_pool`` is a list) could ever run one trial. A pool with no agents
-    yet is let through: agents may join it later."""
-    resources = expanded.get("resources") or {}
-    pools = resources.get("resource_pool") or "default"
-    pools = [pools] if isinstance(pools, str) else pools
-    slots = resources.get("slots_per_trial", 1)
-    reasons = []
-    for pool in pools:
-        agents = [Agent(r["id"], tuple(range(r["slots"])), ())
-                  for r in conn.execute(POOL_CAPACITY, {"pool": pool}).fetchall()]
-        reason = never_fits(Task("trial", "experiment", slots), agents) if agents else None
-        if reason is None:
-            return
-        reasons.append(f"pool {pool!r}: {reason}")
-    raise ConfigError("resources.slots_per_trial",
-                      f"{slots} slots can never be scheduled: {'; '.join(reasons)} "
-                      "(submit with --force to queue it anyway)")
 
 
 @app.command("list")

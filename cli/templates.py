@@ -4,7 +4,7 @@ A template is a partial experiment config that ``det experiment create --templat
 merges under the experiment's own config (``det.configs.templates``). It is its workspace's
 (issue 32): those who may view the workspace read it, its Editors write it, and reads show
 its secrets (S3 keys, registry passwords, ...: ``det_redact_secrets`` in schema.sql) as
-``********``. Only a submission gets them (:func:`template_for_submission`).
+``********``. Only a submission gets them (:func:`det.submission.template_for_submission`).
 """
 
 from pathlib import Path
@@ -58,21 +58,6 @@ def get_template(conn, name: str, workspace: str = DEFAULT_WORKSPACE) -> dict:
         raise NotFoundError(f"template {name!r} not found in workspace {workspace!r} "
                             "(det template list shows them)")
     return row
-
-
-def template_for_submission(conn, name: str, workspace: str | None) -> dict:
-    """Template ``name`` of ``workspace`` (None: Uncategorized), secrets included, to merge
-    under an experiment submitted to that workspace: ``{"name", "config"}``, the shape
-    ``det.cli.experiments.expanded_config`` takes. Through ``det_template_expand``, which
-    takes Editor on the workspace, as the submission does.
-
-    Raises:
-        NotFoundError: no such template there, or a workspace the caller may not view.
-        PermissionDeniedError: the caller may view the workspace but not edit it.
-    """
-    config = conn.execute("SELECT det_template_expand(%s, %s) AS c",
-                          (workspace, name)).fetchone()["c"]
-    return {"name": name, "config": config}
 
 
 @app.command("set")

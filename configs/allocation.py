@@ -14,7 +14,11 @@ from pydantic_core import PydanticCustomError
 from det.configs.entrypoint import Entrypoint, entrypoint_argv, is_trial_class
 from det.configs.environment import BindMount, EnvironmentConfig
 from det.configs.experiment import CheckpointStorage, Resources
+from det.configs.task import TaskSpec
 from det.errors import ConfigError
+
+INTERACTIVE_KINDS = frozenset({"command", "notebook", "shell", "tensorboard"})
+"""Spec kinds of an interactive task's run (``tasks``): ended once, never a trial's."""
 
 
 class AllocationSpec(BaseModel):
@@ -24,23 +28,31 @@ class AllocationSpec(BaseModel):
 
     ``kind`` ``trial``: a run of trial ``trial_id`` (the entrypoint is the experiment's);
     ``checkpoint_gc``: a zero-slot task that removes the files of the experiment's DELETING
-    checkpoints (:mod:`det.harness.checkpoint_gc`; no entrypoint, no trial)."""
+    checkpoints (:mod:`det.harness.checkpoint_gc`; no entrypoint, no trial); ``command``,
+    ``notebook``, ``shell``, ``tensorboard``: the one run of an interactive task (``task``;
+    no experiment: ``experiment_id`` None), a command running its entrypoint, the others det's
+    server for them (:mod:`det.harness.interactive`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    kind: Literal["trial", "checkpoint_gc"]
+    kind: Literal["trial", "checkpoint_gc", "command", "notebook", "shell", "tensorboard"]
     entrypoint: Entrypoint | None = None
     environment: EnvironmentConfig
     bind_mounts: list[BindMount]
     resources: Resources
     checkpoint_storage: CheckpointStorage | None
     context_id: int | None
-    experiment_id: int
+    experiment_id: int | None
     trial_id: int | None
+    task: TaskSpec | None = None
 
     @model_validator(mode="after")
     def _trial_has_entrypoint(self) -> "AllocationSpec":
         if self.kind == "trial" and (self.entrypoint is None or self.trial_id is None):
             raise PydanticCustomError("trial_spec", "a trial's spec needs entrypoint and trial_id")
+        if self.kind in INTERACTIVE_KINDS and self.task is None:
+            raise PydanticCustomError("task_spec", "a task's spec needs task")
+        if self.kind == "command" and self.entrypoint is None:
+            raise PydanticCustomError("task_spec", "a command's spec needs entrypoint")
         return self
 
     def argv(self, python: str) -> list[str]:
@@ -48,6 +60,8 @@ class AllocationSpec(BaseModel):
         trial class with ``slots_per_trial`` > 1 runs under ``det.launch.torch_distributed``."""
         if self.kind == "checkpoint_gc":
             return [python, "-m", "det.harness.checkpoint_gc"]
+        if self.kind in INTERACTIVE_KINDS and self.kind != "command":
+            return [python, "-m", "det.harness.interactive", self.kind]
         assert self.entrypoint is not None  # checked by the validator
         if self.resources.slots_per_trial > 1 and is_trial_class(self.entrypoint):
             # One worker per slot (issue 12): the trial class runs under det's launcher.

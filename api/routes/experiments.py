@@ -13,14 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from det import context
 from det.api.params import BIGINT_MAX, IntId
 from det.api.session import Session, session
-from det.cli.experiments import expand_config_text, refuse_unfit
 from det.cli.preview import search_preview
-from det.cli.templates import template_for_submission
 from det.configs.job import job_change
 from det.errors import ContextError, DetError
 from det.queries import experiments as q
 from det.queries.trials import metric_series
 from det.queries.workspaces import placement, workspace_defaults
+from det.submission import expand_config_text, refuse_unfit, template_for_submission
 
 router = APIRouter(prefix="/api/v1", tags=["experiments"])
 

@@ -12,10 +12,10 @@ from fastapi.staticfiles import StaticFiles
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from det.api import errors
+from det.api import errors, proxy
 from det.api.events import Hub
 from det.api.perimeter import Perimeter
-from det.api.routes import auth, cluster, events, experiments, queue, trials
+from det.api.routes import auth, cluster, events, experiments, queue, tasks, trials
 from det.api.session import DEFAULT_TOKEN_TTL
 from det.db import connect
 from det.db.migrate import ensure_current
@@ -50,6 +50,7 @@ def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
         hub = Hub(url)
         app.state.pool, app.state.hub, app.state.token_ttl = pool, hub, token_ttl
         app.state.url = url
+        app.state.proxy_client = proxy.upstream_client()
         listener = asyncio.create_task(hub.run())
         try:
             yield
@@ -57,6 +58,7 @@ def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
+            await app.state.proxy_client.aclose()
             pool.close()
 
     app = FastAPI(title="det", version="0.1.0", lifespan=lifespan,
@@ -68,7 +70,7 @@ def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
     errors.install(app)
     app.add_middleware(ServerTiming)
     app.add_middleware(Perimeter)  # outermost: limits and refusals before anything else runs
-    for r in (auth, experiments, trials, queue, cluster, events):
+    for r in (auth, experiments, trials, queue, cluster, events, tasks, proxy):
         app.include_router(r.router)
     # Before /static, which would otherwise take its paths.
     app.mount("/static/swagger-ui", StaticFiles(directory=str(SWAGGER_UI)), name="swagger-ui")

@@ -16,6 +16,11 @@ ASGI middleware, :class:`Perimeter`:
 * **Security headers** on every answer (:data:`SECURITY_HEADERS`): a Content-Security-Policy
   allowing det's own files only (no inline script, no framing), X-Frame-Options DENY,
   X-Content-Type-Options nosniff, Referrer-Policy same-origin.
+* **Proxied tasks** (``/proxy/<job>/``, :mod:`det.api.proxy`; issue 33): JupyterLab and
+  TensorBoard are not det's pages. Their state-changing requests need the same-origin
+  ``Origin`` (else ``Referer``) but not ``X-Det-Request`` (JupyterLab cannot add it); their
+  bodies may be :data:`MAX_PROXY_BODY`; their answers get :data:`PROXY_SECURITY_HEADERS`
+  (det's CSP would forbid their inline styles and same-origin frames).
 
 Refusals are det's JSON errors (``{"error": "..."}``, :mod:`det.api.errors`).
 """
@@ -45,12 +50,22 @@ a 1 MiB config (det.configs.limits.MAX_CONFIG_BYTES) in JSON, at worst 6 bytes a
 (``\\u0001``), with room for the other fields."""
 
 MAX_UPLOAD_BODY = 136 * 2**20
-"""Bytes of ``POST /api/v1/experiments`` (136 MiB): its context of up to 95 MiB
+"""Bytes of a request with a context (136 MiB, :data:`UPLOADS`): its context of up to 95 MiB
 (det.context.MAX_CONTEXT_BYTES) is base64 in the JSON, 4/3 as long (126.7 MiB), beside a
 config of up to 6 MiB as JSON (see :data:`MAX_BODY`) and a few short fields."""
 
-UPLOADS = {("POST", "/api/v1/experiments")}
-"""(method, path) of the routes allowed :data:`MAX_UPLOAD_BODY`."""
+MAX_PROXY_BODY = 24 * 2**20
+"""Bytes of a request to a proxied task (24 MiB): JupyterLab uploads a file of up to 15 MiB in
+one request, base64 in JSON (20 MiB), larger ones in 1 MiB chunks (its uploader's
+LARGE_FILE_SIZE and CHUNK_SIZE)."""
+
+PROXY_PREFIX = "/proxy/"
+"""Paths of proxied tasks (det.api.proxy)."""
+
+UPLOADS = {("POST", "/api/v1/experiments"), ("POST", "/api/v1/commands"),
+           ("POST", "/api/v1/notebooks"), ("POST", "/api/v1/shells")}
+"""(method, path) of the routes allowed :data:`MAX_UPLOAD_BODY`: those that take a context
+(an experiment's, or an interactive task's ``-c/--context``)."""
 
 CSRF_HEADER = "x-det-request"
 """The header det's WebUI sends on every fetch (value ``1``); see the module's docstring."""
@@ -70,6 +85,15 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"same-origin"),
 ]
 
+PROXY_SECURITY_HEADERS = [
+    (b"content-security-policy", b"frame-ancestors 'self'"),
+    (b"x-frame-options", b"SAMEORIGIN"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+]
+"""A proxied task's answers: no page of another site may frame them; JupyterLab's own frames
+(same origin) work. The task's own CSP, if it sends one, applies too."""
+
 
 class Perimeter:
     """The ASGI middleware of the module's docstring, around det serve's whole app."""
@@ -82,10 +106,11 @@ class Perimeter:
             await self.app(scope, receive, send)
             return
 
+        extra = PROXY_SECURITY_HEADERS if proxied(scope) else SECURITY_HEADERS
+
         async def secured_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  *SECURITY_HEADERS]}
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
         refusal = request_refusal(scope)
@@ -182,7 +207,7 @@ def csrf_problem(scope: Scope) -> str | None:
         origin = referer
     if urlsplit(origin).netloc.lower() != host:
         return f"Origin {origin!r} is not this server ({host!r})"
-    if header(scope, CSRF_HEADER.encode()) != "1":
+    if header(scope, CSRF_HEADER.encode()) != "1" and not proxied(scope):
         return "the header 'X-Det-Request: 1' is missing"
     return None
 
@@ -206,7 +231,14 @@ def _check_token(pool, token: str) -> None:
 
 
 def body_cap(scope: Scope) -> int:
+    if proxied(scope):
+        return MAX_PROXY_BODY
     return MAX_UPLOAD_BODY if (scope["method"], scope["path"]) in UPLOADS else MAX_BODY
+
+
+def proxied(scope: Scope) -> bool:
+    """A request to a proxied task (det.api.proxy)."""
+    return scope["path"].startswith(PROXY_PREFIX)
 
 
 def too_large(cap: int) -> JSONResponse:

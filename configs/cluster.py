@@ -17,6 +17,7 @@ checkpoint_storage:                      # optional: the cluster's own S3 storag
 allowed_checkpoint_storage:              # optional: what else det serve may read
   endpoint_urls: [https://s3.us-west-2.amazonaws.com]
   buckets: [team-a-checkpoints]
+tensorboard_timeout: 300                 # seconds a TensorBoard may go unused
 ```
 The older single-pool format, a top-level ``scheduler`` and no ``resource_pools``, still
 loads: it becomes ``resource_manager.scheduler`` with one pool named ``default``. Rules from
@@ -31,6 +32,10 @@ checkpoints from and with whose credentials (issue 32; the rule is
 :func:`det.configs.storage_policy.storage_access`). The cluster config is readable by every
 user, so its ``checkpoint_storage`` holds no keys: det serve reaches it with its own
 credentials (environment, ``~/.aws``, instance role).
+
+``tensorboard_timeout`` (seconds, > 0, default 300: the seed's master config key): a
+TensorBoard with no proxied traffic for that long is ended by the reconciler
+(:mod:`det.reconciler.tasks`).
 """
 
 from collections.abc import Mapping
@@ -111,6 +116,7 @@ class ClusterConfig(BaseModel):
         default_factory=lambda: [ResourcePoolConfig(name="default")])
     checkpoint_storage: CheckpointStorage | None = None
     allowed_checkpoint_storage: StorageAllowList = StorageAllowList()
+    tensorboard_timeout: float = Field(300.0, gt=0, allow_inf_nan=False)
 
     @field_validator("checkpoint_storage")
     @classmethod

@@ -1,0 +1,269 @@
+"""The servers inside interactive tasks (issue 33, det.harness.interactive): each started for a
+real task row, claimed like an agent claims it, and used through the address it records:
+JupyterLab runs a kernel, TensorBoard lists an experiment's scalar tags, sshd lets the task's
+key in; a server that never answers fails the run with the reason; use is reported by idle
+type. The agent's side (DET_JOB_ID, a kill ending the server and what it started) runs a real
+agent with the process runtime, and with docker and det's image where an engine answers."""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import wait_for
+from psycopg.types.json import Jsonb
+
+from det.harness.interactive.notebook import jupyter_argv, notebook_activity
+from det.harness.interactive.shell import sshd_config
+from det.harness.interactive.tensorboard import event_dirs, logdir_spec
+from det.submission import expand_task_config, submit_task
+
+SSHD = shutil.which("sshd", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+needs_sshd = pytest.mark.skipif(SSHD is None, reason="sshd is not installed (Debian's "
+                                "openssh-server; .ci/run installs it)")
+
+
+@dataclass
+class Claimed:
+    """A task's run claimed as its agent claims it: what the harness needs to start."""
+
+    url: str
+    job_id: int
+    allocation_id: int
+    token: str
+    spec: dict
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {**os.environ, "DET_DB_URL": self.url, "DET_ALLOCATION_ID": str(self.allocation_id),
+                "DET_ALLOCATION_TOKEN": self.token, "DET_JOB_ID": str(self.job_id),
+                "DET_TASK_SPEC": json.dumps(self.spec["task"]), "PYTHONUNBUFFERED": "1",
+                **extra}
+
+
+def claim_task(conn: psycopg.Connection, url: str, kind: str, overrides: tuple[str, ...] = (),
+               experiment_ids: tuple[int, ...] = (), trial_ids: tuple[int, ...] = ()) -> Claimed:
+    """Submit a task (det.submission, as the CLI does) and claim its run on agent ``h3``."""
+    conn.execute("SELECT det_agent_register('h3', 'host', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
+    expanded = expand_task_config(conn, kind, None, "test", ("resources.slots=0", *overrides))
+    job = submit_task(conn, kind, expanded, experiment_ids=experiment_ids, trial_ids=trial_ids)
+    row = conn.execute("UPDATE allocations SET state = 'ASSIGNED', agent_id = 'h3' "
+                       "WHERE job_id = %s RETURNING id, spec", (job,)).fetchone()
+    token = conn.execute("SELECT det_agent_claim('h3', %s) AS t", (row["id"],)).fetchone()["t"]
+    assert token
+    return Claimed(url, job, row["id"], token, row["spec"])
+
+
+class Harness:
+    """``python -m det.harness.interactive KIND`` for a claimed task, its output in a file."""
+
+    def __init__(self, claimed: Claimed, kind: str, workdir: Path, **env: str) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.log = workdir.parent / f"{workdir.name}.log"
+        self.out = self.log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "det.harness.interactive", kind], cwd=workdir,
+            env=claimed.env(**env), stdout=self.out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        finally:
+            with_group_killed(self.proc.pid)
+            self.out.close()
+
+
+def with_group_killed(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def address(conn: psycopg.Connection, claimed: Claimed, harness: Harness,
+            timeout: float = 90) -> str:
+    """The address the task's server recorded once it answered."""
+    def recorded() -> str | None:
+        assert harness.proc.poll() is None, harness.output()
+        return conn.execute("SELECT address FROM allocations WHERE id = %s",
+                            (claimed.allocation_id,)).fetchone()["address"]
+    return wait_for(recorded, timeout, "the server's address")
+
+
+def last_activity(conn: psycopg.Connection, job: int) -> datetime:
+    return conn.execute("SELECT last_activity FROM tasks WHERE job_id = %s",
+                        (job,)).fetchone()["last_activity"]
+
+
+def jupyter_token(conn: psycopg.Connection, job: int) -> str:
+    return conn.execute("SELECT jupyter_token FROM task_secrets WHERE job_id = %s",
+                        (job,)).fetchone()["jupyter_token"]
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+
+NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+IDLE_KERNEL = {"id": "k", "execution_state": "idle", "connections": 0,
+               "last_activity": "2026-11-27T11:50:00.000000Z"}
+
+
+def test_notebook_activity_by_idle_type() -> None:
+    terminal = {"name": "1", "last_activity": "2026-11-27T11:55:00.000000Z"}
+    # kernels_or_terminals: any kernel or terminal open is use now
+    assert notebook_activity("kernels_or_terminals", [], [], NOW) is None
+    assert notebook_activity("kernels_or_terminals", [IDLE_KERNEL], [], NOW) == NOW
+    assert notebook_activity("kernels_or_terminals", [], [terminal], NOW) == NOW
+    # kernel_connections: only a kernel someone is connected to
+    assert notebook_activity("kernel_connections", [IDLE_KERNEL], [terminal], NOW) is None
+    assert notebook_activity("kernel_connections",
+                             [{**IDLE_KERNEL, "connections": 1}], [], NOW) == NOW
+    # activity: a busy kernel is use now, else the latest kernel message or terminal I/O
+    assert notebook_activity("activity", [{**IDLE_KERNEL, "execution_state": "busy"}], [],
+                             NOW) == NOW
+    assert notebook_activity("activity", [IDLE_KERNEL], [terminal], NOW) == \
+        datetime(2026, 11, 27, 11, 55, tzinfo=UTC)
+    assert notebook_activity("activity", [], [], NOW) is None
+
+
+def test_jupyter_runs_behind_the_proxy_path_with_the_tasks_token() -> None:
+    argv = jupyter_argv("/py", "10.0.0.5", 4242, "tok", 17, "/work")
+    assert argv[:3] == ["/py", "-m", "jupyterlab"]
+    for arg in ("--ip=10.0.0.5", "--port=4242", "--ServerApp.port_retries=0",
+                "--IdentityProvider.token=tok", "--ServerApp.base_url=/proxy/17/",
+                "--ServerApp.root_dir=/work"):
+        assert arg in argv
+    assert not any("disable_check_xsrf" in a for a in argv)
+
+
+def test_tensorboard_reads_local_storage_and_says_what_it_leaves_out() -> None:
+    dirs, skipped = event_dirs([
+        {"experiment_id": 1, "trial_id": None,
+         "storage": {"type": "shared_fs", "host_path": "/ckpt", "storage_path": "sub"}},
+        {"experiment_id": 2, "trial_id": 7, "storage": {"type": "directory",
+                                                        "container_path": "/mnt/c"}},
+        {"experiment_id": 3, "trial_id": None, "storage": {"type": "s3", "bucket": "b"}}])
+    assert dirs == [("exp1", "/ckpt/sub/tensorboard/experiment/1"),
+                    ("exp2-trial7", "/mnt/c/tensorboard/experiment/2/trial/7")]
+    assert skipped == ["experiment 3: its event files are on s3 storage, which TensorBoard "
+                       "here cannot read (only shared_fs or directory)"]
+    assert logdir_spec(dirs) == ("exp1:/ckpt/sub/tensorboard/experiment/1,"
+                                 "exp2-trial7:/mnt/c/tensorboard/experiment/2/trial/7")
+
+
+def test_sshd_lets_in_only_the_task_user_by_its_key(tmp_path: Path) -> None:
+    config = sshd_config("10.0.0.5", 2222, tmp_path, "alice",
+                         {"PATH": "/opt/det/venv/bin:/usr/bin", "CUDA_VISIBLE_DEVICES": "GPU-1",
+                          "SECRET": "x"})
+    lines = config.splitlines()
+    for line in ("ListenAddress 10.0.0.5", "Port 2222", "AllowUsers alice",
+                 f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}", "PasswordAuthentication no",
+                 "UsePAM no", "StrictModes no", "PidFile none"):
+        assert line in lines
+    assert ('SetEnv "PATH=/opt/det/venv/bin:/usr/bin" "CUDA_VISIBLE_DEVICES=GPU-1"') in lines
+    assert "SECRET" not in config
+
+
+# -- the servers, each for a real task row ------------------------------------------------------
+
+def http(method: str, url: str, token: str | None = None, body: dict | None = None):
+    """The JSON answer of a request to the task's server."""
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"token {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read() or b"null")
+
+
+def execute(ws_url: str, code: str, timeout: float = 60) -> str:
+    """Run ``code`` in a kernel through Jupyter's kernel WebSocket; its stdout."""
+    from websockets.sync.client import connect
+
+    msg_id, out = uuid.uuid4().hex, []
+    request = {"header": {"msg_id": msg_id, "username": "test", "session": uuid.uuid4().hex,
+                          "msg_type": "execute_request", "version": "5.3"},
+               "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+               "content": {"code": code, "silent": False, "store_history": False,
+                           "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}}
+    deadline = time.monotonic() + timeout
+    with connect(ws_url, open_timeout=30) as ws:
+        ws.send(json.dumps(request))
+        while time.monotonic() < deadline:
+            msg = json.loads(ws.recv(timeout=deadline - time.monotonic()))
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return "".join(out)
+    raise AssertionError(f"no answer to {code!r} within {timeout} s")
+
+
+def test_notebook_runs_a_kernel_and_a_busy_kernel_is_activity(
+        conn: psycopg.Connection, db_url: str, tmp_path: Path) -> None:
+    claimed = claim_task(conn, db_url, "NOTEBOOK", ("notebook_idle_type=activity",))
+    harness = Harness(claimed, "notebook", tmp_path / "task")
+    try:
+        addr = address(conn, claimed, harness)
+        token = jupyter_token(conn, claimed.job_id)
+        api = f"http://{addr}/proxy/{claimed.job_id}/api"
+        assert "started" in http("GET", f"{api}/status", token)
+        with pytest.raises(Exception, match="403"):  # no token, no entry
+            http("GET", f"{api}/kernels")
+        kernel = http("POST", f"{api}/kernels", token, {"name": "python3"})
+        ws = f"ws://{addr}/proxy/{claimed.job_id}/api/kernels/{kernel['id']}/channels"
+        assert execute(f"{ws}?token={token}", "print(6*7)") == "42\n"
+        # activity: a busy kernel is use now, each poll, for as long as it runs
+        before = last_activity(conn, claimed.job_id)
+        busy_from = datetime.now(UTC)
+        execute(f"{ws}?token={token}", "import time; time.sleep(12)")
+        after = last_activity(conn, claimed.job_id)
+        assert after > before and after >= busy_from + timedelta(seconds=4), (
+            before, busy_from, after, harness.output())
+        assert harness.stop() == 0
+        out = harness.output()
+        assert "JupyterLab answers at" in out and "stopping JupyterLab" in out
+    finally:
+        harness.stop()
+
+
+def test_a_server_that_never_answers_fails_the_run_with_the_reason(
+        conn: psycopg.Connection, db_url: str, tmp_path: Path) -> None:
+    # A real JupyterLab whose configuration hangs before it listens (a user's
+    # jupyter_server_config.py doing slow work at import).
+    config_dir = tmp_path / "jupyter-config"
+    config_dir.mkdir()
+    (config_dir / "jupyter_server_config.py").write_text("import time\ntime.sleep(3600)\n")
+    claimed = claim_task(conn, db_url, "NOTEBOOK")
+    harness = Harness(claimed, "notebook", tmp_path / "task",
+                      JUPYTER_CONFIG_DIR=str(config_dir), DET_SERVER_START_TIMEOUT="5")
+    assert harness.proc.wait(60) == 1
+    assert "notebook failed: JupyterLab did not answer at" in harness.output()
+    assert "within 5 s" in harness.output()
+    assert conn.execute("SELECT address FROM allocations WHERE id = %s",
+                        (claimed.allocation_id,)).fetchone()["address"] is None
+    harness.stop()
+    # one that exits first says so, with its exit code
+    (config_dir / "jupyter_server_config.py").write_text("raise SystemExit(3)\n")
+    again = claim_task(conn, db_url, "NOTEBOOK")
+    harness = Harness(again, "notebook", tmp_path / "task2", JUPYTER_CONFIG_DIR=str(config_dir))
+    assert harness.proc.wait(60) == 1
+    assert "exited with code" in harness.output() and "before it answered" in harness.output()
+    harness.stop()

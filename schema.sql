@@ -560,6 +560,10 @@ CREATE INDEX allocations_unsettled ON allocations (id) WHERE state = 'TERMINATED
 -- Live runs told to stop (by a pause, a stop, a closed trial or a preemption).
 CREATE INDEX allocations_stopping ON allocations (id)
     WHERE desired_state <> 'RUNNING' AND state <> 'TERMINATED';
+-- The running runs without a trial still wanted (interactive tasks, GC tasks): what the pass
+-- checks for idleness and an unanswering server (LIVE_TASK_RUNS).
+CREATE INDEX allocations_tasks_running ON allocations (job_id)
+    WHERE trial_id IS NULL AND state = 'RUNNING' AND desired_state = 'RUNNING';
 -- Invariant: a trial has at most one live run.
 CREATE UNIQUE INDEX allocations_one_live_per_trial ON allocations (trial_id)
     WHERE state <> 'TERMINATED';

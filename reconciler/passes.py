@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg.types.json import Jsonb
 
+from det.configs.storage_policy import stored_cluster_config
 from det.db import channels
 from det.reasons import EarlyExitReason
 from det.reconciler import queries as q
-from det.reconciler import searchers
+from det.reconciler import searchers, tasks
 from det.reconciler.batch import Writes
 from det.reconciler.isolation import isolated, isolated_each
 from det.reconciler.placement import place
@@ -46,6 +47,17 @@ once its token is revoked (the run ended) within the preemption watcher's poll,
 ``det.harness.transport.PREEMPT_POLL_SECONDS`` (5 s; tests/test_fencing.py keeps this
 longer), so no two processes of one trial run at once (issue 39, item 3)."""
 
+TASK_START_TIMEOUT = 120.0
+"""Default of ``Settings.task_start_timeout``: seconds a notebook's, shell's or TensorBoard's
+run may be RUNNING before its server answers (det_task_ready); then det ends it
+(:func:`det.reconciler.tasks.unanswered_reason`). JupyterLab answers within a few seconds
+(bench/notebook_start.py); a cold docker image's pull happens before RUNNING."""
+
+TASK_STOP_GRACE = 10.0
+"""Seconds an interactive task asked to stop (a planned stop: det_agent_drain) has before it
+is killed: it has nothing to checkpoint, and the agent gives a planned stop of its own the
+same (det.agent.daemon.STOP_GRACE_SECONDS)."""
+
 
 @dataclass
 class Settings:
@@ -53,12 +65,15 @@ class Settings:
     lost; ``interval``: seconds between passes when nothing wakes the loop; ``lease``: seconds
     a frozen leader keeps leadership before the server ends its session
     (:mod:`det.reconciler.leader`); ``gc_batch``: seconds a live experiment's checkpoints
-    wait to be removed together (:data:`GC_LIVE_BATCH_SECONDS`)."""
+    wait to be removed together (:data:`GC_LIVE_BATCH_SECONDS`); ``task_start_timeout``:
+    seconds an interactive task's server has to answer once its run runs
+    (:data:`TASK_START_TIMEOUT`)."""
 
     agent_timeout: float = 30.0
     interval: float = 2.0
     lease: float = 10.0
     gc_batch: float = GC_LIVE_BATCH_SECONDS
+    task_start_timeout: float = TASK_START_TIMEOUT
 
 
 @dataclass
@@ -119,6 +134,7 @@ def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassR
         _wake(conn, freed)
     with conn.transaction():
         _settle(conn, r)
+        _tasks(conn, settings, r)
         _finish_closed_trials(conn, r)
         _search(conn, r)
         _finish_closed_trials(conn, r)
@@ -165,6 +181,40 @@ def _settle(conn: psycopg.Connection, r: PassResult) -> None:
                   lambda run, msg: conn.execute(q.SETTLE_FAILED, {**run, "message": msg}),
                   writes)
     r.changes += len(runs)
+
+
+def _tasks(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None:
+    """Interactive tasks (issue 33): settle their ended runs (each ends once, never
+    restarted), end the idle and the unanswering ones (:mod:`det.reconciler.tasks`), and kill
+    those asked to stop :data:`TASK_STOP_GRACE` seconds ago. Failing, it is logged and the
+    rest of the pass goes on."""
+    done = PassResult()
+
+    def work() -> None:
+        done.changes = conn.execute(q.SETTLE_TASK_RUNS).fetchone()["n"]
+        runs = conn.execute(q.LIVE_TASK_RUNS).fetchall()
+        timeout = (stored_cluster_config(conn).tensorboard_timeout
+                   if any(run["type"] == "TENSORBOARD" for run in runs) else math.inf)
+        ends = {}
+        for run in runs:
+            reason = tasks.end_reason(
+                tasks.TaskRun(run["type"], run["idle_timeout"], run["last_activity"],
+                              run["running_at"], run["address"]),
+                run["now"], tensorboard_timeout=timeout,
+                start_timeout=settings.task_start_timeout)
+            if reason is not None:
+                ends[run["id"]] = reason
+        woken = []
+        if ends:
+            woken = conn.execute(q.END_TASKS, {"id": list(ends),
+                                               "reason": list(ends.values())}).fetchall()
+        woken += conn.execute(q.KILL_OVERDUE_TASKS, {"grace": TASK_STOP_GRACE}).fetchall()
+        done.allocations = {row["id"] for row in woken}
+        done.agents = {row["agent_id"] for row in woken if row["agent_id"]}
+        done.changes += len(woken)
+
+    if isolated(conn, "interactive tasks", work):
+        r.add(done)
 
 
 def _settle_one(writes: Writes, run: dict) -> None:

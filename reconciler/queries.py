@@ -125,6 +125,74 @@ SELECT x.allocation_id, x.trial_id, 'det', x.line
  ORDER BY x.i
 """
 
+# -- 2b. Interactive tasks (issue 33) ----------------------------------------------------------
+
+# A task's one run is no trial's: it ends once, is never restarted, and UNSETTLED_RUNS (which
+# joins trials) never sees it. Its end is settled here, as a GC task's is, and the task keeps
+# why it ended: det's own reason if det ended it (det_task_kill, END_TASKS), else the run's
+# exit. Found from the unsettled runs (allocations_unsettled), one probe of tasks each.
+SETTLE_TASK_RUNS = """
+WITH ended AS (
+    UPDATE allocations a SET settled = true
+     WHERE a.state = 'TERMINATED' AND NOT a.settled AND a.trial_id IS NULL
+       AND EXISTS (SELECT 1 FROM tasks k WHERE k.job_id = a.job_id)
+    RETURNING a.job_id, a.exit_code, a.exit_reason
+), reasons AS (
+    UPDATE tasks k
+       SET end_reason = CASE WHEN d.exit_code IS NULL
+                             THEN coalesce(d.exit_reason, 'ended with no exit code')
+                             ELSE 'exited with code ' || d.exit_code
+                                  || coalesce(' (' || d.exit_reason || ')', '') END
+      FROM ended d
+     WHERE k.job_id = d.job_id AND k.end_reason IS NULL
+)
+SELECT count(*) AS n FROM ended
+"""
+
+# The running notebooks, shells and TensorBoards still wanted, with what det.reconciler.tasks
+# decides their end from, and the transaction's time to measure against (the clock
+# last_activity is written by). Found from the partial index allocations_tasks_running.
+LIVE_TASK_RUNS = """
+SELECT a.id, k.type, (k.config ->> 'idle_timeout')::float8 AS idle_timeout, k.last_activity,
+       a.running_at, a.address, now() AS now
+  FROM allocations a JOIN tasks k ON k.job_id = a.job_id
+ WHERE a.trial_id IS NULL AND a.state = 'RUNNING' AND a.desired_state = 'RUNNING'
+   AND k.type IN ('NOTEBOOK', 'SHELL', 'TENSORBOARD')
+ ORDER BY a.id
+"""
+
+# det ends these runs, each with its reason: desired KILLED (the agent kills the task's
+# process group or container at once: an interactive task has nothing to checkpoint, and its
+# server may ignore a request to stop), the reason kept on the task unless a user's kill came
+# first, and a line in the task's log.
+END_TASKS = """
+WITH ended AS (
+    UPDATE allocations a SET desired_state = 'KILLED',
+           stop_requested_at = coalesce(a.stop_requested_at, now())
+      FROM unnest(%(id)s::bigint[], %(reason)s::text[]) AS x(id, reason)
+     WHERE a.id = x.id AND a.state <> 'TERMINATED' AND a.desired_state = 'RUNNING'
+    RETURNING a.id, a.job_id, a.agent_id, x.reason
+), reasons AS (
+    UPDATE tasks k SET end_reason = coalesce(k.end_reason, e.reason)
+      FROM ended e WHERE k.job_id = e.job_id
+), logged AS (
+    INSERT INTO task_logs (allocation_id, stream, line)
+    SELECT e.id, 'det', 'det ends the task: ' || e.reason FROM ended e
+)
+SELECT id, agent_id FROM ended
+"""
+
+# A task asked to stop (a planned stop: det_agent_drain) has no checkpoint to write and its
+# server may never exit on its own: it is killed %(grace)s seconds after the request, as a
+# trial's run is after its preemption_timeout (KILL_OVERDUE). From allocations_stopping.
+KILL_OVERDUE_TASKS = """
+UPDATE allocations a SET desired_state = 'KILLED'
+ WHERE a.desired_state = 'STOPPED' AND a.state <> 'TERMINATED' AND a.trial_id IS NULL
+   AND a.stop_requested_at < now() - make_interval(secs => %(grace)s)
+   AND EXISTS (SELECT 1 FROM tasks k WHERE k.job_id = a.job_id)
+RETURNING a.id, a.agent_id
+"""
+
 # -- 3. Experiment state drives trial state, trial state drives desired state ------------------
 
 PAUSE_TRIALS = """

@@ -406,7 +406,7 @@ def test_the_pass_finds_live_experiments_and_trials_by_index(conn, name) -> None
 IDLE_LOOKS = ["END_LOST_ALLOCATIONS", "PAUSE_TRIALS", "ACTIVATE_TRIALS", "STOP_TRIALS",
               "ESCALATE_DESIRED", "END_UNSTARTED", "KILL_OVERDUE", "FINISH_CLOSED_TRIALS",
               "EXPERIMENTS_TO_SEARCH", "FINISH_STOPPING_TRIALS", "FINISH_EXPERIMENTS",
-              "POOLS_WITH_PENDING"]
+              "POOLS_WITH_PENDING", "SETTLE_TASK_RUNS", "LIVE_TASK_RUNS", "KILL_OVERDUE_TASKS"]
 
 
 def one_trial_config():
@@ -450,7 +450,7 @@ def test_an_idle_pass_reads_what_it_finds_not_the_queue(conn) -> None:
     for name in IDLE_LOOKS:
         with conn.transaction(force_rollback=True):
             plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + getattr(q, name),
-                                {"timeout": 30.0, "fence": 10.0}
+                                {"timeout": 30.0, "fence": 10.0, "grace": 10.0}
                                 ).fetchone()["QUERY PLAN"][0]["Plan"]
         most = 0
 

@@ -53,10 +53,11 @@ run may be RUNNING before its server answers (det_task_ready); then det ends it
 (:func:`det.reconciler.tasks.unanswered_reason`). JupyterLab answers within a few seconds
 (bench/notebook_start.py); a cold docker image's pull happens before RUNNING."""
 
-TASK_STOP_GRACE = 10.0
-"""Seconds an interactive task asked to stop (a planned stop: det_agent_drain) has before it
-is killed: it has nothing to checkpoint, and the agent gives a planned stop of its own the
-same (det.agent.daemon.STOP_GRACE_SECONDS)."""
+TASK_STOP_GRACE = 20.0
+"""Seconds an interactive task asked to stop (idle, or a planned stop: det_agent_drain) has
+to exit before it is killed: its harness gives its server 10 s to shut down after SIGTERM
+(det.harness.interactive.common.STOP_GRACE_SECONDS), and may hear of the stop only at its
+5 s poll where the wake-up is lost."""
 
 
 @dataclass
@@ -185,9 +186,9 @@ def _settle(conn: psycopg.Connection, r: PassResult) -> None:
 
 def _tasks(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None:
     """Interactive tasks (issue 33): settle their ended runs (each ends once, never
-    restarted), end the idle and the unanswering ones (:mod:`det.reconciler.tasks`), and kill
-    those asked to stop :data:`TASK_STOP_GRACE` seconds ago. Failing, it is logged and the
-    rest of the pass goes on."""
+    restarted), stop the idle and the unanswering ones (:mod:`det.reconciler.tasks`), and
+    kill those asked to stop :data:`TASK_STOP_GRACE` seconds ago. Failing, it is logged and
+    the rest of the pass goes on."""
     done = PassResult()
 
     def work() -> None:

@@ -161,13 +161,14 @@ SELECT a.id, k.type, (k.config ->> 'idle_timeout')::float8 AS idle_timeout, k.la
  ORDER BY a.id
 """
 
-# det ends these runs, each with its reason: desired KILLED (the agent kills the task's
-# process group or container at once: an interactive task has nothing to checkpoint, and its
-# server may ignore a request to stop), the reason kept on the task unless a user's kill came
-# first, and a line in the task's log.
+# det ends these runs, each with its reason: desired STOPPED, which the task's harness
+# (det.harness.interactive) hears through det_should_preempt and answers by shutting its
+# server down cleanly (Jupyter stops its kernels) and exiting 0; one still running
+# TASK_STOP_GRACE seconds later is killed (KILL_OVERDUE_TASKS). The reason is kept on the
+# task unless a user's kill came first, and written to the task's log.
 END_TASKS = """
 WITH ended AS (
-    UPDATE allocations a SET desired_state = 'KILLED',
+    UPDATE allocations a SET desired_state = 'STOPPED',
            stop_requested_at = coalesce(a.stop_requested_at, now())
       FROM unnest(%(id)s::bigint[], %(reason)s::text[]) AS x(id, reason)
      WHERE a.id = x.id AND a.state <> 'TERMINATED' AND a.desired_state = 'RUNNING'
@@ -182,9 +183,10 @@ WITH ended AS (
 SELECT id, agent_id FROM ended
 """
 
-# A task asked to stop (a planned stop: det_agent_drain) has no checkpoint to write and its
-# server may never exit on its own: it is killed %(grace)s seconds after the request, as a
-# trial's run is after its preemption_timeout (KILL_OVERDUE). From allocations_stopping.
+# A task asked to stop (END_TASKS, or a planned stop: det_agent_drain) has no checkpoint to
+# write; one still running %(grace)s seconds after the request (a hung server, a command,
+# which nothing asks to exit) is killed, as a trial's run is after its preemption_timeout
+# (KILL_OVERDUE). From allocations_stopping.
 KILL_OVERDUE_TASKS = """
 UPDATE allocations a SET desired_state = 'KILLED'
  WHERE a.desired_state = 'STOPPED' AND a.state <> 'TERMINATED' AND a.trial_id IS NULL

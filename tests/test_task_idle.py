@@ -140,7 +140,7 @@ def ended(conn, job: int) -> dict:
         "WHERE a.job_id = %s", (job,)).fetchone()
 
 
-def test_an_idle_notebook_is_killed_with_its_reason_and_its_agent_woken(conn, db_url) -> None:
+def test_an_idle_notebook_is_stopped_with_its_reason_and_its_agent_woken(conn, db_url) -> None:
     register(conn, "a1", 1)
     notebook = task(conn, "NOTEBOOK", "idle_timeout: 20s")
     alloc = start(conn, notebook)
@@ -152,13 +152,13 @@ def test_an_idle_notebook_is_killed_with_its_reason_and_its_agent_woken(conn, db
         channels.listen(listener, channels.agent("a1"))
         run_pass(conn, Settings(), "test")
         woken = list(listener.notifies(timeout=5, stop_after=1))
-    assert woken, "the agent hears of the kill at the pass's commit"
-    assert ended(conn, notebook) == {"desired": "KILLED", "state": "RUNNING", "settled": False,
+    assert woken, "the agent hears of the stop at the pass's commit"
+    assert ended(conn, notebook) == {"desired": "STOPPED", "state": "RUNNING", "settled": False,
                                      "end_reason": "idle for 20s"}
     assert conn.execute("SELECT line FROM task_logs WHERE allocation_id = %s AND stream = 'det'",
                         (alloc,)).fetchone()["line"] == "det ends the task: idle for 20s"
-    converge(conn)  # the agent kills it and reports; the pass settles it, the reason kept
-    assert ended(conn, notebook) == {"desired": "KILLED", "state": "TERMINATED",
+    converge(conn)  # its server shut down, the run exits 0; settled, the reason kept
+    assert ended(conn, notebook) == {"desired": "STOPPED", "state": "TERMINATED",
                                      "settled": True, "end_reason": "idle for 20s"}
     assert run_pass(conn, Settings(), "test").changes == 0, "a second pass changes nothing"
 
@@ -201,7 +201,7 @@ def test_a_server_that_never_answers_is_ended_after_the_start_timeout(conn) -> N
                  "WHERE job_id = %s", (notebook,))
     converge(conn)
     assert ended(conn, notebook) == {
-        "desired": "KILLED", "state": "TERMINATED", "settled": True,
+        "desired": "STOPPED", "state": "TERMINATED", "settled": True,
         "end_reason": "the task's server did not answer within 2m0s"}
 
 
@@ -219,16 +219,40 @@ def test_a_task_run_ends_once_settled_with_its_exit_and_no_trial_touched(conn) -
                         (command,)).fetchone()["n"] == 1, "never restarted"
 
 
-def test_a_task_asked_to_stop_is_killed_after_the_grace(conn) -> None:
-    """det agent disable --drain asks every run of the agent to stop; a notebook has nothing
-    to checkpoint and its server would never exit: killed TASK_STOP_GRACE seconds later."""
+@pytest.mark.parametrize("why", ["idle", "drain"])
+def test_a_task_asked_to_stop_that_does_not_is_killed_after_the_grace(conn, why) -> None:
+    """A task stopped for idleness whose server hangs, or one det agent disable --drain asked
+    to stop (a command, which nothing asks to exit), is killed TASK_STOP_GRACE seconds after
+    the request: it has nothing to checkpoint."""
     register(conn, "a1", 1)
-    notebook = task(conn, "NOTEBOOK")
-    alloc = start(conn, notebook)
-    conn.execute("SELECT det_agent_drain('a1')")
+    job = task(conn, "NOTEBOOK", "idle_timeout: 20s") if why == "idle" else task(conn,
+                                                                                  "COMMAND")
+    alloc = start(conn, job)
+    if why == "idle":
+        unused_for(conn, job, 21)
+    else:
+        conn.execute("SELECT det_agent_drain('a1')")
     run_pass(conn, Settings(), "test")
-    assert ended(conn, notebook)["desired"] == "STOPPED"
+    assert ended(conn, job)["desired"] == "STOPPED"
+    conn.execute("UPDATE allocations SET stop_requested_at = now() - make_interval(secs => %s)"
+                 " WHERE id = %s", (TASK_STOP_GRACE - 1, alloc))
+    run_pass(conn, Settings(), "test")
+    assert ended(conn, job)["desired"] == "STOPPED", "it has the grace to exit"
     conn.execute("UPDATE allocations SET stop_requested_at = now() - make_interval(secs => %s)"
                  " WHERE id = %s", (TASK_STOP_GRACE + 1, alloc))
     run_pass(conn, Settings(), "test")
-    assert ended(conn, notebook)["desired"] == "KILLED"
+    assert ended(conn, job)["desired"] == "KILLED"
+
+
+def test_a_task_whose_agent_is_lost_ends_with_that_reason_and_is_not_run_again(conn) -> None:
+    register(conn, "a1", 1)
+    notebook = task(conn, "NOTEBOOK")
+    start(conn, notebook)
+    # silent for longer than the timeout (counted from the server's start at the earliest)
+    conn.execute("UPDATE agents SET last_heartbeat = now() - interval '1 hour'")
+    run_pass(conn, Settings(agent_timeout=0.01), "test")
+    run_pass(conn, Settings(agent_timeout=0.01), "test")
+    assert ended(conn, notebook) == {"desired": "RUNNING", "state": "TERMINATED",
+                                     "settled": True, "end_reason": "agent lost"}
+    assert conn.execute("SELECT count(*) AS n FROM allocations WHERE job_id = %s",
+                        (notebook,)).fetchone()["n"] == 1

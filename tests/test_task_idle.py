@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from conftest import wait_for
 from hypothesis import given
 from hypothesis import strategies as st
 from test_task_scheduling import apply_cluster, converge, experiment, register, task
@@ -256,3 +257,26 @@ def test_a_task_whose_agent_is_lost_ends_with_that_reason_and_is_not_run_again(c
                                      "settled": True, "end_reason": "agent lost"}
     assert conn.execute("SELECT count(*) AS n FROM allocations WHERE job_id = %s",
                         (notebook,)).fetchone()["n"] == 1
+
+
+def test_a_running_cluster_stops_an_idle_notebook_cleanly_within_the_timeout(det, conn) -> None:
+    """End to end, with the reconciler and a process-runtime agent running and a real
+    JupyterLab: a notebook with no kernel or terminal open (kernels_or_terminals) and
+    ``idle_timeout: 20s`` is ended within idle_timeout + 10 s of its server answering (the
+    issue's bound), its server shut down by its harness (exit 0, not a kill), the reason kept."""
+    det.start("reconciler", "reconcile", "--interval", "0.5")
+    det.start("agent", "agent", "run", "--id", "a1", "--slots", "1")
+    wait_for(lambda: conn.execute("SELECT 1 FROM agents").fetchone(), 60, "the agent")
+    notebook = task(conn, "NOTEBOOK", "idle_timeout: 20s\nresources: {slots: 0}")
+    run = "SELECT address, state::text AS s, exit_code, ended_at - ({}) AS took FROM allocations"
+    ready = "(SELECT last_activity FROM tasks)"
+    wait_for(lambda: conn.execute(run.format(ready)).fetchone()["address"], 120,
+             f"JupyterLab to answer:\n{det.log('agent')}")
+    wait_for(lambda: conn.execute(run.format(ready)).fetchone()["s"] == "TERMINATED", 60,
+             f"the idle notebook to end:\n{det.log('agent')}")
+    got = conn.execute(run.format(ready)).fetchone()
+    assert got["exit_code"] == 0, det.log("agent")
+    print(f"ended {got['took'].total_seconds():.1f} s after the server answered")
+    assert timedelta(seconds=20) <= got["took"] <= timedelta(seconds=30), got["took"]
+    wait_for(lambda: ended(conn, notebook)["settled"], 30, "the pass to settle the run")
+    assert ended(conn, notebook)["end_reason"] == "idle for 20s"

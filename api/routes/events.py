@@ -5,7 +5,8 @@ through the REST endpoints and merges the rows that follow by id.
 
 Events: ``experiments`` (the list page, filtered as ``GET /experiments``), ``experiment``
 (summary and trials), ``trial``, ``metrics`` (new rows), ``logs`` (new lines), ``queue``,
-``cluster``; each snapshot is sent only when it changed.
+``cluster``, ``tasks`` (interactive tasks, as ``GET /tasks``); each snapshot is sent only when
+it changed.
 """
 
 from collections.abc import Callable
@@ -16,12 +17,14 @@ from starlette.concurrency import run_in_threadpool
 
 from det.api.events import Stream, sse, stream
 from det.api.params import BIGINT_MAX, IntId
+from det.api.routes.tasks import with_url
 from det.api.session import act_as, request_token
 from det.db import channels
 from det.queries import experiments as qe
 from det.queries import trials as qt
 from det.queries.cluster import AGENTS, POOLS, SLOTS
 from det.queries.queue import job_queue
+from det.queries.tasks import list_tasks
 
 router = APIRouter(prefix="/api/v1/events", tags=["events"])
 
@@ -166,6 +169,19 @@ async def cluster(request: Request) -> StreamingResponse:
         return [e for e in [st.changed("cluster", snap)] if e]
 
     return _response(request, [channels.CLUSTER], read)
+
+
+@router.get("/tasks")
+async def tasks(request: Request, all: bool = Query(False)) -> StreamingResponse:
+    """Interactive tasks (``tasks``, as ``GET /tasks``), whenever they change: a run's state
+    wakes the queue's topic; an address or idle time that changed shows within a tick."""
+    await _auth(request)
+
+    def read(conn, st: Stream) -> list[str]:
+        rows = [with_url(t) for t in list_tasks(conn, None, all)]
+        return [e for e in [st.changed("tasks", {"tasks": rows})] if e]
+
+    return _response(request, [channels.QUEUE], read)
 
 
 async def _auth(request: Request, check: Callable | None = None) -> str:

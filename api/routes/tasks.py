@@ -39,7 +39,9 @@ OPENABLE = frozenset({"NOTEBOOK", "TENSORBOARD"})
 """Kinds with a web server behind /proxy/<id>/."""
 
 
-def _with_url(task: dict) -> dict:
+def with_url(task: dict) -> dict:
+    """``task`` with ``url``: where det serve proxies its web server (None for a kind
+    without one)."""
     return {**task, "url": f"/proxy/{task['id']}/" if task["kind"] in OPENABLE else None}
 
 
@@ -53,14 +55,14 @@ def list_tasks(
     """Interactive tasks: kind, state, owner, workspace, started, ``idle_seconds`` (since the
     last sign of use), end reason, and ``url`` (``/proxy/<id>/``) for those with a web
     server."""
-    return {"tasks": [_with_url(t) for t in q.list_tasks(s.conn, kind, all)]}
+    return {"tasks": [with_url(t) for t in q.list_tasks(s.conn, kind, all)]}
 
 
 @router.get("/tasks/{task_id}")
 def get_task(task_id: BigId, s: Session = session) -> dict:
     """One task (its expanded config, run, pending reason, end reason); 404 for one the user
     cannot see."""
-    return _with_url(q.get_task(s.conn, task_id))
+    return with_url(q.get_task(s.conn, task_id))
 
 
 @router.post("/tasks/{task_id}/kill")
@@ -144,7 +146,7 @@ def _submit(s: Session, kind: TaskKind, body: CreateTask, entrypoint: list[str] 
             context.unpack(blob, ctx)
         job = submit_task(s.conn, kind, expanded, ctx, body.workspace, body.project,
                           experiment_ids, trial_ids, body.force)
-    return _with_url({"id": job, "kind": kind})
+    return with_url({"id": job, "kind": kind})
 
 
 @router.post("/notebooks", status_code=201)

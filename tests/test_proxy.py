@@ -331,3 +331,70 @@ def test_a_task_not_running_answers_a_page_naming_its_state(serve, conn, task_se
     assert r.status_code == 502 and "text/html" in r.headers["content-type"]
     assert f"Notebook {dead} is RUNNING" in r.text and "does not answer" in r.text
     assert task_server.seen == []
+
+
+def test_the_tasks_api_starts_lists_kills_and_refuses_bad_input(serve, conn) -> None:
+    api = serve.client
+    conn.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
+    conn.execute("SELECT det_project_create('vision', 'p', '')")
+    r = api.post("/api/v1/notebooks", json={
+        "config": "description: my lab\nidle_timeout: 10m\n", "overrides": ["resources.slots=0"],
+        "workspace": "vision", "project": "p"})
+    assert r.status_code == 201, r.text
+    job = r.json()["id"]
+
+    tasks = api.get("/api/v1/tasks").json()["tasks"]
+    assert [(t["id"], t["kind"], t["description"], t["owner"], t["workspace"], t["url"])
+            for t in tasks] == [(job, "NOTEBOOK", "my lab", serve.user, "vision",
+                                 f"/proxy/{job}/")]
+    task = api.get(f"/api/v1/tasks/{job}").json()
+    assert task["config"]["idle_timeout"] == 600 and task["state"] == "PENDING"
+    assert "jupyter_token" not in str(task)
+    assert api.get("/api/v1/tasks/99999").status_code == 404
+
+    # its output, by log id and as a tail
+    run = conn.execute("SELECT id FROM allocations WHERE job_id = %s", (job,)).fetchone()["id"]
+    for i in range(5):
+        conn.execute("INSERT INTO task_logs (allocation_id, stream, line) "
+                     "VALUES (%s, 'stdout', %s)", (run, f"line {i}"))
+    logs = api.get(f"/api/v1/tasks/{job}/logs").json()["logs"]
+    assert [x["line"] for x in logs] == [f"line {i}" for i in range(5)]
+    after = api.get(f"/api/v1/tasks/{job}/logs", params={"after": logs[2]["id"]}).json()
+    assert [x["line"] for x in after["logs"]] == ["line 3", "line 4"]
+    tail = api.get(f"/api/v1/tasks/{job}/logs", params={"tail": 2}).json()
+    assert [x["line"] for x in tail["logs"]] == ["line 3", "line 4"]
+
+    # roles: a Viewer sees it but may not kill it; a user of no role there does not see it
+    vic, olga = login(serve, conn, "vic"), login(serve, conn, "olga")
+    conn.execute("SELECT det_role_assign('Viewer', 'vic', NULL, 'vision', true)")
+    with httpx.Client(base_url=serve.url, headers={"Authorization": f"Bearer {vic}"}) as v:
+        assert [t["id"] for t in v.get("/api/v1/tasks?all=true").json()["tasks"]] == [job]
+        assert v.post(f"/api/v1/tasks/{job}/kill").status_code == 403
+        assert v.post("/api/v1/notebooks", json={"workspace": "vision",
+                                                  "project": "p"}).status_code == 403
+    with httpx.Client(base_url=serve.url, headers={"Authorization": f"Bearer {olga}"}) as o:
+        assert o.get("/api/v1/tasks?all=true").json()["tasks"] == []
+        assert o.get(f"/api/v1/tasks/{job}").status_code == 404
+        assert o.post(f"/api/v1/tasks/{job}/kill").status_code == 404
+
+    r = api.post(f"/api/v1/tasks/{job}/kill")
+    assert r.status_code == 200, r.text
+    assert api.get(f"/api/v1/tasks/{job}").json()["end_reason"] == f"killed by {serve.user}"
+
+    # bad input: one line naming the field (slots: an agent of one slot is the pool's largest)
+    conn.execute("INSERT INTO agents (id, hostname, resource_pool, runtime) "
+                 "VALUES ('a1', 'host-1', 'default', 'process')")
+    conn.execute("INSERT INTO slots (agent_id, slot_id, type) VALUES ('a1', 0, 'cpu')")
+    for path, body, status, says in [
+        ("/api/v1/notebooks", {"config": "foo: 1"}, 400, "foo"),
+        ("/api/v1/notebooks", {"config": "notebook_idle_type: sometimes"}, 400,
+         "notebook_idle_type"),
+        ("/api/v1/notebooks", {"overrides": ["resources.slots=64"]}, 400, "slots"),
+        ("/api/v1/notebooks", {"template": "nope"}, 404, "nope"),
+        ("/api/v1/notebooks", {"context": "not base64!"}, 400, "context"),
+        ("/api/v1/commands", {"command": []}, 400, "command"),
+        ("/api/v1/tensorboards", {}, 400, "experiment"),
+        ("/api/v1/tensorboards", {"experiment_ids": [999]}, 404, "experiment 999"),
+    ]:
+        r = api.post(path, json=body)
+        assert r.status_code == status and says in r.json()["error"], (path, body, r.text)

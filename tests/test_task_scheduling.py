@@ -206,7 +206,7 @@ def test_zero_slot_tasks_start_by_priority_under_the_priority_scheduler(conn) ->
     assert reason(conn, low) is not None
 
 
-@pytest.mark.parametrize("scheduler", ["priority", "fair_share"])
+@pytest.mark.parametrize("scheduler", ["priority", "fair_share", "round_robin"])
 def test_a_running_task_is_never_preempted_and_a_new_priority_changes_nothing(
         conn, scheduler) -> None:
     """A running notebook keeps its slot whatever higher-priority or fairer work waits (the

@@ -50,8 +50,9 @@ longer), so no two processes of one trial run at once (issue 39, item 3)."""
 TASK_START_TIMEOUT = 120.0
 """Default of ``Settings.task_start_timeout``: seconds a notebook's, shell's or TensorBoard's
 run may be RUNNING before its server answers (det_task_ready); then det ends it
-(:func:`det.reconciler.tasks.unanswered_reason`). JupyterLab answers within a few seconds
-(bench/notebook_start.py); a cold docker image's pull happens before RUNNING."""
+(:func:`det.reconciler.tasks.unanswered_reason`). The task's harness gives up after as long
+(det.harness.interactive.common.START_TIMEOUT_SECONDS); JupyterLab answers in seconds, and a
+cold docker image's pull happens before RUNNING."""
 
 TASK_STOP_GRACE = 20.0
 """Seconds an interactive task asked to stop (idle, or a planned stop: det_agent_drain) has

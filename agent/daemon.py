@@ -53,9 +53,11 @@ from det.agent.process import ProcessRuntime
 from det.agent.runtime import Exit, Launch, Runtime, Task
 from det.configs import env_for_device
 from det.configs.allocation import AllocationSpec
+from det.configs.environment import BindMount
 from det.db import channels, retry
 from det.db.reconnect import open_connection
 from det.errors import ConfigError, DetError
+from det.harness.interactive.tensorboard import event_dirs
 
 log = logging.getLogger("det.agent")
 
@@ -99,6 +101,9 @@ CONTEXT_BLOB = "SELECT det_agent_context(%(agent)s, %(id)s) AS data"
 CLAIM = "SELECT det_agent_claim(%s, %s) AS token"
 CLAIM_EACH = "SELECT allocation_id, token FROM det_agent_claim_each(%s, %s::bigint[])"
 REPORT = "SELECT det_agent_report(%s, %s, %s, %s, %s)"
+# A TensorBoard task's sources, read with its token to mount them (see Agent._with_event_dirs).
+TENSORBOARD_SOURCES = ("SELECT experiment_id, trial_id, storage "
+                       "FROM det_task_tensorboard_sources(%s)")
 REPORT_EACH = ("SELECT det_agent_report_each(%s, %s::bigint[], %s, %s::integer[], "
                "%s::text[])")
 
@@ -410,11 +415,17 @@ class Agent:
             env = {**env_for_device(spec.environment, self.device_type),
                    "DET_DB_URL": self.task_url, "DET_ALLOCATION_ID": str(alloc_id),
                    "DET_ALLOCATION_TOKEN": token, "DET_AGENT_ID": self.s.agent_id,
-                   "DET_EXPERIMENT_ID": str(spec.experiment_id),
                    # its sessions' application_name: who is who in pg_stat_activity
                    "PGAPPNAME": f"det-task-{alloc_id}", "PYTHONUNBUFFERED": "1"}
+            if spec.experiment_id is not None:
+                env["DET_EXPERIMENT_ID"] = str(spec.experiment_id)
             if spec.trial_id is not None:
                 env["DET_TRIAL_ID"] = str(spec.trial_id)
+            if spec.task is not None:  # an interactive task (det.harness.interactive reads it)
+                env["DET_JOB_ID"] = str(spec.task.job_id)
+                env["DET_TASK_SPEC"] = spec.task.model_dump_json()
+            if spec.kind == "tensorboard":
+                spec = self._with_event_dirs(spec, token)
             by_id = {s.slot_id: s for s in self.slots}
             held = [by_id[i] for i in row["slot_ids"] if i in by_id]
             env.update(gang.gang_env(self.s.agent_id, held, **gang_vars))
@@ -433,6 +444,22 @@ class Agent:
         self.last_launch = time.monotonic()
         log.info("allocation %s: started %s", alloc_id, " ".join(launch.argv))
         return True
+
+    def _with_event_dirs(self, spec: AllocationSpec, token: str) -> AllocationSpec:
+        """A TensorBoard's spec with the directories of its event files on ``shared_fs``
+        storage (host paths, ``det_task_tensorboard_sources``) bind-mounted read-only at the
+        same paths, so that the server in a container reads them; a missing one is made (an
+        experiment that has not reported yet: a bind mount needs its source). The process
+        runtime reads them where they are."""
+        if self.runtime.name != "docker":
+            return spec
+        rows = [r for r in self._connect().execute(TENSORBOARD_SOURCES, (token,))
+                if (r["storage"] or {}).get("type") == "shared_fs"]
+        mounts = []
+        for _, path in event_dirs(rows)[0]:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            mounts.append(BindMount(host_path=path, container_path=path, read_only=True))
+        return spec.model_copy(update={"bind_mounts": [*spec.bind_mounts, *mounts]})
 
     def _claim(self, rows: list[dict]) -> list[tuple[str | None, dict[str, Any]]]:
         """Claim each run (the chief's agent) or this agent's share of it (another agent of a

@@ -16,14 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from det.agent.guard import Guard
+from det.agent.guard import Guard, kill_marked
 from det.agent.logs import LogShipper
 from det.agent.output import OutputReader
 from det.agent.pooler import TaskPooler, pooler_dir
 from det.agent.runtime import DRAIN_SECONDS, Exit, Launch
 from det.agent.shell import plain_words, runs_as_is
 from det.agent.zygote import Zygote, ZygoteChild, python_command
-from det.configs.allocation import AllocationSpec
+from det.configs.allocation import INTERACTIVE_KINDS, AllocationSpec
 from det.host_user import PRIVATE_UMASK
 
 # A context's startup-hook.sh is sourced (so its exports reach the task; spec:
@@ -68,11 +68,13 @@ class ProcessTask:
     """One running task: ``proc`` (a ``Popen`` from :func:`spawn_cold`, or a
     :class:`~det.agent.zygote.ZygoteChild`), the leader of its own session. Output lines go to
     the logs under ``allocation_id``, read by ``output``'s thread, which never blocks the
-    agent (see :meth:`poll`)."""
+    agent (see :meth:`poll`). With ``marker`` (an environment entry, ``VAR=value``), the
+    processes carrying it die with the task too, those that left its session included."""
 
     def __init__(self, allocation_id: int, proc: "subprocess.Popen | ZygoteChild",
-                 output: OutputReader) -> None:
+                 output: OutputReader, marker: bytes | None = None) -> None:
         self.allocation_id = allocation_id
+        self._marker = marker
         self._output = output
         self._killed = False
         self._exited_at: float | None = None
@@ -89,7 +91,8 @@ class ProcessTask:
         """The task's end once it has ended, else None; never blocks for long.
 
         The task is over when its main process exits: what it left behind in its process
-        group (a background child, one that ignored SIGTERM) is SIGKILLed at once, and its
+        group (a background child, one that ignored SIGTERM) or marked with ``marker`` is
+        SIGKILLed at once, and its
         output is read for at most ``DRAIN_SECONDS`` more (a process that left the group may
         still hold it open). A task killed by signal N reports code -N."""
         code = self._proc.poll()
@@ -98,6 +101,8 @@ class ProcessTask:
         if self._exited_at is None:
             self._exited_at = time.monotonic()
             self._left_behind = self._signal(signal.SIGKILL)
+            if self._marker is not None and kill_marked(self._marker):
+                self._left_behind = True
         if not self._read.is_set():
             if time.monotonic() < self._exited_at + DRAIN_SECONDS:
                 return None
@@ -164,16 +169,22 @@ class ProcessRuntime:
         gpus = [s.device_uuid for s in launch.slots if s.type == "cuda" and s.device_uuid]
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        # An interactive task's servers start processes in sessions of their own (Jupyter's
+        # kernels and terminals, sshd's connections), which a kill of its group misses: they
+        # carry its token, by which they are found when it ends (a scan of /proc, ~ms, that
+        # the many short tasks of issue 11 do not pay).
+        marker = (f"DET_ALLOCATION_TOKEN={env['DET_ALLOCATION_TOKEN']}".encode()
+                  if launch.spec.kind in INTERACTIVE_KINDS else None)
         args = (None if self.zygote is None
                 else python_command(launch.argv, env, launch.workdir))
         if args is not None:
             try:
                 proc = self.zygote.spawn(args, env, launch.workdir)
-                return ProcessTask(launch.allocation_id, proc, self.output)
+                return ProcessTask(launch.allocation_id, proc, self.output, marker)
             except OSError as e:
                 log.warning("allocation %s: starting cold: %s", launch.allocation_id, e)
         proc = spawn_cold(launch.argv, env, launch.workdir)
-        return ProcessTask(launch.allocation_id, proc, self.output)
+        return ProcessTask(launch.allocation_id, proc, self.output, marker)
 
     def adopt(self, agent_id: str, live: dict[int, Any]) -> dict[int, ProcessTask]:
         return {}  # processes die with the agent that started them (see det.agent.guard)

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ import pytest
 from conftest import wait_for
 from psycopg.types.json import Jsonb
 
+from det.harness.interactive.common import TaskTransport
 from det.harness.interactive.notebook import jupyter_argv, notebook_activity
 from det.harness.interactive.shell import sshd_config
 from det.harness.interactive.tensorboard import event_dirs, logdir_spec
@@ -267,3 +269,187 @@ def test_a_server_that_never_answers_fails_the_run_with_the_reason(
     assert harness.proc.wait(60) == 1
     assert "exited with code" in harness.output() and "before it answered" in harness.output()
     harness.stop()
+
+
+def test_tensorboard_lists_an_experiments_scalar_tags(
+        conn: psycopg.Connection, db_url: str, tmp_path: Path, ended) -> None:
+    from det.harness.storage import storage_from_config
+    from det.harness.tensorboard import TensorboardFiles
+
+    eid, _ = ended.make([[(10, 0.5)], [(10, 0.25)]])
+    trials = [r["id"] for r in conn.execute(
+        "SELECT id FROM trials WHERE experiment_id = %s ORDER BY id", (eid,))]
+    storage = storage_from_config({"type": "shared_fs", "host_path": str(ended.storage)})
+    for tid in trials:  # what a trial's harness writes as it reports metrics
+        files = TensorboardFiles(storage, eid, tid)
+        files.report("training", 10, {"loss": 0.5})
+        files.report("validation", 10, {"accuracy": 0.9})
+        files.close()
+    claimed = claim_task(conn, db_url, "TENSORBOARD", experiment_ids=(eid,))
+    transport = TaskTransport(db_url, claimed.allocation_id, claimed.token)
+    [source] = transport.tensorboard_sources()
+    transport.close()
+    assert (source["experiment_id"], source["trial_id"]) == (eid, None)  # all its trials
+    assert source["storage"]["host_path"] == str(ended.storage)
+    harness = Harness(claimed, "tensorboard", tmp_path / "task")
+    try:
+        addr = address(conn, claimed, harness)
+        url = f"http://{addr}/proxy/{claimed.job_id}/data/plugin/scalars/tags"
+        tags = wait_for(lambda: http("GET", url), 60, "TensorBoard's first load of the events")
+        assert {run: sorted(t) for run, t in tags.items()} == {
+            f"exp{eid}/trial/{tid}": ["loss", "val_accuracy"] for tid in trials}
+        assert harness.stop() == 0
+    finally:
+        harness.stop()
+
+
+def ssh(addr: str, key: Path, *command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The system ssh to a shell task's ``user@host:port`` with its private key."""
+    user_host, port = addr.rsplit(":", 1)
+    return subprocess.run(["ssh", "-i", str(key), "-p", port, "-o", "StrictHostKeyChecking=no",
+                           "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
+                           "-o", "LogLevel=ERROR", user_host, *command],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@needs_sshd
+def test_shell_lets_the_tasks_key_in_and_an_open_session_is_activity(
+        conn: psycopg.Connection, db_url: str, tmp_path: Path) -> None:
+    import pwd
+
+    claimed = claim_task(conn, db_url, "SHELL")
+    harness = Harness(claimed, "shell", tmp_path / "task")
+    try:
+        addr = address(conn, claimed, harness)
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        assert addr.startswith(f"{me}@")
+        key = tmp_path / "key"
+        key.write_text(conn.execute("SELECT ssh_private_key FROM task_secrets WHERE job_id = %s",
+                                    (claimed.job_id,)).fetchone()["ssh_private_key"])
+        key.chmod(0o600)
+        done = ssh(addr, key, "hostname; echo $DET_JOB_ID")
+        assert done.returncode == 0, done.stderr + harness.output()
+        assert done.stdout.split() == [socket.gethostname(), str(claimed.job_id)]
+        # another key is refused
+        other = tmp_path / "other"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)],
+                       check=True)
+        assert ssh(addr, other, "true").returncode == 255
+        # an open session is use, reported while it lasts
+        before = last_activity(conn, claimed.job_id)
+        session_from = datetime.now(UTC)
+        assert ssh(addr, key, "sleep 12").returncode == 0
+        after = last_activity(conn, claimed.job_id)
+        assert after >= session_from + timedelta(seconds=4) and after > before, (
+            before, session_from, after)
+        # stopping the task ends the sessions still open (sshd alone would leave them)
+        session = open_session(addr, key)
+        assert harness.stop() == 0
+        assert session.wait(20) != 0
+    finally:
+        harness.stop()
+
+
+def open_session(addr: str, key: Path) -> subprocess.Popen:
+    """An SSH session to a shell task that stays open (a remote ``sleep``), once it runs."""
+    user_host, port = addr.rsplit(":", 1)
+    session = subprocess.Popen(
+        ["ssh", "-i", str(key), "-p", port, "-o", "StrictHostKeyChecking=no",
+         "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+         user_host, "echo open; exec sleep 120"], stdout=subprocess.PIPE, text=True)
+    assert session.stdout.readline().strip() == "open"
+    return session
+
+
+# -- the agent's side -----------------------------------------------------------------------------
+
+def place(conn: psycopg.Connection, kind: str, agent: str, *overrides: str,
+          experiment_ids: tuple[int, ...] = ()) -> tuple[int, int]:
+    """Submit a zero-slot task and assign its run to ``agent`` as the pass would; (job id,
+    allocation id)."""
+    expanded = expand_task_config(conn, kind, None, "test", ("resources.slots=0", *overrides))
+    job = submit_task(conn, kind, expanded, experiment_ids=experiment_ids)
+    alloc = conn.execute("UPDATE allocations SET state = 'ASSIGNED', agent_id = %s "
+                         "WHERE job_id = %s RETURNING id", (agent, job)).fetchone()["id"]
+    conn.execute("SELECT pg_notify(det_channel('agent', %s), 'assigned')", (agent,))
+    return job, alloc
+
+
+def task_log(conn: psycopg.Connection, alloc: int) -> str:
+    return "\n".join(r["line"] for r in conn.execute(
+        "SELECT line FROM task_logs WHERE allocation_id = %s ORDER BY id", (alloc,)))
+
+
+def run_agent(det, conn: psycopg.Connection, runtime: str) -> str:
+    agent = f"h3-{uuid.uuid4().hex[:6]}"
+    det.start("agent", "agent", "run", "--id", agent, "--slots", "1", "--runtime", runtime)
+    wait_for(lambda: conn.execute("SELECT 1 FROM agents WHERE id = %s", (agent,)).fetchone(),
+             60, "the agent's registration")
+    return agent
+
+
+def notebook_through_an_agent(det, conn: psycopg.Connection, runtime: str) -> None:
+    """An agent runs a notebook task: its kernel sees DET_JOB_ID; killing the run (desired
+    KILLED) ends the server and everything it started (a kernel, a terminal)."""
+    from det.agent.guard import marked
+
+    agent = run_agent(det, conn, runtime)
+    job, alloc = place(conn, "NOTEBOOK", agent)
+
+    def recorded() -> str | None:
+        row = conn.execute("SELECT state, address FROM allocations WHERE id = %s",
+                           (alloc,)).fetchone()
+        assert row["state"] != "TERMINATED", task_log(conn, alloc) + det.log("agent")
+        return row["address"]
+
+    addr = wait_for(recorded, 240, "the notebook's address")
+    token = jupyter_token(conn, job)
+    api = f"http://{addr}/proxy/{job}/api"
+    kernel = http("POST", f"{api}/kernels", token, {"name": "python3"})
+    http("POST", f"{api}/terminals", token, {})
+    ws = f"ws://{addr}/proxy/{job}/api/kernels/{kernel['id']}/channels?token={token}"
+    out = execute(ws, "import os; print(6*7, os.environ['DET_JOB_ID'], "
+                      "os.environ['DET_ALLOCATION_TOKEN'])").split()
+    assert out[:2] == ["42", str(job)]
+    marker = f"DET_ALLOCATION_TOKEN={out[2]}".encode()
+    if runtime == "process":
+        assert len(marked(marker)) >= 3  # the harness, JupyterLab, the kernel, the terminal
+    conn.execute("UPDATE allocations SET desired_state = 'KILLED' WHERE id = %s", (alloc,))
+    conn.execute("SELECT pg_notify(det_channel('agent', %s), 'kill')", (agent,))
+    wait_for(lambda: conn.execute("SELECT state FROM allocations WHERE id = %s",
+                                  (alloc,)).fetchone()["state"] == "TERMINATED",
+             60, "the killed notebook's end")
+    assert marked(marker) == []  # no kernel, terminal or server outlives the task
+
+
+def test_notebook_through_a_process_agent(det, conn: psycopg.Connection) -> None:
+    notebook_through_an_agent(det, conn, "process")
+
+
+@needs_sshd
+def test_a_killed_shell_ends_its_open_ssh_sessions(det, conn: psycopg.Connection,
+                                                   tmp_path: Path) -> None:
+    """sshd serves each connection from a process in a session of its own, which a kill of
+    the task's process group misses: the process runtime also kills what carries the task's
+    token, so an open SSH session ends with the task."""
+    agent = run_agent(det, conn, "process")
+    job, alloc = place(conn, "SHELL", agent)
+    addr = wait_for(lambda: conn.execute("SELECT address FROM allocations WHERE id = %s",
+                                         (alloc,)).fetchone()["address"],
+                    120, "the shell's address")
+    key = tmp_path / "key"
+    key.write_text(conn.execute("SELECT ssh_private_key FROM task_secrets WHERE job_id = %s",
+                                (job,)).fetchone()["ssh_private_key"])
+    key.chmod(0o600)
+    session = open_session(addr, key)
+    try:
+        conn.execute("UPDATE allocations SET desired_state = 'KILLED' WHERE id = %s", (alloc,))
+        conn.execute("SELECT pg_notify(det_channel('agent', %s), 'kill')", (agent,))
+        wait_for(lambda: conn.execute("SELECT state FROM allocations WHERE id = %s",
+                                      (alloc,)).fetchone()["state"] == "TERMINATED",
+                 60, "the killed shell's end")
+        # what ran in the session is gone, and with it the session
+        assert session.wait(20) != 0
+    finally:
+        if session.poll() is None:
+            session.kill()

@@ -1,6 +1,7 @@
 """What the three servers share: the task's transport and settings, a port, the loop that starts
 a server, waits for it to answer, reports its use and stops it (see the package docstring)."""
 
+import contextlib
 import json
 import signal
 import socket
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psutil
 import psycopg
 
 from det.configs.task import TaskSpec
@@ -220,9 +222,15 @@ def _watch(server: Server, proc: subprocess.Popen, transport: TaskTransport,
 
 
 def _stop_process(proc: subprocess.Popen, what: str) -> None:
-    """SIGTERM, then SIGKILL after ``STOP_GRACE_SECONDS``; nothing if it has exited."""
+    """SIGTERM, then SIGKILL after ``STOP_GRACE_SECONDS``; then SIGKILL what it started that
+    is still there (sshd leaves its connections' processes running when it stops, by design);
+    nothing if it has exited."""
     if proc.poll() is not None:
         return
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
     proc.terminate()
     try:
         proc.wait(STOP_GRACE_SECONDS)
@@ -230,4 +238,7 @@ def _stop_process(proc: subprocess.Popen, what: str) -> None:
         say(f"{what} ignored SIGTERM for {STOP_GRACE_SECONDS:.0f} s; killing it")
         proc.kill()
         proc.wait()
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
 

@@ -22,9 +22,12 @@ import psutil
 from det.harness.interactive.common import Server, ServerError
 
 SESSION_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "LANG",
-               "DET_JOB_ID")
+               "DET_JOB_ID", "DET_ALLOCATION_TOKEN", "DET_AGENT_GUARD")
 """Variables of the task that its SSH sessions get too (sshd gives a session a fresh
-environment): the same Python and det on ``PATH``, the task's GPUs."""
+environment): the same Python and det on ``PATH``, the task's GPUs, and the entries by which
+the process runtime finds a task's processes to kill them with it (det.agent.process,
+det.agent.guard): sshd's own session processes cannot be found so, as sshd writes its process
+title over its environment, but killing what runs in a session ends the session."""
 
 PRIVSEP_DIR = "/run/sshd"
 """Where sshd running as root chroots its unprivileged half (Debian's default)."""

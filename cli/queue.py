@@ -114,7 +114,7 @@ def explain(
         leading = leader.current(conn)
         ended = conn.execute(JOB_STATE, {"id": job_id}).fetchone() if job is None else None
     if job is None and ended is not None:
-        typer.echo(f"Job {job_id} (experiment {ended['experiment_id']}) is {ended['state']}: "
+        typer.echo(f"Job {job_id} ({ended['what']}) is {ended['state']}: "
                    "it is no longer queued")
         return
     if job is None:

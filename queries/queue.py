@@ -1,7 +1,8 @@
 """Reading the job queue: the scheduling order per pool, and why each job waits."""
 
 # The queue with what `explain_reasons` needs to say why each job waits; filtered by pool
-# (`det job list`) or by job (`det job explain`).
+# (`det job list`) or by job (`det job explain`). An interactive task has no experiment
+# (its experiment columns are NULL).
 QUEUE = """
 SELECT q.queue_order, q.job_id, 'TYPE_' || q.type AS type, q.name, q.priority, q.weight,
        q.submitted_at, q.slots_acquired, q.slots_needed, q.status, q.owner, q.resource_pool,
@@ -10,7 +11,7 @@ SELECT q.queue_order, q.job_id, 'TYPE_' || q.type AS type, q.name, q.priority, q
        tc.live_trials, tc.trials, coalesce(ag.n, 0) AS pool_agents,
        e.config #> '{searcher,max_concurrent_trials}' AS max_concurrent_trials,
        e.config #> '{searcher,max_trials}' AS max_trials
-  FROM reporting.job_queue q JOIN experiments e ON e.id = q.experiment_id
+  FROM reporting.job_queue q LEFT JOIN experiments e ON e.id = q.experiment_id
   CROSS JOIN LATERAL (
       SELECT count(*) AS trials,
              count(*) FILTER (WHERE t.state IN ('ACTIVE', 'PAUSED') AND NOT t.closed)
@@ -23,9 +24,12 @@ SELECT q.queue_order, q.job_id, 'TYPE_' || q.type AS type, q.name, q.priority, q
  ORDER BY q.resource_pool, q.queue_order
 """
 
+# What an ended job was: its experiment, or its task (the task's run's state).
 JOB_STATE = """
-SELECT e.id AS experiment_id, e.state::text AS state
+SELECT 'experiment ' || e.id AS what, e.state::text AS state
   FROM jobs j JOIN experiments e ON e.job_id = j.id WHERE j.id = %(id)s
+UNION ALL
+SELECT lower(t.kind) || ' ' || t.id, t.state FROM reporting.tasks t WHERE t.id = %(id)s
 """
 
 

@@ -190,6 +190,11 @@ def _web_url() -> str | None:
         return None
 
 
+def running_web_url() -> str | None:
+    """The URL of the web server `det cluster up` runs here, while it runs (None if not)."""
+    return _web_url() if read_pid(_run_dir(), "server") else None
+
+
 @db_app.command("migrate")
 def migrate_cmd() -> None:
     """Apply the schema migrations this database lacks (idempotent)."""

@@ -57,6 +57,7 @@ def _agents() -> typer.Typer:
 _EXPERIMENTS = "Create, follow and steer experiments."
 _TRIALS = "Trials: logs and details."
 _TEMPLATES = "Configuration templates."
+_COMMANDS = "Commands run on the cluster, their output streamed."
 
 COMMANDS = {
     "reconcile": Lazy(_cli("cluster", "reconcile")),
@@ -68,6 +69,13 @@ COMMANDS = {
     "trial": Lazy(_cli("trials", "app"), _TRIALS),
     "t": Lazy(_cli("trials", "app"), _TRIALS, hidden=True),
     "checkpoint": Lazy(_cli("checkpoints", "app"), "List and download checkpoints."),
+    "command": Lazy(_cli("tasks", "cmd_app"), _COMMANDS),
+    "cmd": Lazy(_cli("tasks", "cmd_app"), _COMMANDS, hidden=True),
+    "notebook": Lazy(_cli("tasks", "notebook_app"), "JupyterLab notebooks on the cluster."),
+    "shell": Lazy(_cli("tasks", "shell_app"), "Shells on the cluster, opened with ssh."),
+    "tensorboard": Lazy(_cli("tasks", "tensorboard_app"),
+                        "TensorBoards over experiments' and trials' metrics."),
+    "task": Lazy(_cli("tasks", "task_app"), "Interactive tasks of every kind: list, logs."),
     "model": Lazy(_cli("models", "app"), "The model registry: models and their versions."),
     "template": Lazy(_cli("templates", "app"), _TEMPLATES),
     "user": Lazy(_users, "Users: create, list, deactivate, passwords, log in and out, who "

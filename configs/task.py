@@ -109,8 +109,8 @@ def parse_task_config(data: Any, kind: TaskKind, source: str | None = None) -> T
 
     Raises:
         ConfigError: one line naming the key and what was expected; a COMMAND without
-            ``entrypoint`` (the command to run), or a notebook, shell or TensorBoard with one
-            (det runs its server), is refused naming ``entrypoint``.
+            ``entrypoint`` (the command to run) or with ``idle_timeout``, or a notebook, shell
+            or TensorBoard with an entrypoint (det runs its server), is refused naming the key.
     """
     if not isinstance(data, dict):
         raise ConfigError("", "expected a mapping at the top level", source)
@@ -120,6 +120,9 @@ def parse_task_config(data: Any, kind: TaskKind, source: str | None = None) -> T
         raise config_error(exc, data, source) from None
     if kind == "COMMAND" and cfg.entrypoint is None:
         raise ConfigError("entrypoint", "a command needs the command to run", source)
+    if kind == "COMMAND" and cfg.idle_timeout is not None:
+        raise ConfigError("idle_timeout", "a command is never idle while it runs (it has no "
+                          "server to watch); remove idle_timeout", source)
     if kind != "COMMAND" and cfg.entrypoint is not None:
         raise ConfigError("entrypoint", f"a {kind.lower()} runs det's own server; "
                           "remove entrypoint", source)

@@ -67,6 +67,8 @@ def test_bad_task_configs_name_the_key(conn) -> None:
         expand_task_config(conn, "SHELL", "searcher: {}\n", "sh.yaml")
     with pytest.raises(ConfigError, match="entrypoint.*command to run"):
         expand_task_config(conn, "COMMAND", None, "cmd")
+    with pytest.raises(ConfigError, match="idle_timeout.*never idle"):
+        expand_task_config(conn, "COMMAND", "idle_timeout: 1m\n", "cmd", entrypoint=["true"])
 
 
 def test_slots_no_agent_can_hold_are_refused_and_nothing_is_written(conn) -> None:

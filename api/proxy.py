@@ -7,6 +7,9 @@ WebUI's cookie or ``Authorization: Bearer``, :mod:`det.api.session`) and authori
 no login 401, a task the user cannot see 404, one they see but may not open 403 (a notebook,
 shell or command runs code as its owner: Editor; a TensorBoard: Viewer). ``det_task_open``
 also touches the task's last_activity: proxied traffic counts as use for idle termination.
+Its answer for one login token and task is reused for that token's requests to that task
+during :data:`GRANT_TTL_S` (:class:`Grants`): JupyterLab loads a hundred files at once, and
+one transaction each would cost more than the whole proxying.
 
 The request goes to ``allocations.address`` of the task's run with its path unchanged (the
 servers run under the prefix ``/proxy/<job id>/``). On the way:
@@ -30,6 +33,7 @@ other requests, :mod:`det.api.perimeter`).
 
 import asyncio
 import contextlib
+import hashlib
 import html
 import time
 from collections.abc import AsyncIterator
@@ -80,6 +84,13 @@ RECHECK_S = 30.0
 """Seconds between re-authorisations of an open WebSocket while the user sends on it: a
 revoked login or role closes it (code 1008) within this, and its traffic counts as use."""
 
+GRANT_TTL_S = 1.0
+"""Seconds det_task_open's answer is reused for the same login token and task: a logout, a
+password changed, a role taken away or a task ended reaches the proxy within this. 1 s keeps
+the proxy's overhead per request within the issue's 2 ms (bench/proxy.py: a transaction to
+authorise costs 2 to 3 ms on a busy machine) and JupyterLab's page load to a few
+transactions."""
+
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=10.0)
 """Connect within 10 s; no read limit (a long download, or a slow cell's save, is the user's
 business; a client that leaves ends the request)."""
@@ -124,9 +135,50 @@ def open_task(pool, token: str, job_id: int) -> Target:
                   row["end_reason"])
 
 
-async def _authorise(conn: Request | WebSocket, job_id: int) -> Target:
+class Grants:
+    """det_task_open's recent answers by (digest of the login token, task), each good for
+    :data:`GRANT_TTL_S`. Only grants are kept: a refusal is asked again every time."""
+
+    MAX = 10_000
+    """Entries kept at most; past it the expired ones are dropped (then all, if none is)."""
+
+    def __init__(self) -> None:
+        self._grants: dict[tuple[bytes, int], tuple[float, Target]] = {}
+
+    @staticmethod
+    def _key(token: str, job_id: int) -> tuple[bytes, int]:
+        return hashlib.sha256(token.encode()).digest(), job_id
+
+    def get(self, token: str, job_id: int) -> Target | None:
+        entry = self._grants.get(self._key(token, job_id))
+        return entry[1] if entry is not None and entry[0] > time.monotonic() else None
+
+    def put(self, token: str, job_id: int, target: Target) -> None:
+        now = time.monotonic()
+        if len(self._grants) >= self.MAX:
+            self._grants = {k: v for k, v in self._grants.items() if v[0] > now}
+            if len(self._grants) >= self.MAX:
+                self._grants.clear()
+        self._grants[self._key(token, job_id)] = (now + GRANT_TTL_S, target)
+
+    def drop(self, token: str, job_id: int) -> None:
+        self._grants.pop(self._key(token, job_id), None)
+
+
+GRANTS = Grants()
+"""This det serve process's grants (tokens are random: no two servers' collide)."""
+
+
+async def _authorise(conn: Request | WebSocket, job_id: int, fresh: bool = False) -> Target:
+    """The task the request's login may open (a recent grant unless ``fresh``); raises as
+    :func:`open_task`."""
     token = request_token(conn)  # type: ignore[arg-type]  (reads headers and cookies only)
-    return await anyio.to_thread.run_sync(open_task, conn.app.state.pool, token, job_id)
+    target = None if fresh else GRANTS.get(token, job_id)
+    if target is None:
+        GRANTS.drop(token, job_id)
+        target = await anyio.to_thread.run_sync(open_task, conn.app.state.pool, token, job_id)
+        GRANTS.put(token, job_id, target)
+    return target
 
 
 def unavailable_page(t: Target, problem: str | None = None) -> HTMLResponse:
@@ -231,6 +283,10 @@ async def proxy_http(request: Request, job_id: BigId, path: str) -> Response:
     try:
         upstream = await client.send(upstream_request, stream=True)
     except httpx.TransportError as e:
+        # The grant may be older than the task's end: the page says what the task is now.
+        t = await _authorise(request, job_id, fresh=True)
+        if t.state != "RUNNING":
+            return unavailable_page(t)
         return unavailable_page(t, f"{type(e).__name__} {e}".strip())
     scrub = upstream.headers.get("content-type", "").startswith("text/html")
     body = (scrubbed(upstream.aiter_bytes(), t.jupyter_token.encode()) if scrub
@@ -332,7 +388,7 @@ async def _relay(ws: WebSocket, upstream: ClientConnection, job_id: int) -> None
             if time.monotonic() - checked > RECHECK_S:
                 checked = time.monotonic()
                 try:
-                    await _authorise(ws, job_id)
+                    await _authorise(ws, job_id, fresh=True)
                 except DetError as e:
                     await upstream.close(1008, "login or permission revoked")
                     await ws.close(1008, str(e)[:120])

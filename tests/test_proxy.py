@@ -31,6 +31,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from test_api import Server, free_port
 
+from det.api.proxy import GRANT_TTL_S
 from det.cli.users import password_verifier
 
 
@@ -202,6 +203,33 @@ def test_only_a_login_that_may_open_the_task_reaches_it(serve, conn, task_server
     after = conn.execute("SELECT last_activity FROM tasks WHERE job_id = %s",
                          (job,)).fetchone()["last_activity"]
     assert before is None or after > before  # proxied traffic counts as use
+
+
+def test_a_role_taken_away_or_a_logout_closes_the_proxy_within_a_grant(
+        serve, conn, task_server) -> None:
+    """det_task_open's answer is reused for GRANT_TTL_S (det.api.proxy.Grants): a role taken
+    away, or a logout, stops the next request once that has passed, HTTP and WebSocket."""
+    conn.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
+    conn.execute("SELECT det_project_create('vision', 'p', '')")
+    job, task_server.token = start_notebook(serve, conn, task_server.address,
+                                            workspace="vision", project="p")
+    eve = login(serve, conn, "eve")
+    conn.execute("SELECT det_role_assign('Editor', 'eve', NULL, 'vision', true)")
+    url = f"{serve.url}/proxy/{job}/echo"
+    headers = {"Authorization": f"Bearer {eve}"}
+    assert httpx.get(url, headers=headers).status_code == 200
+    conn.execute("SELECT det_role_assign('Editor', 'eve', NULL, 'vision', false)")
+    time.sleep(GRANT_TTL_S + 0.2)
+    assert httpx.get(url, headers=headers).status_code == 404
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        ws_client.connect(f"ws://127.0.0.1:{serve.port}/proxy/{job}/ws",
+                          additional_headers=headers)
+    assert refused.value.response.status_code == 404
+
+    assert serve.client.get(url).status_code == 200
+    assert serve.client.post("/api/v1/auth/logout").status_code == 204
+    time.sleep(GRANT_TTL_S + 0.2)
+    assert serve.client.get(url).status_code == 401
 
 
 def test_credentials_and_cookies_are_swapped_at_the_proxy(serve, conn, task_server) -> None:

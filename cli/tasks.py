@@ -23,6 +23,7 @@ from det.db.reconnect import Reconnecting
 from det.errors import DetError
 from det.queries.tasks import (
     ENDED,
+    LAST_ERROR_LINE,
     LOGS_AFTER,
     NOUNS,
     get_task,
@@ -116,7 +117,7 @@ def wait_ready(job: int) -> dict:
     the run (:func:`run_of`).
 
     Raises:
-        DetError: the task ended first, with its end reason.
+        DetError: the task ended first, with its end reason and its last line of stderr.
     """
     noticed = False
     with Reconnecting(database_url(), row_factory=dict_row) as session:
@@ -126,7 +127,10 @@ def wait_ready(job: int) -> dict:
                 return run
             if run["state"] == ENDED:
                 why = run["end_reason"] or f"exit code {run['exit_code']}"
-                raise DetError(f"task {job} ended before its server answered: {why} "
+                last = session.run(f"task {job}: logs", lambda c: c.execute(
+                    LAST_ERROR_LINE, {"job": job}).fetchone())
+                said = f": {last['line']}" if last else ""
+                raise DetError(f"task {job} ended before its server answered: {why}{said} "
                                f"(det task logs {job})")
             if not noticed:
                 typer.echo(f"Waiting for task {job} to start ({run['state']})...", err=True)

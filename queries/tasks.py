@@ -44,6 +44,14 @@ SELECT l.id, l.stream, l.line FROM task_logs l
  ORDER BY l.id LIMIT %(limit)s
 """
 
+# The task's last line of stderr (or det's own note): why a server that exited early did.
+LAST_ERROR_LINE = """
+SELECT l.line FROM task_logs l
+ WHERE l.allocation_id IN (SELECT a.id FROM allocations a WHERE a.job_id = %(job)s)
+   AND l.stream IN ('stderr', 'det')
+ ORDER BY l.id DESC LIMIT 1
+"""
+
 # Where a task's run is: its state, the host:port its server answers on once it does, and
 # whether an agent ever took it (a run stopped before that "ends" with exit code 0).
 RUN = """

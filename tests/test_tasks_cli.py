@@ -15,7 +15,7 @@ import torch
 from conftest import wait_for
 from psycopg.types.json import Jsonb
 from test_cli import one_line_error
-from test_rbac import Cluster
+from test_rbac import CONFIG, Cluster
 
 from det.cli.tasks import exit_status, ssh_argv
 from det.errors import DetError
@@ -208,12 +208,33 @@ def test_shell_open_runs_ssh_into_the_task(det, conn) -> None:
     det("shell", "kill", str(job))
 
 
-def test_notebook_start_prints_the_proxy_url(det, conn) -> None:
+def test_notebook_and_tensorboard_start_print_the_proxy_url(det, conn, tmp_path) -> None:
     """`det notebook start --no-browser` waits for JupyterLab, then prints
-    `<det serve>/proxy/<id>/`."""
+    `<det serve>/proxy/<id>/` (DET_MASTER's); with no det serve known it prints the path and
+    says so. `det tensorboard start EXPERIMENT_ID` likewise, once TensorBoard answers."""
     start_cluster(det)
     r = det("notebook", "start", "--no-browser", "--config", "resources.slots=0",
             timeout=240, DET_MASTER="http://det.example:8080")
     assert r.stdout.strip() == "http://det.example:8080/proxy/1/", (r.stdout, r.stderr)
-    assert det("notebook", "list").stdout.count("RUNNING") == 1
+    assert "/proxy/1/ (no det serve found: set DET_MASTER" in det(
+        "notebook", "open", "1", "--no-browser").stdout
+    # an experiment whose storage TensorBoard cannot read: its server never answers
+    exp = conn.execute("SELECT det_create_experiment(%s, '', NULL, NULL, NULL) AS id",
+                       (Jsonb(CONFIG),)).fetchone()["id"]
+    r = det("tensorboard", "start", str(exp), "--no-browser", check=False, timeout=240)
+    assert r.returncode == 1 and "has no event files" in r.stderr.splitlines()[-1], r.stderr
+    storage = {"type": "shared_fs", "host_path": str(tmp_path / "checkpoints")}
+    exp = conn.execute("SELECT det_create_experiment(%s, '', NULL, NULL, NULL) AS id",
+                       (Jsonb({**CONFIG, "checkpoint_storage": storage}),)).fetchone()["id"]
+    r = det("tensorboard", "start", str(exp), "--no-browser", timeout=240, check=False,
+            DET_MASTER="det.example:8080")
+    board = int(r.stderr.split("Launched TensorBoard ")[1].split()[0])
+    assert r.stdout.strip() == f"http://det.example:8080/proxy/{board}/", (
+        r.stdout, r.stderr, det("task", "logs", str(board)).stdout,
+        det("task", "logs", str(board)).stderr)
+    tasks = json.loads(det("task", "list", "--json").stdout)
+    assert [(t["kind"], t["state"]) for t in tasks] == [("NOTEBOOK", "RUNNING"),
+                                                        ("TENSORBOARD", "RUNNING")]
+    assert f"experiments [{exp}]" in det("tensorboard", "describe", str(board)).stdout
     det("notebook", "kill", "1")
+    det("tensorboard", "kill", str(board))

@@ -1,14 +1,12 @@
-"""``det cmd``, ``det notebook``, ``det shell``, ``det tensorboard`` and ``det task``:
-interactive tasks, with Determined 0.38's command names. Each kind has ``list``, ``describe``,
-``logs``, ``kill`` and ``set priority``; each submission is one transaction through
-:func:`det.submission.submit_task`, as an experiment's is."""
+"""``det task`` and what every kind of interactive task shares (``det cmd``, ``det shell``,
+``det notebook``, ``det tensorboard``: det.cli.commands, det.cli.shells, det.cli.notebooks),
+with Determined 0.38's command names: each kind's ``list``, ``describe``, ``logs``, ``kill``
+and ``set priority``, the start commands' options, submission (one transaction through
+:func:`det.submission.submit_task`, as an experiment's), following a task's logs, waiting for
+its server."""
 
 import json
-import os
-import subprocess
-import tempfile
 import time
-import webbrowser
 from pathlib import Path
 
 import typer
@@ -18,7 +16,7 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.configs.job import job_change, parse_job_id
 from det.configs.load import read_config_file
-from det.db import database_url, det_home
+from det.db import database_url
 from det.db.reconnect import Reconnecting
 from det.errors import DetError
 from det.queries.tasks import (
@@ -138,99 +136,6 @@ def wait_ready(job: int) -> dict:
             time.sleep(POLL_SECONDS)
 
 
-def exit_status(run: dict) -> int:
-    """The exit status ``det cmd run`` ends with for a command's ended ``run``
-    (:func:`run_of`): the command's own, 128 + N for a command killed by signal N (as a
-    shell says), 1 if no agent ever took it or it has no exit code (the reason printed on
-    stderr)."""
-    code = run["exit_code"]
-    if code is None or not run["claimed"]:
-        typer.echo(f"Error: the command did not run: {run['end_reason'] or run['state']}",
-                   err=True)
-        return 1
-    if code != 0 and run["end_reason"]:
-        typer.echo(f"[det] {run['end_reason']}", err=True)
-    return 128 - code if code < 0 else min(code, 255)
-
-
-def serve_url() -> str | None:
-    """Where det serve answers: ``DET_MASTER`` (Determined's variable), else the web server
-    ``det cluster up`` runs on this machine; None if neither."""
-    url = os.environ.get("DET_MASTER")
-    if url:
-        return (url if "://" in url else f"http://{url}").rstrip("/")
-    from det.cli.cluster import running_web_url
-
-    url = running_web_url()
-    return url.rstrip("/") if url else None
-
-
-def open_url(job: int, browser: bool) -> None:
-    """Print the proxy URL of task ``job`` and, with ``browser``, open it in a browser."""
-    path = f"/proxy/{job}/"
-    base = serve_url()
-    if base is None:
-        typer.echo(f"{path} (no det serve found: set DET_MASTER to its URL, or run "
-                   "det cluster up)")
-        return
-    typer.echo(f"{base}{path}")
-    if browser:
-        webbrowser.open(f"{base}{path}")
-
-
-# -- det shell open ------------------------------------------------------------------------------
-
-SSH_OPTIONS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-               "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"]
-"""Every task's sshd has a new host key, so none is remembered or checked; the task's own
-key is the only one offered."""
-
-
-def ssh_argv(address: str, key_file: str, ssh_args: list[str]) -> list[str]:
-    """The ``ssh`` command line that logs in to a shell at its run's ``address``
-    (``user@host:port``: the task's sshd lets in its own user alone, recorded by the task,
-    det.harness.interactive.shell) with the private key in ``key_file``, then ``ssh_args``.
-
-    Raises:
-        DetError: an address without its user.
-    """
-    user, at, host_port = address.rpartition("@")
-    if not at:
-        raise DetError(f"the shell's address {address!r} names no user")
-    host, _, port = host_port.rpartition(":")
-    return ["ssh", "-i", key_file, "-p", port, *SSH_OPTIONS, f"{user}@{host.strip('[]')}",
-            *ssh_args]
-
-
-def ssh_key(conn, job: int) -> str:
-    """The private key that opens shell ``job`` (det_task_ssh_key).
-
-    Raises:
-        NotFoundError / PermissionDeniedError: not a shell the caller may open (Editor).
-    """
-    key = conn.execute("SELECT det_task_ssh_key(%s) AS k", (job,)).fetchone()["k"]
-    return key if key.endswith("\n") else key + "\n"  # ssh refuses a key without it
-
-
-def write_key(path: str | Path, key: str) -> None:
-    """Write ``key`` to ``path``, readable by its owner alone (ssh refuses any other)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(key)
-
-
-def open_shell(job: int, ssh_args: list[str]) -> int:
-    """Run the system ``ssh`` into shell ``job`` once its server answers; returns ssh's exit
-    status. The private key lives in a 0600 temporary file removed afterwards."""
-    with db() as conn:
-        key = ssh_key(conn, job)  # refused before any wait
-    run = wait_ready(job)
-    with tempfile.TemporaryDirectory(prefix=f"det-shell-{job}-") as tmp:
-        key_file = str(Path(tmp) / "key")
-        write_key(key_file, key)
-        return subprocess.run(ssh_argv(run["address"], key_file, ssh_args)).returncode
-
-
 # -- each kind's commands ------------------------------------------------------------------------
 
 def _rows_for_table(rows: list[dict]) -> list[dict]:
@@ -330,146 +235,12 @@ def _time(value) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
 
 
-# -- det cmd ---------------------------------------------------------------------------------------
-
-cmd_app = typer.Typer(no_args_is_help=True)
-
-
-@cmd_app.command("run", context_settings={"allow_interspersed_args": False})
-def run(
-    command: list[str] = typer.Argument(..., metavar="[--] CMD...",
-                                        help="The command and its arguments, run as is."),
-    config_file: Path = CONFIG_FILE, config: list[str] = CONFIG, template: str = TEMPLATE,
-    context_dir: Path = CONTEXT, workspace: str = WORKSPACE, project: str = PROJECT,
-    force: bool = FORCE,
-    detach: bool = typer.Option(False, "--detach", "-d",
-                                help="Print the id and return; do not stream its output."),
-) -> None:
-    """Run a command on the cluster: streams its output and exits with its exit status
-    (1, with the reason, if it never ran)."""
-    job = submit("COMMAND", config_file, config, template, context_dir, workspace, project,
-                 force, entrypoint=command)
-    if detach:
-        typer.echo(job)
-        return
-    raise typer.Exit(exit_status(follow_logs(job, follow=True)))
-
-
-# -- det shell -----------------------------------------------------------------------------------
-
-shell_app = typer.Typer(no_args_is_help=True)
-
-
-@shell_app.command("start")
-def shell_start(
-    config_file: Path = CONFIG_FILE, config: list[str] = CONFIG, template: str = TEMPLATE,
-    context_dir: Path = CONTEXT, workspace: str = WORKSPACE, project: str = PROJECT,
-    force: bool = FORCE,
-    detach: bool = typer.Option(False, "--detach", "-d", help="Print the id; do not open it."),
-) -> None:
-    """Start a shell (an SSH server in a task) and open it with ssh."""
-    job = submit("SHELL", config_file, config, template, context_dir, workspace, project, force)
-    typer.echo(job)
-    if not detach:
-        raise typer.Exit(open_shell(job, []))
-
-
-@shell_app.command("open", context_settings={"allow_interspersed_args": False})
-def shell_open(job: int = ID,
-               ssh_args: list[str] = typer.Argument(None, metavar="[-- SSH_ARGS...]",
-                                                    help="Passed to ssh (a command to run)."),
-               ) -> None:
-    """Log in to the shell with the system ssh and the task's own key (Editor of its
-    workspace); exits with ssh's status."""
-    job = parse_job_id(job, "ID")
-    with db() as conn:
-        get_task(conn, job, "SHELL")
-    raise typer.Exit(open_shell(job, list(ssh_args or [])))
-
-
-@shell_app.command("show_ssh_command")
-def show_ssh_command(job: int = ID) -> None:
-    """Print the ssh command that opens the shell; its key is saved, readable by you alone,
-    under det's home."""
-    job = parse_job_id(job, "ID")
-    with db() as conn:
-        get_task(conn, job, "SHELL")
-        key = ssh_key(conn, job)  # refused before any wait
-    run = wait_ready(job)
-    keys = det_home() / "ssh"
-    keys.mkdir(mode=0o700, parents=True, exist_ok=True)
-    key_file = keys / f"shell-{job}.key"
-    write_key(key_file, key)
-    typer.echo(" ".join(ssh_argv(run["address"], str(key_file), [])))
-
-
-# -- det notebook, det tensorboard ---------------------------------------------------------------
-
-NO_BROWSER = typer.Option(False, "--no-browser", help="Print the URL only.")
-
-notebook_app = typer.Typer(no_args_is_help=True)
-
-
-@notebook_app.command("start")
-def notebook_start(
-    config_file: Path = CONFIG_FILE, config: list[str] = CONFIG, template: str = TEMPLATE,
-    context_dir: Path = CONTEXT, workspace: str = WORKSPACE, project: str = PROJECT,
-    force: bool = FORCE, no_browser: bool = NO_BROWSER,
-) -> None:
-    """Start JupyterLab; once it answers, print its URL (through det serve) and open it."""
-    job = submit("NOTEBOOK", config_file, config, template, context_dir, workspace, project,
-                 force)
-    wait_ready(job)
-    open_url(job, not no_browser)
-
-
-tensorboard_app = typer.Typer(no_args_is_help=True)
-
-
-@tensorboard_app.command("start")
-def tensorboard_start(
-    experiment_ids: list[int] = typer.Argument(None, metavar="EXPERIMENT_ID..."),
-    trial_ids: list[int] = typer.Option([], "--trial-ids", "-t", metavar="TRIAL_ID",
-                                        help="A trial to show. Repeatable."),
-    config_file: Path = CONFIG_FILE, config: list[str] = CONFIG, template: str = TEMPLATE,
-    context_dir: Path = CONTEXT, workspace: str = WORKSPACE, project: str = PROJECT,
-    force: bool = FORCE, no_browser: bool = NO_BROWSER,
-) -> None:
-    """Start TensorBoard over the metrics of experiments and trials (you may view them);
-    once it answers, print its URL (through det serve) and open it."""
-    if not experiment_ids and not trial_ids:
-        raise DetError("give at least one EXPERIMENT_ID or --trial-ids TRIAL_ID")
-    job = submit("TENSORBOARD", config_file, config, template, context_dir, workspace,
-                 project, force, experiment_ids=tuple(experiment_ids or ()),
-                 trial_ids=tuple(trial_ids))
-    wait_ready(job)
-    open_url(job, not no_browser)
-
-
-def _open_command(kind: str):
-    def open_(job: int = ID, no_browser: bool = NO_BROWSER) -> None:
-        """Print the task's URL (through det serve) once it answers, and open it."""
-        job = parse_job_id(job, "ID")
-        with db() as conn:
-            get_task(conn, job, kind)
-        wait_ready(job)
-        open_url(job, not no_browser)
-    return open_
-
-
-notebook_app.command("open")(_open_command("NOTEBOOK"))
-tensorboard_app.command("open")(_open_command("TENSORBOARD"))
-for _app, _kind in ((cmd_app, "COMMAND"), (shell_app, "SHELL"), (notebook_app, "NOTEBOOK"),
-                    (tensorboard_app, "TENSORBOARD")):
-    add_common(_app, _kind)
-
-
 # -- det task ------------------------------------------------------------------------------------
 
-task_app = typer.Typer(no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True)
 
 
-@task_app.command("list")
+@app.command("list")
 def task_list(all_: bool = typer.Option(False, "--all", "-a",
                                         help="Every user's, ended ones too."),
               json_: bool = JSON) -> None:
@@ -486,10 +257,10 @@ def task_list(all_: bool = typer.Option(False, "--all", "-a",
                  "Idle for", "End reason"])
 
 
-task_app.command("ls", hidden=True)(task_list)
+app.command("ls", hidden=True)(task_list)
 
 
-@task_app.command("logs")
+@app.command("logs")
 def task_logs(job: int = ID,
               follow: bool = typer.Option(False, "--follow", "-f",
                                           help="Keep streaming until it ends.")) -> None:

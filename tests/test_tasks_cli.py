@@ -17,7 +17,8 @@ from psycopg.types.json import Jsonb
 from test_cli import one_line_error
 from test_rbac import CONFIG, Cluster
 
-from det.cli.tasks import exit_status, ssh_argv
+from det.cli.commands import exit_status
+from det.cli.shells import ssh_argv
 from det.errors import DetError
 from det.queries.tasks import go_duration
 

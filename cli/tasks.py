@@ -25,7 +25,7 @@ from det.queries.tasks import (
     LOGS_AFTER,
     NOUNS,
     get_task,
-    go_duration,
+    idle_for,
     list_tasks,
     run_of,
 )
@@ -140,7 +140,7 @@ def wait_ready(job: int) -> dict:
 
 def _rows_for_table(rows: list[dict]) -> list[dict]:
     for r in rows:
-        r["idle_for"] = go_duration(r["idle_seconds"])
+        r["idle_for"] = idle_for(r["idle_seconds"])
     return rows
 
 
@@ -183,7 +183,7 @@ def add_common(app: typer.Typer, kind: str) -> None:
         typer.echo(f"submitted {_time(task['submitted_at'])}, started "
                    f"{_time(task['started'])}, ended {_time(task['ended'])}")
         if task["idle_seconds"] is not None:
-            typer.echo(f"idle for {go_duration(task['idle_seconds'])}")
+            typer.echo(f"idle for {idle_for(task['idle_seconds'])}")
         if task["address"]:
             typer.echo(f"server at {task['address']} (agent {task['agent_id']})")
         if task["pending_reason"] and task["state"] == "PENDING":

@@ -3,11 +3,11 @@ task (``reporting.tasks``, which row-level security filters like every job), the
 what ``det shell open`` and ``det notebook start`` wait for."""
 
 import math
-from datetime import timedelta
 
 import psycopg
 
 from det.errors import NotFoundError
+from det.reconciler.tasks import go_duration
 
 KINDS = {"cmd": "COMMAND", "notebook": "NOTEBOOK", "shell": "SHELL",
          "tensorboard": "TENSORBOARD"}
@@ -102,18 +102,10 @@ def run_of(conn: psycopg.Connection, job_id: int) -> dict:
     return row
 
 
-def go_duration(seconds: float | timedelta | None) -> str:
-    """``seconds`` as Go prints a duration, as Determined shows it: ``45s``, ``10m0s``,
-    ``2h5m0s`` (whole seconds, rounded down); "" for None."""
+def idle_for(seconds: float | None) -> str:
+    """``seconds`` idle as ``det task list`` shows it: whole seconds in Go's duration style,
+    as det's end reasons say it (``45s``, ``10m0s``; det.reconciler.tasks.go_duration); ""
+    for None (a task not running)."""
     if seconds is None:
         return ""
-    if isinstance(seconds, timedelta):
-        seconds = seconds.total_seconds()
-    total = max(0, math.floor(seconds))
-    h, rest = divmod(total, 3600)
-    m, s = divmod(rest, 60)
-    if h:
-        return f"{h}h{m}m{s}s"
-    if m:
-        return f"{m}m{s}s"
-    return f"{s}s"
+    return go_duration(max(0, math.floor(seconds)))

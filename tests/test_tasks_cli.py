@@ -58,6 +58,26 @@ def test_cmd_run_streams_and_exits_with_the_commands_status(det, conn) -> None:
     assert torch.__version__ in det("task", "logs", "1").stdout
 
 
+def test_cmd_run_with_context_config_file_and_template(det, conn, tmp_path) -> None:
+    """`-c DIR` is the command's working directory; a template's environment variables and
+    a --config-file's description reach the task, the file's values over the template's."""
+    start_cluster(det)
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "hello.txt").write_text("from the context\n")
+    template = tmp_path / "t.yaml"
+    template.write_text("description: from the template\n"
+                        "environment: {environment_variables: [GREETING=hi]}\n")
+    det("template", "set", "team", str(template))
+    config = tmp_path / "task.yaml"
+    config.write_text("description: greeter\n")
+    r = det("cmd", "run", "-c", str(ctx), "--template", "team", "--config-file", str(config),
+            "--", "sh", "-c", 'echo "$GREETING $(cat hello.txt)"', timeout=240)
+    assert r.stdout.strip().splitlines()[-1] == "hi from the context", (r.stdout, r.stderr)
+    assert json.loads(det("cmd", "list", "--all", "--json").stdout)[0]["description"] == \
+        "greeter"
+
+
 def test_list_describe_kill_and_the_queue(det, conn) -> None:
     """A long command: listed by its kind and by `det task list`, described, in the job
     queue with its type; killed, it leaves the default list (mine and live) for --all with

@@ -79,11 +79,12 @@ def test_cmd_run_with_context_config_file_and_template(det, conn, tmp_path) -> N
 
 
 def test_list_describe_kill_and_the_queue(det, conn) -> None:
-    """A long command: listed by its kind and by `det task list`, described, in the job
-    queue with its type; killed, it leaves the default list (mine and live) for --all with
-    who killed it."""
+    """A long command: listed by its kind and by `det task list`, described (its secrets
+    redacted), in the job queue with its type; killed, it leaves the default list (mine and
+    live) for --all with who killed it."""
     start_cluster(det)
-    job = int(det("cmd", "run", "--detach", "--config", "description=sleeper", "--",
+    job = int(det("cmd", "run", "--detach", "--config", "description=sleeper", "--config",
+                  "environment.environment_variables=[HF_TOKEN=s3cret]", "--",
                   "sleep", "600").stdout.strip())
     wait_for(lambda: run_state(conn, job) == "RUNNING", 120, "the command to run")
     listed = det("cmd", "list").stdout
@@ -96,6 +97,7 @@ def test_list_describe_kill_and_the_queue(det, conn) -> None:
         (job, "TYPE_COMMAND", "sleeper", "STATE_SCHEDULED")]
     described = det("cmd", "describe", str(job)).stdout
     assert "sleeper" in described and "[RUNNING]" in described and "sleep" in described
+    assert "HF_TOKEN=********" in described and "s3cret" not in described
     # another kind's command names it for what it is
     r = det("notebook", "describe", str(job), check=False)
     assert f"job {job} is a command (det cmd describe {job})" in one_line_error(r)

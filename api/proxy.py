@@ -64,10 +64,10 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "te", "trailer", "trailers", "transfer-encoding", "upgrade"})
 """Headers of one connection, not of the message (RFC 9110 7.6.1): never relayed."""
 
-NOT_FORWARDED = HOP_BY_HOP | {"host", "authorization", "cookie", "accept-encoding"}
+NOT_FORWARDED = HOP_BY_HOP | {"host", "authorization", "cookie", "accept-encoding", "expect"}
 """Request headers the proxy sets itself (host: the task's; authorization: Jupyter's token
 instead of the user's det token; cookie: without det's; accept-encoding: see
-:func:`_request_headers`)."""
+:func:`_request_headers`) or answers itself (expect: uvicorn sent the 100 Continue)."""
 
 NOT_RETURNED = HOP_BY_HOP | {"set-cookie", "date", "server", "content-length"}
 """Response headers not relayed as they are (uvicorn writes its own date, server and length
@@ -205,40 +205,48 @@ def unavailable_page(t: Target, problem: str | None = None) -> HTMLResponse:
         status_code=status, headers={"Cache-Control": "no-store"})
 
 
-def _upstream_cookie(header: str | None) -> str | None:
+def _upstream_cookie(header: bytes | None) -> bytes | None:
     """The browser's Cookie header without det's login cookie (a task never sees it)."""
     if not header:
         return None
-    kept = [part.strip() for part in header.split(";")
-            if part.strip() and part.split("=", 1)[0].strip() != COOKIE]
-    return "; ".join(kept) or None
+    kept = [part.strip() for part in header.split(b";")
+            if part.strip() and part.split(b"=", 1)[0].strip() != COOKIE.encode()]
+    return b"; ".join(kept) or None
 
 
-def _request_headers(request: Request, t: Target) -> list[tuple[str, str]]:
-    """The request's headers as sent to the task: see :data:`NOT_FORWARDED`. The browser's
-    ``Accept-Encoding`` is sent on (``identity`` when it has none, else httpx would ask for
-    gzip on its behalf): bodies are relayed as the task encoded them, but HTML, which is
-    decoded to scrub the token."""
-    out = [(k, v) for k, v in request.headers.items() if k not in NOT_FORWARDED]
-    out.append(("accept-encoding", request.headers.get("accept-encoding", "identity")))
-    out.append(("authorization", f"token {t.jupyter_token}"))
-    cookie = _upstream_cookie(request.headers.get("cookie"))
+def _header(scope_headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    return next((v for k, v in scope_headers if k == name), None)
+
+
+def _request_headers(request: Request, t: Target) -> list[tuple[bytes, bytes]]:
+    """The request's headers as sent to the task, as bytes (what the browser sent, whatever
+    its encoding): see :data:`NOT_FORWARDED`. The browser's ``Accept-Encoding`` is sent on
+    (``identity`` when it has none, else httpx would ask for gzip on its behalf): bodies are
+    relayed as the task encoded them, but HTML, which is decoded to scrub the token."""
+    raw = request.scope["headers"]
+    out = [(k, v) for k, v in raw if k.decode("latin-1") not in NOT_FORWARDED]
+    out.append((b"accept-encoding", _header(raw, b"accept-encoding") or b"identity"))
+    out.append((b"authorization", f"token {t.jupyter_token}".encode()))
+    cookie = _upstream_cookie(_header(raw, b"cookie"))
     if cookie is not None:
-        out.append(("cookie", cookie))
+        out.append((b"cookie", cookie))
     return out
 
 
-def _response_headers(upstream: httpx.Response, scrub: bool) -> list[tuple[str, str]]:
-    """The task's answer's headers as sent to the browser: see :data:`NOT_RETURNED` and
-    :data:`TASK_COOKIES`; a scrubbed body is sent decoded, so without its encoding."""
+def _response_headers(upstream: httpx.Response, scrub: bool) -> list[tuple[bytes, bytes]]:
+    """The task's answer's headers as sent to the browser, as bytes: see :data:`NOT_RETURNED`
+    and :data:`TASK_COOKIES`; a scrubbed body is sent decoded, so without its encoding."""
     drop = NOT_RETURNED | ({"content-encoding"} if scrub else frozenset())
-    out = [(k, v) for k, v in upstream.headers.multi_items() if k.lower() not in drop]
+    out = []
+    for key, value in upstream.headers.raw:
+        name = key.lower()
+        if name == b"set-cookie":
+            if value.split(b"=", 1)[0].strip().decode("latin-1") in TASK_COOKIES:
+                out.append((name, value))
+        elif name.decode("latin-1") not in drop:
+            out.append((name, value))
     if not scrub and "content-length" in upstream.headers:
-        out.append(("content-length", upstream.headers["content-length"]))
-    for value in upstream.headers.get_list("set-cookie"):
-        name = value.split("=", 1)[0].strip()
-        if name in TASK_COOKIES:
-            out.append(("set-cookie", value))
+        out.append((b"content-length", upstream.headers["content-length"].encode()))
     return out
 
 
@@ -293,8 +301,7 @@ async def proxy_http(request: Request, job_id: BigId, path: str) -> Response:
             else upstream.aiter_raw())
     response = StreamingResponse(body, status_code=upstream.status_code,
                                  background=BackgroundTask(upstream.aclose))
-    response.raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
-                            for k, v in _response_headers(upstream, scrub)]
+    response.raw_headers = _response_headers(upstream, scrub)
     return response
 
 
@@ -353,9 +360,9 @@ async def proxy_ws(ws: WebSocket, job_id: BigId, path: str) -> None:
     uri = f"ws://{t.address}{raw.decode('latin-1')}" + (f"?{query.decode('latin-1')}"
                                                           if query else "")
     headers = [("Authorization", f"token {t.jupyter_token}")]
-    cookie = _upstream_cookie(ws.headers.get("cookie"))
+    cookie = _upstream_cookie(_header(ws.scope["headers"], b"cookie"))
     if cookie is not None:
-        headers.append(("Cookie", cookie))
+        headers.append(("Cookie", cookie.decode("latin-1")))
     try:
         upstream = await websockets.connect(
             uri, additional_headers=headers, subprotocols=ws.scope.get("subprotocols") or None,

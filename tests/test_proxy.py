@@ -248,6 +248,15 @@ def test_credentials_and_cookies_are_swapped_at_the_proxy(serve, conn, task_serv
         assert seen["headers"]["authorization"] == f"token {task_server.token}"
         assert seen["headers"]["cookie"] == "theme=dark"  # never det's login
         assert serve.token not in str(seen["headers"])
+        # a header's bytes that are not ASCII (a browser sends Latin-1 as it is) pass as bytes
+        r = browser.get(f"/proxy/{job}/echo", headers={
+            "X-Note": "café".encode("latin-1"),
+            "Cookie": f"det_token={serve.token}; name=Zoë".encode("latin-1")})
+        assert r.status_code == 200, r.text
+        assert task_server.seen[-1]["headers"]["x-note"] == "café"
+        assert task_server.seen[-1]["headers"]["cookie"] == "name=Zoë"
+        r = browser.post(f"/proxy/{job}/echo", content=b"x" * 1000,
+                         headers={"Origin": serve.url})
         # Only Jupyter's XSRF cookie comes back: not its login cookie, not a planted det_token
         set_cookies = r.headers.get_list("set-cookie")
         assert [c.split("=")[0] for c in set_cookies] == ["_xsrf"], set_cookies

@@ -3,15 +3,20 @@
 One Dockerfile (``agent/image/Dockerfile``) is built in two ways, chosen by its ``BASE`` arg:
 
 - online: ``FROM python:3.11-slim``, pulled from a registry;
-- offline: ``FROM det/base:bookworm``, a Debian bookworm root filesystem made by
-  ``debootstrap`` from a Debian mirror and imported into the engine (bookworm's python3 is
-  3.11, the same cp311 ABI as the wheels).
+- offline: ``FROM det/base:bookworm-<digest>``, a Debian bookworm root filesystem made by
+  ``debootstrap`` from a Debian mirror with :data:`BASE_PACKAGES` and imported into the engine
+  (bookworm's python3 is 3.11, the same cp311 ABI as the wheels); the digest is of the
+  package list, so a base made with other packages is never taken for it.
 
-Either way nothing is fetched inside the build (it runs with no network): the host's pip
-first writes det[torch] and all its dependencies as wheels into the build context, torch
-pinned to the host's own build. The wheels and the root-filesystem tarball are cached under
-``det_home()/image``, so a second build downloads nothing and only repeats the image steps.
-Tasks run ``python3`` from the venv, which ``PATH`` puts first.
+The host's pip first writes det[torch] and all its dependencies (JupyterLab, TensorBoard) as
+wheels into the build context, torch pinned to the host's own build. An offline build then
+fetches nothing (it runs with no network); an online one fetches only Debian's
+``openssh-server`` for shell tasks, which python:3.11-slim lacks. The wheels and the
+root-filesystem tarball are cached under ``det_home()/image``, so a second build downloads
+nothing and only repeats the image steps. Tasks run ``python3`` from the venv, which ``PATH``
+puts first. The image is labelled with :func:`image_revision`: an image of det's tag built
+from another Dockerfile, base or set of dependencies is built again by
+:func:`ensure_default_image`.
 
 Measured on 2 cores with a CPU torch: about 2 min from nothing (debootstrap included) and
 1 min 50 s again with the caches; the image is 1.5 GB.
@@ -19,6 +24,7 @@ Measured on 2 cores with a CPU torch: about 2 min from nothing (debootstrap incl
 
 import contextlib
 import fcntl
+import hashlib
 import importlib.metadata
 import os
 import shutil
@@ -38,13 +44,21 @@ from det.errors import ImageError
 # "cpu": the torch inside is the host's build, the CPU one on hosts that have no CUDA torch.
 DEFAULT_IMAGE = f"det/task:{det.__version__}-cpu"
 ONLINE_BASE = "python:3.11-slim"
-OFFLINE_BASE = "det/base:bookworm"
 # bookworm is the Debian release whose python3 is 3.11, the Python the wheels are built for.
 SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DOCKERFILE = Path(__file__).parent / "image" / "Dockerfile"
-# python3-venv brings ensurepip's bundled pip, which installs the wheels inside the image.
-BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+# python3-venv brings ensurepip's bundled pip, which installs the wheels inside the image;
+# openssh-server is the sshd of shell tasks (det.harness.interactive).
+BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "openssh-server")
+_BASE_DIGEST = hashlib.sha256(",".join(BASE_PACKAGES).encode()).hexdigest()[:8]
+OFFLINE_BASE = f"det/base:{SUITE}-{_BASE_DIGEST}"
+LABEL_REVISION = "ai.det.image-revision"
+IMAGE_PINS = ("soupsieve<3",)
+"""Versions the wheels are held to, beyond det's own requirements: the host's pip picks what
+its own Python accepts, and these newest versions need a later 3.11 than the offline base's
+(bookworm's python3 is 3.11.2; soupsieve 3 and later, which JupyterLab pulls in through
+nbconvert and beautifulsoup4, need 3.11.5)."""
 # `docker import` gives an image no environment; these match python:3.11-slim's.
 BASE_CHANGES = ("ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "ENV LANG=C.UTF-8", 'CMD ["python3"]')
@@ -56,6 +70,22 @@ def image_dir() -> Path:
     """Where build inputs are cached: ``det_home()/image`` (``wheels/``, ``rootfs-bookworm.tar``;
     delete it to start over) and the build context is assembled (``context/``)."""
     return det_home() / "image"
+
+
+def rootfs_tarball() -> Path:
+    """The cached root filesystem of the offline base (named by its packages' digest)."""
+    return image_dir() / f"rootfs-{SUITE}-{_BASE_DIGEST}.tar"
+
+
+def image_revision() -> str:
+    """What the default image is built from, as a digest: the Dockerfile, the offline base's
+    packages, :data:`IMAGE_PINS` and det's requirements (its ``Requires-Dist``, JupyterLab's
+    among them)."""
+    parts = [DOCKERFILE.read_bytes(), ",".join(BASE_PACKAGES).encode(),
+             ",".join(IMAGE_PINS).encode()]
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        parts += [r.encode() for r in importlib.metadata.requires("det") or []]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:12]
 
 
 def det_requirements() -> list[str]:
@@ -73,13 +103,15 @@ def det_requirements() -> list[str]:
     return reqs
 
 
-def wheel_command(wheel_dir: Path, cache_dir: Path,
-                  requirements: list[str] | None = None) -> list[str]:
+def wheel_command(wheel_dir: Path, cache_dir: Path, requirements: list[str] | None = None,
+                  constraints: Path | None = None) -> list[str]:
     """The host pip command that writes ``requirements`` (default :func:`det_requirements`) and
     all their dependencies as wheels into ``wheel_dir``, taking those it can from
-    ``cache_dir`` rather than downloading them again."""
+    ``cache_dir`` rather than downloading them again, within ``constraints`` (a pip
+    constraints file: :data:`IMAGE_PINS`)."""
     return [sys.executable, "-m", "pip", "wheel", "--progress-bar", "off",
             "--wheel-dir", str(wheel_dir), "--find-links", str(cache_dir),
+            *(["--constraint", str(constraints)] if constraints else []),
             *(requirements or det_requirements())]
 
 
@@ -92,8 +124,10 @@ def debootstrap_command(rootfs: Path, mirror: str | None = None) -> list[str]:
 
 
 def build_args(offline: bool) -> dict[str, str]:
-    """The Dockerfile's build args: the base image and det's version (for the label)."""
-    return {"BASE": OFFLINE_BASE if offline else ONLINE_BASE, "DET_VERSION": det.__version__}
+    """The Dockerfile's build args: the base image, det's version and the image's revision
+    (for the labels)."""
+    return {"BASE": OFFLINE_BASE if offline else ONLINE_BASE, "DET_VERSION": det.__version__,
+            "DET_IMAGE_REVISION": image_revision()}
 
 
 def build_default_image(client: docker.DockerClient, tag: str = DEFAULT_IMAGE,
@@ -115,18 +149,27 @@ def build_default_image(client: docker.DockerClient, tag: str = DEFAULT_IMAGE,
 
 def ensure_default_image(client: docker.DockerClient, tag: str = DEFAULT_IMAGE,
                          log: Log = print) -> str:
-    """``tag`` if the engine has it, else build it offline (no registry needed) and return it.
+    """``tag`` if the engine has it at this :func:`image_revision`, else build it offline (no
+    registry needed) and return it.
 
     Raises:
         ImageError: as :func:`build_default_image`.
     """
-    if _has_image(client, tag):
+    if _is_current(client, tag):
         return tag
     with _build_lock():
-        if not _has_image(client, tag):  # another process may have built it while we waited
-            log(f"{tag} is missing; building it offline")
+        if not _is_current(client, tag):  # another process may have built it while we waited
+            log(f"{tag} is missing or older than this det's image; building it offline")
             _build(client, tag, True, None, log)
     return tag
+
+
+def _is_current(client: docker.DockerClient, tag: str) -> bool:
+    try:
+        labels = client.images.get(tag).labels or {}
+    except docker.errors.ImageNotFound:
+        return False
+    return labels.get(LABEL_REVISION) == image_revision()
 
 
 def _build(client: docker.DockerClient, tag: str, offline: bool, mirror: str | None,
@@ -146,14 +189,16 @@ def _build(client: docker.DockerClient, tag: str, offline: bool, mirror: str | N
     wheels.mkdir(parents=True)
     cache.mkdir(exist_ok=True)
     requirements = det_requirements()
-    _run(wheel_command(wheels, cache, requirements), log,
+    pins = image_dir() / "constraints.txt"
+    pins.write_text("".join(f"{pin}\n" for pin in IMAGE_PINS))
+    _run(wheel_command(wheels, cache, requirements, pins), log,
          f"pip could not make wheels of {' '.join(requirements)}; if the torch pin is not on "
          f"pip's indexes, give it one (PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)")
     for wheel in wheels.glob("*.whl"):
         if not (cache / wheel.name).exists():
             os.link(wheel, cache / wheel.name)
     shutil.copyfile(DOCKERFILE, context / "Dockerfile")
-    _docker_build(client, context, tag, build_args(offline), log)
+    _docker_build(client, context, tag, build_args(offline), log, network=not offline)
 
 
 def ensure_offline_base(client: docker.DockerClient, mirror: str | None = None,
@@ -166,7 +211,7 @@ def ensure_offline_base(client: docker.DockerClient, mirror: str | None = None,
     """
     if _has_image(client, OFFLINE_BASE):
         return OFFLINE_BASE
-    tarball = image_dir() / f"rootfs-{SUITE}.tar"
+    tarball = rootfs_tarball()
     if not tarball.is_file():
         _debootstrap(tarball, mirror, log)
     repository, tag = OFFLINE_BASE.split(":")
@@ -215,13 +260,15 @@ def _pull_online_base(client: docker.DockerClient, log: Log) -> None:
 
 
 def _docker_build(client: docker.DockerClient, context: Path, tag: str,
-                  args: dict[str, str], log: Log) -> None:
+                  args: dict[str, str], log: Log, network: bool) -> None:
     step, last_id, stages = "", None, []
     old_id = client.images.get(tag).id if _has_image(client, tag) else None
     try:
-        # network_mode none: the build must not fetch anything; all it needs is in the context.
+        # network_mode none offline: the build must not fetch anything; all it needs is in the
+        # context and the base. Online, apt fetches openssh-server (see the Dockerfile).
         for chunk in client.api.build(path=str(context), tag=tag, buildargs=args, decode=True,
-                                      rm=True, forcerm=True, pull=False, network_mode="none"):
+                                      rm=True, forcerm=True, pull=False,
+                                      network_mode=None if network else "none"):
             if "error" in chunk:
                 raise ImageError(f"building {tag} failed at {step.strip() or 'the start'}: "
                                  f"{chunk['error'].strip()}; see the build output above")

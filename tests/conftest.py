@@ -233,8 +233,9 @@ def docker_client() -> docker.DockerClient:
 
 @pytest.fixture(scope="session")
 def task_image(docker_client) -> str:
-    """det's default task image, built offline (debootstrap) once if the engine lacks it."""
-    tarball = image.image_dir() / f"rootfs-{image.SUITE}.tar"
+    """det's default task image, built offline (debootstrap) once if the engine lacks it or
+    has an older one (image.image_revision)."""
+    tarball = image.rootfs_tarball()
     if not (docker_client.images.list(image.DEFAULT_IMAGE)
             or docker_client.images.list(image.OFFLINE_BASE) or tarball.is_file()):
         if shutil.which("debootstrap") is None:

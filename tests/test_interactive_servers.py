@@ -273,18 +273,7 @@ def test_a_server_that_never_answers_fails_the_run_with_the_reason(
 
 def test_tensorboard_lists_an_experiments_scalar_tags(
         conn: psycopg.Connection, db_url: str, tmp_path: Path, ended) -> None:
-    from det.harness.storage import storage_from_config
-    from det.harness.tensorboard import TensorboardFiles
-
-    eid, _ = ended.make([[(10, 0.5)], [(10, 0.25)]])
-    trials = [r["id"] for r in conn.execute(
-        "SELECT id FROM trials WHERE experiment_id = %s ORDER BY id", (eid,))]
-    storage = storage_from_config({"type": "shared_fs", "host_path": str(ended.storage)})
-    for tid in trials:  # what a trial's harness writes as it reports metrics
-        files = TensorboardFiles(storage, eid, tid)
-        files.report("training", 10, {"loss": 0.5})
-        files.report("validation", 10, {"accuracy": 0.9})
-        files.close()
+    eid, trials = write_events(conn, ended)
     claimed = claim_task(conn, db_url, "TENSORBOARD", experiment_ids=(eid,))
     transport = TaskTransport(db_url, claimed.allocation_id, claimed.token)
     [source] = transport.tensorboard_sources()
@@ -453,3 +442,56 @@ def test_a_killed_shell_ends_its_open_ssh_sessions(det, conn: psycopg.Connection
     finally:
         if session.poll() is None:
             session.kill()
+
+
+def write_events(conn: psycopg.Connection, ended) -> tuple[int, list[int]]:
+    """An ended experiment of two trials whose harness wrote TensorBoard events of a training
+    and a validation metric; (its id, its trial ids)."""
+    from det.harness.storage import storage_from_config
+    from det.harness.tensorboard import TensorboardFiles
+
+    eid, _ = ended.make([[(10, 0.5)], [(10, 0.25)]])
+    trials = [r["id"] for r in conn.execute(
+        "SELECT id FROM trials WHERE experiment_id = %s ORDER BY id", (eid,))]
+    storage = storage_from_config({"type": "shared_fs", "host_path": str(ended.storage)})
+    for tid in trials:
+        files = TensorboardFiles(storage, eid, tid)
+        files.report("training", 10, {"loss": 0.5})
+        files.report("validation", 10, {"accuracy": 0.9})
+        files.close()
+    return eid, trials
+
+
+def test_servers_in_containers_of_dets_image(det, conn: psycopg.Connection, tmp_path: Path,
+                                             ended, docker_client, task_image: str) -> None:
+    """The docker runtime with det's image (built offline): JupyterLab runs a kernel and a
+    kill ends the container; TensorBoard reads the event files the agent mounted; sshd lets the
+    task's key in as root."""
+    notebook_through_an_agent(det, conn, "docker")
+    agent = conn.execute("SELECT id FROM agents").fetchone()["id"]
+    eid, trials = write_events(conn, ended)
+    job, alloc = place(conn, "TENSORBOARD", agent, experiment_ids=(eid,))
+    addr = wait_for(lambda: conn.execute("SELECT address FROM allocations WHERE id = %s",
+                                         (alloc,)).fetchone()["address"],
+                    120, "TensorBoard's address")
+    url = f"http://{addr}/proxy/{job}/data/plugin/scalars/tags"
+    tags = wait_for(lambda: http("GET", url), 60, "TensorBoard's first load of the events")
+    assert sorted(tags) == [f"exp{eid}/trial/{tid}" for tid in trials]
+    job, alloc = place(conn, "SHELL", agent)
+
+    def recorded() -> str | None:
+        row = conn.execute("SELECT state, address FROM allocations WHERE id = %s",
+                           (alloc,)).fetchone()
+        assert row["state"] != "TERMINATED", task_log(conn, alloc) + det.log("agent")
+        return row["address"]
+
+    addr = wait_for(recorded, 120, "the shell's address")
+    assert addr.startswith("root@")
+    key = tmp_path / "key"
+    key.write_text(conn.execute("SELECT ssh_private_key FROM task_secrets WHERE job_id = %s",
+                                (job,)).fetchone()["ssh_private_key"])
+    key.chmod(0o600)
+    done = ssh(addr, key, "hostname; command -v python3")
+    assert done.returncode == 0, done.stderr + task_log(conn, alloc)
+    # host networking: the container's hostname is the host's; the task's Python first
+    assert done.stdout.split() == [socket.gethostname(), "/opt/det/venv/bin/python3"]

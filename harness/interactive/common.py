@@ -33,9 +33,10 @@ ACTIVITY_POLL_SECONDS = 5.0
 shortest idle timeout the issue tests (20 s), so an idle end comes within a few seconds of
 it."""
 
-STOP_GRACE_SECONDS = 10.0
-"""How long a server has to exit after SIGTERM (Jupyter shuts its kernels down) before it is
-killed."""
+STOP_GRACE_SECONDS = 5.0
+"""How long a server has to exit after SIGTERM (Jupyter shuts its kernels down in ~1 s) before
+it is killed: half the agent's stop grace (det.agent.daemon.STOP_GRACE_SECONDS), so a planned
+stop ends it before the agent kills the task."""
 
 _PROBE_PAUSE = 0.1  # seconds between two looks at a server that does not answer yet
 _TICK = 0.5  # seconds between two looks at a running server (has it exited?)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from conftest import wait_for
+from conftest import Det, private_env, wait_for
 from psycopg.types.json import Jsonb
 from test_cli import one_line_error
 from test_rbac import CONFIG, Cluster
@@ -110,6 +110,24 @@ def test_list_describe_kill_and_the_queue(det, conn) -> None:
     assert ended[0]["end_reason"].startswith("killed by ")
     assert json.loads(det("job", "list", "--json").stdout) == []
     assert "no longer queued" in det("job", "explain", str(job)).stdout
+
+
+def test_cmd_run_rides_out_a_database_restart(private_pg, det_env, tmp_path) -> None:
+    """The database restarts while `det cmd run` streams: every line comes once, in order,
+    and det still exits with the command's status."""
+    pdet = Det(private_env(det_env, private_pg.url), tmp_path)
+    try:
+        start_cluster(pdet)
+        ticker = "for i in $(seq 1 60); do echo line $i; sleep 0.1; done; exit 5"
+        run = pdet.start("run", "cmd", "run", "--", "sh", "-c", ticker)
+        wait_for(lambda: "line 10" in pdet.log("run"), 120, "the command's first lines")
+        private_pg.restart(down=1.0)
+        assert run.wait(120) == 5, pdet.log("run")
+        assert "task 1: logs: database unavailable" in pdet.log("run")  # the fault hit it
+        lines = [ln for ln in pdet.log("run").splitlines() if ln.startswith("line ")]
+        assert lines == [f"line {i}" for i in range(1, 61)], pdet.log("run")
+    finally:
+        pdet.stop_all()
 
 
 def test_a_waiting_task_says_why_and_one_killed_before_it_ran(det, conn, tmp_path) -> None:

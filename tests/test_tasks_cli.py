@@ -236,7 +236,8 @@ def test_ssh_argv_logs_in_as_the_user_the_task_recorded() -> None:
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client is installed")
 def test_shell_open_runs_ssh_into_the_task(det, conn) -> None:
-    """`det shell open ID -- hostname` prints the task's hostname over real ssh."""
+    """`det shell open ID -- hostname` prints the task's hostname over real ssh, as does
+    the command show_ssh_command prints; `det shell start` opens the new shell."""
     start_cluster(det)
     job = int(det("shell", "start", "--detach").stdout.strip())
     r = det("shell", "open", str(job), "--", "hostname", timeout=240)
@@ -247,6 +248,10 @@ def test_shell_open_runs_ssh_into_the_task(det, conn) -> None:
                          timeout=60)
     assert out.stdout.strip() == socket.gethostname(), out.stderr
     det("shell", "kill", str(job))
+    # start without --detach: the id, then ssh (its commands from stdin here, no terminal)
+    r = det("shell", "start", input="hostname\nexit 4\n", check=False, timeout=240)
+    assert r.returncode == 4, (r.stdout, r.stderr)
+    assert r.stdout.split() == [str(job + 1), socket.gethostname()], (r.stdout, r.stderr)
 
 
 def test_notebook_and_tensorboard_start_print_the_proxy_url(det, conn, tmp_path) -> None:

@@ -3,6 +3,7 @@ through det serve's proxy at ``/proxy/<id>/``."""
 
 import os
 import webbrowser
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -92,7 +93,9 @@ def tensorboard_start(
     open_url(job, not no_browser)
 
 
-def _open_command(kind: str):
+def _open_command(kind: str) -> Callable[..., None]:
+    """``det notebook open`` / ``det tensorboard open`` for tasks of ``kind``."""
+
     def open_(job: int = ID, no_browser: bool = NO_BROWSER) -> None:
         """Print the task's URL (through det serve) once it answers, and open it."""
         job = parse_job_id(job, "ID")

@@ -287,7 +287,11 @@ def test_tensorboard_lists_an_experiments_scalar_tags(
         tags = wait_for(lambda: http("GET", url), 60, "TensorBoard's first load of the events")
         assert {run: sorted(t) for run, t in tags.items()} == {
             f"exp{eid}/trial/{tid}": ["loss", "val_accuracy"] for tid in trials}
-        assert harness.stop() == 0
+        # a run to stop (an agent's planned stop) stops the server and ends the task cleanly
+        conn.execute("UPDATE allocations SET desired_state = 'STOPPED' WHERE id = %s",
+                     (claimed.allocation_id,))
+        assert harness.proc.wait(30) == 0
+        assert "stopping TensorBoard" in harness.output()
     finally:
         harness.stop()
 
@@ -394,8 +398,11 @@ def notebook_through_an_agent(det, conn: psycopg.Connection, runtime: str) -> No
     addr = wait_for(recorded, 240, "the notebook's address")
     token = jupyter_token(conn, job)
     api = f"http://{addr}/proxy/{job}/api"
+    opened = datetime.now(UTC)
     kernel = http("POST", f"{api}/kernels", token, {"name": "python3"})
     http("POST", f"{api}/terminals", token, {})
+    # kernels_or_terminals (the default): an open kernel is use, reported at the next poll
+    wait_for(lambda: last_activity(conn, job) > opened, 20, "the open kernel's report")
     ws = f"ws://{addr}/proxy/{job}/api/kernels/{kernel['id']}/channels?token={token}"
     out = execute(ws, "import os; print(6*7, os.environ['DET_JOB_ID'], "
                       "os.environ['DET_ALLOCATION_TOKEN'])").split()

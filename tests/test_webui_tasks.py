@@ -67,6 +67,10 @@ def fetch(page, path: str, method: str = "GET") -> dict:
 
 def test_a_notebook_from_the_webui_runs_a_kernel_through_the_proxy(
         browser, det, det_env, conn, tmp_path: Path) -> None:  # noqa: F811
+    from selenium.common.exceptions import (
+        ElementNotInteractableException,
+        StaleElementReferenceException,
+    )
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
@@ -96,14 +100,28 @@ def test_a_notebook_from_the_webui_runs_a_kernel_through_the_proxy(
         shot(browser, "tasks")
 
         # JupyterLab through det serve: a notebook with a real kernel
-        browser.get(f"{server.url}{link}lab")
+        # ?reset: the default layout (the Launcher), not one a JupyterLab of an earlier task
+        # of this Unix user saved in its workspaces directory
+        browser.get(f"{server.url}{link}lab?reset")
         click(browser, ".jp-LauncherCard[data-category='Notebook']")
         editor = ".jp-Notebook .jp-Cell .cm-content"
-        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, editor), 60, "a notebook cell")
-        cell = browser.find_element(By.CSS_SELECTOR, editor)
-        cell.click()
-        cell.send_keys("print(6*7)")
-        cell.send_keys(Keys.SHIFT, Keys.ENTER)
+
+        def typed() -> bool:
+            # The new notebook's cell may be there before it takes input (its panel still
+            # opening, a kernel dialog over it): try until it does.
+            cells = [c for c in browser.find_elements(By.CSS_SELECTOR, editor)
+                     if c.is_displayed()]
+            if not cells:
+                return False
+            try:
+                cells[0].click()
+                cells[0].send_keys("print(6*7)")
+            except (ElementNotInteractableException, StaleElementReferenceException):
+                return False
+            cells[0].send_keys(Keys.SHIFT, Keys.ENTER)
+            return True
+
+        wait_for(typed, 60, "a notebook cell that takes input")
         wait_for(lambda: "42" in text(browser, ".jp-OutputArea-output"), 90,
                  "42 from the kernel")
         shot(browser, "jupyterlab")

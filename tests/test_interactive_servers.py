@@ -502,3 +502,13 @@ def test_servers_in_containers_of_dets_image(det, conn: psycopg.Connection, tmp_
     assert done.returncode == 0, done.stderr + task_log(conn, alloc)
     # host networking: the container's hostname is the host's; the task's Python first
     assert done.stdout.split() == [socket.gethostname(), "/opt/det/venv/bin/python3"]
+    # an agent that dies and comes back adopts the task's container: the shell goes on
+    [agent_proc] = det.procs
+    agent_proc.kill()
+    agent_proc.wait()
+    det.start("agent2", "agent", "run", "--id", agent, "--slots", "1", "--runtime", "docker")
+    wait_for(lambda: f"allocation {alloc}: adopted container" in det.log("agent2"), 60,
+             "the shell's adoption")
+    assert ssh(addr, key, "true").returncode == 0
+    assert conn.execute("SELECT state FROM allocations WHERE id = %s",
+                        (alloc,)).fetchone()["state"] == "RUNNING"

@@ -512,3 +512,40 @@ def test_servers_in_containers_of_dets_image(det, conn: psycopg.Connection, tmp_
     assert ssh(addr, key, "true").returncode == 0
     assert conn.execute("SELECT state FROM allocations WHERE id = %s",
                         (alloc,)).fetchone()["state"] == "RUNNING"
+
+
+def test_tensorboard_sources_are_the_tasks_own_without_credentials(
+        conn: psycopg.Connection, db_url: str, ended) -> None:
+    e1, _ = ended.make([[(10, 0.5)]])
+    s3 = {"type": "s3", "bucket": "b", "prefix": "p", "access_key": "AK", "secret_key": "SK"}
+    e2, _ = ended.make([[(10, 0.5)], [(10, 0.4)]], checkpoint_storage=s3)
+    t2 = conn.execute("SELECT max(id) AS id FROM trials WHERE experiment_id = %s",
+                      (e2,)).fetchone()["id"]
+    board = claim_task(conn, db_url, "TENSORBOARD", experiment_ids=(e1,), trial_ids=(t2,))
+    transport = TaskTransport(db_url, board.allocation_id, board.token)
+    try:
+        rows = transport.tensorboard_sources()
+    finally:
+        transport.close()
+    assert [(r["experiment_id"], r["trial_id"]) for r in rows] == [(e1, None), (e2, t2)]
+    assert rows[1]["storage"]["bucket"] == "b"
+    assert "access_key" not in rows[1]["storage"] and "secret_key" not in rows[1]["storage"]
+    # another kind of task has no sources
+    notebook = claim_task(conn, db_url, "NOTEBOOK")
+    assert conn.execute("SELECT count(*) AS n FROM det_task_tensorboard_sources(%s)",
+                        (notebook.token,)).fetchone()["n"] == 0
+    # and a token that is no live run's is refused
+    with pytest.raises(psycopg.errors.InvalidAuthorizationSpecification):
+        conn.execute("SELECT * FROM det_task_tensorboard_sources('nope')")
+
+
+def test_a_task_records_host_port_or_a_shells_user_at_host_port(
+        conn: psycopg.Connection, db_url: str) -> None:
+    shell = claim_task(conn, db_url, "SHELL")
+    for good in ("10.0.0.5:2222", "root@10.0.0.5:2222", "det-user_1@host.example:22"):
+        conn.execute("SELECT det_task_ready(%s, %s)", (shell.token, good))
+        assert conn.execute("SELECT address FROM allocations WHERE id = %s",
+                            (shell.allocation_id,)).fetchone()["address"] == good
+    for bad in ("10.0.0.5", "a b@host:22", "@host:22", "root@host:22; rm", None):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="address: expected"):
+            conn.execute("SELECT det_task_ready(%s, %s)", (shell.token, bad))

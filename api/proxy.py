@@ -54,7 +54,7 @@ from det.api.errors import error_response
 from det.api.params import BigId
 from det.api.session import COOKIE, act_as, request_token
 from det.db.sqlstate import translate
-from det.errors import DetError, PermissionDeniedError
+from det.errors import DetError, NotFoundError, PermissionDeniedError
 
 router = APIRouter(tags=["proxy"])
 
@@ -76,6 +76,10 @@ or chunking; set-cookie: see :func:`_response_headers`)."""
 TASK_COOKIES = frozenset({"_xsrf"})
 """Cookies a task may set in the browser: Jupyter's XSRF cookie, which JupyterLab echoes as a
 header. Nothing else (Jupyter's login cookie would open the server without det)."""
+
+WEB_KINDS = frozenset({"NOTEBOOK", "TENSORBOARD"})
+"""Kinds of task with a web server to proxy (a shell's address is its sshd's; a command has
+none)."""
 
 ENDED = frozenset({"TERMINATING", "TERMINATED"})
 """Run states of a task that has ended or is ending (allocations.state)."""
@@ -122,7 +126,8 @@ def open_task(pool, token: str, job_id: int) -> Target:
 
     Raises:
         AuthError: no valid login (401).
-        NotFoundError: no such task, or one the user cannot see (404).
+        NotFoundError: no such task, or one the user cannot see, or one without a web server
+            (404).
         PermissionDeniedError: one the user sees but may not open (403).
     """
     try:
@@ -131,6 +136,10 @@ def open_task(pool, token: str, job_id: int) -> Target:
             row = conn.execute("SELECT * FROM det_task_open(%s)", (job_id,)).fetchone()
     except psycopg.Error as e:
         raise translate(e) from e
+    if row["type"] not in WEB_KINDS:
+        noun = row["type"].lower()
+        raise NotFoundError(f"{noun} {job_id} has no web server to open (only notebooks and "
+                            f"TensorBoards have one)")
     return Target(job_id, row["type"], row["state"], row["address"], row["jupyter_token"],
                   row["end_reason"])
 

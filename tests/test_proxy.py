@@ -362,6 +362,20 @@ def test_a_task_not_running_answers_a_page_naming_its_state(serve, conn, task_se
                           additional_headers={"Authorization": f"Bearer {serve.token}"})
     assert refused.value.response.status_code == 410
 
+    # a shell: its address is its sshd's, nothing a browser may be sent to
+    r = serve.client.post("/api/v1/shells", json={"force": True})
+    assert r.status_code == 201 and r.json()["url"] is None
+    shell = r.json()["id"]
+    conn.execute("UPDATE allocations SET state = 'RUNNING', agent_id = 'a1', address = %s "
+                 "WHERE job_id = %s", (f"root@{task_server.address}", shell))
+    r = serve.client.get(f"/proxy/{shell}/echo")
+    assert r.status_code == 404 and r.json()["error"] == (
+        f"shell {shell} has no web server to open (only notebooks and TensorBoards have one)")
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        ws_client.connect(f"ws://127.0.0.1:{serve.port}/proxy/{shell}/ws",
+                          additional_headers={"Authorization": f"Bearer {serve.token}"})
+    assert refused.value.response.status_code == 404
+
     # running, but its server is gone (its port closed): a page, not a bare 502
     dead, _ = start_notebook(serve, conn, f"127.0.0.1:{free_port()}")
     r = serve.client.get(f"/proxy/{dead}/lab")

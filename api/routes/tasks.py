@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from det import context
 from det.api.params import BIGINT_MAX, BigId
+from det.api.proxy import WEB_KINDS
 from det.api.session import Session, session
 from det.errors import ContextError
 from det.queries import tasks as q
@@ -35,14 +36,10 @@ SELECT l.id, l.stream, l.line FROM task_logs l
  ORDER BY l.id DESC LIMIT %(limit)s
 """
 
-OPENABLE = frozenset({"NOTEBOOK", "TENSORBOARD"})
-"""Kinds with a web server behind /proxy/<id>/."""
-
-
 def with_url(task: dict) -> dict:
     """``task`` with ``url``: where det serve proxies its web server (None for a kind
     without one)."""
-    return {**task, "url": f"/proxy/{task['id']}/" if task["kind"] in OPENABLE else None}
+    return {**task, "url": f"/proxy/{task['id']}/" if task["kind"] in WEB_KINDS else None}
 
 
 @router.get("/tasks")

@@ -348,6 +348,8 @@ def test_websockets_relay_frames_and_close_codes(serve, conn, task_server) -> No
 
 def test_a_task_not_running_answers_a_page_naming_its_state(serve, conn, task_server) -> None:
     waiting, _ = start_notebook(serve, conn, None, state="PENDING")
+    r = serve.client.get(f"/proxy/{waiting}")  # relative links need the trailing slash
+    assert r.status_code == 307 and r.headers["location"] == f"/proxy/{waiting}/"
     r = serve.client.get(f"/proxy/{waiting}/lab")
     assert r.status_code == 503 and "text/html" in r.headers["content-type"]
     assert f"Notebook {waiting} is PENDING" in r.text and 'http-equiv="refresh"' in r.text

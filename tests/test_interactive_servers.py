@@ -143,7 +143,7 @@ def test_notebook_activity_by_idle_type() -> None:
 
 def test_jupyter_runs_behind_the_proxy_path_with_the_tasks_token() -> None:
     argv = jupyter_argv("/py", "10.0.0.5", 4242, "tok", 17, "/work")
-    assert argv[:3] == ["/py", "-m", "jupyterlab"]
+    assert argv[:3] == ["/py", "-m", "det.harness.interactive.jupyter"]
     for arg in ("--ip=10.0.0.5", "--port=4242", "--ServerApp.port_retries=0",
                 "--IdentityProvider.token=tok", "--ServerApp.base_url=/proxy/17/",
                 "--ServerApp.root_dir=/work"):

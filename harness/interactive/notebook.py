@@ -26,9 +26,15 @@ def jupyter_argv(python: str, host: str, port: int, token: str, job_id: int,
     (det serve refuses WebSockets from other origins, and nothing else gets in without the
     token); ``trust_xheaders`` for the proxy's X-Forwarded-* headers;
     ``port_retries`` 0 because the port reported is the one asked for; ``--allow-root`` where
-    the task runs as root (det's image)."""
+    the task runs as root (det's image). Started through :mod:`.jupyter` (2 s, not 5), with
+    what a cluster without internet access cannot use turned off: the news feed and update
+    check (the page's requests for them would wait on the network) and the language-server
+    extension (no language server is installed)."""
     root = ["--allow-root"] if os.geteuid() == 0 else []
-    return [python, "-m", "jupyterlab", "--no-browser", f"--ip={host}", f"--port={port}",
+    return [python, "-m", "det.harness.interactive.jupyter", "--no-browser", f"--ip={host}",
+            f"--port={port}", "--LabApp.news_url=None",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            "--ServerApp.jpserver_extensions={'jupyter_lsp': False}",
             "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
             f"--ServerApp.base_url={base_url(job_id)}", f"--ServerApp.root_dir={root_dir}",
             "--ServerApp.allow_origin=*", "--ServerApp.allow_remote_access=True",

@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 from psycopg.rows import dict_row
 
+from det.cli.logs import stream_log_rows
 from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.configs.job import job_change, parse_job_id
@@ -81,33 +82,15 @@ def submit(kind: str, config_file: Path | None, overrides: list[str], template: 
 
 
 def follow_logs(job: int, follow: bool) -> dict:
-    """Print task ``job``'s output (stderr lines to stderr, det's own notes prefixed
-    ``[det]``); with ``follow``, until its run ends. Returns the run (:func:`run_of`). Rides
-    out database restarts: lines are read by id after the last one printed, so none is
-    printed twice or skipped."""
-    after = 0
-
-    def lines(conn) -> list[dict]:
-        return conn.execute(LOGS_AFTER, {"job": job, "after": after,
-                                          "limit": 5000}).fetchall()
-
-    what = f"task {job}: logs"
+    """Print task ``job``'s output (:func:`det.cli.logs.stream_log_rows`); with ``follow``,
+    until its run ends. Returns the run (:func:`run_of`)."""
+    stream_log_rows(f"task {job}: logs",
+                    lambda c, after: c.execute(LOGS_AFTER, {"job": job, "after": after,
+                                                            "limit": 5000}).fetchall(),
+                    (lambda c: run_of(c, job)["state"] == ENDED) if follow else None,
+                    POLL_SECONDS)
     with Reconnecting(database_url(), row_factory=dict_row) as session:
-        while True:
-            rows = session.run(what, lines)
-            for r in rows:
-                prefix = "[det] " if r["stream"] == "det" else ""
-                typer.echo(f"{prefix}{r['line']}", err=r["stream"] == "stderr")
-                after = r["id"]
-            if rows:
-                continue
-            run = session.run(what, lambda c: run_of(c, job))
-            if not follow or run["state"] == ENDED:
-                # One more read: lines flushed between the last read and the state check.
-                if not session.run(what, lines):
-                    return run
-                continue
-            time.sleep(POLL_SECONDS)
+        return session.run(f"task {job}: state", lambda c: run_of(c, job))
 
 
 def wait_ready(job: int) -> dict:

@@ -5,6 +5,7 @@ import time
 import typer
 from psycopg.rows import dict_row
 
+from det.cli.logs import stream_log_rows
 from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.db import database_url
@@ -16,34 +17,15 @@ app = typer.Typer(no_args_is_help=True)
 def stream_logs(trial_id: int, follow: bool, interval: float = 0.5) -> None:
     """Print the trial's logs; with ``follow``, keep printing until the trial ends.
 
-    Rides out database restarts: it reconnects and goes on after the last line printed
-    (lines are read by id, so none is printed twice or skipped).
+    Rides out database restarts (:func:`det.cli.logs.stream_log_rows`).
     """
     with db() as conn:
         get_trial(conn, trial_id)
-    what = f"det trial logs {trial_id}"
-    after = 0
-
-    def lines(conn) -> list[dict]:
-        return conn.execute(LOGS_AFTER, {"trial": trial_id, "after": after,
-                                          "limit": 5000}).fetchall()
-
-    with Reconnecting(database_url(), row_factory=dict_row) as session:
-        while True:
-            rows = session.run(what, lines)
-            for r in rows:
-                prefix = "[det] " if r["stream"] == "det" else ""
-                typer.echo(f"{prefix}{r['line']}", err=r["stream"] == "stderr")
-                after = r["id"]
-            if rows:
-                continue
-            state = session.run(what, lambda c: get_trial(c, trial_id))["state"] if follow else ""
-            if not follow or state in TERMINAL:
-                # One more read: lines flushed between the last read and the state check.
-                if not session.run(what, lines):
-                    return
-                continue
-            time.sleep(interval)
+    stream_log_rows(f"det trial logs {trial_id}",
+                    lambda c, after: c.execute(LOGS_AFTER, {"trial": trial_id, "after": after,
+                                                            "limit": 5000}).fetchall(),
+                    (lambda c: get_trial(c, trial_id)["state"] in TERMINAL) if follow else None,
+                    interval)
 
 
 def follow_experiment(exp_id: int) -> None:

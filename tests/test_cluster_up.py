@@ -17,8 +17,9 @@ from det.cli.supervisor import read_pid
 
 @pytest.fixture
 def local(tmp_path: Path) -> Det:
-    """A Det runner with its own DET_HOME and no DET_DB_URL: det runs its embedded database."""
-    env = {k: v for k, v in os.environ.items() if k != "DET_DB_URL"}
+    """A Det runner with its own DET_HOME and no DET_DB_URL: det runs its embedded database.
+    No XDG_RUNTIME_DIR either, as in a fresh login without systemd's session."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DET_DB_URL", "XDG_RUNTIME_DIR")}
     env.update(DET_HOME=str(tmp_path / "home"), DET_USER="tester", PYTHONUNBUFFERED="1")
     d = Det(env, tmp_path)
     yield d
@@ -59,7 +60,9 @@ def test_supervisor_restarts_what_dies(local, tmp_path) -> None:
     assert "hello" in local("trial", "logs", "1").stdout
 
     pids = [read_pid(run, n) for n in ("supervisor", "reconciler", "agent")]
-    local("cluster", "down", timeout=120)
+    down = local("cluster", "down", timeout=120)
+    # pgserver's import warned about XDG_RUNTIME_DIR on every stop (issue 34)
+    assert "Warning" not in down.stderr, down.stderr
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
                    for p in pids if p)
     assert "det cluster up" in local("cluster", "status", check=False).stderr

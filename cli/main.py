@@ -104,8 +104,18 @@ app = typer.Typer(cls=group(COMMANDS), no_args_is_help=True, add_completion=Fals
 _debug = False
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"det {version('det')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _options(debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
+def _options(debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+             _version: bool = typer.Option(False, "--version", callback=_print_version,
+                                           is_eager=True, help="Print det's version.")) -> None:
     global _debug
     _debug = debug
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,

@@ -31,6 +31,17 @@ def test_det_help_lists_every_command_and_imports_none() -> None:
     assert not modules & {*OTHERS, "psycopg", "fastapi"}
 
 
+def test_det_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    from typer.testing import CliRunner
+
+    from det.cli.main import app
+
+    r = CliRunner().invoke(app, ["--version"])
+    assert (r.exit_code, r.output) == (0, f"det {version('det')}\n")
+
+
 @pytest.mark.parametrize(("args", "own"), [
     (["job", "--help"], "det.cli.queue"),
     (["agent", "list", "--help"], "det.cli.agents"),

@@ -7,6 +7,7 @@ script or a cron job included (issue 11). This is click's documented lazy-loadin
 ("Lazily Loading Subcommands") on typer's group class, so help keeps typer's formatting.
 """
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from difflib import get_close_matches
@@ -15,6 +16,25 @@ from functools import cache
 import typer
 import typer.core
 import typer.main
+
+
+def reflow(text: str) -> str:
+    """``text`` (a docstring) with each paragraph on one line, for the terminal to wrap: typer
+    keeps the docstring's own line breaks in every paragraph but the first, which broke
+    sentences mid-line at any width but the source's (issue 34). A paragraph of indented or
+    bulleted lines keeps its breaks."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(
+        p if any(line.startswith((" ", "-", "*", "\b")) for line in p.splitlines())
+        else " ".join(p.split()) for p in paragraphs)
+
+
+def _reflow_help(command) -> None:
+    """:func:`reflow` the help of ``command`` and of every command below it."""
+    if command.help:
+        command.help = reflow(command.help)
+    for sub in getattr(command, "commands", {}).values():
+        _reflow_help(sub)
 
 
 @dataclass(frozen=True)
@@ -48,6 +68,7 @@ def group(commands: dict[str, Lazy]) -> type[typer.core.TyperGroup]:
             command = typer.main.get_command(single)
         command.name = name
         command.hidden = lazy.hidden
+        _reflow_help(command)
         return command
 
     class LazyGroup(typer.core.TyperGroup):

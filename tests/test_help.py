@@ -27,3 +27,20 @@ def test_help_is_plain_text(path: tuple[str, ...]) -> None:
     assert r.exit_code == 0, r.output
     for bad in ("``", "<bool>", "<str>", "{", ":mod:", ":func:", "Raises:"):
         assert bad not in r.output, f"det {' '.join(path)} --help shows {bad!r}:\n{r.output}"
+
+
+def test_paragraphs_wrap_at_the_terminal_not_at_the_docstring() -> None:
+    """Issue 34: `det experiment --help` broke its descriptions mid-sentence where the
+    docstring's source lines ended; each paragraph is one line for the terminal to wrap."""
+    r = CliRunner().invoke(app, ["experiment", "create", "--help"], terminal_width=250,
+                           env={"COLUMNS": "250"})
+    assert "Refused, unless --force, when the pool's agents could never hold one trial's slots " \
+           "(more slots than the pool has" in r.output
+
+
+def test_reflow_keeps_paragraphs_and_lists() -> None:
+    from det.cli.lazy import reflow
+
+    assert reflow("One\n    two.\n\n    Three\n    four.") == "One two.\n\nThree four."
+    listed = "Kinds:\n- a\n- b"
+    assert reflow(listed) == listed

@@ -177,4 +177,4 @@ def load_cluster_config(text: str, source: str | None = None) -> ClusterConfig:
     try:
         return ClusterConfig.model_validate(data)
     except ValidationError as exc:
-        raise config_error(exc, data, source) from None
+        raise config_error(exc, data, source, model=ClusterConfig) from None

@@ -5,11 +5,12 @@ Every failure is a ``det.errors.ConfigError`` whose message is
 """
 
 from collections.abc import Mapping
+from difflib import get_close_matches
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
 from det.configs.compat import strip_unused
@@ -195,13 +196,37 @@ def _path(loc: tuple[int | str, ...], data: Any, keep_last: bool) -> str:
     return "".join(parts)
 
 
-def _message(error: ErrorDetails) -> str:
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The config models a field's type holds (itself, a list's items, a union's members)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> set[str]:
+    """The keys the config models at ``loc`` (below ``model``) accept. A part of ``loc`` that
+    names no field (a list index, a union's tag that pydantic inserts, a hyperparameter's
+    name) stays at the models reached so far."""
+    models = [model]
+    for part in loc:
+        fields = [m.model_fields[part] for m in models
+                  if isinstance(part, str) and part in m.model_fields]
+        if fields:
+            models = [sub for f in fields for sub in _models_in(f.annotation)]
+    return {key for m in models for key in m.model_fields}
+
+
+def _message(error: ErrorDetails, model: type[BaseModel] | None = None) -> str:
     kind = error["type"]
     ctx = error.get("ctx") or {}
     if kind == "missing":
         return "required key missing"
     if kind == "extra_forbidden":
-        return f"unknown key {error['loc'][-1]!r}"
+        key = str(error["loc"][-1])
+        known = _keys_at(model, error["loc"][:-1]) if model is not None else set()
+        close = get_close_matches(key, sorted(known), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"unknown key {key!r}{hint}"
     if kind.startswith(_UNION_TAG):
         key = kind.removeprefix(_UNION_TAG)
         given = error["input"].get(key) if isinstance(error["input"], Mapping) else None
@@ -227,9 +252,11 @@ def _message(error: ErrorDetails) -> str:
 
 
 def config_error(exc: ValidationError, data: Any, source: str | None = None,
-                 error: ErrorDetails | None = None) -> ConfigError:
+                 error: ErrorDetails | None = None,
+                 model: type[BaseModel] | None = None) -> ConfigError:
     """Turn ``error`` (default: the first error of ``exc``, raised validating ``data``) into a
-    ``ConfigError``."""
+    ``ConfigError``. With ``model`` (what validated ``data``), an unknown key is told the
+    closest key it accepts there ("did you mean 'max_length'?")."""
     error = error if error is not None else exc.errors()[0]
     ctx = error.get("ctx") or {}
     if "dotted_path" in ctx:  # a cross-field check names the field itself
@@ -245,7 +272,7 @@ def config_error(exc: ValidationError, data: Any, source: str | None = None,
             path = f"{path}.{key}" if path else key
         elif error["type"] == "extra_forbidden":
             path = path.rpartition(".")[0] if "." in path else ""
-    return ConfigError(path, _message(error), source)
+    return ConfigError(path, _message(error, model), source)
 
 
 def parse_value(adapter: TypeAdapter[Any], value: Any, path: str) -> Any:
@@ -272,7 +299,7 @@ def parse_experiment_config(data: Any, source: str | None = None,
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as exc:
-        raise config_error(exc, data, source) from None
+        raise config_error(exc, data, source, model=ExperimentConfig) from None
 
 
 def read_config_file(path: Path) -> str:

@@ -117,7 +117,7 @@ def parse_task_config(data: Any, kind: TaskKind, source: str | None = None) -> T
     try:
         cfg = TaskConfig.model_validate(data)
     except ValidationError as exc:
-        raise config_error(exc, data, source) from None
+        raise config_error(exc, data, source, model=TaskConfig) from None
     if kind == "COMMAND" and cfg.entrypoint is None:
         raise ConfigError("entrypoint", "a command needs the command to run", source)
     if kind == "COMMAND" and cfg.idle_timeout is not None:

@@ -167,7 +167,7 @@ def _check(model: type[BaseModel], data: dict[str, Any], source: str | None) -> 
     except ValidationError as exc:
         errors = [e for e in exc.errors() if not _is_absent(e)]
         if errors:
-            raise config_error(exc, data, source, errors[0]) from None
+            raise config_error(exc, data, source, errors[0], model) from None
 
 
 def load_template(text: str, source: str | None = None) -> dict[str, Any]:

@@ -479,3 +479,20 @@ def test_job_change_values() -> None:
         assert str(info.value).startswith(message)
     with pytest.raises(ConfigError, match="12x: expected a job id, got '12x'"):
         parse_job_id("12x", "12x")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("searcher: {name: single, metric: l, max_lenght: {batches: 1}}",
+     "searcher: unknown key 'max_lenght' (did you mean 'max_length'?)"),
+    ("searcher: {name: single, metric: l, max_length: 1}\nresources: {slots_per_trail: 2}",
+     "resources: unknown key 'slots_per_trail' (did you mean 'slots_per_trial'?)"),
+    ("searcher: {name: single, metric: l, max_length: 1}\n"
+     "bind_mounts: [{host_path: /a, container_path: /b, readonly: true}]",
+     "bind_mounts[0]: unknown key 'readonly' (did you mean 'read_only'?)"),
+    ("searcher: {name: single, metric: l, max_length: 1}\nzzz: 1", "unknown key 'zzz'"),
+])
+def test_an_unknown_key_is_told_the_closest_key_there(text: str, message: str) -> None:
+    """Issue 34: a misspelt key got no "did you mean"."""
+    with pytest.raises(ConfigError) as e:
+        load_experiment_config("entrypoint: x\n" + text, "c.yaml")
+    assert str(e.value) == f"c.yaml: {message}"

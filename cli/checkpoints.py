@@ -8,7 +8,7 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.errors import NotFoundError, StateError, one_line
 from det.harness.storage import storage_from_config
-from det.queries.trials import CHECKPOINT
+from det.queries.trials import CHECKPOINTS_BY_PREFIX
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -40,19 +40,39 @@ def list_(
                 ["UUID", "Trial", "Batches", "State", "Bytes", "Freed", "Reported"])
 
 
+def find_checkpoint(conn, prefix: str) -> dict:
+    """The checkpoint whose uuid is ``prefix`` or starts with it (as ``det checkpoint list``
+    shows it; any case).
+
+    Raises:
+        NotFoundError: none, or more than one, starts so (the message names two).
+    """
+    rows = conn.execute(CHECKPOINTS_BY_PREFIX, {"prefix": prefix.strip()}).fetchall() \
+        if prefix.strip() else []
+    if not rows:
+        raise NotFoundError(f"checkpoint {prefix} not found")
+    if len(rows) > 1:
+        raise NotFoundError(f"checkpoint {prefix}: more than one uuid starts so "
+                            f"({rows[0]['uuid']}, {rows[1]['uuid']}, ...): give more of it")
+    return rows[0]
+
+
 @app.command("download")
 def download(
-    uuid: str = typer.Argument(...),
-    output: Path = typer.Option(..., "--output", "-o", help="Directory to write the files to."),
+    uuid: str = typer.Argument(..., metavar="UUID",
+                               help="The checkpoint's uuid, or enough of its start."),
+    output: Path = typer.Option(None, "--output", "-o",
+                                help="Directory to write the files to (default: "
+                                     "./checkpoints/UUID)."),
 ) -> None:
     """Copy a checkpoint's files from its storage (shared_fs, directory or s3) into a local
     directory, showing the bytes as they come. Links in the checkpoint are not followed:
     they are left out and named (a task's link to a file of its host would otherwise copy
     this host's file at that path)."""
     with db() as conn:
-        row = conn.execute(CHECKPOINT, {"uuid": uuid}).fetchone()
-    if row is None:
-        raise NotFoundError(f"checkpoint {uuid} not found")
+        row = find_checkpoint(conn, uuid)
+    uuid = row["uuid"]
+    output = output if output is not None else Path("checkpoints") / uuid
     if row["state"] != "COMPLETED":
         raise StateError(f"checkpoint {uuid} is {row['state']}")
     skipped = storage_from_config(row["storage"]).download(row["uuid"], output)

@@ -94,6 +94,13 @@ CHECKPOINT = """
 SELECT uuid::text AS uuid, state, storage FROM checkpoints WHERE uuid::text = %(uuid)s
 """
 
+# The checkpoints whose uuid starts with a prefix a user typed (two, to tell an ambiguous one).
+CHECKPOINTS_BY_PREFIX = """
+SELECT uuid::text AS uuid, state, storage FROM checkpoints
+ WHERE uuid::text LIKE replace(replace(lower(%(prefix)s), '%%', ''), '_', '') || '%%'
+ ORDER BY uuid LIMIT 2
+"""
+
 MAX_POINTS = 100_000
 """Most rows one metrics series returns; more need ``max_points`` (downsampling)."""
 

@@ -4,6 +4,7 @@ including one killed half-way."""
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -303,6 +304,15 @@ def test_download_errors_are_one_line(det, ended, conn, tmp_path) -> None:
     out = tmp_path / "out"
     det("checkpoint", "download", uuids[0][1], "-o", str(out))
     assert (out / "state.bin").read_bytes() == b"x" * 64
+    # issue 34: the start of the uuid will do, and the directory defaults to
+    # ./checkpoints/UUID
+    r = subprocess.run([sys.executable, "-m", "det.cli.main", "checkpoint", "download",
+                        uuids[0][1][:8].upper()], cwd=tmp_path, env=det.env,
+                       capture_output=True, text=True, timeout=120, check=True)
+    assert r.stdout.strip() == f"Checkpoint {uuids[0][1]} downloaded to checkpoints/{uuids[0][1]}"
+    assert (tmp_path / "checkpoints" / uuids[0][1] / "state.bin").read_bytes() == b"x" * 64
+    r = det("checkpoint", "download", "", check=False)
+    assert r.returncode == 1 and r.stderr.strip() == "Error: checkpoint  not found"
     conn.execute("SELECT det_checkpoint_gc(%s)", (eid,))
     r = det("checkpoint", "download", uuids[0][0], "-o", str(out), check=False)
     assert r.returncode == 1 and r.stderr.strip() == f"Error: checkpoint {uuids[0][0]} is DELETING"

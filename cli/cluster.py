@@ -56,11 +56,13 @@ def up(
     slots: int = typer.Option(None, help="CPU slots of the local agent (default: CPU count)."),
     runtime: str = typer.Option(None, help="The local agent's runtime, docker or process "
                                            "(default: docker when an engine answers)."),
-    web_port: int = typer.Option(WEB_PORT, "--web-port", min=0, max=65535,
-                                 help="Port of the REST API and WebUI on 127.0.0.1 (0: none)."),
+    web_port: int = typer.Option(None, "--web-port", min=0, max=65535,
+                                 help=f"Port of the REST API and WebUI on 127.0.0.1 (0: none; "
+                                      f"default: the last up's, else {WEB_PORT})."),
 ) -> None:
     """Start the database (embedded unless DET_DB_URL is set) and a supervisor that keeps a
-    reconciler and its standby, an agent and the web server (det serve) running."""
+    reconciler and its standby, an agent and the web server (det serve) running. A web port
+    already taken is refused before anything starts."""
     private_files()  # det home and all below it: this user's alone (det.host_user)
     url = owner_url(start=True)
     with connect(url) as conn:
@@ -74,6 +76,7 @@ def up(
     if pid:
         typer.echo(f"supervisor: already running (pid {pid}); `det cluster down` stops it")
         return
+    web_port = _web_port(web_port)
     args = [sys.executable, "-m", "det.cli.main", "cluster", "supervise"]
     args += ["--slots", str(slots)] if slots is not None else []
     args += ["--runtime", runtime] if runtime is not None else []
@@ -89,6 +92,31 @@ def up(
         who = admin or "a det user"
         typer.echo(f"web: http://127.0.0.1:{web_port}/ (REST API and WebUI; log in as {who} "
                    "once `det user change-password` gave it a password you know)")
+
+
+def _web_port(asked: int | None) -> int:
+    """The web port of this ``up``: ``asked``, else the last ``up``'s (run/web-port), else
+    :data:`WEB_PORT`; recorded for the next. 0 means no web server.
+
+    Raises:
+        DetError: the port is taken on 127.0.0.1 (another det's server, or any program): the
+            server would only crash-loop there while the URL printed served someone else.
+    """
+    record = _run_dir() / "web-port"
+    if asked is None:
+        last = record.read_text().strip() if record.exists() else ""
+        asked = int(last) if last.isdigit() else WEB_PORT
+    if asked:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
+            try:
+                probe.bind(("127.0.0.1", asked))
+            except OSError as e:
+                raise DetError(f"--web-port {asked}: 127.0.0.1:{asked} is taken ({e.strerror}); "
+                               "choose a free port with --web-port N, or 0 for no web "
+                               "server") from None
+    record.write_text(f"{asked}\n")
+    return asked
 
 
 @cluster_app.command("supervise", hidden=True)

@@ -5,6 +5,7 @@ import getpass
 import json
 import os
 import signal
+import socket
 from pathlib import Path
 
 import psutil
@@ -128,3 +129,29 @@ def test_cluster_up_serves_the_rest_api_and_webui(local, tmp_path) -> None:
     server = status["processes"]["server"]
     local("cluster", "down", timeout=120)
     assert not (psutil.pid_exists(server) and psutil.Process(server).status() != "zombie")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_taken_web_port_is_refused_and_the_chosen_one_kept(local, tmp_path) -> None:
+    """Issue 34: with 8080 taken, `up` printed that URL and exited 0 while its server
+    crash-looped (and the URL served someone else's det); `--web-port` was forgotten by the
+    next `up`."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = local("cluster", "up", "--runtime", "process", "--web-port", str(port), check=False)
+        assert r.returncode == 1 and len(r.stderr.splitlines()) == 1
+        assert f"127.0.0.1:{port} is taken" in r.stderr and "--web-port" in r.stderr
+    assert read_pid(tmp_path / "home" / "run", "supervisor") is None
+    free = _free_port()
+    out = local("cluster", "up", "--runtime", "process", "--web-port", str(free)).stdout
+    assert f"web: http://127.0.0.1:{free}/" in out
+    local("cluster", "down", timeout=120)
+    assert f"web: http://127.0.0.1:{free}/" in local("cluster", "up", "--runtime",
+                                                      "process").stdout

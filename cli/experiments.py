@@ -34,6 +34,10 @@ from det.submission import context_with, expanded_config, refuse_unfit, template
 
 app = typer.Typer(no_args_is_help=True)
 
+# `det experiment wait`'s progress bar: "Experiment 3 ACTIVE  29%|███   | 0:41 elapsed, ~1:40
+# left" (issue 34: it read "Experiment 3 ACTIVE: :  29%", with no time).
+WAIT_BAR = "{desc} {percentage:3.0f}%|{bar}| {elapsed} elapsed, ~{remaining} left"
+
 # `det experiment wait` exit codes, by terminal state.
 WAIT_EXIT = {"COMPLETED": 0, "ERROR": 1, "CANCELED": 2}
 
@@ -250,12 +254,12 @@ def wait(
     # tqdm draws only on a terminal (disable=None); elsewhere only the final line is printed.
     with Reconnecting(database_url(), row_factory=dict_row) as session, \
             tqdm(total=100, desc=f"Experiment {exp_id}", unit="%", disable=None,
-                 file=sys.stderr, bar_format="{desc}: {percentage:3.0f}%|{bar}|") as bar:
+                 file=sys.stderr, bar_format=WAIT_BAR) as bar:
         def read(conn) -> str:
             state = conn.execute(STATE, {"id": exp_id}).fetchone()["state"]
             if not bar.disable:  # the live progress only where it is drawn
                 bar.n = round(get_experiment(conn, exp_id)["progress"] * 100)
-                bar.set_description(f"Experiment {exp_id} {state}")
+                bar.set_description_str(f"Experiment {exp_id} {state}")
             return state
 
         while (state := session.run(what, read)) not in WAIT_EXIT:

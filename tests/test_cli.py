@@ -147,3 +147,20 @@ def test_database_refuses_non_finite_weight(det, conn, ctx, tmp_path) -> None:
         conn.execute("UPDATE jobs SET weight = 'NaN' WHERE id = %s", (job,))
     conn.execute("SELECT det_job_update(%s, 'weight', '2.5')", (job,))
     assert conn.execute("SELECT weight FROM jobs WHERE id = %s", (job,)).fetchone()["weight"] == 2.5
+
+
+def test_the_wait_bar_names_state_progress_and_time() -> None:
+    """Issue 34: the bar read "Experiment 3 ACTIVE: :  29%", without elapsed time or ETA."""
+    import io
+
+    from tqdm import tqdm
+
+    from det.cli.experiments import WAIT_BAR
+
+    out = io.StringIO()
+    with tqdm(total=100, file=out, bar_format=WAIT_BAR, ncols=80) as bar:
+        bar.n = 29
+        bar.set_description_str("Experiment 3 ACTIVE")
+    line = out.getvalue().split("\r")[-2]
+    assert line.startswith("Experiment 3 ACTIVE  29%|") and "elapsed, ~" in line \
+        and line.endswith(" left")

@@ -3,6 +3,7 @@ unarchive, delete, set (scheduling settings and the checkpoint GC policy)."""
 
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
@@ -11,7 +12,7 @@ from psycopg.types.json import Jsonb
 from tqdm import tqdm
 
 from det import context
-from det.cli.output import print_json, print_table
+from det.cli.output import duration, print_json, print_table
 from det.cli.session import db
 from det.configs import read_config_file
 from det.configs.job import job_change
@@ -143,18 +144,23 @@ def list_(
     project: str = typer.Option(None, "--project", help="Only this project's."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """The experiments you may view: id, name, state, progress, trials, owner, workspace,
-    project, started."""
+    """The experiments you may view: id, name, state, progress, trials, searcher, best
+    validation metric, owner, workspace, project, started and how long it ran (so far)."""
     with db() as conn:
         rows = list_experiments(conn, ListFilter(archived=all_, workspace=workspace,
                                                  project=project))
     if json_:
         print_json(rows)
         return
-    print_table(rows, ["id", "name", "state", "progress", "trials", "owner", "workspace",
-                       "project", "started"],
-                ["ID", "Name", "State", "Progress %", "Trials", "Owner", "Workspace", "Project",
-                 "Started"])
+    now = datetime.now(UTC)
+    for r in rows:
+        r["best"] = (f"{r['metric']} {r['best_validation']:.4g}"
+                     if r["best_validation"] is not None else "")
+        r["duration"] = duration((r["ended"] or now) - r["started"]) if r["started"] else ""
+    print_table(rows, ["id", "name", "state", "progress", "trials", "searcher", "best", "owner",
+                       "workspace", "project", "started", "duration"],
+                ["ID", "Name", "State", "Progress %", "Trials", "Searcher", "Best", "Owner",
+                 "Workspace", "Project", "Started", "Duration"])
 
 
 @app.command("describe")

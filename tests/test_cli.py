@@ -95,6 +95,10 @@ def test_create_list_describe(det, conn, ctx, tmp_path) -> None:
     # the owner is who the database says is acting: the role the test's URL names
     me = conn.execute("SELECT session_user AS u").fetchone()["u"]
     assert "ok" in listing and "ACTIVE" in listing and me in listing
+    # issue 34: the searcher, best metric and how long it ran are columns too
+    header = listing.splitlines()[0].split()
+    assert header[header.index("Searcher") + 1] == "Best" and header[-1] == "Duration"
+    assert " single " in listing
     import json
 
     described = json.loads(det("experiment", "describe", "1", "--json").stdout)
@@ -164,3 +168,12 @@ def test_the_wait_bar_names_state_progress_and_time() -> None:
     line = out.getvalue().split("\r")[-2]
     assert line.startswith("Experiment 3 ACTIVE  29%|") and "elapsed, ~" in line \
         and line.endswith(" left")
+
+
+def test_durations_read_as_a_person_says_them() -> None:
+    from datetime import timedelta
+
+    from det.cli.output import duration
+
+    assert [duration(timedelta(seconds=s)) for s in (-3, 45, 725, 10925, 187200)] == [
+        "0s", "45s", "12m 5s", "3h 2m", "2d 4h"]

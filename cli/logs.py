@@ -16,10 +16,11 @@ ReadAfter = Callable[[psycopg.Connection, int], list[dict]]
 
 def stream_log_rows(what: str, read: ReadAfter,
                     ended: Callable[[psycopg.Connection], bool] | None,
-                    interval: float) -> None:
-    """Print the rows ``read`` gives (stderr lines to stderr, det's own notes prefixed
-    ``[det] ``): all there are when ``ended`` is None, else until ``ended(conn)`` says the
-    writer is done, polling every ``interval`` seconds. Rides out database restarts: rows
+                    interval: float, split: bool = False) -> None:
+    """Print the rows ``read`` gives (det's own notes prefixed ``[det] ``) on stdout, or with
+    ``split`` the task's stderr lines on stderr (a command's output kept apart, as it wrote
+    it): all there are when ``ended`` is None, else until ``ended(conn)`` says the writer is
+    done, polling every ``interval`` seconds. Rides out database restarts: rows
     are read by id after the last one printed, so none is printed twice or skipped.
     ``what`` names the read in a retry's message."""
     after = 0
@@ -32,7 +33,7 @@ def stream_log_rows(what: str, read: ReadAfter,
             rows = session.run(what, next_rows)
             for r in rows:
                 prefix = "[det] " if r["stream"] == "det" else ""
-                typer.echo(f"{prefix}{r['line']}", err=r["stream"] == "stderr")
+                typer.echo(f"{prefix}{r['line']}", err=split and r["stream"] == "stderr")
                 after = r["id"]
             if rows:
                 continue

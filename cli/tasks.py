@@ -82,13 +82,13 @@ def submit(kind: str, config_file: Path | None, overrides: list[str], template: 
 
 
 def follow_logs(job: int, follow: bool) -> dict:
-    """Print task ``job``'s output (:func:`det.cli.logs.stream_log_rows`); with ``follow``,
-    until its run ends. Returns the run (:func:`run_of`)."""
+    """Print task ``job``'s output, its stderr on stderr (:func:`det.cli.logs.stream_log_rows`);
+    with ``follow``, until its run ends. Returns the run (:func:`run_of`)."""
     stream_log_rows(f"task {job}: logs",
                     lambda c, after: c.execute(LOGS_AFTER, {"job": job, "after": after,
                                                             "limit": 5000}).fetchall(),
                     (lambda c: run_of(c, job)["state"] == ENDED) if follow else None,
-                    POLL_SECONDS)
+                    POLL_SECONDS, split=True)
     with Reconnecting(database_url(), row_factory=dict_row) as session:
         return session.run(f"task {job}: state", lambda c: run_of(c, job))
 

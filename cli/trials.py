@@ -15,9 +15,9 @@ from det.queries.trials import FIRST_TRIAL, LOGS_AFTER, METRICS, RUNS, TERMINAL,
 app = typer.Typer(no_args_is_help=True)
 
 def stream_logs(trial_id: int, follow: bool, interval: float = 0.5) -> None:
-    """Print the trial's logs; with ``follow``, keep printing until the trial ends.
-
-    Rides out database restarts (:func:`det.cli.logs.stream_log_rows`).
+    """Print the trial's logs, every line on stdout (the harness's own lines are its stderr:
+    `det trial logs 1 | grep` lost them, issue 34); with ``follow``, keep printing until the
+    trial ends. Rides out database restarts (:func:`det.cli.logs.stream_log_rows`).
     """
     with db() as conn:
         get_trial(conn, trial_id)

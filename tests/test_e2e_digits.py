@@ -51,9 +51,11 @@ def test_const_experiment_completes(det, conn, tmp_path) -> None:
     assert json.loads((out / "metadata.json").read_text())["steps_completed"] == 60
     r = det("trial", "logs", str(trial["id"]))
     assert "run ended with exit code 0" in r.stdout
-    # the searcher closing the trial is its completion, not a preemption (issue 10); the
-    # task's stderr lines are printed on stderr
-    assert "trial finished: completed" in r.stderr and "preempted" not in r.stdout + r.stderr
+    # the searcher closing the trial is its completion, not a preemption (issue 10); every
+    # line of the task, its harness's stderr included, is on stdout (issue 34: `det trial
+    # logs 1 | grep` lost them)
+    assert "trial finished: completed" in r.stdout and "preempted" not in r.stdout + r.stderr
+    assert r.stderr == ""
 
 
 def test_killed_reconciler_is_replaced_and_the_search_finishes(det, conn, tmp_path) -> None:

@@ -2,6 +2,7 @@
 
 import time
 from collections.abc import Callable
+from datetime import UTC
 
 import psycopg
 import typer
@@ -16,14 +17,16 @@ ReadAfter = Callable[[psycopg.Connection, int], list[dict]]
 
 def stream_log_rows(what: str, read: ReadAfter,
                     ended: Callable[[psycopg.Connection], bool] | None,
-                    interval: float, split: bool = False) -> None:
+                    interval: float, split: bool = False, timestamps: bool = False,
+                    after: int = 0, head: int | None = None) -> None:
     """Print the rows ``read`` gives (det's own notes prefixed ``[det] ``) on stdout, or with
     ``split`` the task's stderr lines on stderr (a command's output kept apart, as it wrote
-    it): all there are when ``ended`` is None, else until ``ended(conn)`` says the writer is
-    done, polling every ``interval`` seconds. Rides out database restarts: rows
-    are read by id after the last one printed, so none is printed twice or skipped.
-    ``what`` names the read in a retry's message."""
-    after = 0
+    it), each after its time with ``timestamps`` (UTC, ISO 8601): those after row id
+    ``after``, at most ``head`` of them, all there are when ``ended`` is None, else until
+    ``ended(conn)`` says the writer is done, polling every ``interval`` seconds. Rides out
+    database restarts: rows are read by id after the last one printed, so none is printed
+    twice or skipped. ``what`` names the read in a retry's message."""
+    printed = 0
 
     def next_rows(conn: psycopg.Connection) -> list[dict]:
         return read(conn, after)
@@ -32,9 +35,15 @@ def stream_log_rows(what: str, read: ReadAfter,
         while True:
             rows = session.run(what, next_rows)
             for r in rows:
+                if head is not None and printed >= head:
+                    return
                 prefix = "[det] " if r["stream"] == "det" else ""
+                if timestamps:
+                    prefix = f"{r['ts'].astimezone(UTC).isoformat(timespec='milliseconds')} " \
+                             f"{prefix}"
                 typer.echo(f"{prefix}{r['line']}", err=split and r["stream"] == "stderr")
                 after = r["id"]
+                printed += 1
             if rows:
                 continue
             if ended is None or session.run(what, ended):

@@ -10,22 +10,38 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.db import database_url
 from det.db.reconnect import Reconnecting
-from det.queries.trials import FIRST_TRIAL, LOGS_AFTER, METRICS, RUNS, TERMINAL, get_trial
+from det.errors import DetError
+from det.queries.trials import (
+    FIRST_TRIAL,
+    LOGS_AFTER,
+    LOGS_TAIL,
+    METRICS,
+    RUNS,
+    TERMINAL,
+    get_trial,
+)
 
 app = typer.Typer(no_args_is_help=True)
 
-def stream_logs(trial_id: int, follow: bool, interval: float = 0.5) -> None:
+def stream_logs(trial_id: int, follow: bool, interval: float = 0.5, timestamps: bool = False,
+                head: int | None = None, tail: int | None = None) -> None:
     """Print the trial's logs, every line on stdout (the harness's own lines are its stderr:
-    `det trial logs 1 | grep` lost them, issue 34); with ``follow``, keep printing until the
-    trial ends. Rides out database restarts (:func:`det.cli.logs.stream_log_rows`).
+    `det trial logs 1 | grep` lost them, issue 34), each after its time with ``timestamps``;
+    only the first ``head`` or the last ``tail`` lines when given; with ``follow``, keep
+    printing until the trial ends. Rides out database restarts
+    (:func:`det.cli.logs.stream_log_rows`).
     """
+    after = 0
     with db() as conn:
         get_trial(conn, trial_id)
+        if tail is not None:
+            last = conn.execute(LOGS_TAIL, {"trial": trial_id, "limit": tail + 1}).fetchall()
+            after = last[-1]["id"] if len(last) > tail else 0
     stream_log_rows(f"det trial logs {trial_id}",
                     lambda c, after: c.execute(LOGS_AFTER, {"trial": trial_id, "after": after,
                                                             "limit": 5000}).fetchall(),
                     (lambda c: get_trial(c, trial_id)["state"] in TERMINAL) if follow else None,
-                    interval)
+                    interval, timestamps=timestamps, after=after, head=head)
 
 
 def follow_experiment(exp_id: int) -> None:
@@ -43,9 +59,17 @@ def follow_experiment(exp_id: int) -> None:
 def logs(
     trial_id: int = typer.Argument(..., metavar="TRIAL_ID"),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until it ends."),
+    timestamps: bool = typer.Option(False, "--timestamps", "-t",
+                                    help="Start each line with when it was written (UTC)."),
+    head: int = typer.Option(None, "--head", min=0, help="Only the first N lines."),
+    tail: int = typer.Option(None, "--tail", min=0,
+                             help="Only the last N lines (with -f: then the new ones)."),
 ) -> None:
-    """The trial's stdout and stderr (and det's own notes on its runs), from the database."""
-    stream_logs(trial_id, follow)
+    """The trial's stdout and stderr (and det's own notes on its runs), from the database,
+    all on stdout."""
+    if head is not None and (tail is not None or follow):
+        raise DetError("--head: give it alone, not with --tail or --follow")
+    stream_logs(trial_id, follow, timestamps=timestamps, head=head, tail=tail)
 
 
 @app.command("describe")

@@ -1,6 +1,7 @@
 """End to end: the digits example through the real reconciler, agent, harness and database."""
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -56,6 +57,16 @@ def test_const_experiment_completes(det, conn, tmp_path) -> None:
     # logs 1 | grep` lost them)
     assert "trial finished: completed" in r.stdout and "preempted" not in r.stdout + r.stderr
     assert r.stderr == ""
+    lines = r.stdout.splitlines()
+    trial_logs = ("trial", "logs", str(trial["id"]))
+    assert det(*trial_logs, "--head", "2").stdout.splitlines() == lines[:2]
+    assert det(*trial_logs, "--tail", "2").stdout.splitlines() == lines[-2:]
+    assert det(*trial_logs, "--tail", "0").stdout == ""
+    stamped = det(*trial_logs, "--timestamps").stdout.splitlines()
+    assert [re.sub(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00 ", "", x)
+            for x in stamped] == lines
+    r = det(*trial_logs, "--head", "1", "--tail", "1", check=False)
+    assert r.returncode == 1 and "--head" in r.stderr
 
 
 def test_killed_reconciler_is_replaced_and_the_search_finishes(det, conn, tmp_path) -> None:

@@ -74,10 +74,10 @@ def browser():
 
 
 def text(browser, css: str) -> str:
-    from selenium.webdriver.common.by import By
-
-    els = browser.find_elements(By.CSS_SELECTOR, css)
-    return els[0].text if els else ""
+    """The visible text of the first element matching ``css`` ("" when none), read in one
+    script: a live page re-renders between a find and a read (a stale element under load)."""
+    return browser.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css)
 
 
 def click(browser, css: str) -> None:

@@ -77,6 +77,19 @@ between jobs; a million to one is past any useful share, and the bound keeps the
 sums of demand x weight finite. The same rule is the ``jobs.weight`` CHECK in ``schema.sql``."""
 
 
+ShmSize = Annotated[
+    Annotated[int, Field(ge=0)] | None,
+    BeforeValidator(_parse_size, json_schema_input_type=int | str | None),
+]
+"""``resources.shm_size``: bytes (a number, or text such as ``4G``), None for the default."""
+
+MemoryLimit = Annotated[
+    Annotated[int, Field(gt=0)] | None,
+    BeforeValidator(_parse_size, json_schema_input_type=int | str | None),
+]
+"""``resources.memory_limit``: bytes (a number, or text such as ``8G``), None for none."""
+
+
 class Resources(BaseModel):
     """``resources`` (§3.4). ``priority`` None means the pool's default (filled at creation).
     ``resource_pool`` may be a list (beyond the spec): each trial run goes to the first pool
@@ -89,14 +102,8 @@ class Resources(BaseModel):
     priority: Priority | None = None
     weight: Weight = 1.0
     max_slots: Int32 | None = None
-    shm_size: Annotated[
-        Annotated[int, Field(ge=0)] | None,
-        BeforeValidator(_parse_size, json_schema_input_type=int | str | None),
-    ] = None
-    memory_limit: Annotated[
-        Annotated[int, Field(gt=0)] | None,
-        BeforeValidator(_parse_size, json_schema_input_type=int | str | None),
-    ] = None
+    shm_size: ShmSize = None
+    memory_limit: MemoryLimit = None
 
 
 def _non_blank_bucket(value: str) -> str:

@@ -15,7 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from det.configs.entrypoint import Entrypoint
 from det.configs.environment import AbsolutePath, BindMount, EnvironmentConfig
-from det.configs.experiment import Priority, Weight, _parse_size
+from det.configs.experiment import MemoryLimit, Priority, ShmSize, Weight
 from det.configs.limits import MAX_DESCRIPTION_CHARS, Int32, Name
 from det.configs.load import config_error
 from det.errors import ConfigError
@@ -62,14 +62,8 @@ class TaskResources(BaseModel):
     resource_pool: Name | None = None
     priority: Priority | None = None
     weight: Weight = 1.0
-    shm_size: Annotated[
-        Annotated[int, Field(ge=0)] | None,
-        BeforeValidator(_parse_size, json_schema_input_type=int | str | None),
-    ] = None
-    memory_limit: Annotated[
-        Annotated[int, Field(gt=0)] | None,
-        BeforeValidator(_parse_size, json_schema_input_type=int | str | None),
-    ] = None
+    shm_size: ShmSize = None
+    memory_limit: MemoryLimit = None
 
 
 class TaskConfig(BaseModel):

@@ -127,6 +127,24 @@ def _rows_for_table(rows: list[dict]) -> list[dict]:
     return rows
 
 
+TASK_COLUMNS = {"id": "ID", "kind": "Kind", "state": "State", "owner": "Owner",
+                "workspace": "Workspace", "description": "Description", "started": "Started",
+                "idle_for": "Idle for", "end_reason": "End reason", "resource_pool": "Pool"}
+"""The columns of a task list, by row key; one kind's list leaves out Kind."""
+
+
+def print_tasks(kind: str | None, all_: bool, json_: bool) -> None:
+    """Print the live tasks of ``kind`` (None: every kind) the user started, or with ``all_``
+    every task they may view, as a table or as JSON."""
+    with db() as conn:
+        rows = list_tasks(conn, kind, all_)
+    if json_:
+        print_json(rows)
+        return
+    columns = {k: v for k, v in TASK_COLUMNS.items() if kind is None or k != "kind"}
+    print_table(_rows_for_table(rows), list(columns), list(columns.values()))
+
+
 def add_common(app: typer.Typer, kind: str) -> None:
     """Add the commands every kind has to ``app``: list, describe, logs, kill, set
     priority."""
@@ -137,16 +155,7 @@ def add_common(app: typer.Typer, kind: str) -> None:
                                         help="Every user's, ended ones too."),
               json_: bool = JSON) -> None:
         """Your live tasks of this kind (with --all, every one you may view)."""
-        with db() as conn:
-            rows = list_tasks(conn, kind, all_)
-        if json_:
-            print_json(rows)
-            return
-        print_table(_rows_for_table(rows),
-                    ["id", "owner", "workspace", "description", "state", "started", "idle_for",
-                     "end_reason", "resource_pool"],
-                    ["ID", "Owner", "Workspace", "Description", "State", "Started", "Idle for",
-                     "End reason", "Pool"])
+        print_tasks(kind, all_, json_)
 
     app.command("ls", hidden=True)(list_)
 
@@ -228,16 +237,7 @@ def task_list(all_: bool = typer.Option(False, "--all", "-a",
                                         help="Every user's, ended ones too."),
               json_: bool = JSON) -> None:
     """Your live tasks of every kind (with --all, every one you may view)."""
-    with db() as conn:
-        rows = list_tasks(conn, None, all_)
-    if json_:
-        print_json(rows)
-        return
-    print_table(_rows_for_table(rows),
-                ["id", "kind", "state", "owner", "workspace", "description", "started",
-                 "idle_for", "end_reason"],
-                ["ID", "Kind", "State", "Owner", "Workspace", "Description", "Started",
-                 "Idle for", "End reason"])
+    print_tasks(None, all_, json_)
 
 
 app.command("ls", hidden=True)(task_list)

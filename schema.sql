@@ -4595,6 +4595,73 @@ SELECT t.workspace_id, w.name AS workspace, t.name, t.owner, t.created_at, t.upd
        t.redacted_config AS config, t.redacted_original AS original
 FROM templates t JOIN workspaces w ON w.id = t.workspace_id;
 
+-- Cluster historical usage (issue 34).
+CREATE VIEW reporting.slot_hours WITH (security_invoker = true) AS
+-- Slot-hours each run (allocation) held, one row per UTC day it held slots: its slots times
+-- the part of [assigned_at, ended_at) in that day, ended_at being now() while it runs (a run
+-- holds its slots from its assignment, image pull and start included, as Determined counts an
+-- allocation). A run never assigned held nothing. With its job's type, owner, workspace and
+-- pool, and its experiment's labels ('{}' for a task or an unlabelled experiment).
+SELECT s.day, s.allocation_id, s.job_id, s.job_type, s.trial_id, s.experiment_id, s.username,
+       s.workspace, s.resource_pool, s.labels, s.slots,
+       s.slots * extract(epoch FROM least(s.until, s.day + 1) - greatest(s.since, s.day))::float8
+           / 3600 AS slot_hours
+FROM (
+    SELECT d.day::date AS day, a.id AS allocation_id, a.job_id, j.type AS job_type, a.trial_id,
+           e.id AS experiment_id, j.owner AS username, w.name AS workspace, a.resource_pool,
+           coalesce(ARRAY(SELECT jsonb_array_elements_text(e.config -> 'labels')), '{}')
+               AS labels,
+           a.slots_needed AS slots, a.assigned_at AT TIME ZONE 'UTC' AS since,
+           coalesce(a.ended_at, now()) AT TIME ZONE 'UTC' AS until
+    FROM allocations a
+    JOIN jobs j ON j.id = a.job_id
+    JOIN workspaces w ON w.id = j.workspace_id
+    LEFT JOIN experiments e ON e.job_id = j.id
+    CROSS JOIN LATERAL generate_series(date_trunc('day', a.assigned_at AT TIME ZONE 'UTC'),
+                                       coalesce(a.ended_at, now()) AT TIME ZONE 'UTC',
+                                       interval '1 day') d (day)
+    WHERE a.assigned_at IS NOT NULL
+) s;
+
+CREATE FUNCTION det_cluster_usage(p_start date, p_end date, p_group_by text)
+RETURNS TABLE (day date, "group" text, slot_hours double precision)
+LANGUAGE plpgsql STABLE AS $$
+-- Slot-hours per UTC day from p_start to p_end (both included) and per group: p_group_by is
+-- workspace, user, label or pool. A run with several labels counts in each ('label' totals
+-- may exceed the cluster's); a run with none is in the group NULL. Days and groups with no
+-- usage have no row. Runs as its caller: a user sees the runs of the workspaces they may view
+-- (reporting.slot_hours under row-level security). Raises invalid_parameter_value naming the
+-- argument for an unknown grouping, a missing date or an end before the start.
+BEGIN
+    IF p_group_by IS NULL OR p_group_by NOT IN ('workspace', 'user', 'label', 'pool') THEN
+        RAISE EXCEPTION 'group_by: expected workspace, user, label or pool, got %',
+            coalesce(p_group_by, 'nothing') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_start IS NULL OR p_end IS NULL THEN
+        RAISE EXCEPTION '%: a date is required', CASE WHEN p_start IS NULL THEN 'start'
+                                                      ELSE 'end' END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_end < p_start THEN
+        RAISE EXCEPTION 'end: % is before start %', p_end, p_start
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    SELECT u.day, g.name, sum(u.slot_hours)
+      FROM reporting.slot_hours u
+      CROSS JOIN LATERAL (
+          SELECT CASE p_group_by WHEN 'workspace' THEN u.workspace WHEN 'user' THEN u.username
+                                 WHEN 'pool' THEN u.resource_pool END AS name
+           WHERE p_group_by <> 'label'
+          UNION ALL
+          SELECT l FROM unnest(CASE WHEN u.labels = '{}' THEN '{NULL}'::text[]
+                                    ELSE u.labels END) l
+           WHERE p_group_by = 'label') g
+     WHERE u.day BETWEEN p_start AND p_end AND u.slot_hours > 0
+     GROUP BY u.day, g.name
+     ORDER BY u.day, g.name NULLS LAST;
+END $$;
+
 -- =============================================================================================
 -- Privileges and row-level security (issue 14)
 --
@@ -4735,6 +4802,9 @@ GRANT SELECT (workspace_id, name, owner, created_at, updated_at, redacted_config
               redacted_original)
     ON templates TO det_user;
 GRANT SELECT ON reporting.templates TO det_user;
+-- cluster historical usage (issue 34)
+GRANT SELECT ON reporting.slot_hours TO det_user;
+GRANT EXECUTE ON FUNCTION det_cluster_usage(date, date, text) TO det_user;
 
 -- Row-level security: a user sees a workspace's rows when a role of theirs (or of a group of
 -- theirs) lets them view it. The workspace is read from the row's job (jobs, allocations and

@@ -15,7 +15,17 @@ from psycopg_pool import ConnectionPool
 from det.api import errors, proxy
 from det.api.events import Hub
 from det.api.perimeter import Perimeter
-from det.api.routes import auth, cluster, events, experiments, queue, tasks, trials
+from det.api.routes import (
+    auth,
+    cluster,
+    events,
+    experiments,
+    queue,
+    tasks,
+    trials,
+    usage,
+    workspaces,
+)
 from det.api.session import DEFAULT_TOKEN_TTL
 from det.db import connect
 from det.db.migrate import ensure_current
@@ -72,7 +82,8 @@ def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
     app.add_middleware(Perimeter)  # outermost: limits and refusals before anything else runs
     # The proxy first: a JupyterLab page load is a hundred requests, and each is matched
     # against the routes in order (behind some 40 others, matching showed in its profile).
-    for r in (proxy, auth, experiments, trials, queue, cluster, events, tasks):
+    for r in (proxy, auth, experiments, trials, queue, cluster, events, tasks, usage,
+              workspaces):
         app.include_router(r.router)
     # Before /static, which would otherwise take its paths.
     app.mount("/static/swagger-ui", StaticFiles(directory=str(SWAGGER_UI)), name="swagger-ui")

@@ -30,9 +30,10 @@ def _users() -> typer.Typer:
 
 @cache
 def _cluster() -> typer.Typer:
-    from det.cli import cluster, pools
+    from det.cli import cluster, pools, usage
     cluster.cluster_app.add_typer(pools.config_app, name="config",
                                   help="The cluster config: schedulers and resource pools.")
+    cluster.cluster_app.command("usage")(usage.cluster_usage)
     return cluster.cluster_app
 
 
@@ -87,7 +88,7 @@ COMMANDS = {
     "rbac": Lazy(_cli("rbac", "app"), "Roles: list, assign, unassign, your permissions."),
     "audit": Lazy(_cli("audit", "app"), "The audit log (ClusterAdmin)."),
     "tpl": Lazy(_cli("templates", "app"), _TEMPLATES, hidden=True),
-    "cluster": Lazy(_cluster, "Run a local cluster."),
+    "cluster": Lazy(_cluster, "Run a local cluster; its historical usage."),
     "resource-pool": Lazy(_cli("pools", "pool_app"), "Resource pools."),
     "job": Lazy(_jobs, "The job queue: order, priorities, why a job waits."),
     "db": Lazy(_cli("cluster", "db_app"), "Database schema."),

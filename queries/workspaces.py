@@ -102,3 +102,41 @@ def workspace_defaults(conn: psycopg.Connection, workspace: str | None) -> dict:
     if row["checkpoint_storage"] is not None:
         out["checkpoint_storage"] = row["checkpoint_storage"]
     return out
+
+
+PROJECT = """
+SELECT p.id, p.name, p.description, p.archived, p.created_by, p.created_at,
+       p.workspace_id, w.name AS workspace,
+       (SELECT count(*) FROM experiments e WHERE e.project_id = p.id) AS experiments
+  FROM projects p JOIN workspaces w ON w.id = p.workspace_id
+ WHERE p.id = %(id)s
+"""
+"""One project by id, with its workspace's name (the WebUI's project page)."""
+
+
+def workspace_by_id(conn: psycopg.Connection, workspace_id: int) -> dict:
+    """The workspace ``workspace_id`` as :func:`get_workspace` gives it, with its projects
+    (:data:`PROJECTS`, archived ones included) under ``project_list``.
+
+    Raises:
+        NotFoundError: no such workspace the caller may view.
+    """
+    row = conn.execute("SELECT name FROM workspaces WHERE id = %s", (workspace_id,)).fetchone()
+    if row is None:
+        raise NotFoundError(f"workspace {workspace_id} not found")
+    ws = get_workspace(conn, row["name"])
+    ws["project_list"] = conn.execute(PROJECTS, {"workspace": ws["name"], "all": True,
+                                                 "name": None}).fetchall()
+    return ws
+
+
+def project_by_id(conn: psycopg.Connection, project_id: int) -> dict:
+    """The project ``project_id`` (:data:`PROJECT`).
+
+    Raises:
+        NotFoundError: no such project in a workspace the caller may view.
+    """
+    row = conn.execute(PROJECT, {"id": project_id}).fetchone()
+    if row is None:
+        raise NotFoundError(f"project {project_id} not found")
+    return row

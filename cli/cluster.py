@@ -16,9 +16,9 @@ from pathlib import Path
 
 import typer
 
-from det.cli.output import print_json, print_table
+from det.cli.output import duration, print_json, print_table
 from det.cli.session import db
-from det.cli.supervisor import STOP_GRACE, Child, Supervisor, read_pid
+from det.cli.supervisor import STOP_GRACE, Child, Supervisor, failing, last_line, read_pid
 from det.db import connect, database_url, det_home, embedded, migrate, owner_url, role_url, roles
 from det.db.migrate import require_current
 from det.errors import DetError
@@ -181,19 +181,28 @@ def down() -> None:
 
 @cluster_app.command("status")
 def status(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """The database, the local processes, the leading reconciler, agents and their slots."""
+    """The database, the local processes (one that is failing with its log's last line),
+    the leading reconciler, agents and their slots."""
     url = database_url()
     processes = {name: read_pid(_run_dir(), name) for name in ("supervisor", *PROCESSES)}
+    failures = {}
+    for name in PROCESSES:
+        if processes["supervisor"] and (f := failing(_run_dir(), name)) is not None:
+            failures[name] = {**f, "log": str(_run_dir() / f"{name}.log"),
+                              "last_log_line": last_line(_run_dir() / f"{name}.log")}
     with db() as conn:
         leading = leader.current(conn)
         agents = conn.execute(AGENTS).fetchall()
     web = _web_url() if processes["server"] else None
     if json_:
-        print_json({"database": url, "processes": processes, "web": web, "leader": leading,
-                    "agents": agents})
+        print_json({"database": url, "processes": processes, "failing": failures, "web": web,
+                    "leader": leading, "agents": agents})
         return
     typer.echo(f"database: {url}")
     for name, pid in processes.items():
+        if name in failures:
+            typer.echo(failing_line(name, failures[name], time.time()))
+            continue
         at = f" at {web}" if name == "server" and web else ""
         typer.echo(f"{name}: " + (f"running (pid {pid}){at}" if pid else "not running here"))
     if leading and leading["alive"]:
@@ -208,6 +217,20 @@ def status(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
     print_table(agents, ["id", "hostname", "resource_pool", "state", "runtime", "slots", "used",
                          "last_heartbeat"],
                 ["Agent", "Host", "Pool", "State", "Runtime", "Slots", "Used", "Heartbeat"])
+
+
+def failing_line(name: str, failure: dict, now: float) -> str:
+    """``det cluster status``'s line for the supervised process ``name`` that is failing:
+    ``failure`` as :func:`det.cli.supervisor.failing` reads it, with ``log`` and
+    ``last_log_line``; ``now``: Unix time."""
+    code = failure["exit_code"]
+    how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    times = failure["failures"]
+    line = failure["last_log_line"] or "(its log is empty)"
+    return (f"{name}: failing: {how} after {duration(failure['ran_seconds'])}, "
+            f"{times} time{'s' if times > 1 else ''} in a row, the last "
+            f"{duration(now - failure['at'])} ago; the supervisor starts it again. Last line "
+            f"of {failure['log']}: {line}")
 
 
 def _web_url() -> str | None:

@@ -15,10 +15,14 @@ exponential backoff (0.5 s doubling to 30 s) over its consecutive failures; a ch
 (SIGTERM, ``STOP_GRACE`` seconds, SIGKILL) and exits. Elsewhere systemd or Kubernetes plays
 this part.
 
-Its pid file and its children's pid files and logs live in ``<det home>/run``.
+Its pid file and its children's pid files and logs live in ``<det home>/run``. A child that is
+failing (issue 34: a server crash-looping on a taken port while ``det cluster status`` said it
+ran) has ``<name>.failing`` there too, from its failed exit until it has run
+``STEADY_SECONDS``: what ``det cluster status`` reports, with its log's last line.
 """
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -71,6 +75,28 @@ def read_pid(run_dir: Path, name: str) -> int | None:
     return pid if alive(pid) else None
 
 
+def failing(run_dir: Path, name: str) -> dict | None:
+    """How the child ``name`` is failing, as its supervisor recorded it: ``failures`` (exits
+    in a row, each a failure by :func:`restart_delay`), ``exit_code`` (negative: the signal),
+    ``ran_seconds`` and ``at`` (Unix time) of the last; None while it is not failing."""
+    try:
+        return json.loads((run_dir / f"{name}.failing").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def last_line(path: Path, tail: int = 4096) -> str | None:
+    """The last non-blank line of the file at ``path`` (of its last ``tail`` bytes), None if
+    it has none or cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((ln.strip() for ln in reversed(lines) if ln.strip()), None)
+
+
 @dataclass
 class Child:
     """One supervised det process: ``argv`` after ``det``; ``env``: what it adds to the
@@ -105,6 +131,8 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
         (self.run_dir / "supervisor.pid").write_text(str(os.getpid()))
+        for child in self.children:  # a former supervisor's record says nothing of these
+            (self.run_dir / f"{child.name}.failing").unlink(missing_ok=True)
         try:
             while not self._stop.is_set():
                 self._check_database()
@@ -129,9 +157,16 @@ class Supervisor:
         if child.proc is not None:
             code = child.proc.poll()
             if code is None:
+                if child.failures and now - child.started >= STEADY_SECONDS:
+                    child.failures = 0  # as restart_delay would count it: recovered
+                    (self.run_dir / f"{child.name}.failing").unlink(missing_ok=True)
                 return
             ran = now - child.started
             child.failures, delay = restart_delay(code, ran, child.failures)
+            if child.failures:
+                (self.run_dir / f"{child.name}.failing").write_text(json.dumps(
+                    {"failures": child.failures, "exit_code": code,
+                     "ran_seconds": round(ran, 1), "at": time.time()}))
             log.warning("%s exited with code %s after %.0f s; restarting in %.1f s",
                         child.name, code, ran, delay)
             child.proc = None
@@ -163,6 +198,7 @@ class Supervisor:
         for c in self.children:
             with contextlib.suppress(OSError):
                 (self.run_dir / f"{c.name}.pid").unlink()
+            (self.run_dir / f"{c.name}.failing").unlink(missing_ok=True)
 
 
 def restart_delay(code: int, ran: float, failures: int) -> tuple[int, float]:

@@ -155,3 +155,51 @@ def test_a_taken_web_port_is_refused_and_the_chosen_one_kept(local, tmp_path) ->
     local("cluster", "down", timeout=120)
     assert f"web: http://127.0.0.1:{free}/" in local("cluster", "up", "--runtime",
                                                       "process").stdout
+
+
+def test_status_reports_a_failing_server_with_its_log_line(local, tmp_path) -> None:
+    """Issue 34: a server that crash-loops (here: its port taken while it was down) was
+    reported as running; status names it failing, with its log's last line."""
+    import httpx
+
+    from det.cli.supervisor import alive
+
+    run = tmp_path / "home" / "run"
+    port = _free_port()
+    local("cluster", "up", "--runtime", "process", "--slots", "1", "--web-port", str(port))
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/api/v1/openapi.json",
+                             timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(answers, 60, "the web server to answer")
+    with socket.socket() as taken:
+        server = read_pid(run, "server")
+        os.kill(server, signal.SIGKILL)
+        wait_for(lambda: not alive(server), 10, "the server to die")
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", port))  # before the supervisor's restart binds it
+        taken.listen()
+        wait_for(lambda: "server" in _status(local)["failing"], 90, "the server to fail")
+        failure = _status(local)["failing"]["server"]
+        assert failure["exit_code"] != 0 and failure["failures"] >= 1
+        assert "address already in use" in failure["last_log_line"]
+        out = local("cluster", "status").stdout
+        line = next(ln for ln in out.splitlines() if ln.startswith("server:"))
+        assert line.startswith("server: failing: exited with code ")
+        assert "address already in use" in line and str(run / "server.log") in line
+    assert "reconciler: running" in out  # the others are not failing
+
+
+def test_failing_line_says_how_it_ended() -> None:
+    from det.cli.cluster import failing_line
+
+    line = failing_line("agent", {"failures": 1, "exit_code": -9, "ran_seconds": 2.5,
+                                  "at": 1000.0, "log": "/r/agent.log", "last_log_line": None},
+                        1065.0)
+    assert line == ("agent: failing: killed by signal 9 after 2s, 1 time in a row, the last "
+                    "1m 05s ago; the supervisor starts it again. Last line of /r/agent.log: "
+                    "(its log is empty)")

@@ -27,7 +27,7 @@ def list_(
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Checkpoints of an experiment's trials: state (COMPLETED, DELETING, DELETED) and size
-    in bytes (freed: what deleting it gave back)."""
+    (freed: what deleting it gave back)."""
     with db() as conn:
         if conn.execute("SELECT 1 FROM experiments WHERE id = %s", (exp_id,)).fetchone() is None:
             raise NotFoundError(f"experiment {exp_id} not found")
@@ -37,7 +37,7 @@ def list_(
         return
     print_table(rows, ["uuid", "trial_id", "steps_completed", "state", "size_bytes",
                        "freed_bytes", "reported_at"],
-                ["UUID", "Trial", "Batches", "State", "Bytes", "Freed", "Reported"])
+                ["UUID", "Trial", "Batches", "State", "Size", "Freed", "Reported"])
 
 
 def find_checkpoint(conn, prefix: str) -> dict:

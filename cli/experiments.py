@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 from tqdm import tqdm
 
 from det import context
-from det.cli.output import duration, print_json, print_table
+from det.cli.output import duration, flatten, number, print_json, print_table, size
 from det.cli.session import db
 from det.configs import read_config_file
 from det.configs.job import job_change
@@ -154,7 +154,7 @@ def list_(
         return
     now = datetime.now(UTC)
     for r in rows:
-        r["best"] = (f"{r['metric']} {r['best_validation']:.4g}"
+        r["best"] = (f"{r['metric']} {number(r['best_validation'])}"
                      if r["best_validation"] is not None else "")
         r["duration"] = duration((r["ended"] or now) - r["started"]) if r["started"] else ""
     print_table(rows, ["id", "name", "state", "progress", "trials", "searcher", "best", "owner",
@@ -187,7 +187,7 @@ def describe(
                f"progress {exp['progress'] * 100:.0f}%  owner {exp['owner']}")
     typer.echo(f"searcher {searcher.get('name') or '-'}, metric {metric} "
                f"({'smaller' if smaller else 'larger'} is better); best: "
-               f"{(min(best) if smaller else max(best)) if best else '-'}")
+               f"{number(min(best) if smaller else max(best)) if best else '-'}")
     typer.echo(f"resource pool {exp['resource_pool']}, priority {exp['priority']}, "
                f"weight {exp['weight']}, job {exp['job_id']}")
     if exp["archived"]:
@@ -200,10 +200,7 @@ def describe(
         typer.echo(f"paused by the cluster: {exp['paused_reason']}; fix it, then "
                    f"`det experiment activate {exp['id']}`")
     typer.echo("\nTrials:")
-    print_table(trials, ["id", "state", "hparams", "batches", "best_validation",
-                         "restarts", "exit_reason"],
-                ["ID", "State", "Hyperparameters", "Batches", f"Best {metric}", "Restarts",
-                 "Exit"])
+    print_table(*trials_table(trials, metric))
     if asha:
         typer.echo("\nRungs:")
         rows = [{"id": t["id"], **t["rung"]} for t in trials if t["rung"]]
@@ -212,6 +209,31 @@ def describe(
     typer.echo("\nCheckpoints:")
     print_table(ckpts, ["uuid", "trial_id", "steps_completed", "state", "validation"],
                 ["UUID", "Trial", "Batches", "State", "Validation"])
+
+
+def trials_table(trials: list[dict], metric: str) -> tuple[list[dict], list[str], list[str]]:
+    """Rows, columns and headers of describe's trials table: one column per hyperparameter
+    and per metric of each trial's best validation (nested names joined by dots), the
+    searcher's ``metric`` first, as "Best <metric>" (issue 34: the hyperparameters were one
+    JSON blob, the metrics absent). Each group's columns in name order (the database keeps a
+    JSON object's keys shortest first)."""
+    hps: set[str] = set()
+    metrics: set[str] = set()
+    rows = []
+    for t in trials:
+        hp = flatten(t["hparams"])
+        val = {k: v for k, v in flatten(t["validation"]).items() if k != metric}
+        hps.update(hp)
+        metrics.update(val)
+        # Prefixed keys: a hyperparameter or metric may be called "id" or "state".
+        rows.append({**t, **{f"hp.{k}": v for k, v in hp.items()},
+                     **{f"m.{k}": v for k, v in val.items()}})
+    hp_names, metric_names = sorted(hps), sorted(metrics)
+    columns = (["id", "state", *(f"hp.{k}" for k in hp_names), "batches", "best_validation",
+                *(f"m.{k}" for k in metric_names), "restarts", "exit_reason"])
+    headers = ["ID", "State", *hp_names, "Batches", f"Best {metric}", *metric_names,
+               "Restarts", "Exit"]
+    return rows, columns, headers
 
 
 def _action(exp_id: int, action: str) -> None:
@@ -389,11 +411,11 @@ def set_gc_policy(
             else:
                 total = sum(r["size_bytes"] or 0 for r in rows)
                 typer.echo(f"The new policy deletes these {len(rows)} checkpoint(s) "
-                           f"({total} bytes) {when}:")
+                           f"({size(total)}) {when}:")
                 print_table(rows, ["uuid", "trial_id", "steps_completed", "metric", "size_bytes"],
                             ["UUID", "Trial", "Batches",
                              searcher_of(exp["config"]).get("metric") or "Metric",
-                             "Bytes"])
+                             "Size"])
             typer.confirm("Apply the new policy?", abort=True)
             conn.rollback()  # the preview's snapshot ends; the change is its own transaction
         with conn.transaction():

@@ -52,8 +52,8 @@ SELECT v.version, v.checkpoint_uuid::text AS checkpoint_uuid, m.name
 """
 
 _VERSION_COLUMNS = (["version", "name", "checkpoint_uuid", "trial_id", "steps_completed",
-                     "validation_metrics", "metadata"],
-                    ["Version", "Name", "Checkpoint", "Trial", "Batches", "Validation",
+                     "size_bytes", "validation_metrics", "metadata"],
+                    ["Version", "Name", "Checkpoint", "Trial", "Batches", "Size", "Validation",
                      "Metadata"])
 
 
@@ -151,8 +151,6 @@ def list_(
     if json_:
         print_json(rows)
         return
-    for r in rows:
-        r["labels"] = ", ".join(r["labels"])
     print_table(rows, ["id", "name", "num_versions", "labels", "archived", "owner",
                        "last_updated_time", "description"],
                 ["ID", "Name", "Versions", "Labels", "Archived", "Owner", "Updated",

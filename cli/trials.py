@@ -6,7 +6,7 @@ import typer
 from psycopg.rows import dict_row
 
 from det.cli.logs import stream_log_rows
-from det.cli.output import print_json, print_table
+from det.cli.output import cell, flatten, print_json, print_table
 from det.cli.session import db
 from det.db import database_url
 from det.db.reconnect import Reconnecting
@@ -98,7 +98,7 @@ def describe(
     print_table([trial], ["id", "experiment_id", "state", "batches", "best_validation",
                           "restarts", "latest_checkpoint"],
                 ["ID", "Experiment", "State", "Batches", "Best", "Restarts", "Checkpoint"])
-    typer.echo(f"\nhyperparameters: {trial['hparams']}")
+    typer.echo(f"\nhyperparameters: {cell(trial['hparams'])}")
     if trial["metadata"]:
         typer.echo(f"metadata: {trial['metadata']}")
     if runs:
@@ -106,5 +106,14 @@ def describe(
         print_table(runs, ["run", "state", "agent_id", "exit_code", "exit_reason"],
                     ["Run", "State", "Agent", "Exit code", "Exit reason"])
     typer.echo("")
-    headers = ["Group", "Batches", "Metrics", "Superseded by run"]
-    print_table(metrics, columns, headers[:len(columns)])
+    # One column per metric name (any group's), not the values as one JSON cell (issue 34).
+    seen: set[str] = set()
+    rows = []
+    for m in metrics:
+        values = flatten(m["values"])
+        seen.update(values)
+        rows.append({**m, **{f"m.{k}": v for k, v in values.items()}})
+    names = sorted(seen)
+    print_table(rows, ["group", "steps_completed", *(f"m.{k}" for k in names),
+                       *(["superseded_by_run"] if superseded else [])],
+                ["Group", "Batches", *names, *(["Superseded by run"] if superseded else [])])

@@ -48,7 +48,8 @@ SELECT e.id, e.name, e.description, e.state::text AS state, e.owner, e.progress,
 
 # batches: what the trial has trained so far, from its latest training metrics (reported
 # with every batch of metrics), so progress shows before the first checkpoint;
-# steps_completed is the batches as of its latest checkpoint (its restart point).
+# steps_completed is the batches as of its latest checkpoint (its restart point);
+# validation: all the metrics of its best validation, which the trials tables show as columns.
 TRIALS = """
 SELECT t.id, t.request_id::text AS request_id, t.state::text AS state, t.hparams,
        t.steps_completed, t.best_validation, t.restarts, t.latest_checkpoint, t.exit_reason,
@@ -56,7 +57,17 @@ SELECT t.id, t.request_id::text AS request_id, t.state::text AS state, t.hparams
        greatest(t.steps_completed,
                 (SELECT max(m.steps_completed) FROM metrics m
                   WHERE m.trial_id = t.id AND m."group" = 'training'
-                    AND m.superseded_by IS NULL)) AS batches
+                    AND m.superseded_by IS NULL)) AS batches,
+       -- The metrics of the validation that gave best_validation (the latest such, on a tie):
+       -- det_trial_best_validation's rule picked it, so matching its value finds the row.
+       (SELECT det_json_shown(m."values") FROM metrics m, experiments e
+         WHERE e.id = t.experiment_id AND m.trial_id = t.id AND m."group" = 'validation'
+           AND m.superseded_by IS NULL
+           AND CASE WHEN jsonb_typeof(m."values" -> (e.config #>> '{searcher,metric}'))
+                         = 'number'
+                    THEN (m."values" ->> (e.config #>> '{searcher,metric}'))::double precision
+                    END = t.best_validation
+         ORDER BY m.steps_completed DESC LIMIT 1) AS validation
   FROM trials t WHERE t.experiment_id = %(id)s ORDER BY t.id
 """
 

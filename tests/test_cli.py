@@ -176,4 +176,4 @@ def test_durations_read_as_a_person_says_them() -> None:
     from det.cli.output import duration
 
     assert [duration(timedelta(seconds=s)) for s in (-3, 45, 725, 10925, 187200)] == [
-        "0s", "45s", "12m 5s", "3h 2m", "2d 4h"]
+        "0s", "45s", "12m 05s", "3h 02m", "2d 04h"]

@@ -501,6 +501,7 @@ CREATE TABLE allocations (
     planned_stop   boolean NOT NULL DEFAULT false,
     fenced_until   timestamptz,
     address        text,
+    stop_reason    text,
     UNIQUE (trial_id, run),
     CHECK ((ended_at IS NULL) = (state <> 'TERMINATED')),
     CHECK (state = 'PENDING' OR state = 'TERMINATED' OR agent_id IS NOT NULL)
@@ -548,6 +549,11 @@ COMMENT ON COLUMN allocations.fenced_until IS
 COMMENT ON COLUMN allocations.address IS
     'host:port of an interactive task''s server (Jupyter, TensorBoard, sshd) once it answers, '
     'recorded by the task (det_task_ready); det serve proxies /proxy/<job>/ to it.';
+COMMENT ON COLUMN allocations.stop_reason IS
+    'Why det asked the run to stop, written with desired_state: a preemption naming whom its '
+    'slots went to (det_preempted_reason), a pause, a cancel or kill, the searcher closing its '
+    'trial, a kill after preemption_timeout, an interactive task''s end. Its "why it ended" '
+    'is this over the run''s own reason (det_run_end_reason).';
 -- Each agent's live allocations (what an agent runs, what a lost agent leaves behind).
 CREATE INDEX allocations_live ON allocations (agent_id) WHERE state <> 'TERMINATED';
 -- Each agent's live zero-slot tasks, counted per agent by the scheduling pass (POOL_AGENTS).
@@ -755,6 +761,9 @@ CREATE INDEX checkpoints_trial ON checkpoints (trial_id, steps_completed);
 CREATE INDEX checkpoints_deleting ON checkpoints (trial_id) WHERE state = 'DELETING';
 -- Checkpoints new since the pass last applied the GC policy (read by every pass).
 CREATE INDEX checkpoints_gc_pending ON checkpoints (trial_id) WHERE gc_pending;
+-- Whether a live run has checkpointed yet (the scheduler's POOL_TASKS: a run that has not is
+-- protected from preemption for scheduler.min_run_time): one probe per running run.
+CREATE INDEX checkpoints_allocation ON checkpoints (allocation_id);
 
 CREATE FUNCTION det_checkpoint_input_check() RETURNS trigger LANGUAGE plpgsql AS $$
 -- BEFORE INSERT ON checkpoints: what a task records of a checkpoint (det_report_checkpoint)
@@ -3713,13 +3722,74 @@ CREATE FUNCTION det_pool_scheduler(p_pool text) RETURNS jsonb
 LANGUAGE plpgsql STABLE AS $$
 -- The scheduler a pool really uses, every default filled in: the pool's own, else the
 -- cluster's, else fair_share (the spec's default for a blank type: Resource Pools).
+-- min_run_time: seconds a run without a checkpoint is not preempted (issue 34).
 BEGIN
     RETURN jsonb_build_object('type', 'fair_share', 'preemption', false,
-                              'fitting_policy', 'best', 'default_priority', 42)
+                              'fitting_policy', 'best', 'default_priority', 42,
+                              'min_run_time', 60)
            || coalesce((SELECT nullif(scheduler, 'null') FROM resource_pools WHERE name = p_pool),
                        (SELECT config #> '{resource_manager,scheduler}' FROM cluster_config),
                        '{}');
 END $$;
+
+CREATE FUNCTION det_job_label(p_job bigint) RETURNS text
+LANGUAGE sql STABLE AS $$
+-- A job as reasons name it to users: 'experiment 3', 'notebook 12' (a task's id is its job's),
+-- else 'job N'.
+SELECT coalesce((SELECT 'experiment ' || e.id FROM experiments e WHERE e.job_id = p_job),
+                (SELECT lower(t.type) || ' ' || t.job_id FROM tasks t WHERE t.job_id = p_job),
+                'job ' || p_job);
+$$;
+
+CREATE FUNCTION det_preempted_reason(p_job bigint, p_rule text) RETURNS text
+LANGUAGE sql STABLE AS $$
+-- The stop reason of a run the scheduler preempted: 'preempted: slots given to experiment 3
+-- (fair share)'. p_job: the job its slots go to (NULL: not known); p_rule: the scheduler's
+-- rule. det_run_status knows a preempted run by this prefix.
+SELECT format('preempted: slots given to %s (%s)',
+              coalesce(det_job_label(p_job), 'a waiting job'), p_rule);
+$$;
+
+CREATE FUNCTION det_run_end_reason(a allocations) RETURNS text
+LANGUAGE sql STABLE STRICT AS $$
+-- Why a run ended (the WebUI's "Why it ended"; NULL while it lives), never blank once it has:
+-- why det stopped it (stop_reason), then what the run said (its checkpoint storage error, the
+-- agent's or det's reason: a signal, 'agent lost', 'stopped before it started'), else what
+-- its flags and exit code tell (issue 34: a preempted run's was blank).
+SELECT CASE WHEN a.state = 'TERMINATED' THEN concat_ws('; ', a.stop_reason, coalesce(
+    a.storage_error, a.exit_reason,
+    CASE WHEN a.stop_reason IS NOT NULL AND a.exit_code = 0 THEN NULL
+         WHEN a.planned_stop THEN 'its agent stopped it (a planned stop)'
+         WHEN a.exit_code = 0 AND a.out_of_work THEN 'finished its work (exit code 0)'
+         WHEN a.exit_code = 0 THEN 'its code exited (exit code 0)'
+         WHEN a.exit_code IS NULL THEN 'ended without an exit code'
+         ELSE 'exit code ' || a.exit_code END)) END;
+$$;
+
+CREATE FUNCTION det_run_status(a allocations) RETURNS text
+LANGUAGE sql STABLE STRICT AS $$
+-- A run as users should read it, agreeing with the job queue (issue 34: a trial waiting for a
+-- slot read "running"): waiting (for slots: pending_reason says why), starting (slots held,
+-- its process or container not yet running), running, preempting or stopping (told to stop,
+-- not yet gone), preempted or ended.
+SELECT CASE WHEN a.state = 'PENDING' AND a.desired_state = 'RUNNING' THEN 'waiting'
+            WHEN a.state = 'TERMINATED'
+                THEN CASE WHEN a.stop_reason LIKE 'preempted:%' THEN 'preempted' ELSE 'ended' END
+            WHEN a.desired_state <> 'RUNNING'
+                THEN CASE WHEN a.stop_reason LIKE 'preempted:%' THEN 'preempting'
+                          ELSE 'stopping' END
+            WHEN a.state = 'RUNNING' THEN 'running'
+            ELSE 'starting' END;
+$$;
+
+CREATE FUNCTION det_run_reason(a allocations) RETURNS text
+LANGUAGE sql STABLE STRICT AS $$
+-- The reason that goes with det_run_status: the scheduler's while it waits, det's while it
+-- is told to stop, det_run_end_reason once it ended; NULL while it starts or runs.
+SELECT CASE WHEN a.state = 'PENDING' AND a.desired_state = 'RUNNING' THEN a.pending_reason
+            WHEN a.state = 'TERMINATED' THEN det_run_end_reason(a)
+            WHEN a.desired_state <> 'RUNNING' THEN a.stop_reason END;
+$$;
 
 -- =============================================================================================
 -- Checkpoint GC, archive and delete (issue 16). The keep rule is one statement
@@ -5079,3 +5149,9 @@ GRANT EXECUTE ON FUNCTION
 TO det_task;
 -- readers show stored JSON through it (issue 39)
 GRANT EXECUTE ON FUNCTION det_json_shown(jsonb) TO det_user;
+REVOKE ALL ON FUNCTION det_job_label(bigint), det_preempted_reason(bigint, text),
+    det_run_end_reason(allocations), det_run_status(allocations), det_run_reason(allocations)
+FROM PUBLIC;
+-- readers: users' queries (a trial's runs, an experiment's trials) show them
+GRANT EXECUTE ON FUNCTION det_run_end_reason(allocations), det_run_status(allocations),
+    det_run_reason(allocations) TO det_user;

@@ -25,7 +25,8 @@ the spec (Resource Pools, Scheduling) and notes §2.1: scheduler types ``fair_sh
 default for a blank ``type``, as the spec's Resource Pools example says), ``priority`` and
 ``round_robin``; ``preemption`` and ``default_priority`` (1-99) belong to the priority
 scheduler; fitting policy ``best`` or ``worst``. Pools are named by ``name`` or the spec's
-``pool_name``.
+``pool_name``. ``min_run_time`` (seconds, >= 0, default 60; fair_share and priority): a run
+is not preempted before it has reported a checkpoint or held its slots that long (issue 34).
 
 ``checkpoint_storage`` and ``allowed_checkpoint_storage`` bound where det serve reads users'
 checkpoints from and with whose credentials (issue 32; the rule is
@@ -67,6 +68,9 @@ class SchedulerConfig(BaseModel):
     fitting_policy: Literal["best", "worst"] = "best"
     preemption: bool = False
     default_priority: int = Field(42, ge=1, le=99)
+    # Seconds a run that has not checkpointed is not preempted (issue 34; the rule is
+    # det.reconciler.schedulers.preemption); det_pool_scheduler fills the same default.
+    min_run_time: float = Field(60.0, ge=0)
 
 
 class ResourcePoolConfig(BaseModel):

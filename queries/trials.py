@@ -27,12 +27,13 @@ SELECT id, ts, stream, line FROM task_logs
 """
 
 # A trial's runs (its restarts are the runs after the first): where each ran, how it ended
-# and why (the task's checkpoint storage error over the agent's reason).
+# and why (det_run_end_reason: never blank once ended; issue 34), and as the queue sees it
+# (det_run_status, det_run_reason).
 RUNS = """
 SELECT run, state::text AS state, agent_id, slots_needed, exit_code,
-       coalesce(storage_error, exit_reason) AS exit_reason, created_at, started_at, ended_at,
-       pending_reason
-  FROM allocations WHERE trial_id = %(id)s ORDER BY run
+       det_run_end_reason(a) AS exit_reason, created_at, started_at, ended_at,
+       pending_reason, det_run_status(a) AS run_state, det_run_reason(a) AS run_reason
+  FROM allocations a WHERE trial_id = %(id)s ORDER BY run
 """
 
 FIRST_TRIAL = "SELECT min(id) AS id FROM trials WHERE experiment_id = %(id)s"

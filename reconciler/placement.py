@@ -5,6 +5,7 @@ writes its decision (new allocations' slots, preemptions, why the rest waits).
 """
 
 import gc
+import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -47,14 +48,15 @@ def load_pool(conn: psycopg.Connection, pool: str) -> PoolState:
     tasks = []
     reasons: dict[int, str | None] = {}
     for (alloc, job, slots_needed, priority, weight, max_slots, preemptible, running, stopping,
-         agent_id, reason) in cur.execute(q.POOL_TASKS, params).fetchall():
+         agent_id, reason, ran, checkpointed) in cur.execute(q.POOL_TASKS, params).fetchall():
         on = held.get(alloc, NOWHERE)
         if running and slots_needed == 0 and agent_id:
             on = {agent_id: ()}
         elif not running:
             reasons[alloc] = reason
         tasks.append(Task(alloc, job, slots_needed, priority, weight, preemptible, max_slots,
-                          running, stopping, on))
+                          running, stopping, on, math.inf if ran is None else ran,
+                          bool(checkpointed)))
     return PoolState(agents, tasks, reasons)
 
 
@@ -129,7 +131,10 @@ def apply(conn: psycopg.Connection, d: Decision, agents: set[str], allocs: set[i
         conn.execute(q.HOLD_SLOTS, {"ids": held[0], "agents": held[1], "slots": held[2]})
     preempted: list[dict[str, Any]] = []
     if d.release:
-        preempted = conn.execute(q.PREEMPT, {"ids": list(d.release)}).fetchall()
+        why = [d.preempted_for.get(i, (None, "preemption")) for i in d.release]
+        preempted = conn.execute(q.PREEMPT, {"ids": list(d.release),
+                                             "jobs": [job for job, _ in why],
+                                             "rules": [rule for _, rule in why]}).fetchall()
     for p in preempted:
         allocs.add(p["id"])
         if p["agent_id"]:

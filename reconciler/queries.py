@@ -53,7 +53,8 @@ UPDATE allocation_slots s SET released = true
 # -- 2. Settle ended runs ----------------------------------------------------------------------
 
 UNSETTLED_RUNS = """
-SELECT a.id AS allocation_id, a.exit_code, coalesce(a.storage_error, a.exit_reason) AS exit_reason,
+SELECT a.id AS allocation_id, a.exit_code,
+       concat_ws('; ', a.stop_reason, coalesce(a.storage_error, a.exit_reason)) AS exit_reason,
        a.storage_error, t.id AS trial_id,
        t.experiment_id, t.state::text AS trial_state, t.restarts,
        a.desired_state <> 'RUNNING' AS stop_requested,
@@ -169,7 +170,8 @@ SELECT a.id, k.type, (k.config ->> 'idle_timeout')::float8 AS idle_timeout, k.la
 END_TASKS = """
 WITH ended AS (
     UPDATE allocations a SET desired_state = 'STOPPED',
-           stop_requested_at = coalesce(a.stop_requested_at, now())
+           stop_requested_at = coalesce(a.stop_requested_at, now()),
+           stop_reason = coalesce(a.stop_reason, x.reason)
       FROM unnest(%(id)s::bigint[], %(reason)s::text[]) AS x(id, reason)
      WHERE a.id = x.id AND a.state <> 'TERMINATED' AND a.desired_state = 'RUNNING'
     RETURNING a.id, a.job_id, a.agent_id, x.reason
@@ -188,7 +190,9 @@ SELECT id, agent_id FROM ended
 # which nothing asks to exit) is killed, as a trial's run is after its preemption_timeout
 # (KILL_OVERDUE). From allocations_stopping.
 KILL_OVERDUE_TASKS = """
-UPDATE allocations a SET desired_state = 'KILLED'
+UPDATE allocations a SET desired_state = 'KILLED',
+       stop_reason = concat_ws('; ', a.stop_reason, 'killed: still running '
+                               || %(grace)s::float8 || ' s after it was asked to stop')
  WHERE a.desired_state = 'STOPPED' AND a.state <> 'TERMINATED' AND a.trial_id IS NULL
    AND a.stop_requested_at < now() - make_interval(secs => %(grace)s)
    AND EXISTS (SELECT 1 FROM tasks k WHERE k.job_id = a.job_id)
@@ -220,13 +224,21 @@ UPDATE trials t SET state = e.state::text::trial_state FROM experiments e
 # Desired state only escalates: RUNNING -> STOPPED (checkpoint and exit) -> KILLED. Only a
 # live trial that is not ACTIVE, or is closed, wants its run stopped (a trial ends only once
 # it has no live run: settle and the finishing steps wait for that), so the look starts from
-# those few trials (trials_live, trials_closed_live), not from every live run.
+# those few trials (trials_live, trials_closed_live), not from every live run. Each stop says
+# why (allocations.stop_reason; a kill's over an earlier stop's).
 ESCALATE_DESIRED = """
 WITH want AS (
     SELECT a.id,
            CASE WHEN t.state = 'STOPPING_KILLED' THEN 'KILLED'
                 WHEN t.state <> 'ACTIVE' OR t.closed THEN 'STOPPED'
-                ELSE 'RUNNING' END::desired_state AS desired
+                ELSE 'RUNNING' END::desired_state AS desired,
+           CASE t.state WHEN 'STOPPING_KILLED' THEN 'killed: its experiment was killed'
+                        WHEN 'PAUSED' THEN 'paused: its experiment was paused'
+                        WHEN 'STOPPING_CANCELED' THEN 'canceled: its experiment was canceled'
+                        WHEN 'STOPPING_ERROR' THEN 'stopped: its experiment failed'
+                        WHEN 'STOPPING_COMPLETED'
+                            THEN 'stopped: its experiment''s search completed'
+                        ELSE 'stopped: the searcher closed the trial' END AS why
       FROM trials t JOIN allocations a ON a.trial_id = t.id
      WHERE a.state <> 'TERMINATED'
        AND (t.state IN ('PAUSED', 'STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED',
@@ -234,7 +246,9 @@ WITH want AS (
             OR (t.closed AND t.state < 'COMPLETED'))
 )
 UPDATE allocations a SET desired_state = w.desired,
-       stop_requested_at = coalesce(a.stop_requested_at, now())
+       stop_requested_at = coalesce(a.stop_requested_at, now()),
+       stop_reason = CASE WHEN w.desired = 'KILLED' THEN w.why
+                          ELSE coalesce(a.stop_reason, w.why) END
   FROM want w
  WHERE w.id = a.id AND w.desired > a.desired_state
 RETURNING a.id, a.agent_id
@@ -249,7 +263,10 @@ UPDATE allocations SET state = 'TERMINATED', exit_code = 0,
 
 # A task that ignores the stop request past preemption_timeout seconds is killed.
 KILL_OVERDUE = """
-UPDATE allocations a SET desired_state = 'KILLED'
+UPDATE allocations a SET desired_state = 'KILLED',
+       stop_reason = concat_ws('; ', a.stop_reason, 'killed: still running '
+                               || (e.config ->> 'preemption_timeout')
+                               || ' s after it was asked to stop (preemption_timeout)')
   FROM trials t JOIN experiments e ON e.id = t.experiment_id
  WHERE t.id = a.trial_id AND a.desired_state = 'STOPPED' AND a.state <> 'TERMINATED'
    AND a.stop_requested_at < now() - make_interval(
@@ -578,11 +595,18 @@ SELECT g.id AS agent_id,
 """
 
 # Live allocations of the pool in queue order (submission, or where `det job update` put
-# them); pending ones only while still wanted.
+# them); pending ones only while still wanted. A running one's seconds since its assignment
+# and whether it checkpointed decide whether it may be preempted yet
+# (det.reconciler.schedulers.preemption; one index probe per running run).
 POOL_TASKS = """
 SELECT a.id, a.job_id, a.slots_needed, j.priority, j.weight, j.max_slots, a.preemptible,
        a.state <> 'PENDING' AS running, a.desired_state <> 'RUNNING' AS stopping, a.agent_id,
-       a.pending_reason
+       a.pending_reason,
+       CASE WHEN a.state <> 'PENDING'
+            THEN extract(epoch FROM now() - a.assigned_at)::float8 END AS ran,
+       CASE WHEN a.state <> 'PENDING'
+            THEN EXISTS (SELECT 1 FROM checkpoints c WHERE c.allocation_id = a.id) END
+           AS checkpointed
   FROM allocations a JOIN jobs j ON j.id = a.job_id
  WHERE a.resource_pool = %(pool)s AND a.state <> 'TERMINATED'
    AND (a.state <> 'PENDING' OR a.desired_state = 'RUNNING')
@@ -608,12 +632,15 @@ INSERT INTO allocation_slots (allocation_id, agent_id, slot_id)
 SELECT * FROM unnest(%(ids)s::bigint[], %(agents)s::text[], %(slots)s::integer[])
 """
 
-# The scheduler preempts: the task checkpoints and exits; its trial runs again later.
+# The scheduler preempts: the task checkpoints and exits; its trial runs again later. Each
+# says to whom its slots go and by which rule (det_preempted_reason).
 PREEMPT = """
-UPDATE allocations
-   SET desired_state = 'STOPPED', stop_requested_at = coalesce(stop_requested_at, now())
- WHERE id = ANY(%(ids)s) AND desired_state = 'RUNNING' AND state <> 'TERMINATED'
-RETURNING id, agent_id
+UPDATE allocations a
+   SET desired_state = 'STOPPED', stop_requested_at = coalesce(a.stop_requested_at, now()),
+       stop_reason = det_preempted_reason(x.job, x.rule)
+  FROM unnest(%(ids)s::bigint[], %(jobs)s::bigint[], %(rules)s::text[]) AS x(id, job, rule)
+ WHERE a.id = x.id AND a.desired_state = 'RUNNING' AND a.state <> 'TERMINATED'
+RETURNING a.id, a.agent_id
 """
 
 SET_PENDING_REASONS = """

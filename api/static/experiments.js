@@ -198,7 +198,7 @@ async function experimentPage(id) {
       <tr><td><a href="#/trials/${t.id}">${t.id}</a></td><td>${state(t.state)}</td>
         <td><code>${esc(JSON.stringify(t.hparams))}</code></td>
         <td class="num">${fmt(t.batches)}</td><td class="num">${fmt(t.best_validation)}</td>
-        <td>${t.rung ? `bracket ${t.rung.bracket}, rung ${t.rung.rung} (${esc(t.rung.status)})` : ""}</td>
+        <td>${t.rung ? `bracket ${t.rung.bracket}, rung ${t.rung.rung} (${esc(t.rung.status === "running" && t.run_state ? t.run_state : t.rung.status)})` : ""}</td>
         <td class="num">${t.restarts}</td><td>${esc(t.exit_reason)}</td></tr>`).join("");
     document.getElementById("sched").innerHTML = `
       priority <input id="prio" size="3" value="${esc(e.priority)}"> <button id="set-prio">set</button>

@@ -3,7 +3,8 @@
 ``schedule(scheduler, agents, tasks) -> Decision`` runs one pass of the pool's scheduler
 (``fair_share``, ``priority`` or ``round_robin``; spec: Scheduling) over plain data (see
 :mod:`.model`); the reconciler writes the decision (allocations, preemptions, reasons) and
-``det job simulate`` prints it. Fitting (best / worst, gang placement) is in :mod:`.fitting`.
+``det job simulate`` prints it. Fitting (best / worst, gang placement) is in :mod:`.fitting`;
+which running tasks may be preempted, and which first, in :mod:`.preemption`.
 """
 
 from collections.abc import Sequence
@@ -21,7 +22,8 @@ def schedule(scheduler: SchedulerConfig, agents: Sequence[Agent],
     policy = scheduler.fitting_policy
     if scheduler.type == "priority":
         return priority.schedule(agents, tasks, preemption=scheduler.preemption,
-                                 fitting_policy=policy)
+                                 fitting_policy=policy, min_run_time=scheduler.min_run_time)
     if scheduler.type == "round_robin":
         return round_robin.schedule(agents, tasks, fitting_policy=policy)
-    return fair_share.schedule(agents, tasks, fitting_policy=policy)
+    return fair_share.schedule(agents, tasks, fitting_policy=policy,
+                               min_run_time=scheduler.min_run_time)

@@ -6,9 +6,12 @@ and 30 get 2 and 6; with weights 3 and 1 they get 4 and 4. A job's demand is the
 tasks, running or waiting, capped by ``max_slots``. Shares are whole slots (largest
 remainder, so each is within one slot of its exact share), and a job whose share rounds to
 0 gets one slot from a job that was rounded up, if one can spare it. A job holding more than
-its share gives slots back by preempting its last-started preemptible tasks; a job holding
-less starts its waiting tasks in queue order. A job whose share is smaller than its smallest
-waiting task, and which holds nothing, is left out and its share goes to the others.
+its share gives slots back by preempting its preemptible tasks, longest held first, never one
+still protected (:mod:`.preemption`: no checkpoint yet and younger than ``min_run_time``); a
+job holding less starts its waiting tasks in queue order. Where shares tie (equal
+remainders), jobs that hold slots keep them: a tie never preempts one run to start another.
+A job whose share is smaller than its smallest waiting task, and which holds nothing, is
+left out and its share goes to the others.
 Zero-slot tasks are started first come, first served.
 """
 
@@ -17,6 +20,7 @@ from math import floor
 
 from det.reconciler.schedulers.fitting import Holders, Pool, split
 from det.reconciler.schedulers.model import Agent, Decision, Id, Task
+from det.reconciler.schedulers.preemption import MIN_RUN_TIME, give_back_order, protected_note
 
 
 def shares(capacity: int, demand: Mapping[Id, int], weight: Mapping[Id, float]) -> dict[Id, int]:
@@ -60,8 +64,9 @@ def shares(capacity: int, demand: Mapping[Id, int], weight: Mapping[Id, float]) 
 
 
 def schedule(agents: Sequence[Agent], tasks: Sequence[Task], *,
-             fitting_policy: str = "best") -> Decision:
-    """One pass over ``tasks`` (queue order) on ``agents``; see the module rules."""
+             fitting_policy: str = "best", min_run_time: float = MIN_RUN_TIME) -> Decision:
+    """One pass over ``tasks`` (queue order) on ``agents``; see the module rules.
+    ``min_run_time``: seconds a run without a checkpoint is not preempted."""
     out = Decision()
     slot_tasks, aux_tasks = split(tasks)
     pool = Pool(agents, fitting_policy)
@@ -76,12 +81,12 @@ def schedule(agents: Sequence[Agent], tasks: Sequence[Task], *,
         else:
             pool.reserve(fit)
             out.allocate[t.id] = fit
-    _slots(agents, slot_tasks, pool, holders, out)
+    _slots(agents, slot_tasks, pool, holders, out, min_run_time)
     return out
 
 
 def _slots(agents: Sequence[Agent], tasks: Sequence[Task], pool: Pool, holders: Holders,
-           out: Decision) -> None:
+           out: Decision, min_run_time: float) -> None:
     live = []
     for t in tasks:
         reason = None if t.running else pool.never_fits(t.slots)
@@ -122,21 +127,31 @@ def _slots(agents: Sequence[Agent], tasks: Sequence[Task], pool: Pool, holders: 
     # leave them out (all found in one round, so a pass stays O(jobs log jobs)) and share
     # again among the rest.
     left_out: set[Id] = set()
+    # Jobs holding slots first: shares break ties by this order (issue 34: with three equal
+    # searches on two slots, a tie given to the first in the queue preempted a run just
+    # started by another, at 0 batches).
+    order = sorted(jobs, key=lambda j: held[j] == 0)
     while True:
-        want = {j: 0 if j in left_out else max(0, demand[j] - pinned[j]) for j in jobs}
+        want = {j: 0 if j in left_out else max(0, demand[j] - pinned[j]) for j in order}
         offer = {j: s + pinned[j] for j, s in shares(capacity, want, weight).items()}
         starved = {j for j in jobs if j not in left_out and held[j] == 0
                    and 0 < offer[j] < smallest[j]}
         if not starved:
             break
         left_out |= starved
+    # the job the slots given back go to: the first below its share with a task waiting
+    taker = next((j for j in jobs if offer[j] > held[j] and smallest[j]
+                  and j not in left_out), None)
+    kept = False  # slots above a share that protected runs keep for now
     for j, ts in jobs.items():
         if held[j] > offer[j]:
-            _give_back(ts, held[j] - offer[j], out)
+            kept |= _give_back(ts, held[j] - offer[j], out, taker, min_run_time)
             for t in ts:
                 if not t.running:
                     out.reasons[t.id] = (f"above its fair share: holds {held[j]} slot(s), "
                                          f"share is {offer[j]}")
+    for j, ts in jobs.items():
+        if held[j] > offer[j]:
             continue
         room = offer[j] - held[j]
         for t in ts:
@@ -154,21 +169,24 @@ def _slots(agents: Sequence[Agent], tasks: Sequence[Task], pool: Pool, holders: 
                 continue
             fit = pool.fit(t.slots)
             if fit is None:
-                out.reasons[t.id] = holders.waiting(t)
+                out.reasons[t.id] = (f"{holders.waiting(t)}; {protected_note(min_run_time)}"
+                                     if kept else holders.waiting(t))
                 continue
             pool.reserve(fit)
             out.allocate[t.id] = fit
             room -= t.slots
 
 
-def _give_back(tasks: list[Task], excess: int, out: Decision) -> None:
-    """Preempt the job's last preemptible running tasks until ``excess`` slots are freed;
-    tasks already stopping count first."""
-    running = [t for t in tasks if t.running and t.preemptible]
-    for t in [t for t in running if t.stopping] + [t for t in reversed(running)
-                                                   if not t.stopping]:
+def _give_back(tasks: list[Task], excess: int, out: Decision, taker: Id | None,
+               min_run_time: float) -> bool:
+    """Preempt the job's running tasks in :func:`.preemption.give_back_order` until
+    ``excess`` slots are freed, each recorded as preempted for ``taker``. Returns whether
+    some excess stays held because the rest are protected."""
+    for t in give_back_order(tasks, min_run_time):
         if excess <= 0:
             break
         if not t.stopping:
             out.release.append(t.id)
+            out.preempted_for[t.id] = (taker, "fair share")
         excess -= t.slots
+    return excess > 0

@@ -6,6 +6,7 @@ then allocation id). Identifiers are opaque: the reconciler passes allocation id
 ids, scenario files pass strings.
 """
 
+import math
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -40,6 +41,10 @@ class Task(NamedTuple):
     ``weight``: fair-share weight (> 0); ``max_slots``: the job's fair-share demand cap (None:
     no cap); ``running``: it holds resources now, on ``on`` (``{agent id: slot ids}``);
     ``stopping``: it was already told to stop and will give its resources back.
+    ``ran``: seconds a running task has held its slots (since its assignment; inf where not
+    known, as in scenario files); ``checkpointed``: its run has reported a checkpoint. With
+    the pool's ``min_run_time`` they say whether it may be preempted yet
+    (:func:`det.reconciler.schedulers.preemption.protected`).
 
     A named tuple rather than a frozen dataclass: a pass over 100,000 queued jobs builds
     100,000 of them, and a frozen dataclass's ``__init__`` costs four times as much.
@@ -55,6 +60,8 @@ class Task(NamedTuple):
     running: bool = False
     stopping: bool = False
     on: Mapping[Id, tuple[int, ...]] = NOWHERE
+    ran: float = math.inf
+    checkpointed: bool = False
 
 
 @dataclass
@@ -64,9 +71,13 @@ class Decision:
     ``allocate``: ``{task id: {agent id: [slot ids]}}`` for pending tasks to start (a
     zero-slot task gets ``{agent id: []}``); ``release``: running tasks to preempt (they
     checkpoint and exit; their slots return when they do); ``reasons``: ``{task id: why it
-    still waits}`` for every pending task not allocated.
+    still waits}`` for every pending task not allocated; ``preempted_for``: ``{released task
+    id: (the job its slots go to, or None, and the rule, e.g. "fair share")}``, which the
+    reconciler words as the run's stop reason ("preempted: slots given to experiment 3 (fair
+    share)").
     """
 
     allocate: dict[Id, dict[Id, list[int]]] = field(default_factory=dict)
     release: list[Id] = field(default_factory=list)
     reasons: dict[Id, str] = field(default_factory=dict)
+    preempted_for: dict[Id, tuple[Id | None, str]] = field(default_factory=dict)

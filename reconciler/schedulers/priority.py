@@ -8,7 +8,9 @@ slots that this pass's evictions will free; failing that, it evicts running pree
 tasks, lowest priority first and, within a priority, the last in the queue first (never one
 ahead of it at its own priority), but only if that makes it fit, and only those it needs: no
 evicted task could be left running and the task still fit. Nothing starts in a pass after
-something was preempted. Slot tasks and zero-slot tasks are scheduled apart.
+something was preempted. Slot tasks and zero-slot tasks are scheduled apart. A running task
+still protected (:mod:`.preemption`: no checkpoint yet and younger than ``min_run_time``) is
+never evicted: a task that only those could make room for waits, saying so.
 
 A pass is a list of :class:`Step` (:func:`plan`), the pass's scratch copy of the pool task by
 task; :func:`schedule` turns it into a :class:`~.model.Decision`.
@@ -23,6 +25,7 @@ from sortedcontainers import SortedKeyList
 
 from det.reconciler.schedulers.fitting import Fit, Holders, Pool, split
 from det.reconciler.schedulers.model import Agent, Decision, Id, Task
+from det.reconciler.schedulers.preemption import MIN_RUN_TIME, protected, protected_note
 
 PREEMPTING = "preempting lower-priority tasks to make room"
 FREED = "waiting for preempted tasks to give their slots back"
@@ -45,36 +48,42 @@ class Step(NamedTuple):
 
 
 def schedule(agents: Sequence[Agent], tasks: Sequence[Task], *, preemption: bool = False,
-             fitting_policy: str = "best") -> Decision:
-    """One pass over ``tasks`` (queue order) on ``agents``; see the module rules."""
+             fitting_policy: str = "best", min_run_time: float = MIN_RUN_TIME) -> Decision:
+    """One pass over ``tasks`` (queue order) on ``agents``; see the module rules.
+    ``min_run_time``: seconds a run without a checkpoint is not preempted."""
     out = Decision()
-    for s in plan(agents, tasks, preemption=preemption, fitting_policy=fitting_policy):
+    for s in plan(agents, tasks, preemption=preemption, fitting_policy=fitting_policy,
+                  min_run_time=min_run_time):
         if s.reason is None:
             out.allocate[s.task.id] = s.fit
         else:
             out.reasons[s.task.id] = s.reason
-        if s.evict:
-            out.release += [t.id for t in s.evict if not t.stopping]
+        for t in s.evict:
+            if not t.stopping:
+                out.release.append(t.id)
+                out.preempted_for[t.id] = (s.task.job,
+                                           f"priority {s.task.priority} over {t.priority}")
     return out
 
 
 def plan(agents: Sequence[Agent], tasks: Sequence[Task], *, preemption: bool = False,
-         fitting_policy: str = "best") -> list[Step]:
+         fitting_policy: str = "best", min_run_time: float = MIN_RUN_TIME) -> list[Step]:
     """The steps of one pass: every pending task of ``tasks`` once, slot tasks first, each
     part in the order its scratch pool was changed."""
     steps: list[Step] = []
     for part in split(tasks):
         if part:  # a pool's scratch copy costs a walk of its agents
-            steps += _plan(part, preemption, Pool(agents, fitting_policy))
+            steps += _plan(part, preemption, Pool(agents, fitting_policy), min_run_time)
     return steps
 
 
-def _plan(tasks: Sequence[Task], preemption: bool, pool: Pool) -> Iterator[Step]:
+def _plan(tasks: Sequence[Task], preemption: bool, pool: Pool,
+          min_run_time: float) -> Iterator[Step]:
     order = {t.id: i for i, t in enumerate(tasks)}
     by_priority = attrgetter("priority")
     ranked = sorted(tasks, key=by_priority)  # stable: queue order within a priority
     holders = Holders(tasks)
-    evicting = _Evictions([t for t in tasks if t.running], order)
+    evicting = _Evictions([t for t in tasks if t.running], order, min_run_time)
     blocked_by: set = set()  # jobs of higher priority with a task that did not fit
     for _, level in groupby([t for t in ranked if not t.running], key=by_priority):
         # the same for the whole level; worded once, as is each reason it prefixes
@@ -103,6 +112,8 @@ def _plan(tasks: Sequence[Task], preemption: bool, pool: Pool) -> Iterator[Step]
                 yield step
                 continue
             reason = holders.waiting(t)
+            if preemption and evicting.shields(t):
+                reason = f"{reason}; {evicting.note}"
             if behind:
                 said = behind_and.get(reason)
                 if said is None:
@@ -120,12 +131,18 @@ class _Evictions:
     """The running tasks chosen for eviction in one pass; their resources are back in the
     pass's pool (they will be once the tasks exit)."""
 
-    def __init__(self, running: list[Task], order: dict) -> None:
+    def __init__(self, running: list[Task], order: dict, min_run_time: float) -> None:
         self.order = order
         self.stopping = [t for t in running if t.stopping and t.preemptible]
-        # preemptible tasks not stopping and not chosen yet, by rank: a walk skips no one
-        self.left = SortedKeyList((t for t in running if t.preemptible and not t.stopping),
-                                  key=self._rank)
+        # preemptible tasks not stopping, not protected and not chosen yet, by rank: a walk
+        # skips no one
+        self.left = SortedKeyList((t for t in running if t.preemptible and not t.stopping
+                                   and not protected(t, min_run_time)), key=self._rank)
+        # the lowest rank (highest priority, earliest) of the protected: a task ranked above
+        # it would have had them as candidates
+        self.shield = min((self._rank(t) for t in running
+                           if t.preemptible and protected(t, min_run_time)), default=None)
+        self.note = protected_note(min_run_time)
         self.chosen: set = set()
         # Slot counts that found no room since the last eviction. Tasks come in rank order and
         # a later task has a subset of the earlier one's candidates in a pool that only filled
@@ -134,6 +151,10 @@ class _Evictions:
 
     def _rank(self, t: Task) -> tuple[int, int]:
         return t.priority, self.order[t.id]
+
+    def shields(self, task: Task) -> bool:
+        """Whether protected tasks that ``task`` could evict exist (its reason says so)."""
+        return self.shield is not None and self.shield > self._rank(task)
 
     def _candidates(self, task: Task) -> Iterator[Task]:
         yield from (t for t in self.stopping if t.id not in self.chosen)

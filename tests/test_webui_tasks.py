@@ -65,6 +65,23 @@ def fetch(page, path: str, method: str = "GET") -> dict:
         ".catch((e) => done({status: 0, body: String(e)}));", path, method)
 
 
+def diagnose(wait, page, conn, job: int):
+    """``wait()``; where it fails, the failure also says what the notebook showed: its
+    kernels (Jupyter's REST), the first cell's prompt and text, and the task's log."""
+    try:
+        return wait()
+    except AssertionError as e:
+        shown = page.execute_script(
+            "const c = document.querySelector('.jp-Notebook .jp-Cell');"
+            "return c ? {prompt: c.querySelector('.jp-InputPrompt')?.innerText,"
+            "            input: c.querySelector('.cm-content')?.innerText,"
+            "            status: document.querySelector('.jp-Notebook-ExecutionIndicator')"
+            "                    ?.getAttribute('data-status')} : null;")
+        kernels = fetch(page, f"/proxy/{job}/api/kernels")
+        raise AssertionError(f"{e}; the cell: {shown}; kernels: {kernels}; the task's log:\n"
+                             f"{task_output(conn, job)}") from None
+
+
 def test_a_notebook_from_the_webui_runs_a_kernel_through_the_proxy(
         browser, det, det_env, conn, tmp_path: Path) -> None:  # noqa: F811
     from selenium.common.exceptions import (
@@ -121,10 +138,15 @@ def test_a_notebook_from_the_webui_runs_a_kernel_through_the_proxy(
             cells[0].send_keys(Keys.SHIFT, Keys.ENTER)
             return True
 
+        # The notebook's kernel, started by JupyterLab through the proxy's REST: a new Python
+        # loading ipykernel (slow on a loaded 2-core host). Typed into once it is idle, so a
+        # missing 42 below is the kernel's WebSocket through the proxy, not its start.
+        kernels = lambda: json.loads(fetch(browser, f"/proxy/{job}/api/kernels")["body"])  # noqa: E731
+        diagnose(lambda: wait_for(lambda: [k for k in kernels() if k["execution_state"] == "idle"],
+                                  180, "the notebook's kernel to be idle"), browser, conn, job)
         wait_for(typed, 60, "a notebook cell that takes input")
-        # a kernel's start is a new Python loading ipykernel: slow on a loaded 2-core host
-        wait_for(lambda: "42" in text(browser, ".jp-OutputArea-output"), 180,
-                 "42 from the kernel")
+        diagnose(lambda: wait_for(lambda: "42" in text(browser, ".jp-OutputArea-output"), 120,
+                                  "42 from the kernel"), browser, conn, job)
         shot(browser, "jupyterlab")
         # the kernel's WebSocket and Jupyter's token never reached the page
         token = conn.execute("SELECT jupyter_token FROM task_secrets WHERE job_id = %s",

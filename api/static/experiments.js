@@ -33,8 +33,9 @@ function bindActions(root) {
 }
 
 
-async function experimentsPage() {
-  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+// `preset`: the filters of a page that shows a part of the list (a project's), else the URL's.
+async function experimentsPage(preset) {
+  const params = preset || new URLSearchParams(location.hash.split("?")[1] || "");
   const sort = params.get("sort") || "-id";
   main.innerHTML = `
     <h1>Experiments <span class="live" id="live"></span></h1>
@@ -45,6 +46,7 @@ async function experimentsPage() {
       <input id="f-name" placeholder="name contains" value="${esc(params.get("name") || "")}">
       <input id="f-owner" placeholder="owner" value="${esc(params.get("owner") || "")}">
       <input id="f-workspace" placeholder="workspace" value="${esc(params.get("workspace") || "")}">
+      <input id="f-project" placeholder="project" value="${esc(params.get("project") || "")}">
       <label><input type="checkbox" id="f-archived" ${params.get("archived") ? "checked" : ""}> archived</label>
     </div>
     <div class="actions"><button id="tb-selected" disabled>Open TensorBoard for selected</button></div>
@@ -67,12 +69,14 @@ async function experimentsPage() {
     if (nm) p.set("name", nm);
     if (ow) p.set("owner", ow);
     if (ws) p.set("workspace", ws);
+    const pr = document.getElementById("f-project").value;
+    if (pr) p.set("project", pr);
     if (document.getElementById("f-archived").checked) p.set("archived", "true");
     p.set("sort", sort);
     location.hash = `#/experiments?${p}`;
   };
   for (const id of ["f-state", "f-archived"]) document.getElementById(id).addEventListener("change", setFilter);
-  for (const id of ["f-name", "f-owner", "f-workspace"]) document.getElementById(id).addEventListener("change", setFilter);
+  for (const id of ["f-name", "f-owner", "f-workspace", "f-project"]) document.getElementById(id).addEventListener("change", setFilter);
   main.querySelector("thead").addEventListener("click", (ev) => {
     const th = ev.target.closest("th[data-sort]");
     if (!th) return;
@@ -92,7 +96,7 @@ async function experimentsPage() {
   });
   tbButton.addEventListener("click", () => openTensorBoard([...selected]).catch(() => {}));
   const q = new URLSearchParams();
-  for (const k of ["state", "name", "owner", "workspace", "archived"]) if (params.get(k)) q.set(k, params.get(k));
+  for (const k of ["state", "name", "owner", "workspace", "project", "archived"]) if (params.get(k)) q.set(k, params.get(k));
   q.set("sort", sort);
   const render = (page) => {
     document.querySelector("#exps tbody").innerHTML = page.experiments.map((e) => `
@@ -184,7 +188,7 @@ async function experimentPage(id) {
     const smaller = searcherOf(exp).smaller_is_better !== false;
     const batches = trials.reduce((a, t) => a + (t.batches || 0), 0);
     document.getElementById("title").innerHTML =
-      `Experiment ${esc(e.id)}: ${esc(e.name)} ${state(e.state)} <span class="live">● live</span>`;
+      `Experiment ${esc(e.id)}: ${esc(e.name)} ${state(e.state)} ${liveMark(e.state)}`;
     document.getElementById("cards").innerHTML = [
       ["Progress", bar(Math.round((e.progress || 0) * 100))],
       ["Batches trained", batches],

@@ -42,7 +42,7 @@ async function trialPage(id) {
   };
   const renderTrial = (t) => {
     document.getElementById("title").innerHTML =
-      `Trial ${t.id} of <a href="#/experiments/${t.experiment_id}">experiment ${t.experiment_id}</a> ${state(t.state)} <span class="live">● live</span>`;
+      `Trial ${t.id} of <a href="#/experiments/${t.experiment_id}">experiment ${t.experiment_id}</a> ${state(t.state)} ${liveMark(t.state)}`;
     document.getElementById("cards").innerHTML = [
       ["Batches trained", fmt(t.batches)], ["Batches at checkpoint", fmt(t.steps_completed)],
       ["Best validation", fmt(t.best_validation)], ["Restarts", t.restarts],

@@ -29,7 +29,8 @@ from det.configs.overrides import apply_overrides, make_test_config
 from det.configs.task import TaskConfig, TaskKind, TaskResources, parse_task_config
 from det.configs.templates import merge
 from det.db import det_home
-from det.errors import ConfigError, ContextError
+from det.errors import ConfigError, ContextError, NotFoundError, StateError
+from det.queries.workspaces import placement, workspace_defaults
 from det.reconciler.schedulers import Agent, Task
 from det.reconciler.schedulers.fitting import never_fits
 
@@ -292,3 +293,161 @@ def submit_task(conn: psycopg.Connection, kind: TaskKind, expanded: dict,
             "SELECT det_create_task(%s, %s, %s, %s, %s, %s, %s, %s) AS id",
             (kind, Jsonb(expanded), blob, workspace, project, list(experiment_ids),
              list(trial_ids), Jsonb(task_secrets()))).fetchone()["id"]
+
+
+# -- experiments made from an existing one (issue 34) ------------------------------------------
+# spec run-training-code.rst: "create an experiment from an existing experiment or trial".
+
+SOURCE_EXPERIMENT = """
+SELECT e.id, e.original_config, b.data AS context, w.name AS workspace, p.name AS project
+  FROM experiments e JOIN projects p ON p.id = e.project_id
+  JOIN workspaces w ON w.id = p.workspace_id
+  LEFT JOIN context_blobs b ON b.id = e.context_id
+ WHERE e.id = %(id)s
+"""
+
+SOURCE_TRIAL = """
+SELECT id, experiment_id, hparams, latest_checkpoint::text AS latest_checkpoint
+  FROM trials WHERE id = %(id)s
+"""
+
+
+def source_experiment(conn: psycopg.Connection, exp_id: int) -> dict:
+    """Experiment ``exp_id`` as a source: its original config (YAML), packed context (None:
+    none), workspace and project names.
+
+    Raises:
+        NotFoundError: no such experiment, or one the caller may not view.
+    """
+    row = conn.execute(SOURCE_EXPERIMENT, {"id": exp_id}).fetchone()
+    if row is None:
+        raise NotFoundError(f"experiment {exp_id} not found")
+    return row
+
+
+def source_trial(conn: psycopg.Connection, trial_id: int) -> dict:
+    """Trial ``trial_id`` as a source: its experiment, hyperparameters and latest checkpoint.
+
+    Raises:
+        NotFoundError: no such trial, or one the caller may not view.
+        StateError: the trial has no checkpoint to continue from.
+    """
+    row = conn.execute(SOURCE_TRIAL, {"id": trial_id}).fetchone()
+    if row is None:
+        raise NotFoundError(f"trial {trial_id} not found")
+    if row["latest_checkpoint"] is None:
+        raise StateError(f"trial {trial_id}: no checkpoint to continue from")
+    return row
+
+
+def continue_config(data: object, hparams: dict, checkpoint: str, source: str) -> dict:
+    """The config of ``det trial continue``'s experiment made of config ``data`` (read from
+    ``source``): one trial (searcher ``single``, keeping the searcher's metric, direction and
+    max_length) with the continued trial's ``hparams`` as constants, starting from its latest
+    ``checkpoint`` (``searcher.source_checkpoint_uuid``, which pins it). Applied to whatever
+    config is given (the source's or the user's), so the result always continues that trial.
+
+    Raises:
+        ConfigError: ``data`` is not a mapping.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError("", "expected a mapping at the top level", source)
+    searcher = data.get("searcher") if isinstance(data.get("searcher"), dict) else {}
+    kept = {k: searcher[k] for k in ("metric", "smaller_is_better", "max_length") if k in searcher}
+    return {**data,
+            "hyperparameters": {k: {"type": "const", "val": v} for k, v in hparams.items()},
+            "searcher": {"name": "single", **kept, "source_checkpoint_uuid": checkpoint}}
+
+
+def continue_config_text(conn: psycopg.Connection, trial_id: int) -> str:
+    """The YAML ``det trial continue TRIAL`` submits without ``--config-file``: the trial's
+    experiment's original config made :func:`continue_config` (what the WebUI's dialog shows
+    to edit).
+
+    Raises:
+        NotFoundError, StateError: see :func:`source_trial`.
+    """
+    trial = source_trial(conn, trial_id)
+    src = source_experiment(conn, trial["experiment_id"])
+    data = continue_config(parse_yaml(src["original_config"], f"experiment {src['id']}"),
+                           trial["hparams"], trial["latest_checkpoint"],
+                           f"experiment {src['id']}")
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+@contextmanager
+def unpacked(blob: bytes | None) -> Iterator[Path]:
+    """A temporary directory holding the packed context ``blob`` (empty for None)."""
+    with tempfile.TemporaryDirectory(prefix="det-source-ctx-") as tmp:
+        if blob is not None:
+            context.unpack(blob, Path(tmp) / "context")
+        else:
+            (Path(tmp) / "context").mkdir()
+        yield Path(tmp) / "context"
+
+
+def _from_source(conn: psycopg.Connection, function: str, source_id: int, src: dict, text: str,
+                 source: str, overrides: Sequence[str], workspace: str | None,
+                 project: str | None, project_id: int | None, force: bool) -> int:
+    """Expand ``text`` against ``src``'s context and store it with SQL ``function``
+    (det_experiment_fork or det_trial_continue of ``source_id``) in one transaction. The new
+    experiment goes where the options or the config's keys say (:func:`placement`), else to
+    the source's project; that workspace's defaults apply."""
+    workspace, project = placement(conn, text, source, workspace, project, project_id)
+    if workspace is None:
+        workspace, project = src["workspace"], src["project"]
+    defaults = workspace_defaults(conn, workspace)
+    with unpacked(src["context"]) as ctx:
+        expanded, original = expand_config_text(text, source, ctx, None, list(overrides),
+                                                defaults=defaults)
+    with conn.transaction():
+        if not force:
+            refuse_unfit(conn, expanded)
+        return conn.execute(f"SELECT {function}(%s, %s, %s, %s, %s) AS id",
+                            (source_id, Jsonb(expanded), original, workspace, project)
+                            ).fetchone()["id"]
+
+
+def fork_experiment(conn: psycopg.Connection, exp_id: int, text: str | None = None,
+                    source: str = "config", overrides: Sequence[str] = (),
+                    workspace: str | None = None, project: str | None = None,
+                    project_id: int | None = None, force: bool = False) -> int:
+    """``det experiment fork``: a new experiment with experiment ``exp_id``'s model definition
+    and the config ``text`` (read from ``source``; None: ``exp_id``'s original config), with
+    ``overrides`` applied; checked, expanded and refused as ``det experiment create`` does.
+    Returns the new experiment's id.
+
+    Raises:
+        NotFoundError: an experiment the caller cannot view.
+        ConfigError: an invalid config, naming the key.
+        PermissionDeniedError: no Editor role where it goes (det_create_experiment).
+    """
+    src = source_experiment(conn, exp_id)
+    text = src["original_config"] if text is None else text
+    return _from_source(conn, "det_experiment_fork", exp_id, src, text, source, overrides,
+                        workspace, project, project_id, force)
+
+
+def continue_trial(conn: psycopg.Connection, trial_id: int, text: str | None = None,
+                   source: str = "config", overrides: Sequence[str] = (),
+                   workspace: str | None = None, project: str | None = None,
+                   project_id: int | None = None, force: bool = False) -> int:
+    """``det trial continue``: a new experiment of one trial that resumes trial ``trial_id``
+    from its latest checkpoint (weights and batch count; det_trial_continue), with the model
+    definition of its experiment and the config ``text`` (read from ``source``; None: that
+    experiment's original config) made :func:`continue_config`, then ``overrides`` applied
+    (``searcher.max_length.batches=400`` trains it further). Returns the new experiment's id.
+
+    Raises:
+        NotFoundError, StateError: see :func:`source_trial`.
+        ConfigError: an invalid config, naming the key (from det_trial_continue too: a
+            checkpoint storage other than the checkpoint's).
+    """
+    trial = source_trial(conn, trial_id)
+    src = source_experiment(conn, trial["experiment_id"])
+    text = src["original_config"] if text is None else text
+    data = continue_config(parse_yaml(text, source), trial["hparams"],
+                           trial["latest_checkpoint"], source)
+    return _from_source(conn, "det_trial_continue", trial_id, src,
+                        yaml.safe_dump(data, sort_keys=False), source, overrides, workspace,
+                        project, project_id, force)

@@ -20,6 +20,8 @@ from det.api.routes import (
     cluster,
     events,
     experiments,
+    forks,
+    models,
     queue,
     tasks,
     trials,
@@ -82,8 +84,8 @@ def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
     app.add_middleware(Perimeter)  # outermost: limits and refusals before anything else runs
     # The proxy first: a JupyterLab page load is a hundred requests, and each is matched
     # against the routes in order (behind some 40 others, matching showed in its profile).
-    for r in (proxy, auth, experiments, trials, queue, cluster, events, tasks, usage,
-              workspaces):
+    for r in (proxy, auth, forks, experiments, models, trials, queue, cluster, events, tasks,
+              usage, workspaces):
         app.include_router(r.router)
     # Before /static, which would otherwise take its paths.
     app.mount("/static/swagger-ui", StaticFiles(directory=str(SWAGGER_UI)), name="swagger-ui")

@@ -137,6 +137,36 @@ def _follow_test(exp_id: int) -> None:
                "succeeded")
 
 
+@app.command("fork")
+def fork(
+    exp_id: int = typer.Argument(..., metavar="ID", help="Experiment to fork."),
+    config_file: Path = typer.Option(
+        None, "--config-file", help="The new experiment's config (YAML; default: the "
+                                    "experiment's own original config)."),
+    config_overrides: list[str] = typer.Option(
+        [], "--config", metavar="KEY=VALUE",
+        help="Override a config key (dotted; the value is YAML). Repeatable."),
+    force: bool = typer.Option(False, "--force",
+                               help="Submit even if no agent of the pool could ever run it."),
+    workspace: str = typer.Option(None, "--workspace", "-w",
+                                  help="Workspace to place it in (with --project; default: "
+                                       "the config's workspace key, else the experiment's)."),
+    project: str = typer.Option(None, "--project", help="Project (of --workspace) to place it in."),
+    project_id: int = typer.Option(None, "--project_id",
+                                   help="Place it in the project with this id."),
+) -> None:
+    """Create an experiment from experiment ID: its model definition (the context it was
+    submitted with) and a new config, checked as `det experiment create` checks one; one
+    transaction. The WebUI's Fork does the same."""
+    from det.submission import fork_experiment
+
+    text = read_config_file(config_file) if config_file is not None else None
+    with db() as conn:
+        new_id = fork_experiment(conn, exp_id, text, str(config_file or f"experiment {exp_id}"),
+                                 config_overrides, workspace, project, project_id, force)
+    typer.echo(f"Created experiment {new_id} (forked from experiment {exp_id})")
+
+
 @app.command("list")
 def list_(
     all_: bool = typer.Option(False, "--all", "-a", help="Include archived experiments."),

@@ -19,32 +19,9 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.configs.limits import MAX_CONFIG_BYTES, json_value_problem
 from det.errors import DetError
+from det.queries.models import FIND, MODEL, MODELS, VERSIONS
 
 app = typer.Typer(no_args_is_help=True)
-
-MODELS = """
-SELECT id, name, description, labels, metadata, notes, owner, archived, creation_time,
-       last_updated_time, num_versions, latest_version
-  FROM reporting.models WHERE %(all)s OR NOT archived ORDER BY id
-"""
-
-# The model a user named (by name or id); raises no_data_found.
-FIND = "SELECT id FROM det_model_find(%(model)s)"
-
-MODEL = """
-SELECT id, name, description, labels, metadata, notes, owner, archived, creation_time,
-       last_updated_time, num_versions, latest_version
-  FROM reporting.models WHERE id = %(id)s
-"""
-
-VERSIONS = """
-SELECT version, name, checkpoint_uuid::text AS checkpoint_uuid, checkpoint_state, trial_id,
-       experiment_id, steps_completed, size_bytes, validation_metrics, labels, metadata, notes,
-       owner, creation_time, last_updated_time
-  FROM reporting.model_versions WHERE model_id = %(id)s
-   AND (%(version)s::integer IS NULL OR version = %(version)s::integer)
- ORDER BY version
-"""
 
 VERSION_CHECKPOINT = """
 SELECT v.version, v.checkpoint_uuid::text AS checkpoint_uuid, m.name

@@ -1,6 +1,7 @@
 """``det trial``: logs (optionally followed) and details."""
 
 import time
+from pathlib import Path
 
 import typer
 from psycopg.rows import dict_row
@@ -117,3 +118,35 @@ def describe(
     print_table(rows, ["group", "steps_completed", *(f"m.{k}" for k in names),
                        *(["superseded_by_run"] if superseded else [])],
                 ["Group", "Batches", *names, *(["Superseded by run"] if superseded else [])])
+
+
+@app.command("continue")
+def continue_(
+    trial_id: int = typer.Argument(..., metavar="TRIAL_ID"),
+    config_file: Path = typer.Option(
+        None, "--config-file", help="The new experiment's config (YAML; default: the trial's "
+                                    "experiment's original config)."),
+    config_overrides: list[str] = typer.Option(
+        [], "--config", metavar="KEY=VALUE",
+        help="Override a config key (dotted; the value is YAML), e.g. "
+             "searcher.max_length.batches=400 to train further. Repeatable."),
+    force: bool = typer.Option(False, "--force",
+                               help="Submit even if no agent of the pool could ever run it."),
+    workspace: str = typer.Option(None, "--workspace", "-w",
+                                  help="Workspace to place it in (with --project; default: "
+                                       "the config's workspace key, else the trial's)."),
+    project: str = typer.Option(None, "--project", help="Project (of --workspace) to place it in."),
+) -> None:
+    """Create an experiment of one trial (searcher single) with this trial's hyperparameters
+    and model definition that resumes it from its latest checkpoint: its weights and
+    optimizer state loaded, batches counted on from the checkpoint's. The checkpoint stays
+    pinned while the new experiment exists. The WebUI's Continue does the same."""
+    from det.configs import read_config_file
+    from det.submission import continue_trial
+
+    text = read_config_file(config_file) if config_file is not None else None
+    with db() as conn:
+        new_id = continue_trial(conn, trial_id, text,
+                                str(config_file or f"trial {trial_id}'s experiment"),
+                                config_overrides, workspace, project, None, force)
+    typer.echo(f"Created experiment {new_id} (continues trial {trial_id})")

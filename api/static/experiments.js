@@ -128,7 +128,8 @@ async function experimentPage(id) {
     <h1 id="title">Experiment ${esc(id)} <span class="live" id="live"></span></h1>
     <div class="cards" id="cards"></div>
     <div class="actions"><span class="actions" id="acts"></span>
-      <button id="open-tb">Open TensorBoard</button></div>
+      <button id="open-tb">Open TensorBoard</button>
+      <button id="fork">Fork</button></div>
     <h2>Learning curves</h2>
     <div class="filters">
       <select id="group"><option>validation</option><option>training</option></select>
@@ -150,6 +151,7 @@ async function experimentPage(id) {
   bindActions(main);
   document.getElementById("open-tb").addEventListener(
     "click", () => openTensorBoard([Number(id)]).catch(() => {}));
+  document.getElementById("fork").addEventListener("click", () => forkDialog(id).catch(() => {}));
   const store = new MetricStore();
   const chart = new LineChart(document.getElementById("curves"), "");
   const scatter = new ScatterChart(document.getElementById("scatter"));

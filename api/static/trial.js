@@ -5,6 +5,7 @@ async function trialPage(id) {
   main.innerHTML = `
     <h1 id="title">Trial ${esc(id)}</h1>
     <div class="cards" id="cards"></div>
+    <div class="actions"><button id="continue">Continue trial</button></div>
     <h2>Metrics</h2>
     <div class="filters"><select id="metric"></select></div>
     <div class="chart" id="chart"></div>
@@ -18,6 +19,12 @@ async function trialPage(id) {
   const store = new MetricStore();
   const chart = new LineChart(document.getElementById("chart"), "");
   const metricSel = document.getElementById("metric");
+  document.getElementById("continue").addEventListener(
+    "click", () => continueDialog(id).catch(() => {}));
+  document.getElementById("ckpts").addEventListener("click", (ev) => {
+    const b = ev.target.closest("button[data-register]");
+    if (b) registerDialog(b.dataset.register).catch(() => {});
+  });
   const logs = document.getElementById("logs");
   const seenLogs = new Set();
   const redraw = () => {
@@ -60,7 +67,8 @@ async function trialPage(id) {
         <tr><td><code>${esc(k.uuid)}</code></td><td class="num">${k.steps_completed}</td>
           <td>${esc(k.state)}</td><td class="num">${fmt(k.size_bytes)}</td>
           <td>${when(k.reported_at)}</td>
-          <td>${k.state === "COMPLETED" ? `<a href="/api/v1/checkpoints/${esc(k.uuid)}/download">download</a>` : ""}</td></tr>`).join("");
+          <td>${k.state === "COMPLETED" ? `<a href="/api/v1/checkpoints/${esc(k.uuid)}/download">download</a>
+            <button data-register="${esc(k.uuid)}">register</button>` : ""}</td></tr>`).join("");
     }).catch(() => {});
   };
   let loaded = false;

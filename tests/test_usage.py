@@ -126,3 +126,29 @@ def test_api_json_and_csv_download(det_env, tmp_path, runs) -> None:
         assert r.status_code == 400 and "end: 2026-01-01 is before" in r.json()["error"]
     finally:
         server.stop()
+
+
+def test_each_user_sees_the_usage_of_the_workspaces_they_may_view(db_url) -> None:
+    """Row-level security: det_cluster_usage runs as its caller (alice sees ws-alice's and
+    the shared Uncategorized's slot-hours, not bob's)."""
+    from test_rbac import Cluster, _seed_experiment_data
+
+    c = Cluster(db_url)
+    try:
+        for name in ("alice", "bob"):
+            c.user(name)
+            c.owner.execute("SELECT det_workspace_create(%s, NULL, NULL, NULL)", (f"ws-{name}",))
+            c.owner.execute("SELECT det_project_create(%s, 'p', '')", (f"ws-{name}",))
+            c.owner.execute("SELECT det_role_assign('Editor', %s, NULL, %s, true)",
+                            (name, f"ws-{name}"))
+            _seed_experiment_data(c, c.experiment(f"ws-{name}", "p"))
+        c.owner.execute("UPDATE allocations SET state = 'TERMINATED', "
+                        "assigned_at = '2026-01-01 10:00Z', ended_at = '2026-01-01 11:00Z'")
+        everyone = usage(c.owner, D1, D1, "workspace")
+        assert {r["group"] for r in everyone} == {"ws-alice", "ws-bob"}
+        with c.connect("alice") as alice:
+            assert _flat(usage(alice, D1, D1, "workspace")) == {(D1, "ws-alice", 1.0)}
+            assert alice.execute("SELECT count(*) AS n FROM reporting.slot_hours"
+                                 ).fetchone()["n"] == 1
+    finally:
+        c.owner.close()

@@ -4807,7 +4807,8 @@ FROM (
            e.id AS experiment_id, j.owner AS username, w.name AS workspace, a.resource_pool,
            coalesce(ARRAY(SELECT jsonb_array_elements_text(e.config -> 'labels')), '{}')
                AS labels,
-           a.slots_needed AS slots, a.assigned_at AT TIME ZONE 'UTC' AS since,
+           a.slots_needed AS slots, a.assigned_at, a.ended_at,
+           a.assigned_at AT TIME ZONE 'UTC' AS since,
            coalesce(a.ended_at, now()) AT TIME ZONE 'UTC' AS until
     FROM allocations a
     JOIN jobs j ON j.id = a.job_id

@@ -6,6 +6,7 @@ import typer
 
 from det.cli.output import number, print_json, print_table
 from det.cli.session import db
+from det.errors import DetError
 from det.queries.usage import DEFAULT_DAYS, period, to_csv, totals, usage
 
 
@@ -36,6 +37,8 @@ def cluster_usage(
 ) -> None:
     """Cluster historical usage: the slot-hours runs held (from their assignment to their
     end) per UTC day and group, for the workspaces you may view."""
+    if json_ and csv_:
+        raise DetError("--json and --csv: choose one")
     first, last = period(_day(start, "--start"), _day(end, "--end"), datetime.now(UTC).date())
     with db() as conn:
         rows = usage(conn, first, last, group_by)

@@ -100,6 +100,8 @@ def test_cli_table_json_and_csv(det, runs) -> None:
     r = det("cluster", "usage", "--group-by", "team", check=False)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
     assert "group_by: expected workspace, user, label or pool" in r.stderr
+    r = det("cluster", "usage", "--json", "--csv", check=False)
+    assert r.returncode == 1 and "--json and --csv: choose one" in r.stderr
     r = det("cluster", "usage", "--start", "2026-13-01", check=False)
     assert r.returncode != 0 and "--start" in r.stderr and "YYYY-MM-DD" in r.stderr
 

@@ -119,6 +119,7 @@ def test_models_page_and_fork_continue_dialogs(browser, det_env, tmp_path: Path,
         browser.find_element(By.NAME, "name").send_keys("best")
         click(browser, "#register button")
         wait_for(lambda: uuids[1] in text(browser, "#versions"), 20, "version 1 on the page")
+        shot(browser, "model-version-1")
         browser.get(f"{server.url}/ui/#/models/nosuch")
         wait_for(lambda: "Not found" in text(browser, "main"), 20, "the not-found page")
 

@@ -178,6 +178,8 @@ def test_a_continued_trial_starts_at_the_checkpoint(ended, conn) -> None:
     (lambda c, u: c["searcher"].update(source_checkpoint_uuid=u),
      "searcher.source_checkpoint_uuid: expected"),
     (lambda c, u: c["checkpoint_storage"].update(host_path="/elsewhere"), "checkpoint_storage"),
+    (lambda c, u: c["searcher"].update(max_length={"batches": 10}),
+     "searcher.max_length: 10 batches is not past the checkpoint's 10"),
 ])
 def test_continue_refuses_what_would_not_resume_the_trial(ended, conn, change, error) -> None:
     trial, ckpt, cfg = continuable(ended, conn)

@@ -100,6 +100,13 @@ BEGIN
             coalesce(p_config #>> '{searcher,source_checkpoint_uuid}', 'none')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A length in batches (the unit the checkpoint counts) must go past the checkpoint.
+    IF jsonb_typeof(p_config #> '{searcher,max_length,batches}') = 'number'
+       AND (p_config #>> '{searcher,max_length,batches}')::numeric <= c.steps_completed THEN
+        RAISE EXCEPTION 'searcher.max_length: % batches is not past the checkpoint''s %: the '
+            'continued trial would train nothing', p_config #>> '{searcher,max_length,batches}',
+            c.steps_completed USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     -- Where the files are, not how many GC keeps.
     IF (p_config -> 'checkpoint_storage') - '{save_experiment_best,save_trial_best,save_trial_latest}'::text[]
        IS DISTINCT FROM c.storage - '{save_experiment_best,save_trial_best,save_trial_latest}'::text[] THEN

@@ -10,6 +10,7 @@ it (det_run_status), and the scenario itself with the real reconciler and agent.
 """
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -106,3 +107,184 @@ def test_min_run_time_is_a_scheduler_key_with_default_60_s() -> None:
     assert SchedulerConfig().min_run_time == 60
     with pytest.raises(ValidationError, match="min_run_time"):
         SchedulerConfig(min_run_time=-1)
+
+
+# -- every way a run ends leaves a reason --------------------------------------------------------
+
+# Each statement or function that stops or ends a run (allocations.desired_state, or state
+# TERMINATED), and the path below that takes it. A new one fails
+# test_the_run_end_paths_are_all_listed until it is added here and its reason checked.
+END_PATHS = {
+    "END_LOST_ALLOCATIONS": "lost", "ESCALATE_DESIRED": "paused", "END_UNSTARTED": "unstarted",
+    "KILL_OVERDUE": "overdue", "PREEMPT": "preempted",
+    "det_agent_report_each": "exit0", "det_stop_runs_of": "planned",
+    # interactive tasks keep why they ended on the task too (reporting.tasks.end_reason);
+    # their runs' reasons are those of END_TASKS and the agent's
+    "END_TASKS": "task", "KILL_OVERDUE_TASKS": "task", "det_task_kill": "task",
+    # a gang's share that failed ends the run with 'workers of node N (agent A) ended: ...'
+    "det_agent_report_node": "gang",
+}
+
+_SETS_END = re.compile(r"UPDATE allocations\b(?:(?!;).)*?\bSET\b((?:(?!\bWHERE\b|\bFROM\b|;).)*)",
+                       re.S)
+
+
+def _ends_runs(sql: str) -> bool:
+    return any(re.search(r"\bdesired_state\s*=|(?<![_.])\bstate\s*=\s*('TERMINATED'|CASE)", s)
+               for s in _SETS_END.findall(sql))
+
+
+def test_the_run_end_paths_are_all_listed() -> None:
+    root = Path(__file__).parent.parent
+    found = set()
+    queries = (root / "reconciler" / "queries.py").read_text()
+    for name, body in re.findall(r'^(\w+) = """(.*?)"""', queries, re.S | re.M):
+        if _ends_runs(body):
+            found.add(name)
+    schema = (root / "schema.sql").read_text()
+    for name, body in re.findall(r"CREATE FUNCTION (\w+)\((.*?)\n(?:END )?\$\$;", schema, re.S):
+        if _ends_runs(body):
+            found.add(name)
+    assert found == set(END_PATHS)
+
+
+def test_every_way_a_run_ends_leaves_a_reason(conn, db_url) -> None:
+    """Issue 34: a preempted run's "Why it ended" was blank. Each path of END_PATHS that a
+    trial's run takes, driven through the real pass and the agent's functions, ends with a
+    reason that says what happened (det_run_end_reason), and the run reads as the queue sees
+    it before and after (det_run_status)."""
+    import psycopg
+    from psycopg.rows import dict_row
+    from psycopg.types.json import Jsonb
+
+    from det.configs import load_experiment_config
+    from det.reconciler.passes import Settings, run_pass
+    from det.reconciler.placement import apply
+    from det.reconciler.schedulers import Decision
+
+    conn.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": i, "type": "cpu"} for i in range(16)]),))
+    names = ["exit0", "reason", "code", "storage", "preempted", "paused", "killed", "canceled",
+             "closed", "overdue", "planned", "unstarted", "lost"]
+    exps = {}
+    for name in names:
+        text = (f"name: {name}\nentrypoint: model_def:MyTrial\n"
+                "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n"
+                + ("resources: {slots_per_trial: 32}\n" if name == "unstarted" else ""))
+        cfg = load_experiment_config(text).expanded()
+        exps[name] = conn.execute("SELECT det_create_experiment(%s, %s, NULL) AS id",
+                                  (Jsonb(cfg), text)).fetchone()["id"]
+
+    def run(name: str) -> dict:
+        return conn.execute(
+            "SELECT a.id, det_run_status(a) AS status, det_run_end_reason(a) AS why "
+            "FROM allocations a JOIN trials t ON t.id = a.trial_id WHERE t.experiment_id = %s",
+            (exps[name],)).fetchone()
+
+    def report(name: str, code: int | None, reason: str | None = None) -> None:
+        conn.execute("SELECT det_agent_report('a1', %s, 'TERMINATED', %s, %s)",
+                     (run(name)["id"], code, reason))
+
+    def set_state(name: str, state: str) -> None:
+        conn.execute("UPDATE experiments SET state = %s WHERE id = %s", (state, exps[name]))
+
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as leader:
+        run_pass(leader, Settings(), "test")
+        # the experiment's trials (GET /api/v1/experiments/ID) read as the queue does
+        from det.queries.experiments import TRIALS
+        waiting = conn.execute(TRIALS, {"id": exps["unstarted"]}).fetchone()
+        assert (waiting["run_state"], waiting["run_reason"]) == (
+            "waiting", "needs 32 slots but the pool has 16")
+        for name in names[:-2]:
+            conn.execute("SELECT det_agent_report('a1', %s, 'RUNNING')", (run(name)["id"],))
+        assert {run(n)["status"] for n in names[:-2]} == {"running"}
+        report("exit0", 0)
+        report("reason", 137, "killed by signal 9 (SIGKILL)")
+        report("code", 3)
+        conn.execute("UPDATE allocations SET storage_error = 'cannot write /ckpt: disk full' "
+                     "WHERE id = %s", (run("storage")["id"],))
+        report("storage", 1)
+        job = conn.execute("SELECT job_id FROM experiments WHERE id = %s",
+                           (exps["exit0"],)).fetchone()["job_id"]
+        a = run("preempted")["id"]
+        apply(leader, Decision(release=[a], preempted_for={a: (job, "fair share")}), set(),
+              set())
+        assert run("preempted")["status"] == "preempting"
+        report("preempted", 0)
+        for name, state in (("paused", "PAUSED"), ("overdue", "PAUSED"),
+                            ("unstarted", "PAUSED"), ("killed", "STOPPING_KILLED"),
+                            ("canceled", "STOPPING_CANCELED")):
+            set_state(name, state)
+        conn.execute("UPDATE trials SET closed = true WHERE experiment_id = %s",
+                     (exps["closed"],))
+        run_pass(leader, Settings(), "test")
+        assert run("paused")["status"] == "stopping"
+        # the agent stops its live runs (planned): the rest were told why already
+        conn.execute("SELECT det_stop_runs_of('a1')")
+        conn.execute("UPDATE allocations SET stop_requested_at = now() - interval '1 hour' "
+                     "WHERE id = %s", (run("overdue")["id"],))
+        run_pass(leader, Settings(), "test")  # the overdue one is killed
+        for name in ("paused", "killed", "canceled", "closed"):
+            report(name, 0)
+        report("overdue", 137, "killed on request")
+        report("planned", 0)
+        conn.execute("UPDATE agents SET last_heartbeat = now() - interval '1 hour'")
+        run_pass(leader, Settings(agent_timeout=0.1), "test")
+    want = {
+        "exit0": "its code exited (exit code 0)",
+        "reason": "killed by signal 9 (SIGKILL)",
+        "code": "exit code 3",
+        "storage": "cannot write /ckpt: disk full",
+        "preempted": f"preempted: slots given to experiment {exps['exit0']} (fair share)",
+        "paused": "paused: its experiment was paused",
+        "killed": "killed: its experiment was killed",
+        "canceled": "canceled: its experiment was canceled",
+        "closed": "stopped: the searcher closed the trial",
+        "overdue": "paused: its experiment was paused; killed: still running 3600 s after it "
+                   "was asked to stop (preemption_timeout); killed on request",
+        "planned": "its agent stopped it (a planned stop)",
+        "unstarted": "paused: its experiment was paused; stopped before it started",
+        "lost": "agent lost",
+    }
+    assert {n: run(n)["why"] for n in names} == want
+    assert run("preempted")["status"] == "preempted" and run("paused")["status"] == "ended"
+
+
+# -- the issue's scenario, with the real reconciler and agent -------------------------------------
+
+def test_three_searches_on_two_slots_preempt_no_run_before_it_trains(det, conn,
+                                                                     tmp_path) -> None:
+    """Three random searches of bench/three_searches/train.py (four one-slot trials each,
+    two at once) on one agent with two slots, fair share, scheduler.min_run_time 5 s (short:
+    the protection that counts here is the checkpoint's). Every search completes; no run was
+    preempted before it trained a batch; every run that ended says why. bench/three_searches.py
+    times the same scenario: at 31950f4, before these rules, 5 of its 17 runs were preempted,
+    4 of them at 0 batches, and no run that ended said why."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+    import argparse
+
+    import yaml
+    from three_searches import HERE, RUNS, search
+
+    args = argparse.Namespace(trials=4, batches=40, start_time=3.0, step_time=0.05,
+                              checkpoint_every=10)
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(
+        {"resource_manager": {"scheduler": {"type": "fair_share", "min_run_time": 5}}}))
+    det("cluster", "config", "apply", str(tmp_path / "cluster.yaml"))
+    det.start("reconciler", "reconcile", "--interval", "0.3")
+    det.start("agent", "agent", "run", "--slots", "2")
+    for i in range(3):
+        f = tmp_path / f"s{i}.yaml"
+        f.write_text(yaml.safe_dump(search(f"search-{i}", args, None)))
+        det("experiment", "create", str(f), str(HERE))
+    wait_for(lambda: conn.execute("SELECT bool_and(state IN ('COMPLETED', 'ERROR', 'CANCELED'))"
+                                  " AS done FROM experiments").fetchone()["done"], 400,
+             "the three searches to end")
+    assert [r["state"] for r in conn.execute(
+        "SELECT state::text FROM experiments ORDER BY id").fetchall()] == ["COMPLETED"] * 3
+    runs = conn.execute(RUNS, {"ids": [1, 2, 3]}).fetchone()
+    assert runs["at_zero"] == 0 and runs["no_reason"] == 0, runs
+    for r in conn.execute("SELECT det_run_end_reason(a) AS why FROM allocations a "
+                          "WHERE det_run_status(a) = 'preempted'").fetchall():
+        assert re.fullmatch(r"preempted: slots given to experiment [123] \(fair share\)",
+                            r["why"]), r

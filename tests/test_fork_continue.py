@@ -134,6 +134,52 @@ def test_fork_and_continue_from_the_cli(det: Det, conn, tmp_path: Path) -> None:
     assert "start at batch 0, weight 0" in det("trial", "logs", str(forked["id"])).stdout
 
 
+SINE = """\
+name: sine
+entrypoint: model_def:SineTrial
+hyperparameters: {global_batch_size: 32, hidden: 16, lr: 0.02}
+searcher: {name: single, metric: validation_loss, max_length: {batches: 20}}
+min_validation_period: {batches: 10}
+reproducibility: {experiment_seed: 7}
+checkpoint_storage: {type: shared_fs, host_path: CHECKPOINTS}
+max_restarts: 0
+"""
+
+
+def validations(conn: psycopg.Connection, exp_id: int) -> dict[int, float]:
+    """The validation_loss of the experiment's trial by batch."""
+    return {r["steps_completed"]: r["values"]["validation_loss"] for r in conn.execute(
+        "SELECT m.steps_completed, m.\"values\" FROM metrics m JOIN trials t ON t.id = m.trial_id "
+        "WHERE t.experiment_id = %s AND m.\"group\" = 'validation'", (exp_id,))}
+
+
+def test_a_continued_pytorch_trial_trains_on_as_if_never_stopped(det: Det, conn,
+                                                                 tmp_path: Path) -> None:
+    """A PyTorchTrial trained to batch 20, continued to 40, validates at 30 and 40 exactly as
+    the same trial (same seed: a fork with the same experiment_seed) trained straight to 40:
+    the continuation loaded the weights, optimizer, data position and RNG state."""
+    cfg = tmp_path / "sine.yaml"
+    cfg.write_text(SINE.replace("CHECKPOINTS", str(tmp_path / "checkpoints")))
+    ctx = str(Path(__file__).resolve().parent.parent / "examples" / "determined_compat"
+              / "pytorch")
+    first = created(det("experiment", "create", str(cfg), ctx).stdout)
+    det.start("reconciler", "reconcile", "--interval", "0.3")
+    det.start("agent", "agent", "run", "--id", "a1", "--slots", "1")
+    det("experiment", "wait", str(first), timeout=300)
+    trial = trial_of(conn, first)["id"]
+    cont = created(det("trial", "continue", str(trial),
+                       "--config", "searcher.max_length.batches=40").stdout)
+    straight = created(det("experiment", "fork", str(first),
+                           "--config", "searcher.max_length.batches=40").stdout)
+    det("experiment", "wait", str(cont), timeout=300)
+    det("experiment", "wait", str(straight), timeout=300)
+    resumed, whole = validations(conn, cont), validations(conn, straight)
+    assert sorted(resumed) == [30, 40] and sorted(whole) == [10, 20, 30, 40]
+    assert validations(conn, first)[20] == pytest.approx(whole[20], abs=1e-9)
+    for step in (30, 40):
+        assert resumed[step] == pytest.approx(whole[step], abs=1e-9), (step, resumed, whole)
+
+
 def test_unknown_sources_are_named(det: Det) -> None:
     r = det("experiment", "fork", "999", check=False)
     assert r.returncode == 1 and "experiment 999 not found" in r.stderr

@@ -137,7 +137,8 @@ def metric_series(conn: psycopg.Connection, trial_id: int, group: str,
 # yet. The primary key's range from ``after`` holds only the rows written since (all trials'),
 # so this stays cheap however long the series are.
 METRICS_SINCE = """
-SELECT id, trial_id, "group", steps_completed, det_json_shown("values") AS "values"
+SELECT id, trial_id, "group", steps_completed, det_json_shown("values") AS "values",
+       reported_at
   FROM metrics
  WHERE id > %(after)s AND trial_id = ANY (%(trials)s) AND superseded_by IS NULL
  ORDER BY id LIMIT 10000

@@ -68,6 +68,7 @@ async function route() {
   if (parts[0] === "workspaces") return workspacesPage();
   if (parts[0] === "projects" && parts[1]) return projectPage(parts[1]);
   if (parts[0] === "usage") return usagePage();
+  if (parts[0] === "compare") return comparePage();
   if (parts[0] === "models") return parts[1] ? modelPage(decodeURIComponent(parts[1])) : modelsPage();
   if (parts[0] === "queue") return queuePage();
   if (parts[0] === "tasks") return tasksPage();

@@ -49,7 +49,8 @@ async function experimentsPage(preset) {
       <input id="f-project" placeholder="project" value="${esc(params.get("project") || "")}">
       <label><input type="checkbox" id="f-archived" ${params.get("archived") ? "checked" : ""}> archived</label>
     </div>
-    <div class="actions"><button id="tb-selected" disabled>Open TensorBoard for selected</button></div>
+    <div class="actions"><button id="tb-selected" disabled>Open TensorBoard for selected</button>
+      <button id="compare-selected" disabled>Compare selected</button></div>
     <table id="exps"><thead><tr><th></th>
       ${[["id", "ID"], ["name", "Name"], ["state", "State"], ["progress", "Progress"],
          ["best_validation", "Best metric"], [null, "Searcher"], ["trials", "Trials"],
@@ -87,12 +88,17 @@ async function experimentsPage(preset) {
   // Kept apart from the table, which every stream event redraws.
   const selected = new Set();
   const tbButton = document.getElementById("tb-selected");
+  const compareButton = document.getElementById("compare-selected");
   main.querySelector("#exps").addEventListener("change", (ev) => {
     const box = ev.target.closest("input[data-select]");
     if (!box) return;
     if (box.checked) selected.add(Number(box.dataset.select));
     else selected.delete(Number(box.dataset.select));
     tbButton.disabled = selected.size === 0;
+    compareButton.disabled = selected.size === 0;
+  });
+  compareButton.addEventListener("click", () => {
+    location.hash = `#/compare?experiments=${[...selected].sort((a, b) => a - b).join(",")}`;
   });
   tbButton.addEventListener("click", () => openTensorBoard([...selected]).catch(() => {}));
   const q = new URLSearchParams();
@@ -131,15 +137,14 @@ async function experimentPage(id) {
       <button id="open-tb">Open TensorBoard</button>
       <button id="fork">Fork</button></div>
     <h2>Learning curves</h2>
-    <div class="filters">
-      <select id="group"><option>validation</option><option>training</option></select>
-      <select id="metric"></select>
-    </div>
+    <div class="filters">${curveControls()}
+      <a id="compare-link" href="#/compare?experiments=${esc(id)}">compare trials</a></div>
     <div class="chart" id="curves"></div>
     <div id="hp-view" hidden>
-      <h2>Hyperparameters vs metric</h2>
-      <div class="filters"><select id="hp"></select></div>
-      <div class="chart" id="scatter"></div>
+      <h2>Hyperparameters</h2>
+      <div class="chart echart tall" id="parcoords"></div>
+      <div class="filters"><select id="hp" aria-label="hyperparameter"></select></div>
+      <div class="chart echart" id="scatter"></div>
     </div>
     <h2>Trials</h2>
     <table id="trials"><thead><tr><th>ID</th><th>State</th><th>Hyperparameters</th>
@@ -155,33 +160,39 @@ async function experimentPage(id) {
   const store = new MetricStore();
   const chart = new LineChart(document.getElementById("curves"), "");
   const scatter = new ScatterChart(document.getElementById("scatter"));
+  const parallel = new ParallelChart(document.getElementById("parcoords"));
   let exp = null;
   let trials = [];
   const groupSel = document.getElementById("group");
   const metricSel = document.getElementById("metric");
   const hpSel = document.getElementById("hp");
 
+  // The hyperparameter views: parallel coordinates over all of them and the best searcher
+  // metric, and one of them against that metric.
+  const redrawHps = () => {
+    if (trials.length < 2) return;
+    document.getElementById("hp-view").hidden = false;
+    const searcher = searcherOf(exp);
+    const hps = hparamColumns(exp, trials).filter((h) => h.type !== "const");
+    const best = `best ${searcher.metric || "metric"}`;
+    parallel.update(trials, hps, best, searcher.smaller_is_better !== false);
+    const numeric = hps.filter((h) => h.type !== "categorical");
+    const curHp = hpSel.value || (numeric[0] && numeric[0].name);
+    hpSel.innerHTML = numeric.map((h) => `<option ${h.name === curHp ? "selected" : ""}>${esc(h.name)}</option>`).join("");
+    const hp = numeric.find((h) => h.name === hpSel.value);
+    if (hp) scatter.update(trials, hp, best);
+  };
   const redraw = () => {
     const names = store.names(groupSel.value);
     const cur = metricSel.value || searcherOf(exp).metric;
     metricSel.innerHTML = names.map((n) => `<option ${n === cur ? "selected" : ""}>${esc(n)}</option>`).join("");
     const metric = metricSel.value;
     if (!metric) { chart.el.innerHTML = '<span class="muted">no metrics reported yet</span>'; return; }
-    chart.update(store.series(trials.map((t) => t.id), groupSel.value, metric), metric);
-    if (trials.length > 1) {
-      document.getElementById("hp-view").hidden = false;
-      const hps = Object.keys(trials[0].hparams || {}).filter((k) => typeof trials[0].hparams[k] === "number");
-      const curHp = hpSel.value || hps[0];
-      hpSel.innerHTML = hps.map((h) => `<option ${h === curHp ? "selected" : ""}>${esc(h)}</option>`).join("");
-      if (hpSel.value) {
-        scatter.update(trials.map((t) => [t.hparams[hpSel.value], t.best_validation]),
-                       hpSel.value, `best ${searcherOf(exp).metric || ""}`);
-      }
-    }
+    const o = curveOptions();
+    chart.update(store.series(trials.map((t) => t.id), groupSel.value, metric, o.x), metric, o);
   };
-  groupSel.addEventListener("change", redraw);
-  metricSel.addEventListener("change", redraw);
-  hpSel.addEventListener("change", redraw);
+  bindCurveControls(redraw);
+  hpSel.addEventListener("change", redrawHps);
 
   const renderExp = (e) => {
     exp = { ...exp, ...e };
@@ -214,6 +225,7 @@ async function experimentPage(id) {
     document.getElementById("set-weight").onclick = () =>
       api("PATCH", `/api/v1/experiments/${id}`, { weight: document.getElementById("weight").value });
     redraw();
+    redrawHps();
   };
 
   // The stream first: its "ready" says from which metrics id it sends rows, then the

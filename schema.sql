@@ -856,9 +856,14 @@ CREATE TABLE task_logs (
     trial_id      integer REFERENCES trials (id),
     stream        text NOT NULL CHECK (stream IN ('stdout', 'stderr', 'det')),
     ts            timestamptz NOT NULL DEFAULT now(),
-    line          text NOT NULL
+    line          text NOT NULL,
+    rank          integer CHECK (rank >= 0)
 );
 COMMENT ON TABLE task_logs IS 'Append-only task output, written by agents in batches.';
+COMMENT ON COLUMN task_logs.rank IS
+    'The worker (torch rank) that wrote the line: from det.launch.wrap_rank''s [rank=N] tag, '
+    'which the agent takes off the line; 0 for the one process of a trial run on at most one '
+    'slot; NULL for det''s own notes and lines of no worker (a launcher, a command).';
 CREATE INDEX task_logs_trial ON task_logs (trial_id, id);
 CREATE INDEX task_logs_allocation ON task_logs (allocation_id, id);
 
@@ -3350,15 +3355,38 @@ BEGIN
 END $$;
 
 CREATE FUNCTION det_append_logs(
-    p_allocation bigint, p_streams text[], p_lines text[]
+    p_allocation bigint, p_streams text[], p_lines text[], p_ranks integer[] DEFAULT NULL
 ) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- Append a batch of task output lines (one call per batch, never per line).
+-- Append a batch of task output lines (one call per batch, never per line), each with the
+-- rank that wrote it (p_ranks, NULL where untagged). An untagged stdout / stderr line of a
+-- trial run on at most one slot is its one worker's, rank 0 (only a trial on more slots runs
+-- under det.launch.torch_distributed, which tags each worker's lines).
 BEGIN
-    INSERT INTO task_logs (allocation_id, trial_id, stream, line)
-    SELECT p_allocation, a.trial_id, s, l
-    FROM allocations a, unnest(p_streams, p_lines) AS u (s, l)
+    INSERT INTO task_logs (allocation_id, trial_id, stream, line, rank)
+    SELECT p_allocation, a.trial_id, u.s, u.l,
+           coalesce(u.r, CASE WHEN a.trial_id IS NOT NULL AND u.s <> 'det'
+                               AND a.slots_needed <= 1 THEN 0 END)
+    FROM allocations a,
+         unnest(p_streams, p_lines, coalesce(p_ranks, '{}'::integer[])) AS u (s, l, r)
     WHERE a.id = p_allocation;
 END $$;
+
+CREATE FUNCTION det_log_level(p_stream text, p_line text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+-- The level of a log line, read from its text, for the log viewer's filter: 'error',
+-- 'warning', 'info' or 'debug'. Python logging's level names at the start (Determined's
+-- LOG_FORMAT 'INFO: [pid] name: message', logging's default 'WARNING:root:message'), a
+-- traceback's first and last lines and '...Error: ' are errors; Python's warnings
+-- ('file.py:3: UserWarning: ...') and det's 'warning:' notes are warnings; anything else info.
+SELECT CASE
+    WHEN p_line ~ '^\s*(CRITICAL|FATAL|ERROR)\M' OR p_line ~ '^Traceback \(most recent call last\)'
+         OR p_line ~ '^[A-Za-z_.]*(Error|Exception)(: |$)' THEN 'error'
+    WHEN p_line ~ '^\s*(WARNING|WARN)\M' OR p_line ~ '[A-Za-z]Warning: '
+         OR p_line ~ '^det\.[a-z_.]+: warning:' THEN 'warning'
+    WHEN p_line ~ '^\s*DEBUG\M' THEN 'debug'
+    ELSE 'info'
+END
+$$;
 
 -- =============================================================================================
 -- The task's API (the harness). Every call names its allocation by token.
@@ -3807,6 +3835,21 @@ CREATE FUNCTION det_should_preempt(p_token text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     RETURN (det_auth(p_token)).desired_state <> 'RUNNING';
+END $$;
+
+CREATE FUNCTION det_stop_reason(p_token text) RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Why det asks the run holding p_token to stop, for the harness's preemption line: the
+-- run's stop_reason (written with its desired state, migration 0040: 'paused: its experiment
+-- was paused', 'preempted: slots given to experiment 3 (fair share)'); NULL while it is not
+-- asked to stop.
+DECLARE
+    a allocations := det_auth(p_token);
+BEGIN
+    IF a.desired_state = 'RUNNING' THEN
+        RETURN NULL;
+    END IF;
+    RETURN coalesce(a.stop_reason, 'det asked the run to stop');
 END $$;
 
 CREATE FUNCTION det_ack_preemption(p_token text) RETURNS void LANGUAGE plpgsql
@@ -4910,7 +4953,7 @@ GRANT EXECUTE ON FUNCTION
     det_gang_agents(bigint), det_gang_started(bigint),
     det_agent_set_rendezvous(text, bigint, text), det_agent_claim_node(text, bigint),
     det_agent_report_node(text, bigint, allocation_state, integer, text),
-    det_append_logs(bigint, text[], text[]), det_agent_timeout(), det_agent_stop_runs(text),
+    det_append_logs(bigint, text[], text[], integer[]), det_agent_timeout(), det_agent_stop_runs(text),
     det_agent_mark_fenced(text, bigint[])
 TO det_agent;
 
@@ -4920,6 +4963,7 @@ GRANT EXECUTE ON FUNCTION
     det_report_checkpoint(text, uuid, bigint, jsonb, jsonb), det_current_op(text),
     det_report_progress(text, bigint, double precision),
     det_complete_op(text, bigint, double precision), det_should_preempt(text),
+    det_stop_reason(text),
     det_ack_preemption(text), det_report_early_exit(text, text),
     det_experiment_best_validation(text), det_gc_task_checkpoints(text, integer),
     det_gc_task_tensorboards(text), det_gc_task_deleted(text, uuid[]),
@@ -5293,3 +5337,4 @@ FROM PUBLIC;
 -- readers: users' queries (a trial's runs, an experiment's trials) show them
 GRANT EXECUTE ON FUNCTION det_run_end_reason(allocations), det_run_status(allocations),
     det_run_reason(allocations) TO det_user;
+GRANT EXECUTE ON FUNCTION det_log_level(text, text) TO det_user;

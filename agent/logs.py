@@ -18,6 +18,7 @@ import psycopg
 
 from det.db import retry
 from det.db.reconnect import open_connection
+from det.launch.wrap_rank import split_rank
 
 log = logging.getLogger("det.agent")
 
@@ -46,7 +47,7 @@ class LogShipper:
         self._conn: psycopg.Connection | None = None
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()  # keeps batches in order across threads
-        self._buf: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        self._buf: dict[int, list[tuple[str, str, int | None]]] = defaultdict(list)
         self._bytes: dict[int, int] = defaultdict(int)
         self._dropped: dict[int, int] = defaultdict(int)
         self._stop = threading.Event()
@@ -61,13 +62,15 @@ class LogShipper:
 
     def add(self, allocation_id: int, stream: str, line: str) -> None:
         """Buffer one line (cut to ``MAX_LINE_CHARS``; NUL, which a text column cannot hold,
-        shown as U+FFFD), or count it as dropped when the allocation's buffer is full."""
+        shown as U+FFFD; a worker's ``[rank=N]`` tag taken off, its rank kept beside it), or
+        count it as dropped when the allocation's buffer is full."""
+        rank, line = split_rank(line) if stream != "det" else (None, line)
         line = line[:MAX_LINE_CHARS].replace("\x00", "\ufffd")
         with self._lock:
             if self._bytes[allocation_id] + self.cost(line) > self._max_bytes:
                 self._dropped[allocation_id] += 1
                 return
-            self._buf[allocation_id].append((stream, line))
+            self._buf[allocation_id].append((stream, line, rank))
             self._bytes[allocation_id] += self.cost(line)
 
     def flush(self) -> None:
@@ -88,21 +91,22 @@ class LogShipper:
                 written = lines
                 if dropped.get(alloc):
                     written = [*lines, ("det", f"{dropped[alloc]} lines of output were dropped "
-                                               "while the database was unavailable")]
+                                               "while the database was unavailable", None)]
                 self._write(alloc, written)
                 with self._lock:
                     del self._buf[alloc][:len(lines)]
-                    self._bytes[alloc] -= sum(self.cost(ln) for _, ln in lines)
+                    self._bytes[alloc] -= sum(self.cost(ln) for _, ln, _ in lines)
                     self._dropped[alloc] -= dropped.get(alloc, 0)
                     if not self._buf[alloc] and not self._dropped[alloc]:
                         del self._buf[alloc], self._bytes[alloc], self._dropped[alloc]
 
-    def _write(self, alloc: int, lines: list[tuple[str, str]]) -> None:
+    def _write(self, alloc: int, lines: list[tuple[str, str, int | None]]) -> None:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = open_connection(self._url)
-            self._conn.execute("SELECT det_append_logs(%s, %s, %s)",
-                               (alloc, [s for s, _ in lines], [ln for _, ln in lines]))
+            streams, texts, ranks = zip(*lines, strict=True) if lines else ((), (), ())
+            self._conn.execute("SELECT det_append_logs(%s, %s, %s, %s::integer[])",
+                               (alloc, list(streams), list(texts), list(ranks)))
         except psycopg.Error as e:
             if retry.is_connection_lost(e) and self._conn is not None:
                 self._conn.close()

@@ -1,5 +1,5 @@
-"""``det experiment``: create, list, describe, wait, pause, activate, cancel, kill, archive,
-unarchive, delete, set (scheduling settings and the checkpoint GC policy)."""
+"""``det experiment``: create, list, describe, wait, logs, pause, activate, cancel, kill,
+archive, unarchive, delete, set (scheduling settings and the checkpoint GC policy)."""
 
 import sys
 import time
@@ -324,6 +324,23 @@ def wait(
             time.sleep(interval)
     typer.echo(f"Experiment {exp_id}: {state}")
     raise typer.Exit(WAIT_EXIT[state])
+
+
+@app.command("logs")
+def logs(
+    exp_id: int = typer.Argument(..., metavar="ID"),
+    follow: bool = typer.Option(False, "--follow", "-f",
+                                help="Keep streaming, new trials included, until it ends."),
+    timestamps: bool = typer.Option(False, "--timestamps", "-t",
+                                    help="Start each line with when it was written (UTC)."),
+    tail: int = typer.Option(None, "--tail", min=0,
+                             help="Only the last N lines (with -f: then the new ones)."),
+) -> None:
+    """Every trial's output (and det's notes on its runs), in the order written, each line
+    after its trial and run: [trial 5 run 2]."""
+    from det.cli.trials import stream_experiment_logs
+
+    stream_experiment_logs(exp_id, follow, timestamps=timestamps, tail=tail)
 
 
 @app.command("archive")

@@ -2,7 +2,6 @@
 
 import time
 from collections.abc import Callable
-from datetime import UTC
 
 import psycopg
 import typer
@@ -10,22 +9,25 @@ from psycopg.rows import dict_row
 
 from det.db import database_url
 from det.db.reconnect import Reconnecting
+from det.queries.trials import log_text
 
 ReadAfter = Callable[[psycopg.Connection, int], list[dict]]
-"""``read(conn, after)``: the next log rows (``id``, ``stream``, ``line``) with id > after."""
+"""``read(conn, after)``: the next log rows (``id``, ``ts``, ``stream``, ``line``; a trial's
+also ``run`` and ``rank``, an experiment's ``trial_id``) with id > after."""
 
 
 def stream_log_rows(what: str, read: ReadAfter,
                     ended: Callable[[psycopg.Connection], bool] | None,
                     interval: float, split: bool = False, timestamps: bool = False,
                     after: int = 0, head: int | None = None) -> None:
-    """Print the rows ``read`` gives (det's own notes prefixed ``[det] ``) on stdout, or with
-    ``split`` the task's stderr lines on stderr (a command's output kept apart, as it wrote
-    it), each after its time with ``timestamps`` (UTC, ISO 8601): those after row id
-    ``after``, at most ``head`` of them, all there are when ``ended`` is None, else until
-    ``ended(conn)`` says the writer is done, polling every ``interval`` seconds. Rides out
-    database restarts: rows are read by id after the last one printed, so none is printed
-    twice or skipped. ``what`` names the read in a retry's message."""
+    """Print the rows ``read`` gives (each after its
+    :func:`det.queries.trials.log_text`) on stdout, or with ``split`` the task's stderr
+    lines on stderr (a command's output kept apart, as it wrote it), each after its time
+    with ``timestamps`` (UTC, ISO 8601): those after row id ``after``, at most ``head`` of
+    them, all there are when ``ended`` is None, else until ``ended(conn)`` says the writer is
+    done, polling every ``interval`` seconds. Rides out database restarts: rows are read by
+    id after the last one printed, so none is printed twice or skipped. ``what`` names the
+    read in a retry's message."""
     printed = 0
 
     def next_rows(conn: psycopg.Connection) -> list[dict]:
@@ -37,11 +39,7 @@ def stream_log_rows(what: str, read: ReadAfter,
             for r in rows:
                 if head is not None and printed >= head:
                     return
-                prefix = "[det] " if r["stream"] == "det" else ""
-                if timestamps:
-                    prefix = f"{r['ts'].astimezone(UTC).isoformat(timespec='milliseconds')} " \
-                             f"{prefix}"
-                typer.echo(f"{prefix}{r['line']}", err=split and r["stream"] == "stderr")
+                typer.echo(log_text(r, timestamps), err=split and r["stream"] == "stderr")
                 after = r["id"]
                 printed += 1
             if rows:

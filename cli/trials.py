@@ -12,7 +12,11 @@ from det.cli.session import db
 from det.db import database_url
 from det.db.reconnect import Reconnecting
 from det.errors import DetError
+from det.queries.experiments import STATE, get_experiment
+from det.queries.experiments import TERMINAL as EXPERIMENT_TERMINAL
 from det.queries.trials import (
+    EXPERIMENT_LOGS_AFTER,
+    EXPERIMENT_LOGS_TAIL,
     FIRST_TRIAL,
     LOGS_AFTER,
     LOGS_TAIL,
@@ -43,6 +47,29 @@ def stream_logs(trial_id: int, follow: bool, interval: float = 0.5, timestamps: 
                                                             "limit": 5000}).fetchall(),
                     (lambda c: get_trial(c, trial_id)["state"] in TERMINAL) if follow else None,
                     interval, timestamps=timestamps, after=after, head=head)
+
+
+def stream_experiment_logs(exp_id: int, follow: bool, interval: float = 0.5,
+                           timestamps: bool = False, tail: int | None = None) -> None:
+    """Print every trial's log lines of the experiment in the order they were written, each
+    after its trial and run (``[trial 5 run 2]``, :func:`det.cli.logs.line_prefix`), only the
+    last ``tail`` when given; with ``follow``, keep printing (trials that start later
+    included) until the experiment ends. Raises ``NotFoundError`` for an unknown experiment.
+    """
+    after = 0
+    with db() as conn:
+        get_experiment(conn, exp_id)
+        if tail is not None:
+            last = conn.execute(EXPERIMENT_LOGS_TAIL,
+                                {"experiment": exp_id, "limit": tail + 1}).fetchall()
+            after = last[-1]["id"] if len(last) > tail else 0
+    stream_log_rows(
+        f"det experiment logs {exp_id}",
+        lambda c, after: c.execute(EXPERIMENT_LOGS_AFTER, {"experiment": exp_id, "after": after,
+                                                           "limit": 5000}).fetchall(),
+        (lambda c: c.execute(STATE, {"id": exp_id}).fetchone()["state"]
+         in EXPERIMENT_TERMINAL) if follow else None,
+        interval, timestamps=timestamps, after=after)
 
 
 def follow_experiment(exp_id: int) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from det.errors import DetError
+from det.harness import logs
 from det.harness.distributed import DistributedContext
 from det.harness.errors import CheckpointStorageError, MissingSearcherMetricError
 from det.harness.lengths import UnitConverter, parse_length
@@ -187,6 +188,7 @@ class CheckpointContext:
                 (path / "metadata.json").write_text(json.dumps(dict(metadata), default=str))
                 resources = directory_sizes(path)
             self._transport.report_checkpoint(uuid, steps, resources, dict(metadata))
+        logs.checkpointed(uuid, steps, resources)
         if self._tensorboard is not None:
             _sync(self._tensorboard)
 
@@ -235,6 +237,7 @@ class CheckpointContext:
                 self.storage.publish(uuid)
                 resources = {f: n for share in shares for f, n in share.items()}
                 self._transport.report_checkpoint(uuid, steps, resources, dict(metadata))
+                logs.checkpointed(uuid, steps, resources)
 
     @contextmanager
     def restore_path(self, uuid: str) -> Iterator[pathlib.Path]:
@@ -404,6 +407,8 @@ def init(
     preemption.
     """
     transport = transport if transport is not None else DbTransport.from_env()
+    if isinstance(transport, DbTransport):
+        logs.log_to_stderr()  # into the task's log (det.harness.logs)
     dist = distributed
     tensorboard = None
     try:

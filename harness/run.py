@@ -19,7 +19,7 @@ import signal
 import sys
 import traceback
 
-from det.harness import core
+from det.harness import core, logs
 from det.harness.entrypoint import load_trial_class
 from det.harness.errors import CheckpointStorageError
 from det.harness.trainer import Trainer
@@ -41,14 +41,14 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, lambda signum, frame: transport.request_preemption())
         with core.init(transport=transport) as ctx:
             # The config's checkpoint_policy, as Determined's legacy harness reads it.
-            outcome = Trainer(trial_class, ctx).fit(
-                checkpoint_policy=ctx.info.config.get("checkpoint_policy"))
+            trainer = Trainer(trial_class, ctx)
+            outcome = trainer.fit(checkpoint_policy=ctx.info.config.get("checkpoint_policy"))
     except CheckpointStorageError:
         return 1  # its one line says it all (det.harness.core.CheckpointContext)
     except Exception:
         traceback.print_exc()
         return 1
-    print(f"det.harness: trial finished: {outcome}", file=sys.stderr)
+    logs.finished(outcome, trainer.end_reason)
     return 0
 
 

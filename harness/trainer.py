@@ -26,6 +26,7 @@ import pathlib
 import random
 import shutil
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,7 +35,7 @@ import torch
 
 from det.context import MAX_CONTEXT_BYTES, context_files
 from det.errors import ContextError, DetError
-from det.harness import core
+from det.harness import core, logs
 from det.harness.errors import MissingSearcherMetricError
 from det.harness.lengths import Batch, Epoch, TrainUnit
 from det.harness.trial import (
@@ -171,6 +172,8 @@ class Trainer:
         self._val_loader: torch.utils.data.DataLoader | None = None
         self._val_shard_loader: torch.utils.data.DataLoader | None = None
         self._agreement: StopAgreement | None = None
+        self.end_reason = ""
+        """Why ``fit`` returned what it did, in words for the log (det.harness.logs)."""
 
     # the workloads
     def fit(
@@ -210,12 +213,18 @@ class Trainer:
         self.checkpoint_policy = checkpoint_policy
         if self.trial is None:
             print(f"det.harness: invalid hyperparameters: {self._invalid_hp}", file=sys.stderr)
+            self.end_reason = f"invalid hyperparameters: {self._invalid_hp}"
             if self.is_chief:
                 self.core.train.report_early_exit(core.EarlyExitReason.INVALID_HP)
             return "invalid_hp"
         try:
             self._setup(self.trial, checkpoint_period, validation_period, reporting_period,
                         latest_checkpoint)
+            if self.is_chief:
+                info = self.core.info
+                logs.training_started(info.trial_id, info.experiment_id,
+                                      self.context.get_hparams(), self.batches_trained,
+                                      self.latest_checkpoint_uuid)
             if step_zero_validation and self.batches_trained == 0:
                 self.validate()
             if test_mode:
@@ -226,6 +235,7 @@ class Trainer:
                 outcome = self._fit_length(max_length.to_batches(len(self._train_loader)))
         except InvalidHP as e:
             print(f"det.harness: invalid hyperparameters: {e}", file=sys.stderr)
+            self.end_reason = f"invalid hyperparameters: {e}"
             if self.is_chief:
                 self.core.train.report_early_exit(core.EarlyExitReason.INVALID_HP)
             return "invalid_hp"
@@ -289,7 +299,11 @@ class Trainer:
             self.checkpoint()
         # A trial the searcher is done with is also told to stop (closed trials' runs are
         # desired STOPPED): that is completion, not preemption.
-        return "completed" if self.core.searcher.out_of_work else "preempted"
+        if self.core.searcher.out_of_work:
+            self.end_reason = "the searcher needs no more training from it"
+            return "completed"
+        self.end_reason = self._preempted()
+        return "preempted"
 
     def _fit_length(self, target: int) -> str:
         outcome = self._train_to(target, None)
@@ -298,6 +312,7 @@ class Trainer:
         self._validation_at_current_step()
         if self.last_checkpoint != self.batches_trained:
             self.checkpoint()
+        self.end_reason = f"trained to max_length, {target} batches"
         return "completed"
 
     def _train_to(self, target: int, op: core.SearcherOperation | None) -> str | None:
@@ -338,15 +353,25 @@ class Trainer:
 
     def _interrupt(self) -> str:
         if self.core.preempt.should_preempt():
+            self.end_reason = self._preempted()
             if self.last_checkpoint != self.batches_trained:
                 self.checkpoint()
             return "preempted"
         self._validation_at_current_step()
         if self.last_checkpoint != self.batches_trained:
             self.checkpoint()
+        self.end_reason = "the trial's code asked to stop (set_stop_requested)"
         if self.is_chief:
             self.core.train.report_early_exit(core.EarlyExitReason.USER_REQUESTED_STOP)
         return "stopped"
+
+    def _preempted(self) -> str:
+        """Log (the chief) that the run stops at the platform's request, and why; returns
+        the why."""
+        why = self.core.transport.stop_reason() if self.is_chief else "the chief was asked"
+        if self.is_chief:
+            logs.preempted(self.batches_trained, why)
+        return why
 
     def _train_batches(self, stop: int) -> bool:
         """The hot loop: train until ``stop`` batches. Returns True if it stopped early
@@ -474,6 +499,7 @@ class Trainer:
         full_dataset = (
             type(trial).evaluate_full_dataset is not PyTorchTrial.evaluate_full_dataset)
         rng = torch.get_rng_state()
+        started = time.monotonic()
         models = self.context.models
         modes = [m.training for m in models]
         for m in models:
@@ -502,6 +528,8 @@ class Trainer:
         metrics["epochs"] = self._epochs()
         if self.is_chief:
             self.core.train.report_validation_metrics(self.batches_trained, metrics)
+            logs.validated(self.batches_trained, metrics["epochs"], time.monotonic() - started,
+                           metrics)
         self.last_validation = (self.batches_trained, metrics)
         for callback in self.callbacks.values():
             callback.on_validation_end(metrics)

@@ -150,6 +150,8 @@ class Transport(Protocol):
 
     def acknowledge_preemption(self) -> None: ...
 
+    def stop_reason(self) -> str: ...
+
     def report_early_exit(self, reason: str) -> None: ...
 
     def experiment_best_validation(self) -> float | None: ...
@@ -204,6 +206,7 @@ class DbTransport:
         self.allocation_id = allocation_id
         self._what = f"allocation {allocation_id}"
         self._preempt = threading.Event()
+        self._signalled = False  # request_preemption() was called (SIGTERM)
         self._op_decided = threading.Event()  # an OP_DECIDED NOTIFY came
         self._ask = threading.Event()  # another NOTIFY came: ask det_should_preempt
         self._stop = threading.Event()
@@ -373,7 +376,15 @@ class DbTransport:
 
     def request_preemption(self) -> None:
         """Set the flag from this process (the task entrypoint does on SIGTERM)."""
+        self._signalled = True
         self._preempt.set()
+
+    def stop_reason(self) -> str:
+        """Why the run is asked to stop, for its log: ``det_stop_reason(token)``, or the
+        agent's SIGTERM where the database does not (yet) say so."""
+        why = self._call("stop reason", "SELECT det_stop_reason(%s)")
+        return why or ("the agent stopped the task (SIGTERM)" if self._signalled
+                       else "the platform asked the run to stop")
 
     def acknowledge_preemption(self) -> None:
         """Flush, then ``det_ack_preemption(token)``: the coming exit 0 means "preempted,
@@ -587,6 +598,10 @@ class LocalTransport:
     def should_preempt(self) -> bool:
         """True after ``request_preemption()``."""
         return self._preempt
+
+    def stop_reason(self) -> str:
+        """Off a cluster only ``request_preemption()`` stops a run."""
+        return "request_preemption() was called"
 
     def acknowledge_preemption(self) -> None:
         """Record the acknowledgement."""

@@ -4,12 +4,14 @@ torchrun starts each worker in a session of its own, out of reach of the agent's
 task's process group; so this wrapper dies with torchrun and the worker dies with the wrapper
 (``PR_SET_PDEATHSIG``), and no worker outlives its task. Each line the worker writes comes
 out on the same stream prefixed with ``[rank=N] `` (``RANK`` from torchrun), so the task's
-logs tell the ranks apart. SIGTERM and SIGINT are passed on to the worker; the wrapper exits
-with the worker's code, or dies of the same signal.
+logs tell the ranks apart (the agent stores N in ``task_logs.rank``: :func:`split_rank`).
+SIGTERM and SIGINT are passed on to the worker; the wrapper exits with the worker's code, or
+dies of the same signal.
 """
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +19,20 @@ import threading
 from typing import BinaryIO
 
 _PR_SET_PDEATHSIG = 1
+
+_TAG = re.compile(r"\[rank=(\d+)\] ")
+
+
+def rank_tag(rank: str) -> str:
+    """The tag that starts each line of worker ``rank`` (``RANK``, or ``?`` unset)."""
+    return f"[rank={rank}] "
+
+
+def split_rank(line: str) -> tuple[int | None, str]:
+    """``(rank, line)`` with the :func:`rank_tag` taken off the start of ``line``, or
+    ``(None, line)`` for a line without one (the agent stores the rank beside the line)."""
+    m = _TAG.match(line)
+    return (int(m.group(1)), line[m.end():]) if m else (None, line)
 
 
 def _die_with_parent() -> None:
@@ -38,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     if os.getppid() == 1:  # torchrun died before the line above took effect
         return 1
-    prefix = f"[rank={os.environ.get('RANK', '?')}] ".encode()
+    prefix = rank_tag(os.environ.get("RANK", "?")).encode()
     try:
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 preexec_fn=_die_with_parent)

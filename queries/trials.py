@@ -1,5 +1,7 @@
 """Reading trials: one trial, its logs, its metrics (whole, or downsampled in SQL)."""
 
+from datetime import UTC
+
 import psycopg
 
 from det.errors import DetError, NotFoundError
@@ -15,16 +17,62 @@ SELECT t.id, t.experiment_id, t.state::text AS state, t.hparams, t.seed, t.resta
   FROM trials t WHERE t.id = %(id)s
 """
 
+# A trial's log lines after a log id, each with its run (its allocation's), the rank that
+# wrote it (NULL: det's notes, a launcher's lines) and its level (det_log_level).
 LOGS_AFTER = """
-SELECT id, ts, stream, line FROM task_logs
- WHERE trial_id = %(trial)s AND id > %(after)s ORDER BY id LIMIT %(limit)s
+SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, det_log_level(l.stream, l.line) AS level
+  FROM task_logs l JOIN allocations a ON a.id = l.allocation_id
+ WHERE l.trial_id = %(trial)s AND l.id > %(after)s ORDER BY l.id LIMIT %(limit)s
 """
 
 # The last lines, for a log tail: newest first, reversed by the caller.
 LOGS_TAIL = """
-SELECT id, ts, stream, line FROM task_logs
- WHERE trial_id = %(trial)s ORDER BY id DESC LIMIT %(limit)s
+SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, det_log_level(l.stream, l.line) AS level
+  FROM task_logs l JOIN allocations a ON a.id = l.allocation_id
+ WHERE l.trial_id = %(trial)s ORDER BY l.id DESC LIMIT %(limit)s
 """
+
+# An experiment's log lines after a log id (every trial's, in the order written), as LOGS_AFTER
+# with the trial of each.
+EXPERIMENT_LOGS_AFTER = """
+SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, l.trial_id,
+       det_log_level(l.stream, l.line) AS level
+  FROM task_logs l JOIN allocations a ON a.id = l.allocation_id
+ WHERE l.trial_id IN (SELECT id FROM trials WHERE experiment_id = %(experiment)s)
+   AND l.id > %(after)s ORDER BY l.id LIMIT %(limit)s
+"""
+
+# The experiment's last lines, newest first (reversed by the caller).
+EXPERIMENT_LOGS_TAIL = """
+SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, l.trial_id,
+       det_log_level(l.stream, l.line) AS level
+  FROM task_logs l JOIN allocations a ON a.id = l.allocation_id
+ WHERE l.trial_id IN (SELECT id FROM trials WHERE experiment_id = %(experiment)s)
+ ORDER BY l.id DESC LIMIT %(limit)s
+"""
+
+
+def line_prefix(row: dict) -> str:
+    """What a log row's text follows where det shows it (``det trial logs``, ``det experiment
+    logs``, the WebUI's download): its trial (an experiment's rows) and run, ``[trial 5 run 2] ``
+    or ``[run 2] ``; the rank that wrote it, as Determined's launcher tags it, ``[rank=0] ``;
+    ``[det] `` for det's own notes."""
+    where = " ".join(f"{name} {row[key]}" for name, key in (("trial", "trial_id"), ("run", "run"))
+                     if row.get(key) is not None)
+    prefix = f"[{where}] " if where else ""
+    if row.get("rank") is not None:
+        prefix += f"[rank={row['rank']}] "
+    return prefix + ("[det] " if row["stream"] == "det" else "")
+
+
+def log_text(row: dict, timestamps: bool = False) -> str:
+    """A log row as det prints it: its :func:`line_prefix` and line, after its time with
+    ``timestamps`` (UTC, ISO 8601, milliseconds)."""
+    text = line_prefix(row) + row["line"]
+    if timestamps:
+        return f"{row['ts'].astimezone(UTC).isoformat(timespec='milliseconds')} {text}"
+    return text
+
 
 # A trial's runs (its restarts are the runs after the first): where each ran, how it ended
 # and why (det_run_end_reason: never blank once ended; issue 34), and as the queue sees it

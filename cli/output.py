@@ -125,7 +125,8 @@ def flatten(values: Mapping | None, prefix: str = "") -> dict[str, Any]:
 def cell(v: Any, size_: bool = False) -> str:
     """One table cell: numbers, booleans and (with ``size_``) sizes by the module's rules,
     times to the second, a span as a duration, a mapping as ``key=value`` pairs (nested keys
-    flattened), a list as its items, each formatted so."""
+    flattened, in name order as the tables' columns), a list as its items, each formatted
+    so."""
     if v is None:
         return ""
     if isinstance(v, bool | int | float):
@@ -135,7 +136,7 @@ def cell(v: Any, size_: bool = False) -> str:
     if isinstance(v, timedelta):
         return duration(v)
     if isinstance(v, Mapping):
-        return ", ".join(f"{k}={cell(x)}" for k, x in flatten(v).items())
+        return ", ".join(f"{k}={cell(x)}" for k, x in sorted(flatten(v).items()))
     if isinstance(v, list | tuple):
         return ", ".join(cell(x) for x in v)
     return str(v)

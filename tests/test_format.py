@@ -41,7 +41,7 @@ def test_numbers_sizes_and_durations_read_as_the_rule_says() -> None:
     assert [size(v) for v, _ in SIZES] == [s for _, s in SIZES]
     assert [duration(timedelta(seconds=v)) for v, _ in SECONDS] == [s for _, s in SECONDS]
     assert cell({"lr": 0.00012345678, "opt": {"name": "adam", "fused": False}}) == \
-        "lr=0.0001235, opt.name=adam, opt.fused=no"
+        "lr=0.0001235, opt.fused=no, opt.name=adam"
     assert flatten({"a": {"b": {"c": 1}}, "d": [1, 2], "e": {}}) == {"a.b.c": 1, "d": [1, 2]}
 
 
@@ -138,7 +138,7 @@ def test_describe_shows_a_column_per_hyperparameter_and_metric(det, conn, ended)
     assert third[2:7] == ["256", "0.012", "0.99", "adam", "10"] and len(third) == 8, third
     assert "worse than the rung's best" in out
     checkpoints = out.split("Checkpoints:\n")[1]
-    assert "loss=0.1235, epochs=2.273, accuracy=0.9748" in checkpoints, checkpoints
+    assert "accuracy=0.9748, epochs=2.273, loss=0.1235" in checkpoints, checkpoints
     listed = det("checkpoint", "list", str(eid)).stdout
     assert re.search(r"\b2\.5 MiB\b", listed) and "2621440" not in listed, listed
     # --json keeps every digit, and the metrics of each trial's best validation.
@@ -152,7 +152,7 @@ def test_trial_describe_shows_a_column_per_metric(det, conn, ended) -> None:
     tid = conn.execute("SELECT min(id) AS id FROM trials WHERE experiment_id = %s",
                        (eid,)).fetchone()["id"]
     out = det("trial", "describe", str(tid)).stdout
-    assert "hyperparameters: lr=0.003162, opt.beta=0.9, opt.name=adam, hidden=128" in out, out
+    assert "hyperparameters: hidden=128, lr=0.003162, opt.beta=0.9, opt.name=adam" in out, out
     table = out.split("\n\n")[-1].splitlines()
     assert table[0].split() == ["Group", "Batches", "accuracy", "epochs", "loss"], out
     assert table[2].split() == ["validation", "50", "0.9011", "1.136", "0.3123"], out

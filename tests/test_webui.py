@@ -135,7 +135,7 @@ def test_watch_and_steer_a_digits_experiment(browser, det, det_env, tmp_path: Pa
         first = wait_for(points, 120, "the first training metrics on the chart")
         wait_for(lambda: points() > first, 60, "the chart to gain points")
         assert browser.execute_script("return window.notReloaded === true")
-        wait_for(lambda: int(text(browser, "#trials tbody td.num") or 0) > 0, 30,
+        wait_for(lambda: int(text(browser, "#trials tbody td[data-col=Batches]") or 0) > 0, 30,
                  "batches trained shown in the trials table")
         shot(browser, "experiment")
 

@@ -129,6 +129,84 @@ async function experimentsPage(preset) {
   follow(`/api/v1/events/experiments?${q}`, { experiments: render });
 }
 
+// --- an experiment's trials table ------------------------------------------------------------
+
+// The columns of the trials table: one per hyperparameter and per metric of each trial's best
+// validation (nested names dotted, in name order as det experiment describe has them), the
+// searcher's metric as "Best <metric>" (issue 34: the hyperparameters were one JSON blob that
+// overflowed the table). Each column has `value` (what it sorts by) and `html` (its cell).
+function trialColumns(trials, metric) {
+  const flat = (t, key) => new Map(flatHparams(t[key], () => false));
+  const names = (key) => [...new Set(trials.flatMap((t) => [...flat(t, key).keys()]))].sort();
+  const hps = names("hparams");
+  const metrics = names("validation").filter((m) => m !== metric);
+  // Aligned right where every value is a number (a categorical's are text).
+  const num = (label, value, title) => ({
+    label, value, title, html: (t) => fmt(value(t)),
+    num: trials.every((t) => value(t) == null || typeof value(t) === "number") });
+  return [
+    { label: "ID", value: (t) => t.id, num: true, html: (t) => `<a href="#/trials/${t.id}">${t.id}</a>` },
+    { label: "State", value: (t) => t.state, html: (t) => state(t.state) },
+    ...hps.map((h) => num(h, (t) => flat(t, "hparams").get(h), "hyperparameter")),
+    num("Batches", (t) => t.batches),
+    num(`Best ${metric || "metric"}`, (t) => t.best_validation, "the searcher's metric, at the trial's best validation"),
+    ...metrics.map((m) => num(m, (t) => flat(t, "validation").get(m), "at the trial's best validation")),
+    // Rungs: only adaptive_asha's and tpe's trials have them.
+    ...(trials.some((t) => t.rung) ? [{ label: "Rung", value: (t) => (t.rung ? t.rung.rung : null), num: true,
+      html: (t) => (t.rung ? `bracket ${t.rung.bracket}, rung ${t.rung.rung} (${esc(t.rung.status === "running" && t.run_state ? t.run_state : t.rung.status)})` : "") }] : []),
+    num("Restarts", (t) => t.restarts),
+    { label: "Exit", value: (t) => t.exit_reason, cls: "exit", html: (t) => esc(t.exit_reason) },
+  ];
+}
+
+// `trials` ordered by `col`'s value (numbers as numbers, text as text), descending with
+// `desc`; a trial without a value comes last either way. Stable: ties keep trial order.
+function sortTrials(trials, col, desc) {
+  const missing = (v) => v === null || v === undefined || v === "";
+  return trials.map((t, i) => [t, col.value(t), i]).sort(([, a, i], [, b, j]) => {
+    if (missing(a) || missing(b)) return missing(a) - missing(b) || i - j;
+    const c = typeof a === "number" && typeof b === "number" ? a - b
+      : String(a).localeCompare(String(b), undefined, { numeric: true });
+    return (desc ? -c : c) || i - j;
+  }).map(([t]) => t);
+}
+
+// Draws the trials into `table`, sorted by the column last clicked (a second click reverses
+// it); the order survives the live updates that redraw it.
+class TrialsTable {
+  constructor(table) {
+    this.table = table;
+    this.sort = { label: "ID", desc: false };
+    this.trials = [];
+    this.metric = "";
+    table.querySelector("thead").addEventListener("click", (ev) => {
+      const th = ev.target.closest("th[data-col]");
+      if (!th) return;
+      const label = th.dataset.col;
+      this.sort = { label, desc: this.sort.label === label ? !this.sort.desc : false };
+      this.render(this.trials, this.metric);
+    });
+  }
+
+  render(trials, metric) {
+    this.trials = trials;
+    this.metric = metric;
+    const cols = trialColumns(trials, metric);
+    const col = cols.find((c) => c.label === this.sort.label) || cols[0];
+    const cls = (c) => [c.num ? "num" : "", c.cls || ""].join(" ").trim();
+    this.table.querySelector("thead").innerHTML = `<tr>${cols.map((c) => {
+      const on = c === col;
+      return `<th class="sortable ${cls(c)}" data-col="${esc(c.label)}" title="${esc(c.title || "")}"
+        aria-sort="${on ? (this.sort.desc ? "descending" : "ascending") : "none"}">${esc(c.label)}${
+        on ? (this.sort.desc ? " ▾" : " ▴") : ""}</th>`;
+    }).join("")}</tr>`;
+    this.table.querySelector("tbody").innerHTML = sortTrials(trials, col, this.sort.desc)
+      .map((t) => `<tr data-trial="${t.id}">${cols.map((c) =>
+        `<td class="${cls(c)}" data-col="${esc(c.label)}">${c.html(t)}</td>`).join("")}</tr>`)
+      .join("");
+  }
+}
+
 async function experimentPage(id) {
   main.innerHTML = `
     <h1 id="title">Experiment ${esc(id)} <span class="live" id="live"></span></h1>
@@ -147,9 +225,7 @@ async function experimentPage(id) {
       <div class="chart echart" id="scatter"></div>
     </div>
     <h2>Trials</h2>
-    <table id="trials"><thead><tr><th>ID</th><th>State</th><th>Hyperparameters</th>
-      <th class="num">Batches</th><th class="num">Best metric</th><th>Rung</th>
-      <th class="num">Restarts</th><th>Exit</th></tr></thead><tbody></tbody></table>
+    <div class="table-wrap"><table id="trials"><thead></thead><tbody></tbody></table></div>
     <h2>Scheduling</h2>
     <div class="filters" id="sched"></div>
     <h2>Config</h2><pre id="config"></pre>`;
@@ -161,6 +237,7 @@ async function experimentPage(id) {
   const chart = new LineChart(document.getElementById("curves"), "");
   const scatter = new ScatterChart(document.getElementById("scatter"));
   const parallel = new ParallelChart(document.getElementById("parcoords"));
+  const trialsTable = new TrialsTable(document.getElementById("trials"));
   let exp = null;
   let trials = [];
   const groupSel = document.getElementById("group");
@@ -211,12 +288,7 @@ async function experimentPage(id) {
       ["Duration", duration(e.start_time, e.end_time)],
       ["Pool", esc(e.resource_pool)]].map(([k, v]) => `<div class="card"><b>${k}</b>${v}</div>`).join("");
     document.getElementById("acts").innerHTML = actionButtons(e);
-    document.querySelector("#trials tbody").innerHTML = trials.map((t) => `
-      <tr><td><a href="#/trials/${t.id}">${t.id}</a></td><td>${state(t.state)}</td>
-        <td><code>${esc(JSON.stringify(t.hparams))}</code></td>
-        <td class="num">${fmt(t.batches)}</td><td class="num">${fmt(t.best_validation)}</td>
-        <td>${t.rung ? `bracket ${t.rung.bracket}, rung ${t.rung.rung} (${esc(t.rung.status === "running" && t.run_state ? t.run_state : t.rung.status)})` : ""}</td>
-        <td class="num">${t.restarts}</td><td>${esc(t.exit_reason)}</td></tr>`).join("");
+    trialsTable.render(trials, searcherOf(exp).metric);
     document.getElementById("sched").innerHTML = `
       priority <input id="prio" size="3" value="${esc(e.priority)}"> <button id="set-prio">set</button>
       weight <input id="weight" size="5" value="${esc(e.weight)}"> <button id="set-weight">set</button>`;

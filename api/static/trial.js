@@ -15,7 +15,7 @@ async function trialPage(id) {
     <h2>Logs</h2><pre class="logs" id="logs"></pre>
     <h2>Checkpoints</h2>
     <table id="ckpts"><thead><tr><th>UUID</th><th class="num">Batches</th><th>State</th>
-      <th class="num">Bytes</th><th>Reported</th><th></th></tr></thead><tbody></tbody></table>`;
+      <th class="num">Size</th><th>Reported</th><th></th></tr></thead><tbody></tbody></table>`;
   const store = new MetricStore();
   const chart = new LineChart(document.getElementById("chart"), "");
   const metricSel = document.getElementById("metric");
@@ -54,7 +54,8 @@ async function trialPage(id) {
       ["Batches trained", fmt(t.batches)], ["Batches at checkpoint", fmt(t.steps_completed)],
       ["Best validation", fmt(t.best_validation)], ["Restarts", t.restarts],
       ["Runs", t.runs], ["Last exit", esc(t.exit_reason) || "–"],
-      ["Hyperparameters", `<code>${esc(JSON.stringify(t.hparams))}</code>`]]
+      ["Hyperparameters", flatHparams(t.hparams, () => false)
+        .sort(([a], [b]) => (a < b ? -1 : 1)).map(([k, v]) => `${esc(k)} <code>${esc(fmt(v))}</code>`).join(", ") || "–"]]
       .map(([k, v]) => `<div class="card"><b>${k}</b>${v}</div>`).join("");
     if (t.run_history) {
       document.querySelector("#runs tbody").innerHTML = t.run_history.map((r) => `
@@ -65,7 +66,7 @@ async function trialPage(id) {
     api("GET", `/api/v1/trials/${id}/checkpoints`).then((c) => {
       document.querySelector("#ckpts tbody").innerHTML = c.checkpoints.map((k) => `
         <tr><td><code>${esc(k.uuid)}</code></td><td class="num">${k.steps_completed}</td>
-          <td>${esc(k.state)}</td><td class="num">${fmt(k.size_bytes)}</td>
+          <td>${esc(k.state)}</td><td class="num">${size(k.size_bytes)}</td>
           <td>${when(k.reported_at)}</td>
           <td>${k.state === "COMPLETED" ? `<a href="/api/v1/checkpoints/${esc(k.uuid)}/download">download</a>
             <button data-register="${esc(k.uuid)}">register</button>` : ""}</td></tr>`).join("");

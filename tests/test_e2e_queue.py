@@ -80,8 +80,10 @@ def test_priority_preemption_and_resume(det, conn, tmp_path) -> None:
     """Steps 1, 2 and 7 of the spec's Task Priority example (steps 3-6 need notebooks; the
     pure scheduler test plays all seven)."""
     policy = tmp_path / "cluster.yaml"
-    policy.write_text("resource_manager:\n  scheduler: {type: priority, preemption: true}\n"
-                      "resource_pools:\n  - pool_name: default\n")
+    # min_run_time 5: the trials checkpoint only when preempted (issue 34's default, 60 s,
+    # would hold them that long before they give way)
+    policy.write_text("resource_manager:\n  scheduler: {type: priority, preemption: true, "
+                      "min_run_time: 5}\nresource_pools:\n  - pool_name: default\n")
     det("cluster", "config", "apply", str(policy))
     det.start("reconciler", "reconcile", "--interval", "0.3")
     start_agents(det, 2, 4)

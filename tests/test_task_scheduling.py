@@ -105,7 +105,9 @@ def reason(conn, job: int) -> str | None:
         "pending_reason"]
 
 
-PRIORITY = ("resource_manager:\n  scheduler: {type: priority, preemption: true}\n"
+# min_run_time 0: the example's runs are preempted in the pass after they start, with no
+# checkpoint (issue 34's protection of such runs is tests/test_preemption_waste.py's)
+PRIORITY = ("resource_manager:\n  scheduler: {type: priority, preemption: true, min_run_time: 0}\n"
             "resource_pools:\n  - pool_name: default\n")
 
 

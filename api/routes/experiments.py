@@ -99,7 +99,8 @@ def create_experiment(body: CreateExperiment, s: Session = session) -> dict:
 @router.get("/experiments/{exp_id}")
 def get_experiment(exp_id: IntId, s: Session = session) -> dict:
     """The experiment (config included), its trials (hyperparameters, state, batches,
-    best validation; ``rung`` for adaptive_asha and tpe) and checkpoints."""
+    best validation; ``rung`` for adaptive_asha and tpe; ``run_state`` and ``run_reason``:
+    its latest run as the job queue sees it, e.g. ``waiting`` and why) and checkpoints."""
     exp = q.get_experiment(s.conn, exp_id)
     trials = s.conn.execute(q.TRIALS, {"id": exp_id}).fetchall()
     q.add_rungs(s.conn, exp, trials)

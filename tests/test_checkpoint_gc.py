@@ -112,7 +112,7 @@ def test_set_gc_policy_previews_asks_and_applies(det, ended, conn) -> None:
     assert (cfg["save_experiment_best"], cfg["save_trial_best"], cfg["save_trial_latest"]) == \
         (0, 0, 1)
     listing = det("checkpoint", "list", str(eid)).stdout
-    assert listing.count("DELETING") == 2 and "COMPLETED" in listing and " 64 " in listing
+    assert listing.count("DELETING") == 2 and "COMPLETED" in listing and " 64 B " in listing
     r = det(*args[:-1], "-1", check=False)  # a negative count is refused by the option
     assert r.returncode != 0
 

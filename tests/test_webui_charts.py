@@ -174,6 +174,16 @@ def test_hyperparameter_charts_and_learning_curves(browser, det_env, ctx: Path, 
         wait_for(lambda: js(browser, "return location.hash") == f"#/trials/{trials[2]}", 10,
                  "the click to open the trial's page")
 
+        # The trial's page: its training and validation curves, with the same x choices.
+        wait_for(lambda: data(browser, "#chart", "points") == "2", 30,
+                 "the trial's accuracy (2 validations)")
+        assert js(browser, "return [...document.querySelectorAll('#metric option')]"
+                           ".map(o => o.value)") == ["accuracy", "loss", "val_loss"]
+        js(browser, "const x = document.getElementById('xaxis'); x.value = 'epochs';"
+                    "x.dispatchEvent(new Event('change'));")
+        wait_for(lambda: data(browser, "#chart", "xlabel") == "epochs", 10, "x in epochs")
+        shot(browser, "charts-trial")
+
         # Learning curves: metrics only, never batches or epochs; x in epochs; smoothing
         # draws the smoothed curve over the faded raw one; a log scale.
         browser.get(f"{server.url}/ui/#/experiments/{exp}")

@@ -338,11 +338,11 @@ class MetricStore {
   }
 }
 
-// The learning-curve controls (group, metric, x axis, log scale, smoothing) as HTML; their
-// values are read by curveOptions.
-function curveControls() {
+// The learning-curve controls (group unless withGroup is false, metric, x axis, log scale,
+// smoothing) as HTML; their values are read by curveOptions.
+function curveControls(withGroup = true) {
   return `
-    <select id="group" aria-label="group"><option>validation</option><option>training</option></select>
+    ${withGroup ? `<select id="group" aria-label="group"><option>validation</option><option>training</option></select>` : ""}
     <select id="metric" aria-label="metric"></select>
     <label>x <select id="xaxis">${Object.keys(X_AXES).map((k) => `<option value="${k}">${k === "time" ? "wall time" : k}</option>`).join("")}</select></label>
     <label><input type="checkbox" id="logy"> log scale</label>
@@ -359,6 +359,9 @@ function curveOptions() {
 
 // Calls `redraw` whenever one of the curve controls changes.
 function bindCurveControls(redraw) {
-  for (const id of ["group", "metric", "xaxis", "logy"]) document.getElementById(id).addEventListener("change", redraw);
+  for (const id of ["group", "metric", "xaxis", "logy"]) {
+    const el = document.getElementById(id);
+    if (el) el.addEventListener("change", redraw);
+  }
   document.getElementById("smoothing").addEventListener("input", redraw);
 }

@@ -7,7 +7,7 @@ async function trialPage(id) {
     <div class="cards" id="cards"></div>
     <div class="actions"><button id="continue">Continue trial</button></div>
     <h2>Metrics</h2>
-    <div class="filters"><select id="metric"></select></div>
+    <div class="filters">${curveControls(false)}</div>
     <div class="chart" id="chart"></div>
     <h2>Runs</h2>
     <table id="runs"><thead><tr><th>Run</th><th>State</th><th>Agent</th><th>Started</th>
@@ -32,12 +32,13 @@ async function trialPage(id) {
     const names = store.names();
     metricSel.innerHTML = names.map((n) => `<option ${n === cur ? "selected" : ""}>${esc(n)}</option>`).join("");
     if (!metricSel.value) return;
-    const tr = store.series([id], "training", metricSel.value)[0];
-    const va = store.series([id], "validation", metricSel.value)[0];
+    const o = curveOptions();
+    const tr = store.series([id], "training", metricSel.value, o.x)[0];
+    const va = store.series([id], "validation", metricSel.value, o.x)[0];
     chart.update([{ label: "training", points: tr.points }, { label: "validation", points: va.points }],
-                 metricSel.value);
+                 metricSel.value, o);
   };
-  metricSel.addEventListener("change", redraw);
+  bindCurveControls(redraw);
   const addLogs = (lines) => {
     const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 5;
     for (const l of lines) {

@@ -3,8 +3,9 @@ and trials whose metrics are reported through det's own functions (det_report_me
 harness reports them (issue 34): a `log` hyperparameter on a log axis with tick labels that
 do not repeat, hover naming the trial and a click opening it, parallel coordinates over every
 hyperparameter, learning curves with smoothing, log scale and x = batches / epochs / wall
-time, metric choices without `batches` and `epochs`, a lone point's axis, and the compare view
-(overlaid curves, a table of hyperparameters and best metrics). Screenshots go where
+time (on the experiment's page and a trial's), metric choices without `batches` and `epochs`,
+a lone point's axis, and the compare view (overlaid curves, a table of hyperparameters and
+best metrics). Screenshots go where
 test_webui's ``shot`` puts them."""
 
 import math
@@ -132,7 +133,8 @@ def test_hyperparameter_charts_and_learning_curves(browser, det_env, ctx: Path, 
         ends = chart_js(browser, "#parcoords",
                         "const s = c.getModel().getSeriesByIndex(0);"
                         "const d = c.getOption().series[0].data[3];"
-                        "return [0, 1].map((i) => s.coordinateSystem.dataToPoint(d[i], `dim${i}`));")
+                        "return [0, 1].map("
+                        "  (i) => s.coordinateSystem.dataToPoint(d[i], `dim${i}`));")
         hover(browser, "#parcoords", [(ends[0][k] + ends[1][k]) / 2 for k in (0, 1)])
         tip = wait_for(lambda: "trial" in text(browser, "#parcoords") and
                        text(browser, "#parcoords"), 10, "the parallel coordinates' tooltip")

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 from fastapi import APIRouter, Query
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from starlette.background import BackgroundTask
 
 from det.api.params import BIGINT_MAX, IntId
@@ -60,7 +60,9 @@ def trial_logs(
                              description="Only the last N lines."),
     limit: int = Query(MAX_LOG_LINES, ge=1, le=MAX_LOG_LINES),
 ) -> dict:
-    """The trial's output (stdout, stderr, and det's notes on its runs) by log id."""
+    """The trial's output (stdout, stderr, and det's notes on its runs) by log id: each line
+    with its time, run, rank (the worker that wrote it; null for det's notes) and level
+    (error, warning, info or debug: det_log_level)."""
     q.get_trial(s.conn, trial_id)
     if tail is not None:
         rows = s.conn.execute(q.LOGS_TAIL, {"trial": trial_id, "limit": tail}).fetchall()[::-1]
@@ -68,6 +70,21 @@ def trial_logs(
         rows = s.conn.execute(q.LOGS_AFTER, {"trial": trial_id, "after": after,
                                              "limit": limit}).fetchall()
     return {"trial_id": trial_id, "logs": rows}
+
+
+@router.get("/trials/{trial_id}/logs/download")
+def download_trial_logs(trial_id: IntId, s: Session = session) -> Response:
+    """The trial's whole log as text (``trial-ID-logs.txt``, an attachment): a line per log
+    line, as ``det trial logs --timestamps`` prints it. 404 for an unknown trial."""
+    q.get_trial(s.conn, trial_id)
+    lines: list[str] = []
+    after = 0
+    while rows := s.conn.execute(q.LOGS_AFTER, {"trial": trial_id, "after": after,
+                                                "limit": MAX_LOG_LINES}).fetchall():
+        lines.extend(q.log_text(r, timestamps=True) + "\n" for r in rows)
+        after = rows[-1]["id"]
+    return Response("".join(lines), media_type="text/plain; charset=utf-8", headers={
+        "Content-Disposition": f'attachment; filename="trial-{trial_id}-logs.txt"'})
 
 
 @router.get("/trials/{trial_id}/checkpoints")

@@ -12,21 +12,20 @@ async function trialPage(id) {
     <h2>Runs</h2>
     <table id="runs"><thead><tr><th>Run</th><th>State</th><th>Agent</th><th>Started</th>
       <th>Ended</th><th>Exit code</th><th>Why it ended</th></tr></thead><tbody></tbody></table>
-    <h2>Logs</h2><pre class="logs" id="logs"></pre>
+    <h2>Logs</h2><div id="logview"></div>
     <h2>Checkpoints</h2>
     <table id="ckpts"><thead><tr><th>UUID</th><th class="num">Batches</th><th>State</th>
       <th class="num">Size</th><th>Reported</th><th></th></tr></thead><tbody></tbody></table>`;
   const store = new MetricStore();
   const chart = new LineChart(document.getElementById("chart"), "");
   const metricSel = document.getElementById("metric");
+  const logView = new LogViewer(document.getElementById("logview"), id);
   document.getElementById("continue").addEventListener(
     "click", () => continueDialog(id).catch(() => {}));
   document.getElementById("ckpts").addEventListener("click", (ev) => {
     const b = ev.target.closest("button[data-register]");
     if (b) registerDialog(b.dataset.register).catch(() => {});
   });
-  const logs = document.getElementById("logs");
-  const seenLogs = new Set();
   const redraw = () => {
     const cur = metricSel.value;
     const names = store.names();
@@ -39,15 +38,7 @@ async function trialPage(id) {
                  metricSel.value, o);
   };
   bindCurveControls(redraw);
-  const addLogs = (lines) => {
-    const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 5;
-    for (const l of lines) {
-      if (seenLogs.has(l.id)) continue;
-      seenLogs.add(l.id);
-      logs.append(document.createTextNode((l.stream === "det" ? "[det] " : "") + l.line + "\n"));
-    }
-    if (atBottom) logs.scrollTop = logs.scrollHeight;
-  };
+  const addLogs = (lines) => logView.add(lines);
   const renderTrial = (t) => {
     document.getElementById("title").innerHTML =
       `Trial ${t.id} of <a href="#/experiments/${t.experiment_id}">experiment ${t.experiment_id}</a> ${state(t.state)} ${liveMark(t.state)}`;
@@ -84,7 +75,7 @@ async function trialPage(id) {
         store.add(Number(id), group, m.rows);
       }
       redraw();
-      addLogs((await api("GET", `/api/v1/trials/${id}/logs?tail=500`)).logs);
+      addLogs((await api("GET", `/api/v1/trials/${id}/logs?tail=5000`)).logs);
     },
     trial: (t) => { if (loaded) renderTrial(t); },
     metrics: (rows) => { for (const r of rows) store.add(r.trial_id, r.group, [r]); redraw(); },

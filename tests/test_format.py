@@ -59,7 +59,8 @@ def _floats(n: int) -> list[float]:
 
 def test_the_webui_formats_as_the_cli_does(browser) -> None:  # noqa: F811
     """core.js's fmt, size and span, run in Chromium, against det.cli.output over the same
-    values: the table of NUMBERS, SIZES and SECONDS, then 8,000 awkward doubles."""
+    values: the table of NUMBERS, SIZES and SECONDS, then some 4,600 awkward doubles (each
+    also as a size) and 200 large integers."""
     browser.get("about:blank")
     core = (REPO / "api" / "static" / "core.js").read_text()
     floats = _floats(1500)

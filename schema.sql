@@ -3925,12 +3925,13 @@ SELECT format('preempted: slots given to %s (%s)',
               coalesce(det_job_label(p_job), 'a waiting job'), p_rule);
 $$;
 
-CREATE FUNCTION det_run_end_reason(a allocations) RETURNS text
+CREATE FUNCTION det_run_end_reason(p_allocation bigint) RETURNS text
 LANGUAGE sql STABLE STRICT AS $$
 -- Why a run ended (the WebUI's "Why it ended"; NULL while it lives), never blank once it has:
 -- why det stopped it (stop_reason), then what the run said (its checkpoint storage error, the
 -- agent's or det's reason: a signal, 'agent lost', 'stopped before it started'), else what
--- its flags and exit code tell (issue 34: a preempted run's was blank).
+-- its flags and exit code tell (issue 34: a preempted run's was blank). By id, not by row: a
+-- whole allocations row includes token_hash, which no user may read.
 SELECT CASE WHEN a.state = 'TERMINATED' THEN concat_ws('; ', a.stop_reason, coalesce(
     a.storage_error, a.exit_reason,
     CASE WHEN a.stop_reason IS NOT NULL AND a.exit_code = 0 THEN NULL
@@ -3938,10 +3939,11 @@ SELECT CASE WHEN a.state = 'TERMINATED' THEN concat_ws('; ', a.stop_reason, coal
          WHEN a.exit_code = 0 AND a.out_of_work THEN 'finished its work (exit code 0)'
          WHEN a.exit_code = 0 THEN 'its code exited (exit code 0)'
          WHEN a.exit_code IS NULL THEN 'ended without an exit code'
-         ELSE 'exit code ' || a.exit_code END)) END;
+         ELSE 'exit code ' || a.exit_code END)) END
+  FROM allocations a WHERE a.id = p_allocation;
 $$;
 
-CREATE FUNCTION det_run_status(a allocations) RETURNS text
+CREATE FUNCTION det_run_status(p_allocation bigint) RETURNS text
 LANGUAGE sql STABLE STRICT AS $$
 -- A run as users should read it, agreeing with the job queue (issue 34: a trial waiting for a
 -- slot read "running"): waiting (for slots: pending_reason says why), starting (slots held,
@@ -3954,16 +3956,18 @@ SELECT CASE WHEN a.state = 'PENDING' AND a.desired_state = 'RUNNING' THEN 'waiti
                 THEN CASE WHEN a.stop_reason LIKE 'preempted:%' THEN 'preempting'
                           ELSE 'stopping' END
             WHEN a.state = 'RUNNING' THEN 'running'
-            ELSE 'starting' END;
+            ELSE 'starting' END
+  FROM allocations a WHERE a.id = p_allocation;
 $$;
 
-CREATE FUNCTION det_run_reason(a allocations) RETURNS text
+CREATE FUNCTION det_run_reason(p_allocation bigint) RETURNS text
 LANGUAGE sql STABLE STRICT AS $$
 -- The reason that goes with det_run_status: the scheduler's while it waits, det's while it
 -- is told to stop, det_run_end_reason once it ended; NULL while it starts or runs.
 SELECT CASE WHEN a.state = 'PENDING' AND a.desired_state = 'RUNNING' THEN a.pending_reason
-            WHEN a.state = 'TERMINATED' THEN det_run_end_reason(a)
-            WHEN a.desired_state <> 'RUNNING' THEN a.stop_reason END;
+            WHEN a.state = 'TERMINATED' THEN det_run_end_reason(a.id)
+            WHEN a.desired_state <> 'RUNNING' THEN a.stop_reason END
+  FROM allocations a WHERE a.id = p_allocation;
 $$;
 
 -- =============================================================================================
@@ -5045,7 +5049,7 @@ GRANT SELECT (id, job_id, trial_id, run, resource_pool, slots_needed, spec, desi
               state, agent_id, exit_code, exit_reason, stop_requested_at, preempt_acked,
               settled, created_at, assigned_at, started_at, ended_at, preemptible,
               pending_reason, out_of_work, running_at, rendezvous, storage_error, planned_stop,
-              fenced_until, address)
+              fenced_until, address, stop_reason)
     ON allocations TO det_user;
 -- templates without their secrets (issue 32): config and original are read only through
 -- det_template_expand, at submission
@@ -5332,9 +5336,9 @@ TO det_task;
 -- readers show stored JSON through it (issue 39)
 GRANT EXECUTE ON FUNCTION det_json_shown(jsonb) TO det_user;
 REVOKE ALL ON FUNCTION det_job_label(bigint), det_preempted_reason(bigint, text),
-    det_run_end_reason(allocations), det_run_status(allocations), det_run_reason(allocations)
+    det_run_end_reason(bigint), det_run_status(bigint), det_run_reason(bigint)
 FROM PUBLIC;
 -- readers: users' queries (a trial's runs, an experiment's trials) show them
-GRANT EXECUTE ON FUNCTION det_run_end_reason(allocations), det_run_status(allocations),
-    det_run_reason(allocations) TO det_user;
+GRANT EXECUTE ON FUNCTION det_run_end_reason(bigint), det_run_status(bigint),
+    det_run_reason(bigint) TO det_user;
 GRANT EXECUTE ON FUNCTION det_log_level(text, text) TO det_user;

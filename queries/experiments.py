@@ -70,9 +70,9 @@ SELECT t.id, t.request_id::text AS request_id, t.state::text AS state, t.hparams
          ORDER BY m.steps_completed DESC LIMIT 1) AS validation,
        -- its latest run as the job queue sees it (waiting, starting, running, preempting,
        -- stopping, preempted, ended) and why (issue 34); NULL before its first run
-       det_run_status(r.run) AS run_state, det_run_reason(r.run) AS run_reason
+       det_run_status(r.id) AS run_state, det_run_reason(r.id) AS run_reason
   FROM trials t
-  LEFT JOIN LATERAL (SELECT a AS run FROM allocations a
+  LEFT JOIN LATERAL (SELECT a.id FROM allocations a
                       WHERE a.trial_id = t.id ORDER BY a.run DESC LIMIT 1) r ON true
  WHERE t.experiment_id = %(id)s ORDER BY t.id
 """

@@ -79,8 +79,8 @@ def log_text(row: dict, timestamps: bool = False) -> str:
 # (det_run_status, det_run_reason).
 RUNS = """
 SELECT run, state::text AS state, agent_id, slots_needed, exit_code,
-       det_run_end_reason(a) AS exit_reason, created_at, started_at, ended_at,
-       pending_reason, det_run_status(a) AS run_state, det_run_reason(a) AS run_reason
+       det_run_end_reason(a.id) AS exit_reason, created_at, started_at, ended_at,
+       pending_reason, det_run_status(a.id) AS run_state, det_run_reason(a.id) AS run_reason
   FROM allocations a WHERE trial_id = %(id)s ORDER BY run
 """
 

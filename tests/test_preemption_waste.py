@@ -177,7 +177,7 @@ def test_every_way_a_run_ends_leaves_a_reason(conn, db_url) -> None:
 
     def run(name: str) -> dict:
         return conn.execute(
-            "SELECT a.id, det_run_status(a) AS status, det_run_end_reason(a) AS why "
+            "SELECT a.id, det_run_status(a.id) AS status, det_run_end_reason(a.id) AS why "
             "FROM allocations a JOIN trials t ON t.id = a.trial_id WHERE t.experiment_id = %s",
             (exps[name],)).fetchone()
 
@@ -284,7 +284,7 @@ def test_three_searches_on_two_slots_preempt_no_run_before_it_trains(det, conn,
         "SELECT state::text FROM experiments ORDER BY id").fetchall()] == ["COMPLETED"] * 3
     runs = conn.execute(RUNS, {"ids": [1, 2, 3]}).fetchone()
     assert runs["at_zero"] == 0 and runs["no_reason"] == 0, runs
-    for r in conn.execute("SELECT det_run_end_reason(a) AS why FROM allocations a "
-                          "WHERE det_run_status(a) = 'preempted'").fetchall():
+    for r in conn.execute("SELECT det_run_end_reason(a.id) AS why FROM allocations a "
+                          "WHERE det_run_status(a.id) = 'preempted'").fetchall():
         assert re.fullmatch(r"preempted: slots given to experiment [123] \(fair share\)",
                             r["why"]), r

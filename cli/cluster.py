@@ -6,6 +6,7 @@ agent, restarts whichever dies, and restarts a dead embedded database. Pid files
 in ``<det home>/run``. ``det cluster down`` stops them.
 """
 
+import json
 import os
 import signal
 import socket
@@ -53,16 +54,18 @@ def _embedded_home() -> Path | None:
 
 @cluster_app.command("up")
 def up(
-    slots: int = typer.Option(None, help="CPU slots of the local agent (default: CPU count)."),
+    slots: int = typer.Option(None, help="CPU slots of the local agent (default: the last "
+                                         "up's, else the CPU count)."),
     runtime: str = typer.Option(None, help="The local agent's runtime, docker or process "
-                                           "(default: docker when an engine answers)."),
+                                           "(default: the last up's, else docker when an "
+                                           "engine answers)."),
     web_port: int = typer.Option(None, "--web-port", min=0, max=65535,
                                  help=f"Port of the REST API and WebUI on 127.0.0.1 (0: none; "
                                       f"default: the last up's, else {WEB_PORT})."),
 ) -> None:
     """Start the database (embedded unless DET_DB_URL is set) and a supervisor that keeps a
-    reconciler and its standby, an agent and the web server (det serve) running. A web port
-    already taken is refused before anything starts."""
+    reconciler and its standby, an agent and the web server (det serve) running. Settings not
+    given are the last `up`'s. A web port already taken is refused before anything starts."""
     private_files()  # det home and all below it: this user's alone (det.host_user)
     url = owner_url(start=True)
     with connect(url) as conn:
@@ -76,7 +79,8 @@ def up(
     if pid:
         typer.echo(f"supervisor: already running (pid {pid}); `det cluster down` stops it")
         return
-    web_port = _web_port(web_port)
+    settings = _settings({"slots": slots, "runtime": runtime, "web_port": web_port})
+    slots, runtime, web_port = settings["slots"], settings["runtime"], settings["web_port"]
     args = [sys.executable, "-m", "det.cli.main", "cluster", "supervise"]
     args += ["--slots", str(slots)] if slots is not None else []
     args += ["--runtime", runtime] if runtime is not None else []
@@ -94,29 +98,41 @@ def up(
                    "once `det user change-password` gave it a password you know)")
 
 
-def _web_port(asked: int | None) -> int:
-    """The web port of this ``up``: ``asked``, else the last ``up``'s (run/web-port), else
-    :data:`WEB_PORT`; recorded for the next. 0 means no web server.
+def _settings(asked: dict) -> dict:
+    """The settings of this ``up`` (``slots``, ``runtime``, ``web_port``): each one given,
+    else the last ``up``'s (run/up.json), else its default (None: the supervisor's; the web
+    port :data:`WEB_PORT`, 0 meaning no web server); recorded for the next ``up`` once the
+    web port is known to be free (issue 34: `--web-port` was forgotten by the next `up`).
 
     Raises:
-        DetError: the port is taken on 127.0.0.1 (another det's server, or any program): the
-            server would only crash-loop there while the URL printed served someone else.
+        DetError: the web port is taken on 127.0.0.1 (another det's server, or any program):
+            the server would only crash-loop there while the URL printed served someone else.
     """
-    record = _run_dir() / "web-port"
-    if asked is None:
-        last = record.read_text().strip() if record.exists() else ""
-        asked = int(last) if last.isdigit() else WEB_PORT
-    if asked:
+    record = _run_dir() / "up.json"
+    try:
+        last = json.loads(record.read_text()) if record.exists() else {}
+    except (OSError, ValueError):
+        last = {}  # det's own note, unreadable: the defaults serve, and it is rewritten below
+    last = last if isinstance(last, dict) else {}
+    kept = {"slots": isinstance(last.get("slots"), int) and last["slots"] > 0,
+            "runtime": last.get("runtime") in ("docker", "process"),
+            "web_port": isinstance(last.get("web_port"), int) and 0 <= last["web_port"] < 65536}
+    chosen = {k: v if v is not None else (last[k] if kept[k] else None)
+              for k, v in asked.items()}
+    if chosen["web_port"] is None:
+        chosen["web_port"] = WEB_PORT
+    port = chosen["web_port"]
+    if port:
         with socket.socket() as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
             try:
-                probe.bind(("127.0.0.1", asked))
+                probe.bind(("127.0.0.1", port))
             except OSError as e:
-                raise DetError(f"--web-port {asked}: 127.0.0.1:{asked} is taken ({e.strerror}); "
+                raise DetError(f"--web-port {port}: 127.0.0.1:{port} is taken ({e.strerror}); "
                                "choose a free port with --web-port N, or 0 for no web "
                                "server") from None
-    record.write_text(f"{asked}\n")
-    return asked
+    record.write_text(json.dumps(chosen) + "\n")
+    return chosen
 
 
 @cluster_app.command("supervise", hidden=True)

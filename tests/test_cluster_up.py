@@ -150,11 +150,17 @@ def test_a_taken_web_port_is_refused_and_the_chosen_one_kept(local, tmp_path) ->
         assert f"127.0.0.1:{port} is taken" in r.stderr and "--web-port" in r.stderr
     assert read_pid(tmp_path / "home" / "run", "supervisor") is None
     free = _free_port()
-    out = local("cluster", "up", "--runtime", "process", "--web-port", str(free)).stdout
+    out = local("cluster", "up", "--runtime", "process", "--slots", "1",
+                "--web-port", str(free)).stdout
     assert f"web: http://127.0.0.1:{free}/" in out
     local("cluster", "down", timeout=120)
-    assert f"web: http://127.0.0.1:{free}/" in local("cluster", "up", "--runtime",
-                                                      "process").stdout
+    # every setting of the last `up` is kept (the supervisor's command line says which)
+    assert f"web: http://127.0.0.1:{free}/" in local("cluster", "up").stdout
+    pid = wait_for(lambda: read_pid(tmp_path / "home" / "run", "supervisor"), 30,
+                   "the supervisor's pid file")
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[argv.index(b"--slots") + 1] == b"1"
+    assert argv[argv.index(b"--runtime") + 1] == b"process"
 
 
 def test_status_reports_a_failing_server_with_its_log_line(local, tmp_path) -> None:

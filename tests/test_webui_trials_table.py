@@ -97,3 +97,32 @@ def test_trials_table_has_sortable_hyperparameter_and_metric_columns(
         shot(browser, "trial-cards-1024")
     finally:
         server.stop()
+
+
+def test_a_trial_waiting_for_a_slot_reads_as_waiting_with_the_queues_reason(
+        browser, det, det_env, ctx, tmp_path: Path) -> None:  # noqa: F811
+    """Issue 34: the experiment page said `rung 0 (running)` while `det job list -v` said the
+    job waited for a slot. With no agent, the trial's State cell reads ACTIVE and waiting
+    (the queue's reason on hover), and the trial page's run reads waiting with that reason."""
+    config = tmp_path / "waits.yaml"
+    config.write_text("name: waits\nentrypoint: model_def:MyTrial\n"
+                      "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n")
+    det("experiment", "create", str(config), str(ctx))
+    det("reconcile", "--once")  # the trial and its run, which no agent can take
+    server = Server(det_env, tmp_path)
+    try:
+        login(browser, server)
+        exp = server.client.get("/api/v1/experiments/1").json()
+        trial = exp["trials"][0]
+        assert trial["run_state"] == "waiting" and trial["run_reason"], trial
+        browser.get(f"{server.url}/ui/#/experiments/1")
+        wait_for(lambda: column(browser, "State") == ["ACTIVE waiting"], 30,
+                 "the trial's state and its run's")
+        assert browser.execute_script(
+            "return document.querySelector('#trials .run-state').title") == trial["run_reason"]
+        browser.get(f"{server.url}/ui/#/trials/{trial['id']}")
+        wait_for(lambda: "waiting" in text(browser, "#runs tbody"), 30, "the run's row")
+        assert trial["run_reason"] in text(browser, "#runs tbody")
+        shot(browser, "trial-waiting-run")
+    finally:
+        server.stop()

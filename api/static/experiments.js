@@ -146,7 +146,10 @@ function trialColumns(trials, metric) {
     num: trials.every((t) => value(t) == null || typeof value(t) === "number") });
   return [
     { label: "ID", value: (t) => t.id, num: true, html: (t) => `<a href="#/trials/${t.id}">${t.id}</a>` },
-    { label: "State", value: (t) => t.state, html: (t) => state(t.state) },
+    // A live trial's latest run as the job queue sees it (waiting, preempted...: issue 34),
+    // its reason on hover.
+    { label: "State", value: (t) => t.state, html: (t) => state(t.state) + (t.state === "ACTIVE" && t.run_state
+      ? ` <span class="muted run-state" title="${esc(t.run_reason)}">${esc(t.run_state)}</span>` : "") },
     ...hps.map((h) => num(h, (t) => flat(t, "hparams").get(h), "hyperparameter")),
     num("Batches", (t) => t.batches),
     num(`Best ${metric || "metric"}`, (t) => t.best_validation, "the searcher's metric, at the trial's best validation"),

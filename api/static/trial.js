@@ -11,7 +11,7 @@ async function trialPage(id) {
     <div class="chart" id="chart"></div>
     <h2>Runs</h2>
     <table id="runs"><thead><tr><th>Run</th><th>State</th><th>Agent</th><th>Started</th>
-      <th>Ended</th><th>Exit code</th><th>Why it ended</th></tr></thead><tbody></tbody></table>
+      <th>Ended</th><th>Exit code</th><th title="why it waits or is stopping, or why it ended">Why</th></tr></thead><tbody></tbody></table>
     <h2>Logs</h2><div id="logview"></div>
     <h2>Checkpoints</h2>
     <table id="ckpts"><thead><tr><th>UUID</th><th class="num">Batches</th><th>State</th>
@@ -51,9 +51,10 @@ async function trialPage(id) {
       .map(([k, v]) => `<div class="card"><b>${k}</b>${v}</div>`).join("");
     if (t.run_history) {
       document.querySelector("#runs tbody").innerHTML = t.run_history.map((r) => `
-        <tr><td>${r.run}</td><td>${state(r.state)}</td><td>${esc(r.agent_id)}</td>
+        <tr><td>${r.run}</td><td>${state(r.state)} <span class="muted run-state">${esc(r.run_state)}</span></td>
+          <td>${esc(r.agent_id)}</td>
           <td>${when(r.started_at)}</td><td>${when(r.ended_at)}</td><td>${fmt(r.exit_code)}</td>
-          <td>${esc(r.exit_reason || r.pending_reason)}</td></tr>`).join("");
+          <td>${esc(r.exit_reason || r.run_reason)}</td></tr>`).join("");
     }
     api("GET", `/api/v1/trials/${id}/checkpoints`).then((c) => {
       document.querySelector("#ckpts tbody").innerHTML = c.checkpoints.map((k) => `

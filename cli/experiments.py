@@ -23,6 +23,7 @@ from det.queries.experiments import (
     CHECKPOINTS,
     STATE,
     TRIALS,
+    TRIALS_DONE,
     ListFilter,
     add_rungs,
     get_experiment,
@@ -298,6 +299,12 @@ def kill(exp_id: int = typer.Argument(..., metavar="ID")) -> None:
     _action(exp_id, "kill")
 
 
+def wait_description(exp_id: int, state: str, done: int, total: int) -> str:
+    """The wait bar's words before its percentage: the experiment, its state and how many of
+    the trials made so far have ended (issue 34)."""
+    return f"Experiment {exp_id} {state}, {done}/{total} trials done"
+
+
 @app.command("wait")
 def wait(
     exp_id: int = typer.Argument(..., metavar="ID"),
@@ -317,7 +324,8 @@ def wait(
             state = conn.execute(STATE, {"id": exp_id}).fetchone()["state"]
             if not bar.disable:  # the live progress only where it is drawn
                 bar.n = round(get_experiment(conn, exp_id)["progress"] * 100)
-                bar.set_description_str(f"Experiment {exp_id} {state}")
+                bar.set_description_str(wait_description(
+                    exp_id, state, **conn.execute(TRIALS_DONE, {"id": exp_id}).fetchone()))
             return state
 
         while (state := session.run(what, read)) not in WAIT_EXIT:

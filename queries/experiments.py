@@ -93,6 +93,14 @@ SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_
 
 STATE = "SELECT state::text AS state FROM experiments WHERE id = %(id)s"
 
+# How many of an experiment's trials have ended, of those its searcher has made so far
+# (`det experiment wait`'s bar).
+TRIALS_DONE = """
+SELECT count(*) FILTER (WHERE state IN ('COMPLETED', 'CANCELED', 'ERROR')) AS done,
+       count(*) AS total
+  FROM trials WHERE experiment_id = %(id)s
+"""
+
 JOB_OF = "SELECT job_id FROM experiments WHERE id = %(id)s"
 
 # What live progress needs of experiments still running: the config, the searcher's state and

@@ -153,21 +153,26 @@ def test_database_refuses_non_finite_weight(det, conn, ctx, tmp_path) -> None:
     assert conn.execute("SELECT weight FROM jobs WHERE id = %s", (job,)).fetchone()["weight"] == 2.5
 
 
-def test_the_wait_bar_names_state_progress_and_time() -> None:
-    """Issue 34: the bar read "Experiment 3 ACTIVE: :  29%", without elapsed time or ETA."""
+def test_the_wait_bar_names_state_trials_progress_and_time(conn, ended) -> None:
+    """Issue 34: the bar read "Experiment 3 ACTIVE: :  29%", without trials done, elapsed
+    time or ETA."""
     import io
 
     from tqdm import tqdm
 
-    from det.cli.experiments import WAIT_BAR
+    from det.cli.experiments import WAIT_BAR, wait_description
+    from det.queries.experiments import TRIALS_DONE
 
+    eid, _ = ended.make([[(10, 0.5)], [(10, 0.4)]])
+    counts = conn.execute(TRIALS_DONE, {"id": eid}).fetchone()
+    assert counts == {"done": 2, "total": 2}
     out = io.StringIO()
-    with tqdm(total=100, file=out, bar_format=WAIT_BAR, ncols=80) as bar:
+    with tqdm(total=100, file=out, bar_format=WAIT_BAR, ncols=100) as bar:
         bar.n = 29
-        bar.set_description_str("Experiment 3 ACTIVE")
+        bar.set_description_str(wait_description(3, "ACTIVE", 1, 4))
     line = out.getvalue().split("\r")[-2]
-    assert line.startswith("Experiment 3 ACTIVE  29%|") and "elapsed, ~" in line \
-        and line.endswith(" left")
+    assert line.startswith("Experiment 3 ACTIVE, 1/4 trials done  29%|") \
+        and "elapsed, ~" in line and line.endswith(" left")
 
 
 def test_durations_read_as_a_person_says_them() -> None:

@@ -5,21 +5,29 @@ Rules (spec: run-training-code, Create an Experiment): files matched by a top-le
 always are; a context whose files add up to more than 95 MiB is refused before anything is
 written.
 
-Symbolic links are packed as links, not as copies of what they point to: the task sees the
-tree the user has, a file reached through several links is stored once, and a link to an
-ancestor directory cannot make packing loop. So each link must still work once unpacked: a link
-that is absolute, leads outside the context (itself or through other links), walks through
-another link on the way to its target (unpacking refuses it: :mod:`det.archives`), dangles, or
-points to something ``.detignore`` leaves out is refused at packing time, naming the link
-(unpacking would refuse or break it in every task). Entries other than files, directories and
-links (pipes, sockets, devices) are refused too.
+Symbolic links that stay inside the context are packed as links, not as copies of what they
+point to: the task sees the tree the user has, a file reached through several links is stored
+once, and a link to an ancestor directory cannot make packing loop. So each such link must
+still work once unpacked: one that walks through another link on the way to its target
+(unpacking refuses it: :mod:`det.archives`) or points to something ``.detignore`` leaves out
+is refused at packing time, naming the link. A link that leads outside the context (absolute,
+or out through ``..`` or other links) to a regular file is followed, as Determined 0.38's CLI
+does (its ``detignore.os_walk_to_v1Files`` reads each file through its links): the target's
+content is packed under the link's name, counts towards the size limit, and packing says so in
+one line per link (e2e fixtures link their ``model_def.py`` to an example elsewhere in the
+checkout). A link outside to a directory, a dangling link and a link loop are refused, naming
+the link. This is the CLI reading the user's own checkout: an uploaded archive's links are
+still checked member by member when unpacked (:mod:`det.archives`). Entries other than files,
+directories and links (pipes, sockets, devices) are refused too.
 """
 
+import errno
 import io
 import os
 import stat
+import sys
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pathspec
@@ -38,12 +46,20 @@ _ALWAYS_IGNORED = ["__pycache__/", "*.pyc"]
 
 def context_files(root: Path) -> Iterator[tuple[Path, int]]:
     """Yield ``(relative path, size in bytes)`` of the entries to pack, sorted, with ignores
-    applied: regular files, and symbolic links (size 0; never followed).
+    applied: regular files, symbolic links kept as links (size 0) and links followed out of
+    the context (the size of the file they lead to).
 
     Raises:
         ContextError: ``root`` is not a directory, or an entry cannot be packed (a link that
             would not work once unpacked, a pipe, socket or device), naming it.
     """
+    for rel, size, _ in _entries(root):
+        yield rel, size
+
+
+def _entries(root: Path) -> Iterator[tuple[Path, int, Path | None]]:
+    """``context_files``'s entries, each with the file a followed link is read from (an
+    absolute path; ``None`` for a file or a link packed as a link)."""
     if not root.is_dir():
         raise ContextError(f"context directory {root}: not a directory")
     patterns = list(_ALWAYS_IGNORED)
@@ -70,32 +86,41 @@ def context_files(root: Path) -> Iterator[tuple[Path, int]]:
                 continue
             info = (root / rel).lstat()
             if stat.S_ISLNK(info.st_mode):
-                _check_link(root, rel, spec)
-                yield rel, 0
+                followed = _check_link(root, rel, spec)
+                yield rel, followed.stat().st_size if followed else 0, followed
             elif stat.S_ISREG(info.st_mode):
-                yield rel, info.st_size
+                yield rel, info.st_size, None
             else:
                 raise ContextError(f"context directory {root}: {rel} is not a regular file, "
                                    "directory or symbolic link")
 
 
-def _check_link(root: Path, rel: Path, spec: pathspec.GitIgnoreSpec) -> None:
-    """Raise ``ContextError`` naming the link ``root/rel`` unless it works once unpacked: a
-    relative link whose target, and whatever that resolves to, is packed in the context."""
+def _check_link(root: Path, rel: Path, spec: pathspec.GitIgnoreSpec) -> Path | None:
+    """Check the link ``root/rel``: ``None`` if it is packed as a link (a relative link whose
+    target, and whatever that resolves to, is packed in the context), or the regular file
+    outside the context it is followed to. Raises ``ContextError`` naming the link if
+    neither (dangling, a loop, a directory outside, or a link that would break unpacked)."""
     target = os.readlink(root / rel)
     where = f"context directory {root}: {rel} is a symbolic link to {target}"
-    if os.path.isabs(target):
-        raise ContextError(f"{where}, an absolute path; use a relative link inside the "
-                           "context, or copy the file in")
+    try:
+        info = os.stat(root / rel)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ContextError(f"{where}, which loops (links lead back to each other)") from None
+        if e.errno == errno.ENOENT:
+            raise ContextError(f"{where}, which does not exist") from None
+        raise ContextError(f"{where}, which cannot be read: {e.strerror}") from None
     # The target as written, relative to the context (the link's own directory joined with it).
     lexical = os.path.normpath(os.path.join(rel.parent, target))
     real_root = os.path.realpath(root)
     resolved = os.path.realpath(root / rel)
-    if (lexical == ".." or lexical.startswith("../")
+    if (os.path.isabs(target) or lexical == ".." or lexical.startswith("../")
             or os.path.commonpath([real_root, resolved]) != real_root):
-        raise ContextError(f"{where}, outside the context; copy the file in instead")
-    if not os.path.exists(resolved):
-        raise ContextError(f"{where}, which does not exist")
+        if stat.S_ISREG(info.st_mode):
+            return Path(resolved)
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise ContextError(f"{where}, {kind} outside the context; only links to files are "
+                           "followed: copy it in, or add it with --include")
     # Unpacking refuses a link whose target walks through another link (det.archives), so
     # packing does too, naming it: each directory on the way must be a real one.
     walked = list(rel.parent.parts)
@@ -112,34 +137,44 @@ def _check_link(root: Path, rel: Path, spec: pathspec.GitIgnoreSpec) -> None:
         suffix = "/" if os.path.isdir(os.path.join(real_root, path)) else ""
         if path != "." and spec.match_file(Path(path).as_posix() + suffix):
             raise ContextError(f"{where}, which .detignore leaves out")
+    return None
 
 
-def pack(root: Path) -> bytes:
-    """Pack the context directory ``root`` into tar.gz bytes.
+def pack(root: Path, note: Callable[[str], None] | None = None) -> bytes:
+    """Pack the context directory ``root`` into tar.gz bytes. Each link followed out of the
+    context is told to ``note`` in one line (default: printed to stderr, where packing's
+    progress bar goes too).
 
     Raises:
-        ContextError: not a directory, its files exceed 95 MiB (the message gives the size)
-            or number more than ``MAX_CONTEXT_MEMBERS``,
+        ContextError: not a directory, its files (followed links' targets included) exceed
+            95 MiB (the message gives the size) or number more than ``MAX_CONTEXT_MEMBERS``,
             an unreadable file or an entry that cannot be packed (``context_files``).
     """
-    files = list(context_files(root))
+    files = list(_entries(root))
     if len(files) > MAX_CONTEXT_MEMBERS:
         raise ContextError(
             f"context directory {root} has {len(files)} files and links; the limit is "
             f"{MAX_CONTEXT_MEMBERS} (leave data sets out with a .detignore file)")
-    total = sum(size for _, size in files)
+    total = sum(size for _, size, _ in files)
     if total > MAX_CONTEXT_BYTES:
         raise ContextError(
             f"context directory {root} is {total / 2**20:.1f} MiB; the limit is 95 MiB "
             "(leave data sets out with a .detignore file and load them in your data loaders)")
+    if note is None:
+        def note(line: str) -> None:
+            print(line, file=sys.stderr, flush=True)
+    for rel, _, followed in files:
+        if followed is not None:
+            note(f"context: {rel} is a symbolic link to {os.readlink(root / rel)} outside the "
+                 f"context; packed a copy of {followed}")
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar, tqdm(
         total=total, unit="B", unit_scale=True, desc="packing context",
         disable=total < PROGRESS_BAR_BYTES,
     ) as bar:
-        for rel, size in files:
+        for rel, size, followed in files:
             try:
-                _add(tar, root / rel, rel.as_posix())
+                _add(tar, followed or root / rel, rel.as_posix())
             except OSError as e:
                 raise ContextError(f"context directory {root}: cannot read {rel}: "
                                    f"{e.strerror}") from None

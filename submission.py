@@ -8,6 +8,7 @@ transaction through ``det_create_experiment`` or ``det_create_task`` (schema.sql
 """
 
 import ast
+import os
 import secrets
 import shutil
 import sys
@@ -152,6 +153,7 @@ def context_with(context_dir: Path, include: list[Path]) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="det-context-") as tmp:
         root = Path(tmp) / "context"
         shutil.copytree(context_dir, root, symlinks=True)
+        _pin_outside_links(context_dir, root)
         for path in include:
             target = root / path.resolve().name
             if not path.exists():
@@ -164,6 +166,26 @@ def context_with(context_dir: Path, include: list[Path]) -> Iterator[Path]:
             else:
                 shutil.copy2(path, target)
         yield root
+
+
+def _pin_outside_links(context_dir: Path, copy: Path) -> None:
+    """Point each relative link in ``copy`` (a copy of ``context_dir``) that leads out of
+    ``context_dir`` at its target's absolute path: from the temporary copy the relative form
+    would lead elsewhere, and packing follows links out of the context (:mod:`det.context`)."""
+    real_root = os.path.realpath(context_dir)
+    for dirpath, dirnames, filenames in os.walk(copy):
+        for name in [*dirnames, *filenames]:
+            link = Path(dirpath) / name
+            original = context_dir / link.relative_to(copy)
+            if not link.is_symlink() or os.path.isabs(os.readlink(link)):
+                continue
+            lexical = os.path.normpath(os.path.join(original.parent.relative_to(context_dir),
+                                                    os.readlink(link)))
+            resolved = os.path.realpath(original)
+            if lexical == ".." or lexical.startswith("../") \
+                    or os.path.commonpath([real_root, resolved]) != real_root:
+                link.unlink()
+                link.symlink_to(resolved)
 
 
 POOL_CAPACITY = """

@@ -107,13 +107,14 @@ def test_create_list_describe(det, conn, ctx, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("link", [
-    "/etc/hostname",  # absolute
-    "../outside.py",  # relative, leaving the context
+    "/etc",  # absolute, a directory (links out of the context are followed to files only)
+    "../outside",  # relative, leaving the context, a directory
     "missing.py",  # dangling
+    "helper.py",  # a loop
 ])
 def test_context_link_that_cannot_be_unpacked_is_refused(det, conn, ctx, tmp_path,
                                                          link) -> None:
-    (tmp_path / "outside.py").write_text("x = 1\n")
+    (tmp_path / "outside").mkdir()
     os.symlink(link, ctx / "helper.py")
     before = rows(conn)
     r = det("experiment", "create", str(write(tmp_path, GOOD)), str(ctx), check=False)

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from psycopg.types.json import Jsonb
 
 from det import context
-from det.configs import is_trial_class, read_config_file
+from det.configs import ExperimentConfig, is_trial_class, read_config_file
 from det.configs.load import parse_experiment_config, parse_yaml
 from det.configs.overrides import apply_overrides, make_test_config
 from det.configs.task import TaskConfig, TaskKind, TaskResources, parse_task_config
@@ -115,27 +115,49 @@ def expand_config_text(text: str, source: str, ctx: Path, template: dict | None 
     return expanded_config_data(data, source, ctx, template, defaults), text
 
 
-def expanded_config_data(data: object, source: str, ctx: Path, template: dict | None = None,
-                         defaults: dict | None = None) -> dict:
-    """``expanded_config`` of already parsed YAML ``data`` read from ``source``."""
+def validated_config(data: object, source: str, template: dict | None = None,
+                     defaults: dict | None = None,
+                     warnings: list[str] | None = None) -> ExperimentConfig:
+    """The experiment config ``data`` (parsed YAML read from ``source``) validated as every
+    submission validates it, so that ``det preview-search`` accepts what ``det experiment
+    create`` does (issue 38): ``template``'s config merged under it, ``defaults`` under
+    everything, and a ``checkpoint_storage`` without ``type`` (GC settings only, as 0.38
+    allows) merged over det's default storage. Unused Determined keys are appended to
+    ``warnings``, one line each.
+
+    Raises:
+        ConfigError: an invalid config, naming the field.
+    """
     if template is not None and isinstance(data, dict):
         data = merge(data, template["config"])
         source = f"{source} with template {template['name']!r}"
     if defaults and isinstance(data, dict):
         data = merge(data, defaults)
-    default_storage = {"type": "shared_fs", "host_path": str(det_home() / "checkpoints")}
     if isinstance(data, dict) and isinstance(data.get("checkpoint_storage"), dict) \
             and data["checkpoint_storage"].get("type") is None:
-        data = {**data, "checkpoint_storage": merge(data["checkpoint_storage"], default_storage)}
+        data = {**data, "checkpoint_storage": merge(data["checkpoint_storage"],
+                                                    _default_storage())}
+    return parse_experiment_config(data, source, warnings)
+
+
+def _default_storage() -> dict:
+    """The checkpoint storage of a config that names none: a shared_fs directory under det's
+    home."""
+    return {"type": "shared_fs", "host_path": str(det_home() / "checkpoints")}
+
+
+def expanded_config_data(data: object, source: str, ctx: Path, template: dict | None = None,
+                         defaults: dict | None = None) -> dict:
+    """``expanded_config`` of already parsed YAML ``data`` read from ``source``."""
     warnings: list[str] = []
-    cfg = parse_experiment_config(data, source, warnings)
+    cfg = validated_config(data, source, template, defaults, warnings)
     for line in warnings:
         print(line, file=sys.stderr)
     check_entrypoint(cfg.entrypoint, ctx)
     expanded = cfg.expanded()
     if expanded.get("checkpoint_storage") is None:
         expanded["checkpoint_storage"] = {
-            **default_storage, "storage_path": None, "save_experiment_best": 0,
+            **_default_storage(), "storage_path": None, "save_experiment_best": 0,
             "save_trial_best": 1, "save_trial_latest": 1}
     return expanded
 

@@ -19,9 +19,9 @@ from det.configs import (
     RandomSearcher,
     TPESearcher,
     iter_leaves,
-    load_experiment_config,
     read_config_file,
 )
+from det.configs.load import parse_yaml
 from det.reconciler.searchers import asha_preview
 from det.reconciler.searchers.sampling import grid_axis
 
@@ -33,9 +33,12 @@ def search_preview(text: str, source: str) -> dict:
     ``POST /api/v1/preview-search`` show it.
 
     Raises:
-        ConfigError: an invalid config, naming the field.
+        ConfigError: an invalid config, naming the field, validated as ``det experiment
+            create`` validates it (:func:`det.submission.validated_config`).
     """
-    config = load_experiment_config(text, source=source)
+    from det.submission import validated_config
+
+    config = validated_config(parse_yaml(text, source), source)
     searcher = config.searcher
     if isinstance(searcher, AdaptiveAshaSearcher | TPESearcher):
         asha = searcher if isinstance(searcher, AdaptiveAshaSearcher) else searcher.as_asha()

@@ -35,7 +35,7 @@ from det.configs.hyperparameters import (
     grid_axis_size,
     iter_leaves,
 )
-from det.configs.length import Length
+from det.configs.length import Period
 from det.configs.limits import MAX_DESCRIPTION_CHARS, MAX_TRIALS, Int32, Name
 from det.configs.searcher import SearcherConfig
 
@@ -201,8 +201,8 @@ class ExperimentConfig(BaseModel):
     hyperparameters: Hyperparameters = Field(default_factory=lambda: NestedHP({}))
     searcher: SearcherConfig
     resources: Resources = Field(default_factory=Resources)
-    min_validation_period: Length | None = None
-    min_checkpoint_period: Length | None = None
+    min_validation_period: Period | None = None
+    min_checkpoint_period: Period | None = None
     checkpoint_storage: CheckpointStorage | None = None
     checkpoint_policy: Literal["best", "all", "none"] = "best"
     max_restarts: Int32 = 5

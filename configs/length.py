@@ -1,7 +1,10 @@
 """Training lengths: ``{batches: N}``, ``{records: N}`` or ``{epochs: N}``.
 
-Used by ``searcher.max_length``, ``min_validation_period`` and ``min_checkpoint_period``
-(reference-facts §1.1, §3.2). The unit form takes an integer >= 1; a bare integer (the
+Used by ``searcher.max_length`` (:class:`Length`) and ``min_validation_period`` /
+``min_checkpoint_period`` (:class:`Period`) (reference-facts §1.1, §3.2). A length's value is
+an integer >= 1, a period's >= 0, as Determined 0.38.1's schemas have them (``max_length`` is a
+``check-positive-length.json``, the periods a ``length.json`` with ``minimum: 0`` and default
+``{batches: 0}``: 0 means no periodic validation or checkpoint). A bare integer (the
 reference's 0.38 "unitless" length, which its trainer counts in batches) means batches. Values
 are at most 2**63 - 1: lengths are stored as PostgreSQL ``bigint``.
 """
@@ -19,6 +22,7 @@ Unit = Literal["batches", "records", "epochs"]
 UNITS: tuple[Unit, ...] = ("batches", "records", "epochs")
 
 LENGTH_EXPECTED = "expected {batches|records|epochs: int} or an int (batches)"
+PERIOD_EXPECTED = "expected {batches|records|epochs: int >= 0} or an int (batches)"
 
 UNBOUNDED = INT64_MAX
 """The length of a searcher op when the config sets no ``searcher.max_length``: the trial's
@@ -28,7 +32,10 @@ exit ends the trial."""
 
 @dataclass(frozen=True)
 class Length:
-    """A length in one unit; YAML/JSON form ``{unit: value}``, ``value`` >= 1."""
+    """A length in one unit; YAML/JSON form ``{unit: value}``, ``value`` >= ``MINIMUM``."""
+
+    MINIMUM = 1
+    EXPECTED = LENGTH_EXPECTED
 
     unit: Unit
     value: int
@@ -40,12 +47,12 @@ class Length:
     @classmethod
     def parse(cls, data: Any) -> "Length":
         """Accept a ``Length``, a one-key mapping ``{batches|records|epochs: int}`` or a bare
-        int (batches), the int from 1 to 2**63 - 1.
+        int (batches), the int from ``MINIMUM`` to 2**63 - 1.
 
-        Raises ``PydanticCustomError`` (``LENGTH_EXPECTED``) otherwise, so the error carries
+        Raises ``PydanticCustomError`` (``EXPECTED``) otherwise, so the error carries
         the field's location when used inside a model.
         """
-        if isinstance(data, Length):
+        if isinstance(data, cls):
             return data
         if isinstance(data, int) and not isinstance(data, bool):
             data = {"batches": data}
@@ -55,10 +62,10 @@ class Length:
                 unit in UNITS
                 and isinstance(value, int)
                 and not isinstance(value, bool)
-                and 1 <= value <= INT64_MAX
+                and cls.MINIMUM <= value <= INT64_MAX
             ):
                 return cls(unit, value)
-        raise PydanticCustomError("length", LENGTH_EXPECTED)
+        raise PydanticCustomError("length", cls.EXPECTED)
 
     @classmethod
     def __get_pydantic_core_schema__(
@@ -77,12 +84,21 @@ class Length:
             {
                 "type": "object",
                 "description": "exactly one of batches, records, epochs",
-                "properties": {unit: {"type": "integer", "minimum": 1, "maximum": INT64_MAX}
-                               for unit in UNITS},
+                "properties": {unit: {"type": "integer", "minimum": cls.MINIMUM,
+                                      "maximum": INT64_MAX} for unit in UNITS},
                 "additionalProperties": False,
                 "minProperties": 1,
                 "maxProperties": 1,
             },
-            {"type": "integer", "minimum": 1, "maximum": INT64_MAX,
+            {"type": "integer", "minimum": cls.MINIMUM, "maximum": INT64_MAX,
              "description": "batches (Determined 0.38's unitless length)"},
         ]}
+
+
+@dataclass(frozen=True)
+class Period(Length):
+    """``min_validation_period`` / ``min_checkpoint_period``: a length that may be 0, meaning
+    no periodic validation or checkpoint (0.38.1's ``length.json``, ``minimum: 0``)."""
+
+    MINIMUM = 0
+    EXPECTED = PERIOD_EXPECTED

@@ -11,11 +11,11 @@ preemption and why, and the end and why.
 
 import json
 import logging
-import math
-import re
 import sys
 from collections.abc import Mapping
 from typing import Any
+
+from det import figures
 
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 """Determined's ``det.LOG_FORMAT``, so that the level leads each line (det_log_level reads it)."""
@@ -38,34 +38,18 @@ def log_to_stderr() -> None:
 
 
 def number(value: Any) -> str:
-    """A metric or hyperparameter as shown in log lines, by det.cli.output's number rule
-    (which the CLI and the WebUI share; not imported: a task need not load typer): an
-    integral value as its digits, any other float to 4 significant digits (``0.9748``,
-    ``1.235e-5``); booleans, strings and None as they are; lists and objects element by
-    element."""
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return repr(value)
-        if value.is_integer() and abs(value) < 1e15:
-            return str(int(value))
-        return re.sub(r"e([+-])0*(?=\d)", r"e\1", f"{value:.4g}")
+    """A metric or hyperparameter as shown in log lines: a number by det.figures's rule (the
+    CLI's and the WebUI's: ``0.9748``, ``1.235e-5``), booleans, strings and None as they are
+    (``true``, ``null``), lists and objects element by element."""
     if isinstance(value, Mapping):
         return "{" + ", ".join(f"{k}: {number(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list | tuple):
         return "[" + ", ".join(number(v) for v in value) + "]"
-    if isinstance(value, bool | int) or value is None:
+    if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
+        return figures.number(value)
+    if isinstance(value, bool) or value is None:
         return json.dumps(value)
     return str(value)
-
-
-def size(n_bytes: int) -> str:
-    """Bytes in binary units to 4 significant digits: ``512 B``, ``1.5 KiB``, ``12.34 MiB``."""
-    value = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.4g} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def metrics_text(metrics: Mapping[str, Any]) -> str:
@@ -90,9 +74,16 @@ def validated(batches: int, epochs: float, seconds: float, metrics: Mapping[str,
 
 
 def checkpointed(uuid: str, batches: int, resources: Mapping[str, int]) -> None:
-    """A stored and recorded checkpoint: its uuid, batch, size and files."""
-    log.info("checkpoint %s at batch %d: %s in %d files", uuid, batches,
-             size(sum(resources.values())), len(resources))
+    """A stored and recorded checkpoint: its uuid, batch, size and files (worded as 0.38.1's
+    ``saved checkpoint UUID``, which it logs off a cluster)."""
+    log.info("saved checkpoint %s at batch %d: %s in %d files", uuid, batches,
+             figures.size(sum(resources.values())), len(resources))
+
+
+def status(what: str) -> None:
+    """What the trial turns to (``training``, ``validating``, ``checkpointing``), as 0.38.1's
+    ``core.train.set_status`` logs it off a cluster."""
+    log.info("status: %s", what)
 
 
 def preempted(batches: int, why: str) -> None:

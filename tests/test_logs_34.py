@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 from test_e2e_digits import DIGITS, digits_config, start_cluster
 from test_harness_db_faults import claim_allocation
 
+from det import figures
 from det.agent.logs import LogShipper
 from det.harness import logs as harness_logs
 
@@ -73,13 +74,13 @@ def test_the_agent_stores_each_workers_rank_beside_its_line(db_url: str, tmp_pat
     ]
 
 
-def test_log_figures_have_four_significant_digits_and_binary_sizes() -> None:
+def test_log_figures_follow_the_one_formatting_rule() -> None:
     assert harness_logs.number(0.9747596085071564) == "0.9748"
     assert harness_logs.number(1.2345678e-5) == "1.235e-5"
     assert harness_logs.number(2.0) == "2" and harness_logs.number(123456.7) == "1.235e+5"
     assert harness_logs.number({"lr": 0.0031622776601683794, "hidden": 128,
                                 "act": "relu"}) == "{lr: 0.003162, hidden: 128, act: relu}"
-    assert [harness_logs.size(n) for n in (512, 1536, 12_940_000, 3 * 2**30)] == [
+    assert [figures.size(n) for n in (512, 1536, 12_940_000, 3 * 2**30)] == [
         "512 B", "1.5 KiB", "12.34 MiB", "3 GiB"]
 
 
@@ -143,7 +144,7 @@ def test_trial_logs_say_what_ran_in_each_run(det, conn, tmp_path) -> None:
     assert paused["uuid"] in [c["uuid"] for c in ckpts]
     for c in ckpts:
         said = [x for x in first + second if x.startswith(f"checkpoint {c['uuid']} ")]
-        shown = harness_logs.size(sum(c["resources"].values()))
+        shown = figures.size(sum(c["resources"].values()))
         assert said == [f"checkpoint {c['uuid']} at batch {c['s']}: {shown} in "
                         f"{len(c['resources'])} files"], (c, first + second)
         assert re.search(r"\d (KiB|MiB)$", shown)

@@ -7,6 +7,7 @@ script or a cron job included (issue 11). This is click's documented lazy-loadin
 ("Lazily Loading Subcommands") on typer's group class, so help keeps typer's formatting.
 """
 
+import copy
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,20 @@ def _reflow_help(command) -> None:
         command.help = reflow(command.help)
     for sub in getattr(command, "commands", {}).values():
         _reflow_help(sub)
+
+
+def _add_ls(command) -> None:
+    """Give every group below ``command`` that has ``list`` a hidden ``ls``: Determined's
+    alias of each of its ``list`` commands (issue 38)."""
+    commands = getattr(command, "commands", None)
+    if commands is None:
+        return
+    if "list" in commands and "ls" not in commands:
+        alias = copy.copy(commands["list"])
+        alias.name, alias.hidden = "ls", True
+        commands["ls"] = alias
+    for sub in list(commands.values()):
+        _add_ls(sub)
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,7 @@ def group(commands: dict[str, Lazy]) -> type[typer.core.TyperGroup]:
         command.name = name
         command.hidden = lazy.hidden
         _reflow_help(command)
+        _add_ls(command)
         return command
 
     class LazyGroup(typer.core.TyperGroup):

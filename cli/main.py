@@ -53,6 +53,40 @@ def _agents() -> typer.Typer:
     return cluster.agent_app
 
 
+@cache
+def _experiments() -> typer.Typer:
+    from det.cli import experiments, upstream
+    experiments.app.command("list-checkpoints")(upstream.list_checkpoints)
+    experiments.app.command("lc", hidden=True)(upstream.list_checkpoints)
+    experiments.app.command("download")(upstream.experiment_download)
+    return experiments.app
+
+
+@cache
+def _trials() -> typer.Typer:
+    from det.cli import trials, upstream
+    trials.app.command("download")(upstream.trial_download)
+    return trials.app
+
+
+@cache
+def _checkpoints() -> typer.Typer:
+    from det.cli import checkpoints, upstream
+    checkpoints.app.command("describe")(upstream.checkpoint_describe)
+    return checkpoints.app
+
+
+@cache
+def _deploy() -> typer.Typer:
+    from det.cli import upstream
+    return upstream.deploy_app()
+
+
+def _alias(name: str, help: str) -> Lazy:
+    """Determined's short name of command ``name`` (``det m`` for ``det model``): hidden."""
+    return Lazy(lambda: COMMANDS[name].load(), help, hidden=True)
+
+
 _EXPERIMENTS = "Create, follow and steer experiments."
 _TRIALS = "Trials: logs and details."
 _TEMPLATES = "Configuration templates."
@@ -65,12 +99,12 @@ COMMANDS = {
                            "Show the trials a search will create and the training it will run."),
     "serve": Lazy(_cli("serve", "serve"),
                   "Serve the REST API (/api/v1, docs at /api/v1/docs) and the WebUI (/)."),
-    "experiment": Lazy(_cli("experiments", "app"), _EXPERIMENTS),
-    "e": Lazy(_cli("experiments", "app"), _EXPERIMENTS, hidden=True),
-    "exp": Lazy(_cli("experiments", "app"), _EXPERIMENTS, hidden=True),
-    "trial": Lazy(_cli("trials", "app"), _TRIALS),
-    "t": Lazy(_cli("trials", "app"), _TRIALS, hidden=True),
-    "checkpoint": Lazy(_cli("checkpoints", "app"), "List and download checkpoints."),
+    "experiment": Lazy(_experiments, _EXPERIMENTS),
+    "e": Lazy(_experiments, _EXPERIMENTS, hidden=True),
+    "exp": Lazy(_experiments, _EXPERIMENTS, hidden=True),
+    "trial": Lazy(_trials, _TRIALS),
+    "t": Lazy(_trials, _TRIALS, hidden=True),
+    "checkpoint": Lazy(_checkpoints, "List, describe and download checkpoints."),
     "command": Lazy(_cli("commands", "app"), _COMMANDS),
     "cmd": Lazy(_cli("commands", "app"), _COMMANDS, hidden=True),
     "notebook": Lazy(_cli("notebooks", "notebook_app"), "JupyterLab notebooks on the cluster."),
@@ -95,7 +129,17 @@ COMMANDS = {
     "image": Lazy(_cli("image", "app"), "Build the default task image."),
     "agent": Lazy(_agents, "Run, list and drain agents."),
     "slot": Lazy(_cli("agents", "slot_app"), "List and drain slots."),
+    "version": Lazy(_cli("upstream", "version"), "The CLI's version and its database's."),
+    "master": Lazy(_cli("upstream", "master_app"),
+                   "det's \"master\": its database (and det serve's URL)."),
+    "deploy": Lazy(_deploy,
+                   "det deploy local cluster-up|cluster-down: det cluster up|down."),
 }
+# Determined 0.38's short names (its `det --help`), hidden as det's own aliases are
+COMMANDS |= {alias: _alias(name, COMMANDS[name].help) for alias, name in [
+    ("c", "checkpoint"), ("m", "model"), ("u", "user"), ("a", "agent"), ("s", "slot"),
+    ("j", "job"), ("rp", "resource-pool"), ("w", "workspace"), ("p", "project"),
+    ("nb", "notebook")]}
 """det's commands, in the order of its help, each with its line there; each module is imported
 when its command runs (:mod:`det.cli.lazy`)."""
 
@@ -115,10 +159,17 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _options(debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
-             _version: bool = typer.Option(False, "--version", callback=_print_version,
-                                           is_eager=True, help="Print det's version.")) -> None:
+             _version: bool = typer.Option(False, "--version", "-v", callback=_print_version,
+                                           is_eager=True, help="Print det's version."),
+             master: str = typer.Option(
+                 None, "--master", "-m", metavar="URL",
+                 help="det's database, postgresql://... (default: DET_MASTER if that is "
+                      "one, else DET_DB_URL, else det cluster up's).")) -> None:
     global _debug
     _debug = debug
+    from det.cli.master import apply_master
+
+    apply_master(master)
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("psycopg").setLevel(logging.WARNING)

@@ -29,9 +29,12 @@ from det.queries.tasks import get_task
 
 def serve_url() -> str | None:
     """Where det serve answers: ``DET_MASTER`` (Determined's variable), else the web server
-    ``det cluster up`` runs on this machine; None if neither."""
+    ``det cluster up`` runs on this machine; None if neither. A ``DET_MASTER`` that is a
+    database URL names det's database instead (:mod:`det.cli.master`)."""
+    from det.cli.master import is_database_url
+
     url = os.environ.get("DET_MASTER")
-    if url:
+    if url and not is_database_url(url):
         return (url if "://" in url else f"http://{url}").rstrip("/")
     from det.cli.cluster import running_web_url
 

@@ -807,7 +807,7 @@ BEGIN
     RETURN NEW;
 END $$;
 
-CREATE TRIGGER checkpoints_input_check BEFORE INSERT ON checkpoints
+CREATE TRIGGER checkpoints_input_check BEFORE INSERT OR UPDATE OF metadata ON checkpoints
     FOR EACH ROW EXECUTE FUNCTION det_checkpoint_input_check();
 
 CREATE TABLE tasks (
@@ -4171,6 +4171,33 @@ BEGIN
     RETURN v_n - det_unpin_deleting();  -- pinned since the check above
 END $$;
 
+CREATE FUNCTION det_checkpoint_add_metadata(p_uuid uuid, p_metadata jsonb) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The SDK's Checkpoint.add_metadata (Determined 0.38): p_metadata's top-level keys replace or
+-- join the checkpoint's metadata (its row, not the metadata.json in its storage, as in 0.38);
+-- returns the metadata. Editor of the checkpoint's workspace. The result obeys a task's rule
+-- (checkpoints_input_check, also on UPDATE OF metadata: at most 64 KiB, 32 levels deep).
+DECLARE
+    v_workspace integer;
+    v_metadata jsonb;
+BEGIN
+    IF jsonb_typeof(p_metadata) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'metadata: expected a JSON object, got %',
+            coalesce(jsonb_typeof(p_metadata), 'null') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT j.workspace_id INTO v_workspace
+      FROM checkpoints c JOIN trials t ON t.id = c.trial_id
+      JOIN experiments e ON e.id = t.experiment_id JOIN jobs j ON j.id = e.job_id
+     WHERE c.uuid = p_uuid;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'checkpoint % not found', p_uuid USING ERRCODE = 'no_data_found';
+    END IF;
+    PERFORM det_require('edit', v_workspace, format('add metadata to checkpoint %s', p_uuid));
+    UPDATE checkpoints SET metadata = metadata || p_metadata WHERE uuid = p_uuid
+    RETURNING metadata INTO v_metadata;
+    RETURN v_metadata;
+END $$;
+
 CREATE FUNCTION det_experiment_archive(p_id integer, p_archived boolean) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det experiment archive | unarchive`: an archived experiment is hidden from default lists
@@ -5008,6 +5035,7 @@ GRANT EXECUTE ON FUNCTION
     det_template_set(text, text, jsonb, text), det_template_remove(text, text),
     det_template_expand(text, text),
     det_set_gc_policy(integer, integer, integer, integer), det_delete_checkpoints(uuid[]),
+    det_checkpoint_add_metadata(uuid, jsonb),
     det_experiment_archive(integer, boolean), det_experiment_delete(integer),
     det_experiment_move(integer, text, text),
     det_user_create(text, text, boolean, integer, boolean),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from det.errors import AuthError, NotFoundError, StateError
+from det.errors import AuthError, DetError, NotFoundError, StateError
 
 CORE = Path(__file__).resolve().parent.parent / "examples" / "determined_compat" / "core_api"
 PASSWORD = "a long enough password 38"
@@ -82,6 +82,16 @@ def test_upstream_sdk_calls_run_an_experiment_and_read_it_back(sdk, det, tmp_pat
 
     ckpt = sdk.get_checkpoint(best.uuid)
     assert ckpt.state == sdk.CheckpointState.COMPLETED
+    before = ckpt.metadata
+    assert before["steps_completed"] == 50
+    ckpt.add_metadata({"note": "best", "steps_completed": 50})
+    ckpt.add_metadata({"note": "kept"})
+    assert sdk.get_checkpoint(best.uuid).metadata == ckpt.metadata == {**before, "note": "kept"}
+    with pytest.raises(DetError, match="metadata: expected a JSON object"):
+        ckpt.add_metadata(["not", "an object"])
+    # the rule a task's metadata obeys (checkpoints_input_check), now on update too
+    with pytest.raises(DetError, match="checkpoint metadata"):
+        ckpt.add_metadata({"big": "x" * 70_000})
     path = Path(ckpt.download(str(tmp_path / "dl")))
     assert json.loads((path / "state.json").read_text()) == {"total": 25.0, "step": 50}
     assert json.loads((path / "metadata.json").read_text())["steps_completed"] == 50

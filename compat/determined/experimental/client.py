@@ -233,6 +233,20 @@ class Checkpoint:
             conn.execute("SELECT det_delete_checkpoints(%s::uuid[])", ([self.uuid],))
         self.state = CheckpointState.DELETING
 
+    def add_metadata(self, metadata: dict[str, Any]) -> None:
+        """Merge ``metadata``'s top-level keys into the checkpoint's metadata (a key already
+        there takes the new value); det's row, not the storage's ``metadata.json``, as in
+        0.38 (det_checkpoint_add_metadata: Editor of its workspace).
+
+        Raises:
+            det.errors.DetError: ``metadata`` is not a JSON object, or the result is over
+                64 KiB or nested deeper than 32 levels (a task's rule for metadata).
+        """
+        with db() as conn:
+            self.metadata = conn.execute(
+                "SELECT det_checkpoint_add_metadata(%s, %s) AS m",
+                (self.uuid, Jsonb(metadata))).fetchone()["m"]
+
     def __repr__(self) -> str:
         return f"Checkpoint(uuid={self.uuid})"
 

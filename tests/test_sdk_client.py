@@ -144,3 +144,25 @@ def test_login_acts_as_that_det_user_under_row_security(sdk, det, tmp_path) -> N
     assert mine.id not in [e.id for e in sdk.list_experiments(users=["tester"])]
     with pytest.raises(ValueError, match="master"):
         sdk.login(master="http://localhost:8080")
+
+
+def test_pause_activate_and_kill_act_as_the_cli_does(sdk, det, tmp_path) -> None:
+    """Experiment.pause / activate / kill call det_experiment_action as `det experiment`
+    does; wait() on a PAUSED experiment raises ValueError (0.38's rule), and returns the end
+    state once killed."""
+    ctx = tmp_path / "core_api"
+    shutil.copytree(CORE, ctx)
+    config = {**yaml.safe_load((ctx / "2_checkpoints.yaml").read_text()),
+              "hyperparameters": {"pause": 1}}  # 50 s of steps: long enough to act on
+    exp = sdk.create_experiment(config, str(ctx))
+    exp.pause()
+    with pytest.raises(ValueError, match="paused"):
+        exp.wait(interval=0.2)
+    exp.activate()
+    exp.reload()
+    assert exp.state == sdk.ExperimentState.ACTIVE
+    exp.await_first_trial()
+    exp.kill()
+    assert exp.wait(interval=0.5) == sdk.ExperimentState.CANCELED
+    with pytest.raises(NotFoundError):
+        sdk.get_experiment(exp.id + 100).pause()

@@ -41,6 +41,7 @@ def _cluster() -> typer.Typer:
 def _jobs() -> typer.Typer:
     from det.cli import queue, simulate
     queue.app.command("simulate")(simulate.simulate)
+    queue.app.command("u", hidden=True)(queue.update)  # Determined's alias
     return queue.app
 
 
@@ -82,6 +83,13 @@ def _deploy() -> typer.Typer:
     return upstream.deploy_app()
 
 
+@cache
+def _templates() -> typer.Typer:
+    from det.cli import templates
+    templates.app.command("rm", hidden=True)(templates.remove)  # Determined's alias
+    return templates.app
+
+
 def _alias(name: str, help: str) -> Lazy:
     """Determined's short name of command ``name`` (``det m`` for ``det model``): hidden."""
     return Lazy(lambda: COMMANDS[name].load(), help, hidden=True)
@@ -113,7 +121,7 @@ COMMANDS = {
                         "TensorBoards over experiments' and trials' metrics."),
     "task": Lazy(_cli("tasks", "app"), "Interactive tasks of every kind: list, logs."),
     "model": Lazy(_cli("models", "app"), "The model registry: models and their versions."),
-    "template": Lazy(_cli("templates", "app"), _TEMPLATES),
+    "template": Lazy(_templates, _TEMPLATES),
     "user": Lazy(_users, "Users: create, list, deactivate, passwords, log in and out, who "
                         "you are."),
     "user-group": Lazy(_cli("users", "group_app"), "Groups of users."),
@@ -121,7 +129,7 @@ COMMANDS = {
     "project": Lazy(_cli("workspaces", "project_app"), "Projects of a workspace."),
     "rbac": Lazy(_cli("rbac", "app"), "Roles: list, assign, unassign, your permissions."),
     "audit": Lazy(_cli("audit", "app"), "The audit log (ClusterAdmin)."),
-    "tpl": Lazy(_cli("templates", "app"), _TEMPLATES, hidden=True),
+    "tpl": Lazy(_templates, _TEMPLATES, hidden=True),
     "cluster": Lazy(_cluster, "Run a local cluster; its historical usage."),
     "resource-pool": Lazy(_cli("pools", "pool_app"), "Resource pools."),
     "job": Lazy(_jobs, "The job queue: order, priorities, why a job waits."),

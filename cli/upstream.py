@@ -41,10 +41,11 @@ def _master() -> dict:
 
 
 def version() -> None:
-    """The CLI's version and its master's: det's database (Determined's `det version`)."""
+    """The CLI's version, then its master's: det's database (Determined's `det version`);
+    the client's line comes first, so it is there when the database cannot be reached."""
+    typer.echo(f"client: det {package_version('det')}")
     info = _master()
-    typer.echo(f"client: det {info['version']}\n"
-               f"master: {info['database_url']} (PostgreSQL {info['server_version']}, "
+    typer.echo(f"master: {info['database_url']} (PostgreSQL {info['server_version']}, "
                f"det schema {info['schema_version']})")
 
 

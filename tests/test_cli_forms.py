@@ -35,7 +35,7 @@ UPSTREAM_FORMS = [
     "user list", "user create", "user login", "user logout", "user whoami",
     "user change-password", "user activate", "user deactivate", "u ls", "u whoami",
     "agent list", "a ls", "a enable", "a disable", "slot list", "s ls", "s enable",
-    "s disable", "job list", "j ls", "j update", "j update-batch", "resource-pool bindings",
+    "s disable", "job list", "j ls", "j update", "j u", "j update-batch", "resource-pool bindings",
     "rp bindings",
     "workspace list", "workspace create", "workspace describe", "workspace list-projects",
     "workspace list-members", "workspace archive", "workspace unarchive", "workspace delete",
@@ -46,7 +46,7 @@ UPSTREAM_FORMS = [
     "notebook start", "notebook list", "notebook ls", "notebook open", "notebook kill",
     "shell start", "shell list", "shell open", "tensorboard start", "tensorboard list",
     "task list", "task ls", "task logs",
-    "template list", "tpl ls", "template describe", "template set", "template remove",
+    "template list", "tpl ls", "template describe", "template set", "template remove", "tpl rm",
     "user-group list", "rbac list-roles",
 ]
 
@@ -90,6 +90,7 @@ def test_master_url_is_the_database(det, db_url) -> None:
     assert det("e", "ls", DET_MASTER=bad).returncode == 0
     version = det("version", DET_DB_URL=bad, check=False)
     assert version.returncode == 1 and "cannot connect" in version.stderr
+    assert version.stdout.startswith("client: det ")  # printed before the database is asked
     assert det("version").stdout.startswith("client: det ")
 
 

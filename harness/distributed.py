@@ -27,6 +27,9 @@ __all__ = ["DistributedContext", "RendezvousTimeout"]
 RENDEZVOUS_TIMEOUT_SECONDS = 300.0
 """Default of ``DET_RENDEZVOUS_TIMEOUT``: how long workers wait for one another to start."""
 
+HAND_BUILT_PORT = 12360
+"""Default ``pub_port`` of a hand-built context: 0.38.1's ``INTER_TRAIN_PROCESS_COMM_PORT_1``."""
+
 _ARRIVED = "det/arrived/"  # store key prefix: rank -> the agent it runs on
 _POLL_SECONDS = 0.05
 
@@ -42,6 +45,14 @@ class DistributedContext:
 
     ``DistributedContext()`` is the single-process context: every collective returns at once.
     Build the real one with :meth:`from_torch_distributed` inside launched workers.
+
+    Built by hand with ``size`` > 1 outside any process group (0.38.1's constructor, whose
+    collectives need no ``torch.distributed`` set up by the user), each worker joins a gloo
+    group at ``tcp://<chief>:<pub_port + port_offset>`` here, where the chief is
+    ``chief_ip``, or 127.0.0.1 when all workers are on one agent (``local_size == size``), as
+    upstream's ZMQ server is reached; it waits at most ``DET_RENDEZVOUS_TIMEOUT`` seconds for
+    the others. ``pull_port`` and ``force_tcp`` (upstream's second ZMQ port, its unix-socket
+    switch) are accepted and unused.
     """
 
     def __init__(
@@ -54,6 +65,10 @@ class DistributedContext:
         cross_rank: int = 0,
         cross_size: int = 1,
         chief_ip: str | None = None,
+        pub_port: int = HAND_BUILT_PORT,
+        pull_port: int = HAND_BUILT_PORT + 1,
+        port_offset: int = 0,
+        force_tcp: bool = False,
         group: Any = None,
         local_group: Any = None,
         owns_process_group: bool = False,
@@ -61,6 +76,22 @@ class DistributedContext:
         if not 0 <= rank < size or not 0 <= local_rank < local_size:
             raise DetError(f"distributed context: rank {rank} of {size}, local rank "
                            f"{local_rank} of {local_size} is not a valid place")
+        if size > 1 and group is None and not owns_process_group:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                if local_size != size and not chief_ip:
+                    raise DetError(
+                        f"distributed context: chief_ip is required when the workers span "
+                        f"agents (local_size {local_size} != size {size})")
+                chief = chief_ip if local_size != size else "127.0.0.1"
+                timeout = float(os.environ.get("DET_RENDEZVOUS_TIMEOUT",
+                                               RENDEZVOUS_TIMEOUT_SECONDS))
+                dist.init_process_group(
+                    "gloo", init_method=f"tcp://{chief}:{pub_port + port_offset}", rank=rank,
+                    world_size=size, timeout=datetime.timedelta(seconds=timeout))
+                owns_process_group = True
+                group, local_group = _subgroups(local_size, cross_size, cross_rank)
         self.rank, self.size = rank, size
         self.local_rank, self.local_size = local_rank, local_size
         self.cross_rank, self.cross_size = cross_rank, cross_size
@@ -103,14 +134,7 @@ class DistributedContext:
             owns = True
         group = local_group = None
         if size > 1:
-            # Object collectives need a CPU backend; nccl carries only CUDA tensors.
-            group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
-            # Every worker must create every subgroup, in the same order.
-            for node in range(cross_size):
-                ranks = list(range(node * local_size, (node + 1) * local_size))
-                made = dist.new_group(ranks, backend="gloo") if cross_size > 1 else group
-                if node == cross_rank:
-                    local_group = made
+            group, local_group = _subgroups(local_size, cross_size, cross_rank)
         return cls(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
                    cross_rank=cross_rank, cross_size=cross_size,
                    chief_ip=env.get("MASTER_ADDR"), group=group, local_group=local_group,
@@ -243,6 +267,24 @@ class DistributedContext:
             if dist.is_initialized():
                 dist.destroy_process_group()
             self._owns = False
+
+
+def _subgroups(local_size: int, cross_size: int, cross_rank: int) -> tuple[Any, Any]:
+    """The gloo groups of all workers (``None``: the default group, when it is gloo) and of
+    this agent's workers, in the default process group of ``cross_size`` agents of
+    ``local_size`` workers each."""
+    import torch.distributed as dist
+
+    # Object collectives need a CPU backend; nccl carries only CUDA tensors.
+    group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+    local_group = group
+    # Every worker must create every subgroup, in the same order.
+    for node in range(cross_size if cross_size > 1 else 0):
+        ranks = list(range(node * local_size, (node + 1) * local_size))
+        made = dist.new_group(ranks, backend="gloo")
+        if node == cross_rank:
+            local_group = made
+    return group, local_group
 
 
 def _await_workers(env: Mapping[str, str], rank: int, size: int, local_size: int,

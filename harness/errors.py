@@ -42,3 +42,9 @@ class CheckpointStorageError(StorageError):
 
 class TaskEnvironmentError(DetError):
     """A task environment variable (``DET_DB_URL``, ``DET_ALLOCATION_ID``, ...) is missing."""
+
+
+class InvalidHP(Exception):
+    """Raise from the trial (``__init__`` or ``train_batch``) when its hyperparameters cannot
+    work; the trainer reports an early exit ``invalid_hp`` and the task exits 0. Defined here,
+    apart from torch, so that ``import determined`` (which exports it) loads no torch."""

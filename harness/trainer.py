@@ -20,6 +20,7 @@ checkpoints (holding every worker's RNG state), and the workers agree whether to
 before each batch (:class:`StopAgreement`).
 """
 
+import inspect
 import json
 import math
 import pathlib
@@ -562,9 +563,11 @@ class Trainer:
         sums: dict[str, Any] = {}
         counts: dict[str, int] = {}
         to_device = self.context.to_device
+        with_idx = takes_batch_idx(trial.evaluate_batch)
         for idx, batch in enumerate(loader):
             batch = to_device(batch)
-            for key, value in trial.evaluate_batch(batch, idx).items():
+            metrics = trial.evaluate_batch(batch, idx) if with_idx else trial.evaluate_batch(batch)
+            for key, value in metrics.items():
                 if isinstance(value, torch.Tensor):
                     value = value.detach().double()
                 reducer = reducers.get(key, Reducer.AVG) if isinstance(reducers, dict) \
@@ -897,6 +900,16 @@ def _load_state(path: pathlib.Path, uuid: str) -> dict[str, Any]:
                 },
             }
     raise DetError(f"checkpoint {uuid} is not a checkpoint of det's PyTorch trainer")
+
+
+def takes_batch_idx(evaluate_batch: Callable[..., Any]) -> bool:
+    """Whether a (bound) ``evaluate_batch`` takes ``batch_idx``: a parameter of that name or a
+    second positional one. 0.38.1 accepts ``evaluate_batch(self, batch)`` too and passes the
+    index only when it is taken (its ``util.has_param(fn, "batch_idx", 2)``)."""
+    params = inspect.signature(evaluate_batch).parameters.values()
+    positional = [p for p in params
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return any(p.name == "batch_idx" for p in params) or len(positional) >= 2
 
 
 def _extreme(a: Any, b: Any, pick: Any) -> Any:

@@ -17,11 +17,7 @@ import torch
 
 from det.errors import ConfigError
 from det.harness import core
-
-
-class InvalidHP(Exception):
-    """Raise from the trial (``__init__`` or ``train_batch``) when its hyperparameters cannot
-    work; the trainer reports an early exit ``invalid_hp`` and the task exits 0."""
+from det.harness.errors import InvalidHP as InvalidHP  # re-exported: callers import it from here
 
 
 class LRScheduler:
@@ -426,7 +422,8 @@ class PyTorchTrial(abc.ABC):
 
     def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         """Metrics of one validation batch; the trainer averages them over the validation
-        set's batches (``evaluation_reducer``). Implement this or ``evaluate_full_dataset``."""
+        set's batches (``evaluation_reducer``). Implement this or ``evaluate_full_dataset``;
+        ``evaluate_batch(self, batch)`` without ``batch_idx`` works too, as in 0.38."""
         raise NotImplementedError(
             f"{type(self).__name__} must implement evaluate_batch or evaluate_full_dataset"
         )

@@ -3,8 +3,9 @@
 Training code written for Determined (``import determined as det``, ``det.core.init()``,
 ``det.pytorch.Trainer``, ``python3 -m determined.launch.torch_distributed``) runs on det
 unchanged (issue 13). Names, signatures and behaviour follow 0.38.1; the work is done by
-``det.harness`` (Core API contexts, ``PyTorchTrial``, the trainer). ``core`` and ``pytorch`` are
-imported on first use, so a Core API script does not pay for importing torch.
+``det.harness`` (Core API contexts, ``PyTorchTrial``, the trainer). The submodules are imported
+on first use, so ``import determined`` (or a Core API script) does not pay for importing
+torch; a test checks it loads none.
 """
 
 import importlib
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
-from det.harness.trial import InvalidHP
+from det.harness.errors import InvalidHP
 from determined._info import ClusterInfo, TrialInfo, get_cluster_info
 
 __version__ = "0.38.1"
@@ -23,10 +24,10 @@ __version__ = "0.38.1"
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 """The ``logging`` format Determined's examples use (``logging.basicConfig(format=...)``)."""
 
-__all__ = ["LOG_FORMAT", "ClusterInfo", "InvalidHP", "TrialInfo", "core", "get_cluster_info",
-           "import_from_path", "launch", "pytorch"]
+__all__ = ["LOG_FORMAT", "ClusterInfo", "InvalidHP", "TrialInfo", "common", "core",
+           "experimental", "get_cluster_info", "import_from_path", "launch", "pytorch"]
 
-_SUBMODULES = ("core", "launch", "pytorch")
+_SUBMODULES = ("common", "core", "experimental", "launch", "pytorch")
 
 
 @contextmanager
@@ -46,7 +47,7 @@ def import_from_path(path: str | os.PathLike[str]) -> Iterator[None]:
 
 
 def __getattr__(name: str) -> ModuleType:
-    """``determined.core`` / ``.pytorch`` / ``.launch``, imported on first access; raises
+    """``determined.core`` / ``.pytorch`` / ``.launch`` / ..., imported on first access; raises
     AttributeError for any other name."""
     if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")

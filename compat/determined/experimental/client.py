@@ -40,10 +40,11 @@ from det.submission import (
 )
 from determined.experimental._session import db, login
 
-__all__ = ["Checkpoint", "CheckpointSortBy", "CheckpointState", "Experiment", "ExperimentState",
-           "Model", "ModelVersion", "OrderBy", "Trial", "TrialMetrics", "TrialState",
-           "Workspace", "create_experiment", "create_model", "get_checkpoint", "get_experiment",
-           "get_model", "get_trial", "get_workspace", "list_experiments", "login"]
+__all__ = ["Checkpoint", "CheckpointSortBy", "CheckpointState", "DownloadMode", "Experiment",
+           "ExperimentState", "Model", "ModelVersion", "OrderBy", "Trial", "TrialMetrics",
+           "TrialState", "Workspace", "create_experiment", "create_model", "get_checkpoint",
+           "get_experiment", "get_model", "get_trial", "get_workspace", "list_experiments",
+           "login"]
 
 
 class ExperimentState(enum.Enum):
@@ -103,6 +104,15 @@ class CheckpointSortBy(enum.Enum):
     END_TIME = "SORT_BY_END_TIME"
     STATE = "SORT_BY_STATE"
     SEARCHER_METRIC = "SORT_BY_SEARCHER_METRIC"
+
+
+class DownloadMode(enum.Enum):
+    """0.38's ways to download a checkpoint. det has no master to download through: every
+    mode reads the checkpoint's storage directly, as ``det checkpoint download`` does."""
+
+    DIRECT = "direct"
+    MASTER = "master"
+    AUTO = "auto"
 
 
 # Checkpoints with what the SDK shows of each: its trial, experiment (config), hyperparameters
@@ -203,12 +213,12 @@ class Checkpoint:
         with db() as conn:
             self._hydrate(_checkpoint_row(conn, self.uuid))
 
-    def download(self, path: str | None = None) -> str:
+    def download(self, path: str | None = None, mode: DownloadMode = DownloadMode.AUTO) -> str:
         """Copy the checkpoint's files from its storage into ``path`` (default:
         ``checkpoints/<uuid>`` under the working directory), as ``det checkpoint download``
-        does (links are left out), unless ``path`` already holds a checkpoint (its
-        ``metadata.json``); writes ``metadata.json`` (the checkpoint's metadata) if the
-        checkpoint lacks one, as 0.38 does. Returns the directory.
+        does (links are left out; any ``mode``: see :class:`DownloadMode`), unless ``path``
+        already holds a checkpoint (its ``metadata.json``); writes ``metadata.json`` (the
+        checkpoint's metadata) if the checkpoint lacks one, as 0.38 does. Returns the directory.
 
         Raises:
             det.errors.StateError: the checkpoint is not COMPLETED.

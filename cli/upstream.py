@@ -28,7 +28,11 @@ def _redacted(url: str) -> str:
 
 
 def _master() -> dict:
-    """What ``det version`` and ``det master info`` show of det's database and det serve."""
+    """What ``det version`` and ``det master info`` show of det's database and det serve.
+
+    Raises:
+        det.errors.DatabaseError: the database cannot be reached, or its schema is behind.
+    """
     from det.cli.notebooks import serve_url
     from det.db.connect import database_url
 

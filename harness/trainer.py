@@ -327,6 +327,7 @@ class Trainer:
             next_validation = self._next_due(self.validation_period, self.last_validation_step)
             next_checkpoint = self._next_due(self.checkpoint_period, self.last_checkpoint)
             stop = int(min(stop, next_validation, next_checkpoint))
+            self._status("training")
             interrupted = self._train_batches(stop)
             b = self.batches_trained
             if b % su == 0 or b == target or interrupted:
@@ -474,21 +475,29 @@ class Trainer:
             keys = {k for m in per_worker for k in m}
             metrics = {k: float(np.mean([m[k] for m in per_worker if k in m])) for k in keys}
         if metrics:
+            # 0.38.1 adds both unless the trial's metrics have them (_pytorch_trial.py).
+            metrics.setdefault("batches", self.batches_trained)
+            metrics.setdefault("epochs", self.epoch_idx)
             if self.is_chief:
                 self.core.train.report_training_metrics(self.batches_trained, metrics)
             for callback in self.callbacks.values():
                 callback.on_training_workload_end(metrics, [])
 
-    def _epochs(self) -> float:
-        return self.epoch_idx + self.batch_in_epoch / len(self._train_loader)
+    def _status(self, what: str) -> None:
+        """Log what the trial turns to, off a cluster, as 0.38.1's dummy train context's
+        ``set_status`` does (``status: training``); its cluster form only logs at debug."""
+        if self.is_chief and self.core.info.allocation_id == 0:
+            logs.status(what)
 
     # validation
     def validate(self) -> dict[str, Any]:
         """Validate at the current step and report the metrics (plus ``batches`` and
-        ``epochs``, fractional). Torch's RNG state is restored afterwards, so validating
-        never changes training."""
+        ``epochs``, the epochs completed, as 0.38.1 counts them, unless the trial's metrics
+        have them). Torch's RNG state is restored afterwards, so validating never changes
+        training."""
         trial = self.trial
         assert trial is not None
+        self._status("validating")
         if self._val_loader is None:
             loader = trial.build_validation_data_loader()
             self._val_loader = loader.get_data_loader() if hasattr(loader, "get_data_loader") \
@@ -525,8 +534,8 @@ class Trainer:
                 self.core.distributed.allgather(reducer.per_slot_reduce()))
             metrics.update({name: _scalar(value)} if name is not None
                            else {k: _scalar(v) for k, v in value.items()})
-        metrics["batches"] = self.batches_trained
-        metrics["epochs"] = self._epochs()
+        metrics.setdefault("batches", self.batches_trained)
+        metrics.setdefault("epochs", self.epoch_idx)
         if self.is_chief:
             self.core.train.report_validation_metrics(self.batches_trained, metrics)
             logs.validated(self.batches_trained, metrics["epochs"], time.monotonic() - started,
@@ -634,6 +643,7 @@ class Trainer:
         (``state_dict.pth``, ``load_data.json``, ``code/``); returns the checkpoint uuid.
         Under several workers the chief writes it, with every worker's RNG state (gathered),
         and every worker gets its uuid."""
+        self._status("checkpointing")
         rng = self._rng_state()
         ranks_rng = self.dist.gather(rng) if self.dist.size > 1 else None
         uuid = self._store(rng, ranks_rng) if self.is_chief else ""

@@ -77,7 +77,8 @@ def test_digits_const_reaches_90_percent(
     assert accuracy >= 0.90
     validations = [(s, m) for g, s, m in transport.metrics if g == "validation"]
     assert [s for s, _ in validations] == [100, 200, 300]
-    assert validations[-1][1]["batches"] == 300 and validations[-1][1]["epochs"] > 6
+    # epochs completed, as 0.38.1 counts them (300 batches are 6.x passes over the data)
+    assert validations[-1][1]["batches"] == 300 and validations[-1][1]["epochs"] == 6
     (uuid, steps, resources, metadata), = transport.checkpoints
     assert steps == 300 and metadata["steps_completed"] == 300
     # Determined's layout: the state, what the trial is, and its code

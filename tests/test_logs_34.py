@@ -134,18 +134,18 @@ def test_trial_logs_say_what_ran_in_each_run(det, conn, tmp_path) -> None:
         first + second) if m]
     assert [int(m.group(1)) for m in validations] == [400, 800, 1200]
     for m in validations:
-        figures = dict(kv.split("=") for kv in m.group(3).split())
-        assert set(figures) == {"accuracy", "validation_loss"}, m.group(0)
-        assert all(_significant_digits(f) <= 4 for f in [m.group(2), *figures.values()]), \
+        values = dict(kv.split("=") for kv in m.group(3).split())
+        assert set(values) == {"accuracy", "validation_loss"}, m.group(0)
+        assert all(_significant_digits(f) <= 4 for f in [m.group(2), *values.values()]), \
             m.group(0)
 
     ckpts = conn.execute("SELECT uuid::text AS uuid, steps_completed AS s, resources "
                          "FROM checkpoints ORDER BY steps_completed").fetchall()
     assert paused["uuid"] in [c["uuid"] for c in ckpts]
     for c in ckpts:
-        said = [x for x in first + second if x.startswith(f"checkpoint {c['uuid']} ")]
+        said = [x for x in first + second if x.startswith(f"saved checkpoint {c['uuid']} ")]
         shown = figures.size(sum(c["resources"].values()))
-        assert said == [f"checkpoint {c['uuid']} at batch {c['s']}: {shown} in "
+        assert said == [f"saved checkpoint {c['uuid']} at batch {c['s']}: {shown} in "
                         f"{len(c['resources'])} files"], (c, first + second)
         assert re.search(r"\d (KiB|MiB)$", shown)
     assert any(re.match(r"\[run 1\] \[det\] run ended with exit code 0", x) for x in lines)

@@ -306,13 +306,15 @@ class MetricStore {
     return [...names].sort();
   }
 
-  // Where a row of trial t lies on the x axis: batches; epochs (the harness reports them
-  // with each validation, so a trial's rows are placed by its batches per epoch, constant
-  // for a trial; none before its first validation); or seconds since its first report.
+  // Where a row of trial t lies on the x axis: batches; epochs (the harness reports the
+  // epochs completed with each report, as 0.38.1 does, so a trial's rows are placed by its
+  // batches per epoch, read from its latest row past an epoch; none before one); or seconds
+  // since its first report.
   xOf(t, x) {
     const all = [...this.rows.entries()].filter(([k]) => k.startsWith(`${t}/`)).flatMap(([, r]) => r);
     if (x === "epochs") {
-      const r = all.find((row) => typeof row.values.epochs === "number" && row.steps_completed > 0);
+      const r = all.filter((row) => typeof row.values.epochs === "number" && row.values.epochs > 0)
+        .reduce((a, b) => (a && a.steps_completed >= b.steps_completed ? a : b), null);
       if (!r) return () => null;
       const perBatch = r.values.epochs / r.steps_completed;
       return (row) => row.steps_completed * perBatch;

@@ -27,6 +27,11 @@ _WHOLE_BELOW = 10**15
 
 _SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
+PROGRESS_KEYS = frozenset({"batches", "epochs"})
+"""Keys Determined 0.38 adds to every metrics report (det.harness.trainer, unless the trial
+reports its own): a trial's progress, shown in its own column or words, not as one more
+metric (charts.js has the same set)."""
+
 
 def number(v: float | int | bool | None) -> str:
     """``v`` by the module's number rule (``""`` for None, ``yes``/``no`` for a boolean,

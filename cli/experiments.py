@@ -19,6 +19,7 @@ from det.configs.job import job_change
 from det.db import database_url
 from det.db.reconnect import Reconnecting
 from det.errors import DetError
+from det.figures import PROGRESS_KEYS
 from det.queries.experiments import (
     CHECKPOINTS,
     STATE,
@@ -245,15 +246,16 @@ def describe(
 def trials_table(trials: list[dict], metric: str) -> tuple[list[dict], list[str], list[str]]:
     """Rows, columns and headers of describe's trials table: one column per hyperparameter
     and per metric of each trial's best validation (nested names joined by dots), the
-    searcher's ``metric`` first, as "Best <metric>" (issue 34: the hyperparameters were one
-    JSON blob, the metrics absent). Each group's columns in name order (the database keeps a
-    JSON object's keys shortest first)."""
+    searcher's ``metric`` first, as "Best <metric>", batches and epochs not again (issue 34:
+    the hyperparameters were one JSON blob, the metrics absent). Each group's columns in name
+    order (the database keeps a JSON object's keys shortest first)."""
     hps: set[str] = set()
     metrics: set[str] = set()
     rows = []
     for t in trials:
         hp = flatten(t["hparams"])
-        val = {k: v for k, v in flatten(t["validation"]).items() if k != metric}
+        val = {k: v for k, v in flatten(t["validation"]).items()
+               if k != metric and k not in PROGRESS_KEYS}
         hps.update(hp)
         metrics.update(val)
         # Prefixed keys: a hyperparameter or metric may be called "id" or "state".

@@ -68,7 +68,7 @@ def training_started(trial_id: int, experiment_id: int, hparams: Mapping[str, An
 
 def validated(batches: int, epochs: float, seconds: float, metrics: Mapping[str, Any]) -> None:
     """A validation's metrics (``batches`` and ``epochs``, said first, left out of them)."""
-    shown = {k: v for k, v in metrics.items() if k not in ("batches", "epochs")}
+    shown = {k: v for k, v in metrics.items() if k not in figures.PROGRESS_KEYS}
     log.info("validated at batch %d (epoch %s) in %.3g s: %s", batches, number(epochs),
              seconds, metrics_text(shown))
 

@@ -129,13 +129,13 @@ def test_describe_shows_a_column_per_hyperparameter_and_metric(det, conn, ended)
     assert "best: 0.1235" in out, out
     trials = out.split("Trials:\n")[1].split("\n\n")[0].splitlines()
     assert trials[0].split() == ["ID", "State", "hidden", "lr", "opt.beta", "opt.name",
-                                 "Batches", "Best", "loss", "accuracy", "epochs", "Restarts",
-                                 "Exit"], out
+                                 "Batches", "Best", "loss", "accuracy", "Restarts",
+                                 "Exit"], out  # epochs (progress, as batches) is no metric
     first, second, third = (line.split() for line in trials[2:5])
     # The first trial's best validation (loss 0.1235) is its second: its metrics are that one's.
-    assert first[2:11] == ["128", "0.003162", "0.9", "adam", "100", "0.1235", "0.9748", "2.273",
+    assert first[2:10] == ["128", "0.003162", "0.9", "adam", "100", "0.1235", "0.9748",
                            "0"], out
-    assert second[2:10] == ["64", "0.0001235", "0.95", "sgd", "50", "0.2222", "0.95", "1.136"]
+    assert second[2:9] == ["64", "0.0001235", "0.95", "sgd", "50", "0.2222", "0.95"]
     assert third[2:7] == ["256", "0.012", "0.99", "adam", "10"] and len(third) == 8, third
     assert "worse than the rung's best" in out
     checkpoints = out.split("Checkpoints:\n")[1]

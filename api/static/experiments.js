@@ -139,7 +139,7 @@ function trialColumns(trials, metric) {
   const flat = (t, key) => new Map(flatHparams(t[key], () => false));
   const names = (key) => [...new Set(trials.flatMap((t) => [...flat(t, key).keys()]))].sort();
   const hps = names("hparams");
-  const metrics = names("validation").filter((m) => m !== metric);
+  const metrics = names("validation").filter((m) => m !== metric && !PROGRESS_KEYS.has(m));
   // Aligned right where every value is a number (a categorical's are text).
   const num = (label, value, title) => ({
     label, value, title, html: (t) => fmt(value(t)),

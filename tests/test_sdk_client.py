@@ -167,3 +167,23 @@ def test_pause_activate_and_kill_act_as_the_cli_does(sdk, det, tmp_path) -> None
     assert exp.wait(interval=0.5) == sdk.ExperimentState.CANCELED
     with pytest.raises(NotFoundError):
         sdk.get_experiment(exp.id + 100).pause()
+
+
+def test_the_sdk_and_the_cli_rank_checkpoints_alike(sdk, det, ended) -> None:
+    """The SDK's top checkpoint is the one `det experiment download` takes: on a tie of the
+    searcher's metric the latest (it took the earliest: the order was written twice, in
+    SQL for the CLI and in Python for the SDK)."""
+    eid, uuids = ended.make([[(10, 0.5), (20, 0.5), (30, 0.7)]])
+    first, tied, worst = uuids[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # 0.38 deprecates top_checkpoint
+        top = sdk.get_experiment(eid).top_checkpoint()
+    assert top.uuid == tied
+    assert [c.uuid for c in sdk.get_experiment(eid).list_checkpoints()] == [tied, first, worst]
+    best = json.loads(det("experiment", "list-checkpoints", str(eid), "--best", "1",
+                          "--json").stdout)
+    assert [c["uuid"] for c in best] == [tied]
+    # by a column
+    by_steps = sdk.get_trial(sdk.get_experiment(eid).list_trials()[0].id).list_checkpoints(
+        sort_by=sdk.CheckpointSortBy.BATCH_NUMBER, order_by=sdk.OrderBy.DESC)
+    assert [c.uuid for c in by_steps] == [worst, tied, first]

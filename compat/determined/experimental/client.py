@@ -30,6 +30,7 @@ from det.harness.storage import storage_from_config
 from det.queries import experiments as exp_queries
 from det.queries import models as model_queries
 from det.queries import trials as trial_queries
+from det.queries.checkpoints import ranked_checkpoints
 from det.queries.workspaces import get_workspace as _workspace_row
 from det.queries.workspaces import placement, workspace_defaults
 from det.submission import (
@@ -269,13 +270,13 @@ def _checkpoint_row(conn, uuid: str) -> dict:
     return row
 
 
-def sort_checkpoints(rows: list[dict], sort_by: "str | CheckpointSortBy | None",
-                     order_by: OrderBy | None, searcher: dict,
-                     max_results: int | None) -> list[dict]:
-    """The COMPLETED checkpoints of ``rows`` (CHECKPOINTS rows) in 0.38's order: by a
-    validation metric's name or a :class:`CheckpointSortBy`; neither: by the searcher's
-    metric in its direction (``searcher``: the experiment config's ``searcher``). Those
-    without the metric come last. At most ``max_results``.
+def metric_order(sort_by: "str | CheckpointSortBy | None", order_by: OrderBy | None,
+                 searcher: dict) -> tuple[str | None, bool | None]:
+    """The validation metric and direction (smaller first?) that ``sort_by`` and ``order_by``
+    mean: a metric's name in ``order_by``'s direction; neither, or
+    ``CheckpointSortBy.SEARCHER_METRIC``: the searcher's metric (``searcher``: the experiment
+    config's section), by default in its direction (0.38's rule). ``(None, None)`` for another
+    ``CheckpointSortBy``, which sorts by a column.
 
     Raises:
         ValueError: only one of ``sort_by`` and ``order_by`` given, or a ``sort_by`` of
@@ -287,37 +288,39 @@ def sort_checkpoints(rows: list[dict], sort_by: "str | CheckpointSortBy | None",
         raise ValueError(f"sort_by: expected a CheckpointSortBy or a metric name, not "
                          f"{sort_by!r}")
     if sort_by is None or sort_by == CheckpointSortBy.SEARCHER_METRIC:
-        metric = searcher.get("metric")
-        if order_by is None:
-            smaller = searcher.get("smaller_is_better", True)
-            order_by = OrderBy.ASC if smaller else OrderBy.DESC
-        sort_by = metric
-    done = [r for r in rows if r["state"] == "COMPLETED"]
+        smaller = (searcher.get("smaller_is_better", True) is not False if order_by is None
+                   else order_by == OrderBy.ASC)
+        return searcher.get("metric"), smaller
     if isinstance(sort_by, str):
-        with_value = [r for r in done if isinstance((r["validation"] or {}).get(sort_by),
-                                                    (int, float))]
-        rest = [r for r in done if r not in with_value]
-        with_value.sort(key=lambda r: r["validation"][sort_by],
-                        reverse=order_by == OrderBy.DESC)
-        ordered = with_value + rest
-    else:
-        key = {CheckpointSortBy.UUID: "uuid", CheckpointSortBy.TRIAL_ID: "trial_id",
-               CheckpointSortBy.BATCH_NUMBER: "steps_completed",
-               CheckpointSortBy.END_TIME: "reported_at", CheckpointSortBy.STATE: "state"}[sort_by]
-        ordered = sorted(done, key=lambda r: r[key], reverse=order_by == OrderBy.DESC)
-    return ordered if max_results is None else ordered[:max_results]
+        return sort_by, order_by == OrderBy.ASC
+    return None, None
 
 
 def _list_checkpoints(experiment: int | None, trial: int | None, sort_by, order_by,
                       max_results: int | None) -> list[Checkpoint]:
+    """The COMPLETED checkpoints of ``experiment`` or ``trial``: by a metric in the order
+    det.queries.checkpoints ranks them for `det experiment download` alike (those without
+    the metric last, then the latest first), or by a column (:func:`metric_order`)."""
     with db() as conn:
         rows = conn.execute(CHECKPOINTS, {"experiment": experiment, "trial": trial,
                                           "uuid": None}).fetchall()
         if experiment is None:
             experiment = trial_queries.get_trial(conn, trial)["experiment_id"]
         config = exp_queries.get_experiment(conn, experiment)["config"]
-    return [Checkpoint._from_row(r) for r in sort_checkpoints(
-        rows, sort_by, order_by, config.get("searcher") or {}, max_results)]
+        metric, smaller = metric_order(sort_by, order_by, config.get("searcher") or {})
+        if metric is not None:
+            rank = {r["uuid"]: i for i, r in enumerate(ranked_checkpoints(
+                conn, experiment=experiment, trial=trial, metric=metric,
+                smaller_is_better=smaller))}
+    done = [r for r in rows if r["state"] == "COMPLETED"]
+    if metric is not None:
+        done.sort(key=lambda r: rank.get(r["uuid"], len(rank)))
+    else:
+        key = {CheckpointSortBy.UUID: "uuid", CheckpointSortBy.TRIAL_ID: "trial_id",
+               CheckpointSortBy.BATCH_NUMBER: "steps_completed",
+               CheckpointSortBy.END_TIME: "reported_at", CheckpointSortBy.STATE: "state"}[sort_by]
+        done.sort(key=lambda r: r[key], reverse=order_by == OrderBy.DESC)
+    return [Checkpoint._from_row(r) for r in done[:max_results]]
 
 
 def _top_checkpoint(what: str, experiment: int | None, trial: int | None,
@@ -413,7 +416,7 @@ class Trial:
     def list_checkpoints(self, sort_by: "str | CheckpointSortBy | None" = None,
                          order_by: OrderBy | None = None,
                          max_results: int | None = None) -> list[Checkpoint]:
-        """The trial's COMPLETED checkpoints, sorted as :func:`sort_checkpoints`."""
+        """The trial's COMPLETED checkpoints, sorted as :func:`_list_checkpoints` says."""
         return _list_checkpoints(None, self.id, sort_by, order_by, max_results)
 
     def top_checkpoint(self, sort_by: str | None = None,
@@ -525,7 +528,7 @@ class Experiment:
     def list_checkpoints(self, sort_by: "str | CheckpointSortBy | None" = None,
                          order_by: OrderBy | None = None,
                          max_results: int | None = None) -> list[Checkpoint]:
-        """The experiment's COMPLETED checkpoints, sorted as :func:`sort_checkpoints`."""
+        """The experiment's COMPLETED checkpoints, sorted as :func:`_list_checkpoints` says."""
         return _list_checkpoints(self._id, None, sort_by, order_by, max_results)
 
     def top_checkpoint(self, sort_by: str | None = None,

@@ -19,7 +19,7 @@ import typer
 
 from det.cli.output import duration, print_json, print_table
 from det.cli.session import db
-from det.cli.supervisor import STOP_GRACE, Child, Supervisor, failing, last_line, read_pid
+from det.cli.supervisor import STOP_GRACE, Child, Supervisor, failing, read_pid
 from det.db import connect, database_url, det_home, embedded, migrate, owner_url, role_url, roles
 from det.db.migrate import require_current
 from det.errors import DetError
@@ -204,8 +204,7 @@ def status(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
     failures = {}
     for name in PROCESSES:
         if processes["supervisor"] and (f := failing(_run_dir(), name)) is not None:
-            failures[name] = {**f, "log": str(_run_dir() / f"{name}.log"),
-                              "last_log_line": last_line(_run_dir() / f"{name}.log")}
+            failures[name] = {**f, "log": str(_run_dir() / f"{name}.log")}
     with db() as conn:
         leading = leader.current(conn)
         agents = conn.execute(AGENTS).fetchall()
@@ -237,12 +236,12 @@ def status(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
 
 def failing_line(name: str, failure: dict, now: float) -> str:
     """``det cluster status``'s line for the supervised process ``name`` that is failing:
-    ``failure`` as :func:`det.cli.supervisor.failing` reads it, with ``log`` and
-    ``last_log_line``; ``now``: Unix time."""
+    ``failure`` as :func:`det.cli.supervisor.failing` reads it, with ``log``; ``now``: Unix
+    time."""
     code = failure["exit_code"]
     how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
     times = failure["failures"]
-    line = failure["last_log_line"] or "(its log is empty)"
+    line = failure.get("last_log_line") or "(its log is empty)"
     return (f"{name}: failing: {how} after {duration(failure['ran_seconds'])}, "
             f"{times} time{'s' if times > 1 else ''} in a row, the last "
             f"{duration(now - failure['at'])} ago; the supervisor starts it again. Last line "

@@ -78,7 +78,8 @@ def read_pid(run_dir: Path, name: str) -> int | None:
 def failing(run_dir: Path, name: str) -> dict | None:
     """How the child ``name`` is failing, as its supervisor recorded it: ``failures`` (exits
     in a row, each a failure by :func:`restart_delay`), ``exit_code`` (negative: the signal),
-    ``ran_seconds`` and ``at`` (Unix time) of the last; None while it is not failing."""
+    ``ran_seconds``, ``at`` (Unix time) and ``last_log_line`` (its log's, as it exited) of
+    the last; None while it is not failing."""
     try:
         return json.loads((run_dir / f"{name}.failing").read_text())
     except (OSError, ValueError):
@@ -164,9 +165,11 @@ class Supervisor:
             ran = now - child.started
             child.failures, delay = restart_delay(code, ran, child.failures)
             if child.failures:
+                # The log's last line now, the one it died with: its restart soon writes more.
                 (self.run_dir / f"{child.name}.failing").write_text(json.dumps(
                     {"failures": child.failures, "exit_code": code,
-                     "ran_seconds": round(ran, 1), "at": time.time()}))
+                     "ran_seconds": round(ran, 1), "at": time.time(),
+                     "last_log_line": last_line(self.run_dir / f"{child.name}.log")}))
             log.warning("%s exited with code %s after %.0f s; restarting in %.1f s",
                         child.name, code, ran, delay)
             child.proc = None

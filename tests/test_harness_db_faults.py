@@ -472,7 +472,8 @@ def test_wait_and_log_followers_ride_out_a_database_restart(
     assert waiter.wait(60) == 0, (tmp_path / "wait.err").read_text()
     assert f"Experiment {alloc.experiment_id}: COMPLETED" in (tmp_path / "wait.out").read_text()
     assert follower.wait(60) == 0, (tmp_path / "logs.err").read_text()
-    assert out.read_text().splitlines() == [f"line {i}" for i in range(1, 7)]
+    # each after its run and rank (a one-slot trial's untagged lines are rank 0; issue 34)
+    assert out.read_text().splitlines() == [f"[run 1] [rank=0] line {i}" for i in range(1, 7)]
 
 
 def test_close_wakes_the_preemption_watcher_instead_of_waiting_out_its_poll(

@@ -162,8 +162,9 @@ def test_a_task_reaches_only_its_own_functions_and_no_det_process_is_a_superuser
 
     def probed() -> dict | None:
         logs = local("trial", "logs", "1", check=False).stdout
-        line = next((x for x in logs.splitlines() if x.startswith("PROBE ")), None)
-        return line and json.loads(line.removeprefix("PROBE "))
+        # after its run and rank: "[run 1] [rank=0] PROBE {...}"
+        line = next((x for x in logs.splitlines() if "PROBE " in x), None)
+        return line and json.loads(line.split("PROBE ", 1)[1])
 
     seen = wait_for(probed, 120, "the probe task to report")
     assert seen == {"role": "det_task", "experiments": "42501", "metrics": "42501",

@@ -15,7 +15,7 @@
 --
 -- How databases get here. This file is not executed by det: databases are built and upgraded
 -- by the migrations in db/migrations/ (NNNN_name.sql, applied in order, each in its own
--- transaction, recorded in det_migrations; see db/migrate.py). tests/test_schema.py builds one
+-- transaction, recorded in det_migrations; see db/migrate.py). tests/test_migrations.py builds one
 -- database from the migrations and one from this file and asserts their catalogs are
 -- identical. To change the schema: add the next migration file, then fold the change in here
 -- where the object is defined (a new column goes last in its CREATE TABLE; a replaced function
@@ -4602,7 +4602,7 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     ON CONFLICT (server) DO UPDATE SET until = excluded.until;
 $$;
 
--- The triggers below fire once per statement (never per row: DESIGN.md) and send at most
+-- The triggers below fire once per statement (never per row: docs/architecture.md, "The HTTP server") and send at most
 -- one NOTIFY each, naming what changed in a way a page shows.
 -- They fire only while a det serve streams pages (det_web_watched): issue 11 measured ~1 ms
 -- of PostgreSQL time a trivial task spent on events no one read.

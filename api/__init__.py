@@ -1,5 +1,5 @@
 """``det serve``: the REST API under ``/api/v1`` and the WebUI, one stateless process over
-det's database (issue 15; DESIGN.md, "The HTTP server").
+det's database (docs/architecture.md, "The HTTP server").
 
 Every request is one transaction of the same SQL functions and named queries
 (``det.queries``) the CLI uses; live pages are fed by server-sent events from one LISTEN

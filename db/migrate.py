@@ -6,7 +6,7 @@ reach it, applied in version order. A database records the versions it has appli
 ``det_migrations``; :func:`migrate` applies the missing ones, each in its own transaction, so a
 migration that fails rolls back whole and leaves the earlier ones applied and recorded. Every
 database, a fresh one included, is built by applying the migrations (one code path);
-tests/test_schema.py asserts that the result has the same catalog as ``schema.sql`` alone.
+tests/test_migrations.py asserts that the result has the same catalog as ``schema.sql`` alone.
 
 Each migration's transaction takes an advisory transaction lock and re-reads
 ``det_migrations`` before applying, so concurrent callers (``det cluster up``, an agent, a
@@ -21,7 +21,7 @@ To change the schema:
 2. Fold the change into ``schema.sql`` where the object is defined: a new column goes last in
    its ``CREATE TABLE`` (``ADD COLUMN`` appends, and the catalogs are compared column order
    included), a replaced function or view replaces its definition there, verbatim.
-3. Run ``pytest tests/test_schema.py``: it fails with a diff of the two catalogs if they differ.
+3. Run ``pytest tests/test_migrations.py``: it fails with a diff of the two catalogs if they differ.
 """
 
 import re

@@ -1,8 +1,8 @@
 """What the pass decides about a live interactive task: whether det ends it now, and why.
 
 Pure functions over one run's row (:class:`TaskRun`); the pass reads the rows and writes the
-ends (:func:`det.reconciler.passes._tasks`). The rules (issue 33; the seed's "Notebooks",
-"TensorBoards" and DESIGN.md "Interactive tasks"):
+ends (:func:`det.reconciler.passes._tasks`). The rules (the spec's "Notebooks" and
+"TensorBoards"; docs/architecture.md, "The servers inside interactive tasks"):
 
 * a notebook, shell or TensorBoard whose server has not answered (no ``allocations.address``)
   ``start_timeout`` seconds after its run was reported RUNNING is ended: "the task's server did

@@ -1,7 +1,7 @@
 """Who ``determined.experimental.client`` acts as, and its connections to det's database.
 
 det has no master process: a client is one more client of the database, like the CLI
-(DESIGN.md, "The API is SQL"). So the SDK connects exactly as ``det`` commands do
+(docs/architecture.md, "One idea: the database is the control plane"). So the SDK connects exactly as ``det`` commands do
 (:func:`det.cli.session.db`: :func:`det.db.connect.database_url`, a schema that is
 current), and row-level security and the user identity are the same as the CLI's.
 

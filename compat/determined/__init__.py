@@ -25,9 +25,10 @@ LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 """The ``logging`` format Determined's examples use (``logging.basicConfig(format=...)``)."""
 
 __all__ = ["LOG_FORMAT", "ClusterInfo", "InvalidHP", "TrialInfo", "common", "core",
-           "experimental", "get_cluster_info", "import_from_path", "launch", "pytorch"]
+           "experimental", "get_cluster_info", "import_from_path", "launch", "pytorch",
+           "transformers"]
 
-_SUBMODULES = ("common", "core", "experimental", "launch", "pytorch")
+_SUBMODULES = ("common", "core", "experimental", "launch", "pytorch", "transformers")
 
 
 @contextmanager

@@ -8,10 +8,16 @@ reconnects with backoff (:mod:`det.db.retry`). The buffer is bounded per allocat
 allocation's buffered lines cost ``max_buffered_bytes``, its further lines are dropped and
 counted, and one line saying how many were dropped follows its buffered lines once they are
 written (docs/architecture.md, "Riding out the database").
+
+A batch whose commit acknowledgement was lost (a failover) is sent again and must not be
+written twice: each shipper draws a uuid at start and numbers each allocation's lines 1, 2, ...
+(the dropped-lines note too, once), and ``det_append_logs`` skips the lines at or below the
+last number it holds for that shipper and allocation (schema.sql, ``log_batches``).
 """
 
 import logging
 import threading
+import uuid
 from collections import defaultdict
 
 import psycopg
@@ -45,11 +51,18 @@ class LogShipper:
         self._url = url
         self._max_bytes = max_buffered_bytes
         self._conn: psycopg.Connection | None = None
+        self._writer = uuid.uuid4()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()  # keeps batches in order across threads
-        self._buf: dict[int, list[tuple[str, str, int | None]]] = defaultdict(list)
+        # (number, stream, line, rank) per allocation, numbered in order
+        self._buf: dict[int, list[tuple[int, str, str, int | None]]] = defaultdict(list)
         self._bytes: dict[int, int] = defaultdict(int)
         self._dropped: dict[int, int] = defaultdict(int)
+        # The note on dropped lines being sent: (its number, the count it tells), kept until
+        # written so that a re-sent batch carries it unchanged.
+        self._notes: dict[int, tuple[int, int]] = {}
+        # The last number given per allocation; never reset, as the database remembers it.
+        self._seq: dict[int, int] = defaultdict(int)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._thread.start()
@@ -70,7 +83,8 @@ class LogShipper:
             if self._bytes[allocation_id] + self.cost(line) > self._max_bytes:
                 self._dropped[allocation_id] += 1
                 return
-            self._buf[allocation_id].append((stream, line, rank))
+            self._seq[allocation_id] += 1
+            self._buf[allocation_id].append((self._seq[allocation_id], stream, line, rank))
             self._bytes[allocation_id] += self.cost(line)
 
     def flush(self) -> None:
@@ -83,30 +97,40 @@ class LogShipper:
         """
         with self._flush_lock:
             with self._lock:
+                for alloc, n in self._dropped.items():
+                    if n and alloc not in self._notes:
+                        self._seq[alloc] += 1
+                        self._notes[alloc] = (self._seq[alloc], n)
                 batches = {a: list(lines) for a, lines in self._buf.items() if lines}
-                dropped = {a: n for a, n in self._dropped.items() if n}
-                for alloc in dropped.keys() - batches.keys():
+                notes = dict(self._notes)
+                for alloc in notes.keys() - batches.keys():
                     batches[alloc] = []
             for alloc, lines in batches.items():
                 written = lines
-                if dropped.get(alloc):
-                    written = [*lines, ("det", f"{dropped[alloc]} lines of output were dropped "
-                                               "while the database was unavailable", None)]
+                if alloc in notes:
+                    seq, n = notes[alloc]
+                    note = (seq, "det", f"{n} lines of output were dropped while the database "
+                                        "was unavailable", None)
+                    written = sorted([*lines, note], key=lambda ln: ln[0])
                 self._write(alloc, written)
                 with self._lock:
                     del self._buf[alloc][:len(lines)]
-                    self._bytes[alloc] -= sum(self.cost(ln) for _, ln, _ in lines)
-                    self._dropped[alloc] -= dropped.get(alloc, 0)
+                    self._bytes[alloc] -= sum(self.cost(ln) for _, _, ln, _ in lines)
+                    if alloc in notes:
+                        self._dropped[alloc] -= notes[alloc][1]
+                        del self._notes[alloc]
                     if not self._buf[alloc] and not self._dropped[alloc]:
                         del self._buf[alloc], self._bytes[alloc], self._dropped[alloc]
 
-    def _write(self, alloc: int, lines: list[tuple[str, str, int | None]]) -> None:
+    def _write(self, alloc: int, lines: list[tuple[int, str, str, int | None]]) -> None:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = open_connection(self._url)
-            streams, texts, ranks = zip(*lines, strict=True) if lines else ((), (), ())
-            self._conn.execute("SELECT det_append_logs(%s, %s, %s, %s::integer[])",
-                               (alloc, list(streams), list(texts), list(ranks)))
+            seqs, streams, texts, ranks = (zip(*lines, strict=True) if lines
+                                           else ((), (), (), ()))
+            self._conn.execute(
+                "SELECT det_append_logs(%s, %s, %s, %s::integer[], %s, %s::bigint[])",
+                (alloc, list(streams), list(texts), list(ranks), self._writer, list(seqs)))
         except psycopg.Error as e:
             if retry.is_connection_lost(e) and self._conn is not None:
                 self._conn.close()

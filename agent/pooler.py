@@ -88,13 +88,18 @@ def config(task_url: str, socket_dir: Path, pool_size: int,
     closed after a minute.
 
     Raises:
-        DetError: ``task_url`` names no user or database.
+        DetError: ``task_url`` names no user or database, or several hosts.
     """
     params = conninfo_to_dict(task_url)
     user, dbname = params.get("user"), params.get("dbname")
     if not user or not dbname:
         raise DetError(f"task pooler: the tasks' database URL must name a user and a "
                        f"database, got {make_conninfo(task_url, password=None)!r}")
+    if "," in params.get("host", ""):
+        # PgBouncer keeps one server address and has no target_session_attrs: behind it, tasks
+        # would not follow a failover to another host, as libpq does for them.
+        raise DetError("task pooler: the tasks' database URL names several hosts (a "
+                       "replicated cluster), which PgBouncer cannot fail over between")
     server = make_conninfo(**{k: params[k] for k in ("host", "port") if params.get(k)},
                            dbname=dbname)
     max_clients = max(100, 4 * pool_size)

@@ -30,7 +30,9 @@ def open_connection(url: str, row_factory: RowFactory[Any] = tuple_row, *,
                     autocommit: bool = True, **params: Any) -> psycopg.Connection[Any]:
     """A connection to ``url`` (autocommit unless ``autocommit`` is false), with ``params``
     (libpq keywords: ``user``, ``password``, ...) over the URL's, and
-    ``CONNECT_TIMEOUT_SECONDS`` unless either sets ``connect_timeout``. One attempt: callers
+    ``CONNECT_TIMEOUT_SECONDS`` unless either sets ``connect_timeout``, and
+    ``target_session_attrs=read-write`` when the URL names several hosts (a replicated cluster:
+    libpq tries each and keeps the primary) unless it says otherwise. One attempt: callers
     that must ride out a loss retry it (:class:`Reconnecting`, ``det.db.retry.call``); a check
     that must fail fast (a password) calls it alone.
 
@@ -53,6 +55,9 @@ async def open_async_connection(url: str) -> psycopg.AsyncConnection[Any]:
 def _conninfo(url: str, params: dict[str, Any]) -> str:
     merged = {**conninfo_to_dict(url), **params}
     merged.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
+    if "," in str(merged.get("host", "")):
+        # Several servers (a Patroni cluster): only the primary takes det's writes.
+        merged.setdefault("target_session_attrs", "read-write")
     return make_conninfo(**merged)
 
 

@@ -22,7 +22,9 @@ T = TypeVar("T")
 # SQLSTATEs that mean the server went away or is not accepting us yet: class 08 (connection
 # exception), 57P01 admin_shutdown (pg_ctl stop/restart), 57P02 crash_shutdown, 57P03
 # cannot_connect_now (starting up, in recovery), 57P05 idle_session_timeout, 53300
-# too_many_connections.
+# too_many_connections. Also 25006 read_only_sql_transaction (not an OperationalError): the
+# server we reached is a replica (a primary demoted in a failover, or a URL that names no
+# target_session_attrs), so a new connection finds the primary.
 _TRANSIENT_STATES = {"57P01", "57P02", "57P03", "57P05", "53300"}
 
 BACKOFF_INITIAL = 0.1
@@ -36,13 +38,14 @@ def is_connection_lost(e: BaseException) -> bool:
     """Whether ``e`` means the connection (or the server) is gone and a retry may succeed.
 
     True for psycopg's client-side connection failures (no SQLSTATE: refused, reset, closed
-    connection) and the server's shutdown / start-up / connection-class SQLSTATEs, also when
+    connection), the server's shutdown / start-up / connection-class SQLSTATEs and a write
+    refused by a read-only replica (25006, after a failover), also when
     wrapped in det's ``DatabaseError`` (``det.db.connect``). False for everything else,
     authentication failures included: those do not heal by waiting.
     """
     if isinstance(e, DatabaseError) and e.__cause__ is not None:
         return is_connection_lost(e.__cause__)
-    if isinstance(e, psycopg.InterfaceError):
+    if isinstance(e, psycopg.InterfaceError | psycopg.errors.ReadOnlySqlTransaction):
         return True
     if not isinstance(e, psycopg.OperationalError):
         return False

@@ -88,6 +88,9 @@ def test_fitting_best_packs_worst_spreads_and_gangs_are_all_or_nothing() -> None
     assert "largest agent has 4" in never_fits(Task("x", "x", 6), [agent("a", 4), agent("b", 4)])
     assert never_fits(Task("x", "x", 9), [agent("a", 4)]) == "needs 9 slots but the pool has 4"
     assert never_fits(Task("x", "x", 1), []) == "pool has no agents"
+    # An agent of no slots (`det cluster up --slots 0` beside agents of other hosts) is no
+    # size a gang is made of.
+    assert never_fits(Task("x", "x", 2), [agent("local", 0), agent("a", 1), agent("b", 1)]) is None
 
 
 def test_priority_without_preemption_waits_in_order() -> None:

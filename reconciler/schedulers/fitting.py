@@ -166,7 +166,7 @@ def never_fits(task: Task, agents: Sequence[Agent]) -> str | None:
     total = sum(sizes)
     if total < task.slots:
         return f"needs {task.slots} slots but the pool has {total}"
-    for size in set(sizes):
+    for size in set(sizes) - {0}:  # an agent of no slots is part of no gang
         if task.slots % size == 0 and sizes.count(size) * size >= task.slots:
             return None
     return (f"needs {task.slots} slots on one agent but the largest agent has {max(sizes)}, "

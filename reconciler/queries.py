@@ -291,10 +291,11 @@ RETURNING t.id AS trial_id, t.experiment_id, t.exit_reason
 # Each experiment with its unread events in order, in one statement (not one query per
 # experiment: a pass may search a thousand). The experiments are found from the unread events
 # and the not yet searched (searcher_events_pending, experiments_unsearched), not by testing
-# every live experiment.
+# every live experiment. An unmanaged experiment (core_v2) has no searcher: its script decides.
 EXPERIMENTS_TO_SEARCH = """
 WITH todo AS (
-    SELECT id FROM experiments WHERE searcher_state IS NULL AND state IN ('ACTIVE', 'PAUSED')
+    SELECT id FROM experiments
+     WHERE searcher_state IS NULL AND state IN ('ACTIVE', 'PAUSED') AND NOT unmanaged
     UNION
     SELECT experiment_id FROM searcher_events WHERE NOT consumed
 )

@@ -74,6 +74,11 @@ class ClusterInfo:
     master_cert_name: str | None = None
     master_cert_file: str | None = None
 
+    @property
+    def _trial_info(self) -> TrialInfo:
+        """0.38's private name of ``trial``, which its unmanaged examples read."""
+        return self.trial
+
     @classmethod
     def from_task_info(cls, info: TaskInfo, env: dict[str, str]) -> "ClusterInfo":
         """Build from det's ``TaskInfo`` and the task's environment (``DET_*`` variables)."""

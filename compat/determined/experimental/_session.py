@@ -67,6 +67,11 @@ def login(master: str | None = None, user: str | None = None,
     _url = url
 
 
+def url() -> str:
+    """The database URL the client connects with (:func:`login`'s, else the CLI's)."""
+    return _url or database_url()
+
+
 @contextmanager
 def db() -> Iterator[psycopg.Connection]:
     """A connection as the client's user (:func:`login`'s, else the CLI's) to a current
@@ -78,7 +83,7 @@ def db() -> Iterator[psycopg.Connection]:
         det.errors.DetError: what det.db.sqlstate translates (NotFoundError,
             PermissionDeniedError, ...); DatabaseError when det's database cannot be reached.
     """
-    conn = connect(_url or database_url())
+    conn = connect(url())
     try:
         ensure_current(conn)
         with conn:

@@ -1,9 +1,10 @@
 """Who ``determined.experimental.client`` acts as, and its connections to det's database.
 
 det has no master process: a client is one more client of the database, like the CLI
-(docs/architecture.md, "One idea: the database is the control plane"). So the SDK connects exactly as ``det`` commands do
-(:func:`det.cli.session.db`: :func:`det.db.connect.database_url`, a schema that is
-current), and row-level security and the user identity are the same as the CLI's.
+(docs/architecture.md, "One idea: the database is the control plane"). So the SDK connects
+exactly as ``det`` commands do (:func:`det.cli.session.db`:
+:func:`det.db.connect.database_url`, a schema that is current), and row-level security and
+the user identity are the same as the CLI's.
 
 ``login(master, user, password)`` (0.38's names) changes that for this process only; nothing
 is written to disk (``det user login`` is what makes a user the CLI's, and the SDK follows

@@ -56,6 +56,13 @@ COMMENT ON TYPE allocation_state IS
 -- its running work and takes none; LOST (heartbeat timed out) until it registers again.
 CREATE TYPE agent_state AS ENUM ('ACTIVE', 'DISABLED', 'LOST');
 
+-- An elastic agent's machine (issue 36; det.reconciler.provision).
+CREATE TYPE instance_state AS ENUM ('REQUESTED', 'STARTING', 'RUNNING', 'TERMINATING', 'GONE');
+COMMENT ON TYPE instance_state IS
+    'An elastic agent''s machine: REQUESTED (row written, not yet launched), STARTING '
+    '(launched, its agent not yet registered), RUNNING (its agent registered), TERMINATING '
+    '(asked to stop), GONE. Only moves forward (enum order; det_instance_transition).';
+
 CREATE TYPE early_exit_reason AS ENUM ('errored', 'invalid_hp', 'user_requested_stop');
 COMMENT ON TYPE early_exit_reason IS
     'Why a trial ended early (Python: det.reasons.EarlyExitReason, kept equal by a test): '
@@ -96,12 +103,19 @@ CREATE TABLE resource_pools (
     description text NOT NULL DEFAULT '',
     scheduler   jsonb,
     max_aux_containers_per_agent integer NOT NULL DEFAULT 100
-        CHECK (max_aux_containers_per_agent >= 0)
+        CHECK (max_aux_containers_per_agent >= 0),
+    provider    jsonb,
+    provider_status text NOT NULL DEFAULT ''
 );
 COMMENT ON TABLE resource_pools IS 'Named groups of agents; every allocation targets one pool.';
 COMMENT ON COLUMN resource_pools.scheduler IS
     'The pool''s own scheduler; NULL uses the cluster''s. A pool scheduler replaces the '
     'cluster''s as a whole (spec: Resource Pools).';
+COMMENT ON COLUMN resource_pools.provider IS
+    'The pool''s provider (det.configs.cluster.ProviderConfig, expanded); NULL: static agents.';
+COMMENT ON COLUMN resource_pools.provider_status IS
+    'Why the provisioner waits or refuses (e.g. ''at max_instances 2: 3 slots queued''), '
+    'written by each pass; empty when it has nothing to say.';
 INSERT INTO resource_pools (name, description) VALUES ('default', 'The default compute pool');
 
 CREATE TABLE agents (
@@ -133,6 +147,36 @@ CREATE TABLE slots (
     PRIMARY KEY (agent_id, slot_id)
 );
 COMMENT ON TABLE slots IS 'Schedulable devices of an agent: CUDA GPUs, else CPU slots.';
+
+CREATE TABLE instances (
+    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    resource_pool  text NOT NULL REFERENCES resource_pools (name) ON DELETE CASCADE,
+    provider       text NOT NULL CHECK (provider IN ('local')),
+    state          instance_state NOT NULL DEFAULT 'REQUESTED',
+    -- det-instance-<id>: the agent's id and the name the provider finds the instance by
+    agent_id       text NOT NULL UNIQUE CHECK (agent_id ~ '^det-instance-[0-9]+$'),
+    provider_id    text,
+    reason         text NOT NULL DEFAULT '',
+    requested_at   timestamptz NOT NULL DEFAULT now(),
+    launched_at    timestamptz,
+    running_at     timestamptz,
+    idle_since     timestamptz,
+    terminating_at timestamptz,
+    gone_at        timestamptz
+);
+COMMENT ON TABLE instances IS
+    'Machines (or local processes) the provisioner started for elastic pools. The row is '
+    'written REQUESTED before the launch, and the launch names the instance after the row '
+    '(agent_id), so a reconciler killed between the two adopts the instance it finds by that '
+    'name instead of launching again.';
+COMMENT ON COLUMN instances.provider_id IS
+    'The provider''s handle once launched (local: the agent process''s pid).';
+COMMENT ON COLUMN instances.reason IS
+    'Why it was terminated (idle, agent never registered, agent lost, exited).';
+COMMENT ON COLUMN instances.idle_since IS
+    'Since when its agent holds no run and no task; NULL while busy (max_idle_agent_period).';
+-- Each pass reads the live instances.
+CREATE INDEX instances_live ON instances (resource_pool) WHERE state <> 'GONE';
 
 -- =============================================================================================
 -- Tables: users, workspaces, projects and access control (issue 14)
@@ -1251,6 +1295,20 @@ CREATE TRIGGER trials_transition BEFORE UPDATE OF state ON trials
     FOR EACH ROW EXECUTE FUNCTION det_check_transition();
 CREATE TRIGGER allocations_transition BEFORE UPDATE OF state ON allocations
     FOR EACH ROW EXECUTE FUNCTION det_check_transition();
+
+CREATE FUNCTION det_instance_transition() RETURNS trigger LANGUAGE plpgsql AS $$
+-- An instance's state only moves forward (instance_state's order): nothing comes back from
+-- TERMINATING or GONE.
+BEGIN
+    IF NEW.state < OLD.state THEN
+        RAISE EXCEPTION 'instance %: illegal state change % -> %', OLD.id, OLD.state, NEW.state
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER instances_transition BEFORE UPDATE OF state ON instances
+    FOR EACH ROW EXECUTE FUNCTION det_instance_transition();
 
 -- =============================================================================================
 -- Access control (issue 14): who is calling, what they may do, and the audit log. User
@@ -2657,21 +2715,27 @@ END $$;
 CREATE FUNCTION det_apply_cluster_config(p_config jsonb, p_original text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Store a validated cluster config and make resource_pools match it (ClusterAdmin). A pool
--- the config drops is deleted only if nothing uses it; otherwise the whole apply is refused.
+-- the config drops is deleted only if nothing uses it (agents and live instances count);
+-- otherwise the whole apply is refused. A pool's provider is stored as given.
 DECLARE
     v_gone text;
 BEGIN
     PERFORM det_require('admin_cluster', NULL, 'apply a cluster config');
-    INSERT INTO resource_pools (name, description, scheduler, max_aux_containers_per_agent)
+    INSERT INTO resource_pools (name, description, scheduler, max_aux_containers_per_agent,
+                                provider)
     SELECT p ->> 'name', coalesce(p ->> 'description', ''), nullif(p -> 'scheduler', 'null'),
-           coalesce((p ->> 'max_aux_containers_per_agent')::integer, 100)
+           coalesce((p ->> 'max_aux_containers_per_agent')::integer, 100),
+           nullif(p -> 'provider', 'null')
     FROM jsonb_array_elements(p_config -> 'resource_pools') p
     ON CONFLICT (name) DO UPDATE
         SET description = excluded.description, scheduler = excluded.scheduler,
-            max_aux_containers_per_agent = excluded.max_aux_containers_per_agent;
+            max_aux_containers_per_agent = excluded.max_aux_containers_per_agent,
+            provider = excluded.provider;
     SELECT name INTO v_gone FROM resource_pools r
      WHERE name NOT IN (SELECT p ->> 'name' FROM jsonb_array_elements(p_config -> 'resource_pools') p)
        AND (EXISTS (SELECT 1 FROM agents g WHERE g.resource_pool = r.name AND g.state <> 'LOST')
+            OR EXISTS (SELECT 1 FROM instances i WHERE i.resource_pool = r.name
+                                                   AND i.state <> 'GONE')
             OR EXISTS (SELECT 1 FROM jobs j JOIN experiments e ON e.job_id = j.id
                         WHERE j.resource_pool = r.name
                           AND e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')))
@@ -5360,6 +5424,8 @@ GRANT SELECT (workspace_id, name, owner, created_at, updated_at, redacted_config
 GRANT SELECT ON reporting.templates TO det_user;
 -- cluster historical usage (issue 34)
 GRANT SELECT ON reporting.slot_hours TO det_user;
+-- elastic agents' instances (issue 36)
+GRANT SELECT ON instances TO det_user;
 GRANT EXECUTE ON FUNCTION det_cluster_usage(date, date, text) TO det_user;
 GRANT EXECUTE ON FUNCTION det_unmanaged_start(jsonb, text, text, text, text, text, jsonb),
     det_unmanaged_report_metrics(bigint, text, bigint, jsonb),

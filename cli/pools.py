@@ -1,4 +1,4 @@
-"""``det cluster config apply | show`` and ``det resource-pool list``."""
+"""``det cluster config apply | show`` and ``det resource-pool list | describe``."""
 
 from pathlib import Path
 
@@ -10,7 +10,8 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.configs import read_config_file
 from det.configs.cluster import ClusterConfig, load_cluster_config
-from det.queries.cluster import POOLS, STORED
+from det.errors import DetError
+from det.queries.cluster import POOL_INSTANCES, POOLS, STORED
 
 config_app = typer.Typer(no_args_is_help=True)
 pool_app = typer.Typer(no_args_is_help=True)
@@ -60,10 +61,48 @@ def list_pools(json_: bool = typer.Option(False, "--json", help="Print JSON.")) 
         s = r["scheduler"]
         r["scheduler"] = s["type"] + (" (preemption)" if s.get("preemption") else "")
         r["slots"] = f"{r['slots_used']}/{r['slots_total']}"
+        r["provider"] = _provider(r)
     print_table(rows, ["name", "description", "scheduler", "agents", "slots", "queued_jobs",
-                       "max_aux_containers_per_agent"],
+                       "max_aux_containers_per_agent", "provider", "provider_status"],
                 ["Pool", "Description", "Scheduler", "Agents", "Slots used/total",
-                 "Queued jobs", "Aux containers/agent"])
+                 "Queued jobs", "Aux containers/agent", "Provider", "Provisioner"])
+
+
+def _provider(row: dict) -> str:
+    """``local 1/2``: an elastic pool's provider type, live instances / max_instances."""
+    p = row["provider"]
+    return f"{p['type']} {row['instances']}/{p['max_instances']}" if p else ""
+
+
+@pool_app.command("describe")
+def describe(
+    pool_name: str = typer.Argument(..., help="The pool."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+    limit: int = typer.Option(20, help="At most this many instances (the live ones first).",
+                              min=1),
+) -> None:
+    """A pool, and for an elastic pool its provider, why the provisioner waits or refuses, and
+    its instances (state, agent, why each was terminated)."""
+    with db() as conn:
+        pool = next((r for r in conn.execute(POOLS).fetchall() if r["name"] == pool_name), None)
+        if pool is None:
+            raise DetError(f"resource pool {pool_name!r} not found")
+        instances = conn.execute(POOL_INSTANCES, {"pool": pool_name, "limit": limit}).fetchall()
+    if json_:
+        print_json({**pool, "instance_list": instances})
+        return
+    typer.echo(f"Pool:        {pool['name']}")
+    typer.echo(f"Agents:      {pool['agents']} (slots used/total "
+               f"{pool['slots_used']}/{pool['slots_total']})")
+    if not pool["provider"]:
+        typer.echo("Provider:    none (static agents)")
+        return
+    typer.echo(f"Provider:    {yaml.safe_dump(pool['provider'], default_flow_style=True).strip()}")
+    typer.echo(f"Provisioner: {pool['provider_status'] or 'nothing to do'}")
+    typer.echo("")
+    print_table(instances, ["id", "agent_id", "state", "provider_id", "reason", "requested_at",
+                            "gone_at"],
+                ["Instance", "Agent", "State", "Provider id", "Reason", "Requested", "Gone"])
 
 
 bindings_app = typer.Typer(no_args_is_help=True)

@@ -10,6 +10,14 @@ resource_pools:
     description: CPU hosts
     scheduler: {type: fair_share}        # optional; replaces the cluster's scheduler whole
     max_aux_containers_per_agent: 100
+  - name: elastic
+    provider:                            # optional: agents started and stopped by det
+      type: local                        # agent processes on the reconciler's host
+      min_instances: 0
+      max_instances: 2
+      slots_per_instance: 1
+      max_idle_agent_period: 5m          # an idle agent is drained and stopped after this
+      agent_startup_timeout: 10m         # an agent that has not registered by then is stopped
 checkpoint_storage:                      # optional: the cluster's own S3 storage
   type: s3
   bucket: det-checkpoints
@@ -57,6 +65,7 @@ from pydantic_core import PydanticCustomError
 
 from det.configs.experiment import CheckpointStorage, S3Storage
 from det.configs.load import config_error, parse_yaml
+from det.configs.task import Duration
 from det.errors import ConfigError
 
 
@@ -73,12 +82,36 @@ class SchedulerConfig(BaseModel):
     min_run_time: float = Field(60.0, ge=0)
 
 
+class ProviderConfig(BaseModel):
+    """``provider`` of an elastic pool: where its agents come from (issue 36; the decisions are
+    :func:`det.reconciler.provisioner.decide`). ``local``: agent processes on the reconciler's
+    host, ``slots_per_instance`` CPU slots each. Durations are seconds or text such as ``5m``
+    (defaults from the seed's provisioner: 5m idle, 10m startup)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["local"]
+    min_instances: int = Field(0, ge=0)
+    max_instances: int = Field(5, ge=1)
+    slots_per_instance: int = Field(1, ge=0)
+    max_idle_agent_period: Duration = 300.0
+    agent_startup_timeout: Duration = 600.0
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> "ProviderConfig":
+        if self.min_instances > self.max_instances:
+            raise PydanticCustomError(
+                "provider", "min_instances: {min} is above max_instances {max}",
+                {"min": self.min_instances, "max": self.max_instances})
+        return self
+
+
 class ResourcePoolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
     name: str = Field(min_length=1, validation_alias=AliasChoices("name", "pool_name"))
     description: str = ""
     scheduler: SchedulerConfig | None = None
     max_aux_containers_per_agent: int = Field(100, ge=0)
+    provider: ProviderConfig | None = None
 
 
 class ResourceManagerConfig(BaseModel):

@@ -32,6 +32,17 @@ SELECT r.name, r.description, det_pool_scheduler(r.name) AS scheduler,
        (SELECT count(*) FROM allocation_slots h JOIN agents g ON g.id = h.agent_id
          WHERE g.resource_pool = r.name AND NOT h.released) AS slots_used,
        (SELECT count(*) FROM reporting.job_queue q
-         WHERE q.resource_pool = r.name AND q.status = 'STATE_QUEUED') AS queued_jobs
+         WHERE q.resource_pool = r.name AND q.status = 'STATE_QUEUED') AS queued_jobs,
+       r.provider, r.provider_status,
+       (SELECT count(*) FROM instances i WHERE i.resource_pool = r.name AND i.state <> 'GONE')
+           AS instances
   FROM resource_pools r ORDER BY r.name
+"""
+
+# A pool's instances (elastic pools, issue 36), the live ones first, then the latest gone.
+POOL_INSTANCES = """
+SELECT id, agent_id, state::text AS state, provider_id, reason, requested_at, running_at,
+       gone_at
+  FROM instances WHERE resource_pool = %(pool)s
+ ORDER BY state = 'GONE', id DESC LIMIT %(limit)s
 """

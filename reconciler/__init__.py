@@ -8,7 +8,9 @@ Contract (the equivalent of controller-runtime's ``reconcile.go``):
   first (:mod:`det.reconciler.passes`):
   agents marked LOST, trials settled, interactive tasks' runs settled and idle ones ended,
   searcher decisions, new allocations, assignments of allocations to slots, desired-state
-  changes. Agents and tasks write observed state; the
+  changes; after each pass, elastic pools' instances (:mod:`det.reconciler.provision`:
+  launched and stopped through a provider, outside its transactions). Agents and tasks write
+  observed state; the
   reconciler never does, except to end allocations whose agent is lost or that were stopped
   before they started.
 * **Idempotent and level-triggered**: a pass computes everything from the tables, so running
@@ -22,5 +24,6 @@ Contract (the equivalent of controller-runtime's ``reconcile.go``):
 Decisions are pure functions over plain data: :mod:`det.reconciler.schedulers` (placement),
 :mod:`det.reconciler.trials` (what an ended run means for its trial),
 :mod:`det.reconciler.tasks` (when det ends an interactive task),
-:mod:`det.reconciler.searchers` (hyperparameter search).
+:mod:`det.reconciler.searchers` (hyperparameter search),
+:mod:`det.reconciler.provisioner` (elastic pools' instances).
 """

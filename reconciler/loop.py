@@ -17,10 +17,11 @@ import time
 
 import psycopg
 
-from det.db import channels, connect, retry
+from det.db import channels, connect, det_home, retry
 from det.errors import DetError
 from det.reconciler import leader
 from det.reconciler.passes import Settings, prepare_session, run_pass
+from det.reconciler.provision import Provisioner
 from det.reconciler.statistics import Statistics
 
 log = logging.getLogger("det.reconciler")
@@ -65,11 +66,13 @@ def _lead_and_serve(conn: psycopg.Connection, settings: Settings, holder: str,
     # A live leader must talk well within its lease (see det.reconciler.leader).
     wait = min(settings.interval, settings.lease / 3)
     statistics = Statistics()
+    provisioner = Provisioner(det_home())
     while True:
         try:
             for _ in range(MAX_CHAINED_PASSES):
                 statistics.refresh(conn)
-                if run_pass(conn, settings, holder).changes == 0:
+                # Elastic pools after the pass: their demand is what placement left waiting.
+                if run_pass(conn, settings, holder).changes + provisioner.step(conn) == 0:
                     break
         except psycopg.Error as e:
             if retry.is_connection_lost(e):

@@ -1,0 +1,70 @@
+"""The ``local`` provider: elastic agents as ``det agent run`` processes on the reconciler's
+host (issue 36), for development and the tests.
+
+An instance is found by its name: the agent process's command line carries ``--id
+det-instance-<row id>``, so a restarted reconciler finds the processes an earlier one launched
+(its pid recorded or not) by reading ``/proc``. Launching spawns and returns (the agent
+registers on its own), so a pass never waits for an agent to start.
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+STOP_GRACE_SECONDS = 30.0
+"""Seconds a stopped agent has after SIGTERM before SIGKILL: the agent gives its tasks 10 s
+(det.agent.daemon.Agent.shutdown) and then deregisters."""
+
+
+class LocalProvider:
+    """Starts, finds and stops agent processes; their output goes to ``<log_dir>/<id>.log``."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        # Children this process launched, reaped once they exit (an exited child that is not
+        # waited for stays a zombie).
+        self._children: list[subprocess.Popen] = []
+
+    def running(self) -> dict[str, int]:
+        """The live elastic agent processes on this host: agent id -> pid (``/proc``)."""
+        self._children = [p for p in self._children if p.poll() is None]
+        found: dict[str, int] = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue  # it ended while we looked
+            if b"agent" in argv and b"--id" in argv:
+                name = argv[argv.index(b"--id") + 1] if argv.index(b"--id") + 1 < len(argv) \
+                    else b""
+                if name.startswith(b"det-instance-"):
+                    found[name.decode()] = int(pid)
+        return found
+
+    def launch(self, agent_id: str, pool: str, slots: int) -> int:
+        """Start ``det agent run`` for ``agent_id`` in ``pool`` with ``slots`` CPU slots (0: a
+        host for zero-slot tasks only) in its own session, so it outlives the reconciler.
+        Returns its pid.
+
+        Raises:
+            OSError: the process could not be started.
+        """
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "det.cli.main", "agent", "run", "--id", agent_id,
+                "--resource-pool", pool, "--slots", str(slots),
+                "--slot-type", "cpu" if slots else "none"]
+        with open(self.log_dir / f"{agent_id}.log", "ab") as out:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        self._children.append(p)
+        return p.pid
+
+    def stop(self, pid: int, kill: bool = False) -> None:
+        """Ask the agent at ``pid`` to stop (SIGTERM: a planned stop; sent once, as a second
+        one would cut its shutdown short), or with ``kill``, SIGKILL it."""
+        # One that is gone already is recorded GONE by the next look.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)

@@ -1,0 +1,214 @@
+"""The provisioner's step of a pass (DESIGN.md, "The reconciler pass", step 6): elastic pools
+get and lose agents (issue 36).
+
+In one transaction it records what it sees (agents that registered, since when each is idle),
+asks :func:`det.reconciler.provisioner.decide` per pool, writes new instances as REQUESTED,
+marks the ones to stop TERMINATING (draining their agent in the same statement, which checks
+again that the agent holds nothing), and the pool's status. Only then, outside any
+transaction, it talks to the provider: launches each REQUESTED instance under its row's name,
+unless a process of that name already runs (a reconciler killed between the launch and its
+record), then records it STARTING; stops TERMINATING ones and records GONE those whose
+process has ended. Every step reads its work from the table, so a pass cut short anywhere
+leaves what the next one carries on from, and nothing is launched twice.
+"""
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+import psycopg
+
+from det.reconciler.local_provider import STOP_GRACE_SECONDS, LocalProvider
+from det.reconciler.provisioner import Demand, Instance, Provider, StartFailures, decide
+
+log = logging.getLogger("det.reconciler")
+
+KILL_AFTER_LAUNCH_ENV = "DET_TEST_KILL_AFTER_LAUNCH"
+"""Fault injection (tests/test_provisioner.py): the path of a marker file; while it does not
+exist, the reconciler creates it and SIGKILLs itself right after its first launch, before it
+records it."""
+
+# Instances whose agent registered (not lost) are RUNNING.
+ARRIVED = """
+UPDATE instances i SET state = 'RUNNING', running_at = now()
+  FROM agents g
+ WHERE g.id = i.agent_id AND g.state <> 'LOST' AND i.state IN ('REQUESTED', 'STARTING')
+"""
+
+# A RUNNING instance is busy while its agent holds a live run or a slot of one (a gang's
+# share); idle_since is when that last stopped being so.
+BUSY = """
+EXISTS (SELECT 1 FROM allocations a WHERE a.agent_id = i.agent_id AND a.state <> 'TERMINATED')
+OR EXISTS (SELECT 1 FROM allocation_slots h WHERE h.agent_id = i.agent_id AND NOT h.released)
+"""
+IDLE = f"""
+UPDATE instances i SET idle_since = CASE WHEN {BUSY} THEN NULL ELSE coalesce(idle_since, now()) END
+ WHERE state = 'RUNNING'
+   AND (idle_since IS NULL) <> ({BUSY})
+"""
+
+PROVIDER_POOLS = """
+SELECT r.name, r.provider, r.provider_status,
+       (SELECT coalesce(sum(a.slots_needed), 0) FROM allocations a
+         WHERE a.resource_pool = r.name AND a.state = 'PENDING' AND a.desired_state = 'RUNNING'
+           AND a.slots_needed > 0)::int AS slots,
+       (SELECT count(*) FROM allocations a
+         WHERE a.resource_pool = r.name AND a.state = 'PENDING' AND a.desired_state = 'RUNNING'
+           AND a.slots_needed = 0)::int AS aux,
+       f.failures, f.failure_age
+  FROM resource_pools r
+  CROSS JOIN LATERAL (
+    -- Start failures in a row: ended instances whose agent never registered, since the
+    -- latest instance whose agent did.
+    SELECT count(*)::int AS failures,
+           extract(epoch FROM now() - max(coalesce(i.terminating_at, i.gone_at)))::float
+               AS failure_age
+      FROM instances i
+     WHERE i.resource_pool = r.name AND i.running_at IS NULL AND i.state >= 'TERMINATING'
+       AND i.id > coalesce((SELECT max(id) FROM instances
+                             WHERE resource_pool = r.name AND running_at IS NOT NULL), 0)
+  ) f
+ WHERE r.provider IS NOT NULL ORDER BY r.name
+"""
+
+LIVE_INSTANCES = """
+SELECT i.id, i.resource_pool, i.state::text AS state, i.agent_id, i.provider_id,
+       extract(epoch FROM now() - i.requested_at)::float AS age,
+       coalesce(g.state = 'LOST', false) AS agent_lost,
+       extract(epoch FROM now() - i.idle_since)::float AS idle_for,
+       extract(epoch FROM now() - i.terminating_at)::float AS stopping_for,
+       coalesce((r.provider ->> 'slots_per_instance')::int, 1) AS slots
+  FROM instances i JOIN resource_pools r ON r.name = i.resource_pool
+  LEFT JOIN agents g ON g.id = i.agent_id
+ WHERE i.state <> 'GONE' ORDER BY i.id
+"""
+
+# Row ids first, so the agent id (the instance's name) is written with the row.
+REQUEST = """
+WITH n AS (SELECT nextval(pg_get_serial_sequence('instances', 'id')) AS id
+             FROM generate_series(1, %(n)s))
+INSERT INTO instances (id, resource_pool, provider, agent_id)
+OVERRIDING SYSTEM VALUE
+SELECT id, %(pool)s, %(provider)s, 'det-instance-' || id FROM n
+"""
+
+# Only an instance with no agent yet, or whose agent holds nothing, is stopped; its agent is
+# drained in the same statement so nothing is placed on it meanwhile.
+TERMINATE = f"""
+WITH t AS (
+    UPDATE instances i SET state = 'TERMINATING', reason = %(reason)s, terminating_at = now()
+     WHERE i.id = %(id)s AND i.state < 'TERMINATING'
+       AND (i.state <> 'RUNNING' OR NOT ({BUSY}) OR %(reason)s = 'agent lost')
+    RETURNING i.id, i.agent_id
+), drained AS (
+    UPDATE agents g SET state = 'DISABLED' FROM t WHERE g.id = t.agent_id AND g.state = 'ACTIVE'
+)
+SELECT id FROM t
+"""
+
+SET_STATUS = """
+UPDATE resource_pools SET provider_status = %(status)s
+ WHERE name = %(pool)s AND provider_status <> %(status)s
+"""
+
+# Launched, or found running under its name: its pid (an instance whose agent registered
+# before a restarted reconciler found its process is RUNNING already).
+LAUNCHED = """
+UPDATE instances
+   SET state = greatest(state, 'STARTING'), provider_id = %(pid)s,
+       launched_at = coalesce(launched_at, now())
+ WHERE id = %(id)s AND provider_id IS NULL
+"""
+
+# An instance whose process ended: GONE; a reason is kept, or the exit is the reason.
+GONE = """
+UPDATE instances
+   SET state = 'GONE', gone_at = now(),
+       reason = CASE WHEN reason = '' THEN 'agent process exited' ELSE reason END
+ WHERE id = %(id)s AND state <> 'GONE'
+"""
+
+
+class Provisioner:
+    """The provisioner step, with the providers it talks to (one per reconciler process)."""
+
+    def __init__(self, home: Path) -> None:
+        self.local = LocalProvider(home / "instances")
+
+    def step(self, conn: psycopg.Connection) -> int:
+        """Run the step on the leader's ``conn`` (autocommit: its own transactions); returns
+        the number of rows it changed."""
+        stopping: list[int] = []
+        with conn.transaction():
+            changes = conn.execute(ARRIVED).rowcount + conn.execute(IDLE).rowcount
+            pools = conn.execute(PROVIDER_POOLS).fetchall()
+            live = conn.execute(LIVE_INSTANCES).fetchall()
+            for pool in pools:
+                changes += self._decide(conn, pool, [i for i in live
+                                                     if i["resource_pool"] == pool["name"]],
+                                        stopping)
+            if pools:
+                live = conn.execute(LIVE_INSTANCES).fetchall()
+        return changes + self._act(conn, live, set(stopping))
+
+    def _decide(self, conn: psycopg.Connection, pool: dict, rows: list[dict],
+                stopping: list[int]) -> int:
+        cfg = pool["provider"]
+        provider = Provider(cfg["min_instances"], cfg["max_instances"],
+                            cfg["slots_per_instance"], cfg["max_idle_agent_period"],
+                            cfg["agent_startup_timeout"])
+        instances = [Instance(r["id"], r["state"], r["age"], r["agent_lost"], r["idle_for"])
+                     for r in rows if r["state"] != "TERMINATING"]
+        d = decide(provider, Demand(pool["slots"], pool["aux"]), instances,
+                   StartFailures(pool["failures"], pool["failure_age"] or 0.0))
+        changes = 0
+        if d.launch:
+            changes += conn.execute(REQUEST, {"n": d.launch, "pool": pool["name"],
+                                              "provider": cfg["type"]}).rowcount
+        for id_, reason in d.terminate:
+            if conn.execute(TERMINATE, {"id": id_, "reason": reason}).fetchone():
+                stopping.append(id_)
+                changes += 1
+                log.info("instance %s of pool %s: terminating (%s)", id_, pool["name"], reason)
+        # Not a change: a countdown in the status must not chain passes.
+        conn.execute(SET_STATUS, {"status": d.status, "pool": pool["name"]})
+        return changes
+
+    def _act(self, conn: psycopg.Connection, live: list[dict], stopping: set[int]) -> int:
+        """Talk to the provider about ``live`` instances (outside a transaction)."""
+        if not live:
+            return 0
+        running = self.local.running()
+        changes = 0
+        for row in live:
+            pid = running.get(row["agent_id"])
+            if row["state"] == "REQUESTED" and pid is None:
+                try:
+                    pid = self._launch(row)
+                except OSError as e:
+                    # Stays REQUESTED: tried again next pass, or ended by the startup timeout.
+                    log.error("instance %s: launch failed: %s", row["agent_id"], e)
+                    continue
+                changes += conn.execute(LAUNCHED, {"id": row["id"], "pid": str(pid)}).rowcount
+            elif row["provider_id"] is None and pid is not None:
+                # Launched by a reconciler killed before it recorded the launch.
+                log.info("instance %s: adopted its running agent (pid %s)", row["agent_id"], pid)
+                changes += conn.execute(LAUNCHED, {"id": row["id"], "pid": str(pid)}).rowcount
+            elif pid is None:
+                # Its process ended (stopped by us, or on its own).
+                changes += conn.execute(GONE, {"id": row["id"]}).rowcount
+                log.info("instance %s: gone", row["agent_id"])
+            elif row["state"] == "TERMINATING" and (
+                    row["id"] in stopping or row["stopping_for"] > STOP_GRACE_SECONDS):
+                self.local.stop(pid, kill=row["id"] not in stopping)
+        return changes
+
+    def _launch(self, row: dict) -> int:
+        pid = self.local.launch(row["agent_id"], row["resource_pool"], row["slots"])
+        log.info("instance %s: launched agent process %s", row["agent_id"], pid)
+        marker = os.environ.get(KILL_AFTER_LAUNCH_ENV)
+        if marker and not Path(marker).exists():
+            Path(marker).touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return pid

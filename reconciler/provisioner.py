@@ -1,0 +1,132 @@
+"""The provisioner's decisions for one elastic pool: a pure function of its queued demand, its
+live instances and its provider config (issue 36; DESIGN.md, "Where machines come from").
+
+:func:`decide` returns which instances to launch and which to terminate, and why the pool waits
+or refuses; :mod:`det.reconciler.provision` loads its input and applies the result.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+BOOTING = ("REQUESTED", "STARTING")
+"""Instance states before its agent registers."""
+
+
+@dataclass(frozen=True)
+class Provider:
+    """A pool's ``provider`` (det.configs.cluster.ProviderConfig); durations in seconds."""
+
+    min_instances: int
+    max_instances: int
+    slots_per_instance: int
+    max_idle_agent_period: float
+    agent_startup_timeout: float
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A live instance (not TERMINATING or GONE). ``age``: seconds since it was requested;
+    ``agent_lost``: its agent registered and then stopped heartbeating; ``idle_for``: seconds
+    its registered agent has held no run and no task (None while busy or not yet
+    registered)."""
+
+    id: int
+    state: str
+    age: float
+    agent_lost: bool = False
+    idle_for: float | None = None
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What waits in the pool: ``slots`` wanted by runs not placed, and ``aux`` zero-slot tasks
+    not placed."""
+
+    slots: int = 0
+    aux: int = 0
+
+
+@dataclass(frozen=True)
+class StartFailures:
+    """Instances that ended without their agent ever registering, since the last one whose
+    agent did: ``count``, and ``age``, seconds since the latest of them ended."""
+
+    count: int = 0
+    age: float = 0.0
+
+
+BACKOFF_BASE_SECONDS = 10.0
+"""After a start failure the pool launches nothing for this long, doubled at each further
+failure in a row up to :data:`BACKOFF_MAX_SECONDS` (issue 36: no endless loop launching
+instances that never come up)."""
+BACKOFF_MAX_SECONDS = 600.0
+
+
+def backoff(failures: int) -> float:
+    """Seconds to wait before launching after ``failures`` start failures in a row."""
+    return 0.0 if failures == 0 else min(BACKOFF_BASE_SECONDS * 2 ** (failures - 1),
+                                         BACKOFF_MAX_SECONDS)
+
+
+@dataclass
+class Decision:
+    """``launch`` new instances; ``terminate`` (instance id, reason) pairs; ``status``: why the
+    pool waits or refuses, shown by ``det resource-pool list`` ('' when nothing to say)."""
+
+    launch: int = 0
+    terminate: list[tuple[int, str]] = field(default_factory=list)
+    status: str = ""
+
+
+def decide(provider: Provider, demand: Demand, instances: list[Instance],
+           failures: StartFailures = StartFailures()) -> Decision:
+    """The instances to launch and terminate now.
+
+    Rules (issue 36): an instance whose agent has not registered ``agent_startup_timeout``
+    seconds after it was requested is terminated, as is one whose agent was lost; waiting runs
+    want ``ceil(slots / slots_per_instance)`` instances, and waiting zero-slot tasks one, beyond
+    those still booting; never more than ``max_instances`` live, never fewer than
+    ``min_instances``; nothing is launched for :func:`backoff` seconds after a start failure
+    (``failures``, and this pass's); with nothing waiting, instances idle for
+    ``max_idle_agent_period`` are terminated down to ``min_instances``, longest idle first.
+    Only an idle instance (or one with no agent) is ever terminated, so none holding a run is.
+    """
+    d = Decision()
+    live = []
+    failed = 0
+    for i in instances:
+        if i.state in BOOTING and i.age > provider.agent_startup_timeout:
+            failed += 1
+            d.terminate.append((i.id, f"agent did not register within "
+                                      f"{provider.agent_startup_timeout:g} s"))
+        elif i.state == "RUNNING" and i.agent_lost:
+            d.terminate.append((i.id, "agent lost"))
+        else:
+            live.append(i)
+    booting = sum(i.state in BOOTING for i in live)
+    if failed:
+        failures = StartFailures(failures.count + failed, 0.0)
+    per = provider.slots_per_instance
+    wanted = math.ceil(demand.slots / per) if per else 0
+    if demand.aux and not live:
+        wanted = max(wanted, 1)
+    target = max(len(live) + max(0, wanted - booting), provider.min_instances)
+    d.launch = max(0, min(target, provider.max_instances) - len(live))
+    wait = backoff(failures.count) - failures.age
+    if d.launch and wait > 0:
+        d.launch = 0
+        d.status = (f"{failures.count} instance(s) in a row failed to start; next launch in "
+                    f"{math.ceil(wait)} s")
+    elif target > provider.max_instances:
+        d.status = (f"at max_instances {provider.max_instances}: "
+                    f"{demand.slots} slot(s) and {demand.aux} task(s) wait")
+    elif booting + d.launch:
+        d.status = f"waiting for {booting + d.launch} instance(s) to start"
+    if demand.slots == 0 and demand.aux == 0:
+        idle = sorted((i for i in live if i.idle_for is not None
+                       and i.idle_for >= provider.max_idle_agent_period),
+                      key=lambda i: -i.idle_for)
+        spare = max(0, len(live) - provider.min_instances)
+        for i in idle[:spare]:
+            d.terminate.append((i.id, f"idle for {provider.max_idle_agent_period:g} s"))
+    return d

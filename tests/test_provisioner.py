@@ -1,0 +1,181 @@
+"""Elastic agents (issue 36): the provisioner's decisions (pure), and the ``local`` provider
+with the real reconciler: scale up on demand, stop idle agents, adopt after a kill -9, stop an
+agent that never registers."""
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import wait_for
+
+from det.reconciler.provisioner import Demand, Instance, Provider, StartFailures, backoff, decide
+
+P = Provider(min_instances=0, max_instances=2, slots_per_instance=1,
+             max_idle_agent_period=5.0, agent_startup_timeout=60.0)
+
+
+def test_demand_launches_up_to_max_instances_and_says_why_it_stops() -> None:
+    d = decide(P, Demand(slots=4), [])
+    assert d.launch == 2 and d.terminate == []
+    assert d.status == "at max_instances 2: 4 slot(s) and 0 task(s) wait"
+
+
+def test_instances_still_booting_count_against_the_demand() -> None:
+    booting = [Instance(1, "STARTING", age=3.0)]
+    assert decide(P, Demand(slots=1), booting).launch == 0
+    d = decide(P, Demand(slots=2), booting)
+    assert d.launch == 1 and d.status == "waiting for 2 instance(s) to start"
+
+
+def test_a_waiting_zero_slot_task_wants_one_instance_when_there_is_none() -> None:
+    assert decide(P, Demand(aux=3), []).launch == 1
+    assert decide(P, Demand(aux=3), [Instance(1, "RUNNING", age=9.0)]).launch == 0
+
+
+def test_min_instances_are_kept_and_never_more_than_max() -> None:
+    p = Provider(1, 3, 2, 5.0, 60.0)
+    assert decide(p, Demand(), []).launch == 1
+    assert decide(p, Demand(slots=9), []).launch == 3
+    idle = [Instance(1, "RUNNING", age=99.0, idle_for=50.0)]
+    assert decide(p, Demand(), idle).terminate == []
+
+
+def test_an_agent_that_never_registers_is_stopped_with_the_reason() -> None:
+    d = decide(P, Demand(slots=1), [Instance(7, "STARTING", age=61.0)])
+    assert d.terminate == [(7, "agent did not register within 60 s")]
+
+
+def test_idle_agents_are_stopped_only_when_nothing_waits_longest_idle_first() -> None:
+    live = [Instance(1, "RUNNING", 99.0, idle_for=6.0), Instance(2, "RUNNING", 99.0,
+                                                                 idle_for=9.0),
+            Instance(3, "RUNNING", 99.0, idle_for=None)]
+    assert decide(P, Demand(slots=1), live).terminate == []
+    p = Provider(1, 3, 1, 5.0, 60.0)
+    assert decide(p, Demand(), live).terminate == [(2, "idle for 5 s"), (1, "idle for 5 s")]
+    assert decide(Provider(2, 3, 1, 5.0, 60.0), Demand(), live).terminate == [
+        (2, "idle for 5 s")]
+
+
+def test_a_lost_agent_instance_is_stopped_and_replaced() -> None:
+    d = decide(P, Demand(slots=1), [Instance(4, "RUNNING", 99.0, agent_lost=True)])
+    assert d.terminate == [(4, "agent lost")] and d.launch == 1
+
+
+# -- The local provider with the real reconciler ------------------------------------------------
+
+INSTANCES = ("SELECT id, agent_id, state::text AS state, reason, provider_id FROM instances "
+             "ORDER BY id")
+
+
+def elastic_pool(det, tmp_path: Path, **provider) -> None:
+    cfg = {"resource_pools": [
+        {"name": "default"},
+        {"name": "elastic", "provider": {"type": "local", "max_instances": 2,
+                                         "max_idle_agent_period": "3s", **provider}}]}
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cfg))
+    det("cluster", "config", "apply", str(tmp_path / "cluster.yaml"))
+
+
+def four_trials(det, tmp_path: Path, entrypoint: str = "sleep 1") -> None:
+    """An experiment of four one-slot trials in the elastic pool."""
+    (tmp_path / "ctx").mkdir(exist_ok=True)
+    cfg = {"name": "elastic", "entrypoint": entrypoint,
+           "searcher": {"name": "grid", "metric": "loss", "max_length": {"batches": 1},
+                        "max_concurrent_trials": 4},
+           "hyperparameters": {"x": {"type": "categorical", "vals": [1, 2, 3, 4]}},
+           "resources": {"resource_pool": "elastic"}, "max_restarts": 0}
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(cfg))
+    det("experiment", "create", str(tmp_path / "exp.yaml"), str(tmp_path / "ctx"))
+
+
+def test_four_trials_on_an_empty_pool_get_two_agents_that_stop_when_idle(
+        det, conn, tmp_path, leftover_agents) -> None:
+    elastic_pool(det, tmp_path)
+    four_trials(det, tmp_path)
+    det.start("reconciler", "reconcile", "--interval", "0.3")
+    wait_for(lambda: "at max_instances 2" in det("resource-pool", "list").stdout, 60,
+             "the pool to say it is at max_instances")
+    r = det("experiment", "wait", "1", timeout=240, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr + det.log("reconciler")
+    rows = conn.execute(INSTANCES).fetchall()
+    assert [r["agent_id"] for r in rows] == ["det-instance-1", "det-instance-2"]
+    ran = conn.execute("SELECT DISTINCT agent_id FROM allocations ORDER BY 1").fetchall()
+    assert [r["agent_id"] for r in ran] == ["det-instance-1", "det-instance-2"]
+    wait_for(lambda: all(r["state"] == "GONE" for r in conn.execute(INSTANCES).fetchall()),
+             60, "both instances to be gone after the idle period")
+    assert [r["reason"] for r in conn.execute(INSTANCES).fetchall()] == ["idle for 3 s"] * 2
+    assert agent_pid("det-instance-1") is None and agent_pid("det-instance-2") is None
+    out = det("resource-pool", "describe", "elastic").stdout
+    assert "det-instance-2" in out and "GONE" in out and "idle for 3 s" in out
+
+
+def test_a_reconciler_killed_between_launch_and_record_launches_nothing_twice(
+        det, conn, tmp_path, leftover_agents) -> None:
+    elastic_pool(det, tmp_path)
+    marker = tmp_path / "killed"
+    det.env = {**det.env, "DET_TEST_KILL_AFTER_LAUNCH": str(marker)}
+    four_trials(det, tmp_path)
+    first = det.start("reconciler", "reconcile", "--interval", "0.3")
+    assert first.wait(60) == -signal.SIGKILL and marker.exists()
+    assert conn.execute(INSTANCES).fetchall()[0]["state"] == "REQUESTED"
+    det.start("reconciler2", "reconcile", "--interval", "0.3")
+    r = det("experiment", "wait", "1", timeout=240, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    launches = (det.log("reconciler") + det.log("reconciler2")).count("launched agent process")
+    assert launches == 2, "one launch per instance, the killed one's adopted"
+    assert "det-instance-1: adopted its running agent" in det.log("reconciler2")
+    assert len(conn.execute(INSTANCES).fetchall()) == 2
+
+
+def test_an_agent_that_never_registers_is_terminated_with_the_reason(
+        det, conn, tmp_path, leftover_agents) -> None:
+    elastic_pool(det, tmp_path, max_instances=1, agent_startup_timeout="2s")
+    four_trials(det, tmp_path, entrypoint="sleep 600")
+    det.start("reconciler", "reconcile", "--interval", "0.3")
+    # Frozen before it registers (its imports take seconds), the first agent never arrives.
+    pid = wait_for(lambda: agent_pid("det-instance-1"), 60, "the first agent's process",
+                   interval=0.02)
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: conn.execute(INSTANCES).fetchone()["state"] == "TERMINATING", 30,
+             "the instance to be terminated")
+    os.kill(pid, signal.SIGCONT)  # now it hears the SIGTERM it was sent
+    first = wait_for(lambda: [r for r in conn.execute(INSTANCES).fetchall()
+                              if r["id"] == 1 and r["state"] == "GONE"], 30,
+                     "the instance to be gone")[0]
+    assert first["reason"] == "agent did not register within 2 s"
+    assert conn.execute("SELECT count(*) AS n FROM agents WHERE id = 'det-instance-1'"
+                        ).fetchone()["n"] == 0
+    # No loop of launches that never come up: the next waits out the back-off (10 s).
+    assert "1 instance(s) in a row failed to start; next launch in" in det(
+        "resource-pool", "list").stdout
+    assert len(conn.execute(INSTANCES).fetchall()) == 1
+    det("experiment", "kill", "1")
+
+
+def agent_pid(agent_id: str) -> int | None:
+    from det.reconciler.local_provider import LocalProvider
+
+    return LocalProvider(Path("/nonexistent")).running().get(agent_id)
+
+
+@pytest.fixture
+def leftover_agents(conn):
+    """The elastic agents outlive the reconciler (their own session): stop what a failed test
+    left running."""
+    yield
+    for row in conn.execute(INSTANCES).fetchall():
+        pid = agent_pid(row["agent_id"])
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_start_failures_in_a_row_back_off_and_say_when_the_next_launch_is() -> None:
+    booting = [Instance(1, "STARTING", age=61.0)]
+    d = decide(P, Demand(slots=1), booting)
+    assert d.launch == 0 and d.status == "1 instance(s) in a row failed to start; next " \
+                                         "launch in 10 s"
+    assert decide(P, Demand(slots=1), [], StartFailures(2, 5.0)).status.endswith("in 15 s")
+    assert decide(P, Demand(slots=1), [], StartFailures(2, 21.0)).launch == 1
+    assert backoff(0) == 0 and backoff(1) == 10 and backoff(20) == 600

@@ -141,13 +141,15 @@ def check_agent_id(agent_id: str, field: str = "agent id") -> None:
 
 
 def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
-                   device_type: str, warm_start: bool = True, pool_size: int = 0) -> Runtime:
+                   device_type: str, work_dir: Path, warm_start: bool = True,
+                   pool_size: int = 0) -> Runtime:
     """The runtime ``name`` asks for; raises ``RuntimeUnavailable`` when docker is asked for
     and no engine answers. With no name: docker if an engine answers, else process
-    (``warm_start``, ``pool_size`` with ``url`` as the tasks' URL and ``agent_id``: see
-    :class:`ProcessRuntime`)."""
+    (its tasks' environments in ``work_dir/envs``; ``warm_start``, ``pool_size`` with ``url``
+    as the tasks' URL and ``agent_id``: see :class:`ProcessRuntime`)."""
+    envs_dir = work_dir / "envs"
     if name == "process":
-        return ProcessRuntime(logs, warm_start, url, pool_size, agent_id)
+        return ProcessRuntime(logs, envs_dir, warm_start, url, pool_size, agent_id)
     from det.agent.containers import DockerRuntime, RuntimeUnavailable
 
     try:
@@ -156,7 +158,7 @@ def choose_runtime(name: str | None, logs: LogShipper, agent_id: str, url: str,
         if name == "docker":
             raise
         log.info("%s; running tasks as processes", e)
-        return ProcessRuntime(logs, warm_start, url, pool_size, agent_id)
+        return ProcessRuntime(logs, envs_dir, warm_start, url, pool_size, agent_id)
 
 
 class Agent:
@@ -189,8 +191,8 @@ class Agent:
         # sessions the pooler expects at once: one a slot, and a few for 0-slot tasks
         pool_size = len(slots) + 4 if settings.task_pooler else 0
         self.runtime = choose_runtime(settings.runtime, self.logs, settings.agent_id,
-                                      self.task_url, self.device_type, settings.warm_start,
-                                      pool_size)
+                                      self.task_url, self.device_type, settings.work_dir,
+                                      settings.warm_start, pool_size)
         self.heartbeat = Heartbeat(url, settings.agent_id, settings.heartbeat, self._register,
                                    self._fence)
         # A lost connection's backoff is spent watching the tasks (see _tend_for).

@@ -22,6 +22,7 @@ from det.agent.output import OutputReader
 from det.agent.pooler import TaskPooler, pooler_dir
 from det.agent.runtime import DRAIN_SECONDS, Exit, Launch
 from det.agent.shell import plain_words, runs_as_is
+from det.agent.taskenv import TaskEnv, TaskEnvError, ensure_env
 from det.agent.zygote import Zygote, ZygoteChild, python_command
 from det.configs.allocation import INTERACTIVE_KINDS, AllocationSpec
 from det.host_user import PRIVATE_UMASK
@@ -133,22 +134,26 @@ class ProcessTask:
 
 
 class ProcessRuntime:
-    """Tasks as child processes of the agent, under the agent's own Python. CUDA slots are
-    handed over as ``CUDA_VISIBLE_DEVICES`` (by uuid), so a task sees only its devices.
+    """Tasks as child processes of the agent, each in its context's Python environment over
+    the agent's own (:mod:`det.agent.taskenv`, kept in ``envs_dir``): what a task installs
+    goes there, never into det's. CUDA slots are handed over as ``CUDA_VISIBLE_DEVICES`` (by
+    uuid), so a task sees only its devices.
 
     With ``warm`` (the default; ``det agent run --cold-start`` turns it off), a task that runs
-    this interpreter on a script or module is forked by the agent's zygote
-    (:mod:`det.agent.zygote`) with det's harness already imported; the others, and every task
-    if the zygote fails, start cold. With ``pool_size`` > 0 (``det agent run``'s default)
-    tasks whose ``DET_DB_URL`` is ``task_url`` connect through the PgBouncer of agent
-    ``agent_id`` (:mod:`det.agent.pooler`; ``pool_size``: the sessions it expects at once)."""
+    this interpreter on a script or module, with no startup hook and nothing installed in its
+    environment, is forked by the agent's zygote (:mod:`det.agent.zygote`) with det's harness
+    already imported; the others, and every task if the zygote fails, start cold. With
+    ``pool_size`` > 0 (``det agent run``'s default) tasks whose ``DET_DB_URL`` is
+    ``task_url`` connect through the PgBouncer of agent ``agent_id`` (:mod:`det.agent.pooler`;
+    ``pool_size``: the sessions it expects at once)."""
 
     name = "process"
     python = sys.executable
 
-    def __init__(self, logs: LogShipper, warm: bool = True, task_url: str | None = None,
-                 pool_size: int = 0, agent_id: str = "") -> None:
+    def __init__(self, logs: LogShipper, envs_dir: Path, warm: bool = True,
+                 task_url: str | None = None, pool_size: int = 0, agent_id: str = "") -> None:
         self.output = OutputReader(logs)
+        self.envs_dir = envs_dir
         self.zygote = Zygote() if warm else None
         self.guard = Guard()
         self._host_env = dict(os.environ)  # copied once: os.environ decodes every read
@@ -162,8 +167,14 @@ class ProcessRuntime:
         return None  # a process needs nothing beyond the context
 
     def launch(self, launch: Launch) -> ProcessTask:
+        """Start the task; raises :class:`~det.agent.taskenv.TaskEnvError` (also written to
+        the task's logs) when its environment cannot be made."""
         self.guard.ensure()
-        env = {**self._host_env, **launch.env, **self.guard.env}
+        task_env = self._task_env(launch)
+        env = task_env.environ({**self._host_env, **launch.env, **self.guard.env})
+        # det's interpreter, as a trial class's command names it, is the environment's
+        argv = ([task_env.python, *launch.argv[1:]] if launch.argv[:1] == [self.python]
+                else launch.argv)
         if self.pooler is not None and env.get("DET_DB_URL") == self.pooler.task_url:
             env["DET_DB_URL"] = self.pooler.url()
         gpus = [s.device_uuid for s in launch.slots if s.type == "cuda" and s.device_uuid]
@@ -175,16 +186,31 @@ class ProcessRuntime:
         # the many short tasks of issue 11 do not pay).
         marker = (f"DET_ALLOCATION_TOKEN={env['DET_ALLOCATION_TOKEN']}".encode()
                   if launch.spec.kind in INTERACTIVE_KINDS else None)
-        args = (None if self.zygote is None
-                else python_command(launch.argv, env, launch.workdir))
+        args = (None if self.zygote is None or not task_env.is_bare()
+                else python_command(argv, env, launch.workdir, task_env.python))
         if args is not None:
             try:
-                proc = self.zygote.spawn(args, env, launch.workdir)
+                proc = self.zygote.spawn(args, env, launch.workdir, task_env)
                 return ProcessTask(launch.allocation_id, proc, self.output, marker)
             except OSError as e:
                 log.warning("allocation %s: starting cold: %s", launch.allocation_id, e)
-        proc = spawn_cold(launch.argv, env, launch.workdir)
+        proc = spawn_cold(argv, env, launch.workdir)
         return ProcessTask(launch.allocation_id, proc, self.output, marker)
+
+    def _task_env(self, launch: Launch) -> TaskEnv:
+        """The environment of the task's context, made now if need be (said in its logs)."""
+        context_id = launch.spec.context_id
+        try:
+            task_env = ensure_env(self.envs_dir, "none" if context_id is None
+                                  else str(context_id))
+        except TaskEnvError as e:
+            self.output.logs.add(launch.allocation_id, "det", str(e))
+            raise
+        if task_env.created:
+            self.output.logs.add(launch.allocation_id, "det",
+                                 f"created the task environment {task_env.path}: what the "
+                                 "task installs goes there, over det's packages")
+        return task_env
 
     def adopt(self, agent_id: str, live: dict[int, Any]) -> dict[int, ProcessTask]:
         return {}  # processes die with the agent that started them (see det.agent.guard)

@@ -11,13 +11,15 @@ fork (the zygote never connects).
 Which tasks: the ones whose command is this interpreter running a script or a module
 (``python3 train.py ARGS``, ``python -m det.harness.run model_def:Trial``), with no
 ``startup-hook.sh`` in the context (a hook is a shell script: such tasks start cold, through
-the usual wrapper). :func:`python_command` decides.
+the usual wrapper) and nothing installed in the task's environment (:mod:`det.agent.taskenv`:
+what it holds may shadow what the zygote imported). :func:`python_command` decides the first.
 
 The protocol, over a ``SOCK_SEQPACKET`` socket pair (one message per packet):
 
 * zygote -> agent ``{"ready": pid}`` once its imports are done;
-* agent -> zygote ``{"id": n, "argv": [...], "env": {...}, "cwd": "..."}`` with the task's
-  stdout and stderr write ends attached (SCM_RIGHTS);
+* agent -> zygote ``{"id": n, "argv": [...], "env": {...}, "cwd": "..."}`` (and ``"venv":
+  [prefix, python, site-packages]``: the task's environment) with the task's stdout and
+  stderr write ends attached (SCM_RIGHTS);
 * zygote -> agent ``{"id": n, "pid": pid}`` (or ``{"id": n, "error": "..."}``), then
   ``{"exited": pid, "code": code}`` when that child ends (negative: killed by that signal).
 
@@ -36,6 +38,7 @@ import selectors
 import shlex
 import shutil
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -49,6 +52,7 @@ from typing import NoReturn
 import setproctitle
 
 from det.agent.shell import plain_words
+from det.agent.taskenv import TaskEnv
 from det.host_user import PRIVATE_UMASK
 
 
@@ -72,13 +76,16 @@ _READY_SECONDS = 60  # for the zygote's imports, on a host busy with other tasks
 _MAX_MESSAGE = 1 << 20  # bytes: a task's argv and environment in one packet
 
 
-def python_command(argv: list[str], env: Mapping[str, str], workdir: Path) -> list[str] | None:
+def python_command(argv: list[str], env: Mapping[str, str], workdir: Path,
+                   python: str = sys.executable) -> list[str] | None:
     """The interpreter arguments (``["train.py", ...]`` or ``["-m", "mod", ...]``) when
-    ``argv`` runs this interpreter on a script or module and can start warm, else None.
+    ``argv`` runs this interpreter or ``python`` (a task environment's over it:
+    :mod:`det.agent.taskenv`, which the forked task becomes) on a script or module and can
+    start warm, else None.
 
     ``argv`` is as :func:`det.configs.entrypoint.entrypoint_argv` makes it: a shell command
     (``["sh", "-c", CMD]``) counts only when CMD is plain words, with no shell syntax. The
-    interpreter is this one when its name, looked up on the task's ``PATH``, is the same
+    interpreter is one of those when its name, looked up on the task's ``PATH``, is the same
     executable in the same directory (so the same virtual environment)."""
     if (workdir / "startup-hook.sh").exists():
         return None
@@ -87,7 +94,8 @@ def python_command(argv: list[str], env: Mapping[str, str], workdir: Path) -> li
         if words is None:
             return None
         argv = words
-    if len(argv) < 2 or not _is_this_python(argv[0], env.get("PATH")):
+    if len(argv) < 2 or not any(_is_this_python(argv[0], env.get("PATH"), p)
+                                for p in {sys.executable, python}):
         return None
     rest = argv[1:]
     if rest[0] == "-m":
@@ -95,11 +103,11 @@ def python_command(argv: list[str], env: Mapping[str, str], workdir: Path) -> li
     return None if rest[0].startswith("-") else rest
 
 
-def _is_this_python(name: str, path: str | None) -> bool:
+def _is_this_python(name: str, path: str | None, python: str) -> bool:
     found = shutil.which(name, path=path)
     if found is None:
         return False
-    here, there = Path(sys.executable), Path(found)
+    here, there = Path(python), Path(found)
     try:
         return (there.resolve() == here.resolve()
                 and there.parent.resolve() == here.parent.resolve())
@@ -138,10 +146,15 @@ class Zygote:
         self._codes: dict[int, int] = {}
         self._children: set[int] = set()
 
-    def spawn(self, args: list[str], env: Mapping[str, str], workdir: Path) -> ZygoteChild:
+    def spawn(self, args: list[str], env: Mapping[str, str], workdir: Path,
+              task_env: TaskEnv | None = None) -> ZygoteChild:
         """Fork a task running ``python ARGS`` (see :func:`python_command`) in ``workdir``
-        with exactly ``env``. Raises ``OSError`` when the zygote cannot be reached or the
-        fork failed (the caller starts the task cold instead)."""
+        with exactly ``env``; with ``task_env`` (one with nothing installed yet), as that
+        environment's interpreter: its ``sys.executable`` and ``sys.prefix``, and its
+        site-packages first on ``sys.path``, so that what the task installs with
+        ``sys.executable -m pip`` goes there and can be imported. Raises ``OSError`` when
+        the zygote cannot be reached or the fork failed (the caller starts the task cold
+        instead)."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -151,8 +164,11 @@ class Zygote:
                 rid = self._next_id
                 answer: Future = Future()
                 self._waiting[rid] = answer
-                message = json.dumps({"id": rid, "argv": args, "env": dict(env),
-                                      "cwd": str(workdir)}).encode()
+                request = {"id": rid, "argv": args, "env": dict(env), "cwd": str(workdir)}
+                if task_env is not None:
+                    request["venv"] = [str(task_env.path), task_env.python,
+                                       str(task_env.site_packages)]
+                message = json.dumps(request).encode()
                 socket.send_fds(sock, [message], [out_w, err_w])
             reply = answer.result(timeout=30)
         except BaseException:
@@ -348,7 +364,20 @@ def _become(request: dict) -> list[str]:
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
              if p and p not in sys.path]
     sys.path[:1] = [first, *extra]
+    if "venv" in request:
+        _enter_venv(*request["venv"])
     return args
+
+
+def _enter_venv(prefix: str, python: str, site_packages: str) -> None:
+    """Make this process the task environment's interpreter, as far as Python code can tell:
+    ``sys.executable``, ``sys.prefix`` (so ``sysconfig``'s install paths) and its
+    site-packages on ``sys.path`` before det's, where the venv's interpreter has them."""
+    dets = site.getsitepackages()  # det's: read before sys.prefix changes
+    at = next((i for i, p in enumerate(sys.path) if p in dets), len(sys.path))
+    sys.path.insert(at, site_packages)
+    sys.prefix = sys.exec_prefix = prefix
+    sys.executable = python
 
 
 def _run(args: list[str]) -> dict:

@@ -14,13 +14,17 @@ the database's own clock it reads, per submission:
 
 It prints p50 / p95 in milliseconds. The docker runtime needs a Docker engine and det's task
 image (``det image build --offline``); without them only the process runtime is measured.
+``process-hook`` is the process runtime with a one-line ``startup-hook.sh`` in the context:
+such a task starts cold (a shell, then a fresh interpreter in its task environment), where
+the plain one is forked warm by the agent's zygote (det.agent.zygote, det.agent.taskenv).
 Figures only, no assertions.
 
-    python bench/task_start.py [--n 20] [--runtimes process,docker]
+    python bench/task_start.py [--n 20] [--runtimes process,process-hook,docker]
 """
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -59,9 +63,10 @@ def pct(samples: list[float], q: float) -> float:
     return ordered[max(0, round(q * len(ordered)) - 1)]
 
 
-def measure(runtime: str, n: int, conn, url: str, config: Path) -> dict[str, list]:
+def measure(runtime: str, n: int, conn, url: str, config: Path,
+            context: Path) -> dict[str, list]:
     agent = det_process(url, "agent", "run", "--id", f"bench-{runtime}", "--slot-type", "cpu",
-                        "--slots", "1", "--runtime", runtime)
+                        "--slots", "1", "--runtime", runtime.removesuffix("-hook"))
     try:
         while not conn.execute("SELECT 1 FROM agents WHERE id = %s AND state = 'ACTIVE'",
                                (f"bench-{runtime}",)).fetchone():
@@ -70,7 +75,7 @@ def measure(runtime: str, n: int, conn, url: str, config: Path) -> dict[str, lis
             time.sleep(0.1)
         samples: dict[str, list] = {"running": [], "first_batch": [], "overhead": []}
         for _ in range(n):
-            det(url, "experiment", "create", str(config), str(DIGITS))
+            det(url, "experiment", "create", str(config), str(context))
             eid = conn.execute("SELECT max(id) AS id FROM experiments").fetchone()["id"]
             while (row := conn.execute(TIMES, (eid,)).fetchone()) is None:
                 time.sleep(0.05)
@@ -95,20 +100,24 @@ def main() -> None:
     with private_database() as db, tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "task-start.yaml"
         config.write_text(yaml.safe_dump(cfg))
+        hooked = Path(tmp) / "digits-hooked"
+        shutil.copytree(DIGITS, hooked)
+        (hooked / "startup-hook.sh").write_text("export DET_BENCH_HOOK=1\n")
         reconciler = det_process(db.url, "reconcile", "--interval", "0.2")
         try:
             with psycopg.connect(db.url, autocommit=True, row_factory=dict_row) as conn:
                 for runtime in args.runtimes.split(","):
-                    results[runtime] = measure(runtime, args.n, conn, db.url, config)
+                    context = hooked if runtime.endswith("-hook") else DIGITS
+                    results[runtime] = measure(runtime, args.n, conn, db.url, config, context)
         finally:
             stop([reconciler])
     print(f"{args.n} one-batch digits trials per runtime, one at a time, milliseconds:")
-    print(f"{'runtime':<9} {'-> running p50/p95':>20} {'-> first batch p50/p95':>24} "
+    print(f"{'runtime':<12} {'-> running p50/p95':>20} {'-> first batch p50/p95':>24} "
           f"{'start overhead p50/p95':>24}")
     for runtime, s in results.items():
         cells = [f"{statistics.median(s[k]):8.0f} / {pct(s[k], 0.95):6.0f}"
                  for k in ("running", "first_batch", "overhead")]
-        print(f"{runtime:<9} {cells[0]:>20} {cells[1]:>24} {cells[2]:>24}")
+        print(f"{runtime:<12} {cells[0]:>20} {cells[1]:>24} {cells[2]:>24}")
 
 
 if __name__ == "__main__":

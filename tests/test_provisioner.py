@@ -179,3 +179,29 @@ def test_start_failures_in_a_row_back_off_and_say_when_the_next_launch_is() -> N
     assert decide(P, Demand(slots=1), [], StartFailures(2, 5.0)).status.endswith("in 15 s")
     assert decide(P, Demand(slots=1), [], StartFailures(2, 21.0)).launch == 1
     assert backoff(0) == 0 and backoff(1) == 10 and backoff(20) == 600
+
+
+def test_an_instance_whose_agent_holds_a_run_is_not_terminated_as_idle(conn, ended) -> None:
+    """The TERMINATE statement checks again, in the transaction that drains the agent, that it
+    holds nothing: a run placed after the decision keeps its instance."""
+    from det.reconciler import provision
+
+    conn.execute("SELECT det_agent_register('det-instance-1', 'h', 'default', 'process', "
+                 "'[{\"slot_id\": 0, \"type\": \"cpu\"}]')")
+    conn.execute(provision.REQUEST, {"n": 1, "pool": "default", "provider": "local"})
+    assert conn.execute(provision.ARRIVED).rowcount == 1
+    eid, _ = ended.make([[]], ended=False)
+    conn.execute(
+        "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec, "
+        "state, agent_id) SELECT e.job_id, t.id, 2, 'default', 1, '{}', 'RUNNING', "
+        "'det-instance-1' FROM experiments e JOIN trials t ON t.experiment_id = e.id "
+        "WHERE e.id = %s", (eid,))
+    args = {"id": 1, "reason": "idle for 3 s"}
+    assert conn.execute(provision.TERMINATE, args).fetchone() is None
+    assert conn.execute("SELECT state::text AS s FROM agents").fetchone()["s"] == "ACTIVE"
+    conn.execute("UPDATE allocations SET state = 'TERMINATED', ended_at = now() "
+                 "WHERE agent_id = 'det-instance-1'")
+    assert conn.execute(provision.TERMINATE, args).fetchone() == {"id": 1}
+    assert conn.execute("SELECT state::text AS s FROM agents").fetchone()["s"] == "DISABLED"
+    with pytest.raises(Exception, match="illegal state change TERMINATING -> RUNNING"):
+        conn.execute("UPDATE instances SET state = 'RUNNING'")

@@ -146,6 +146,11 @@ def test_a_hook_and_a_trial_install_into_their_context_s_environment(det, conn,
     assert Path(installed[1]).is_relative_to(work / "envs")
     assert not Path(installed[1]).is_relative_to(venv)
     assert installed[3].startswith("det zygote")  # forked warm, and still installed apart
+    # a command's own `pip install` is its environment's pip, as the hook's was
+    r = det("cmd", "run", "-c", str(ctx_b), "--", "sh", "-c",
+            'command -v pip && python3 -c "import sys; print(sys.prefix)"', timeout=300)
+    pip, prefix = map(Path, r.stdout.splitlines()[-2:])
+    assert pip == prefix / "bin" / "pip" and prefix.parent == work / "envs", r.stdout
 
     assert det_packages() == before
     assert det_imports("tabulate") == det_tabulate
@@ -155,9 +160,11 @@ def test_a_hook_and_a_trial_install_into_their_context_s_environment(det, conn,
     (work / "envs" / "none").write_text("in the way\n")  # where a context-less task's goes
     r = det("cmd", "run", "--", "true", check=False, timeout=300)
     assert r.returncode != 0
-    reason = conn.execute("SELECT exit_reason FROM allocations WHERE job_id = "
-                          "(SELECT max(job_id) FROM allocations)").fetchone()["exit_reason"]
-    assert reason.startswith(f"launch failed: task environment {work}/envs/none: cannot "
-                             "create it"), reason
-    wait_for(lambda: "cannot create it" in det("cmd", "logs", "3", check=False).stdout
-             + det("cmd", "logs", "3", check=False).stderr, 30, "the reason in the task's logs")
+    failed = conn.execute("SELECT id, exit_reason FROM allocations "
+                          "ORDER BY job_id DESC LIMIT 1").fetchone()
+    assert failed["exit_reason"].startswith(
+        f"launch failed: task environment {work}/envs/none: cannot create it"), failed
+    wait_for(lambda: conn.execute(
+        "SELECT count(*) AS n FROM task_logs WHERE allocation_id = %s AND stream = 'det' "
+        "AND line LIKE 'task environment %%: cannot create it: %%'",
+        (failed["id"],)).fetchone()["n"] == 1, 30, "the reason in the task's logs")

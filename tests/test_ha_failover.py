@@ -1,9 +1,9 @@
 """A control plane that survives losing its database server (issue 35): det on a Patroni
 cluster (deploy/ha/ha.sh: etcd, two PostgreSQL 15 nodes, synchronous replication), given as
 a multi-host URL. The primary's postmaster is killed (kill -9) during a digits trial; Patroni
-promotes the synchronous replica; the reconciler, the agent, the task's harness and the CLI
-find the new primary, and the trial completes with 0 restarts, its metrics, checkpoints and
-log lines stored exactly once each.
+promotes the synchronous replica; the reconciler, the agent, the task's harness, the CLI and
+det serve find the new primary, and the trial completes with 0 restarts, its metrics,
+checkpoints and log lines stored exactly once each.
 
 One HA cluster for the module (about 30 s to bring up). Skipped, saying why, where patroni or
 etcd is not installed (.ci/run installs them: Debian's patroni and etcd-server)."""
@@ -23,6 +23,7 @@ import psycopg
 import pytest
 from conftest import REPO, Det, wait_for
 from psycopg.rows import dict_row
+from test_api import Server
 from test_e2e_digits import DIGITS, digits_config
 
 HA = REPO / "deploy" / "ha" / "ha.sh"
@@ -82,7 +83,7 @@ def hdet(ha: Cluster, tmp_path: Path) -> Iterator[Det]:
 
 
 def test_a_trial_completes_through_a_failover_with_nothing_lost_or_doubled(
-        ha: Cluster, hdet: Det, tmp_path: Path) -> None:
+        ha: Cluster, hdet: Det, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     cfg = digits_config(tmp_path, **{"searcher.max_length": {"batches": 300},
                                      "min_validation_period": {"batches": 100},
                                      "min_checkpoint_period": {"batches": 100},
@@ -90,6 +91,8 @@ def test_a_trial_completes_through_a_failover_with_nothing_lost_or_doubled(
     hdet.start("reconciler", "reconcile", "--interval", "0.5")
     hdet.start("agent", "agent", "run", "--slots", "1")
     hdet("experiment", "create", str(cfg), str(DIGITS))
+    server = Server(hdet.env, tmp_path)  # det serve, logged in before the failover
+    request.addfinalizer(server.stop)
 
     def conn() -> psycopg.Connection:
         return psycopg.connect(ha.url, autocommit=True, row_factory=dict_row)
@@ -106,6 +109,8 @@ def test_a_trial_completes_through_a_failover_with_nothing_lost_or_doubled(
     assert hdet("experiment", "wait", "1", timeout=300).returncode == 0
     exp = json.loads(hdet("experiment", "describe", "1", "--json").stdout)
     assert exp["state"] == "COMPLETED"
+    r = server.client.get("/api/v1/experiments/1")
+    assert r.status_code == 200 and r.json()["state"] == "COMPLETED", r.text
     with conn() as c:
         trial = c.execute("SELECT id, state::text, restarts, runs, steps_completed FROM trials"
                           ).fetchone()

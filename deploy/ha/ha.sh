@@ -24,7 +24,8 @@ base=${BASE_PORT:-15430}
 pg_bin=${PG_BIN:-/usr/lib/postgresql/15/bin}
 etcd_port=$((base + 10))
 run_as=()
-[ "$(id -u)" = 0 ] && run_as=(runuser -u postgres --)
+# setpriv execs (runuser would fork): the pid recorded is the server's own
+[ "$(id -u)" = 0 ] && run_as=(setpriv --reuid=postgres --regid=postgres --init-groups --)
 
 node_port() { echo $((base + $1)); }
 rest_port() { echo $((base + 20 + $1)); }
@@ -174,9 +175,11 @@ stop_pid() {  # stop_pid FILE: SIGTERM, then wait for the process to end
 
 down() {
     local f
-    for f in "$dir"/node*/patroni.pid; do
-        [ -e "$f" ] && kill -CONT "$(cat "$f")" 2>/dev/null; stop_pid "$f"
+    for f in "$dir"/node*/patroni.pid; do  # all at once: no replica is promoted meanwhile
+        [ -e "$f" ] && kill -CONT "$(cat "$f")" 2>/dev/null
+        stop_pid "$f" &
     done
+    wait
     for f in "$dir"/node*/data/postmaster.pid; do  # a postmaster Patroni left (it was killed)
         [ -e "$f" ] && kill -CONT "$(head -1 "$f")" 2>/dev/null
         [ -e "$f" ] && "${run_as[@]}" "$pg_bin/pg_ctl" -D "$(dirname "$f")" stop -m immediate >/dev/null 2>&1 || true

@@ -28,8 +28,12 @@ from det.configs.allocation import INTERACTIVE_KINDS, AllocationSpec
 from det.host_user import PRIVATE_UMASK
 
 # A context's startup-hook.sh is sourced (so its exports reach the task; spec:
-# run-training-code, Get Ready) by a shell that then becomes the task.
-_WITH_HOOK = '. ./startup-hook.sh || exit $?\nexec "$@"'
+# run-training-code, Get Ready) by a shell that then becomes the task. Hooks of one task
+# environment run one at a time (flock(1), util-linux): two pip installs into one
+# site-packages at once can break each other's files.
+_WITH_HOOK = ('if [ -n "$VIRTUAL_ENV" ]; then exec 9>"$VIRTUAL_ENV/det-hook.lock"; flock 9; fi\n'
+              '. ./startup-hook.sh || exit $?\n'
+              'flock -u 9 2>/dev/null; exec 9>&-\nexec "$@"')  # the task holds no lock
 log = logging.getLogger(__name__)
 
 _STOP_WAIT = 0.2  # seconds a task's end waits for its output's reader to let go of it

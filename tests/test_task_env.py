@@ -71,8 +71,10 @@ def test_an_environment_that_cannot_be_made_names_its_path(tmp_path) -> None:
 
 
 HOOK = """\
+echo "start $DET_ALLOCATION_ID" >> "$VIRTUAL_ENV/hooks.txt"
 python3 -c 'import p1tiny' 2>/dev/null || \\
     pip install -q --no-index --no-build-isolation {tiny} {shadow}
+echo "end $DET_ALLOCATION_ID" >> "$VIRTUAL_ENV/hooks.txt"
 """
 
 TRAIN = """\
@@ -103,7 +105,8 @@ def test_a_hook_and_a_trial_install_into_their_context_s_environment(det, conn,
                                                                        tmp_path) -> None:
     """The issue's check: a startup hook installs a small package (and one det has too, at
     another version) and the trials import them; det's environment is unchanged after. The
-    second trial of the context reuses its environment; a warm-started command of another
+    second trial of the context reuses its environment, its hook run after the first's; a
+    warm-started command of another
     context does not see the package, and its own ``sys.executable -m pip install`` lands in
     its own environment. Injected: an environment that cannot be made."""
     src = tmp_path / "src"
@@ -114,7 +117,7 @@ def test_a_hook_and_a_trial_install_into_their_context_s_environment(det, conn,
     before = det_packages()
     work = tmp_path / "agent"
     det.start("reconciler", "reconcile", "--interval", "0.5")
-    det.start("agent", "agent", "run", "--slots", "1", "--runtime", "process",
+    det.start("agent", "agent", "run", "--slots", "2", "--runtime", "process",
               "--work-dir", str(work))
 
     ctx = tmp_path / "ctx"
@@ -123,7 +126,8 @@ def test_a_hook_and_a_trial_install_into_their_context_s_environment(det, conn,
     (ctx / "train.py").write_text(TRAIN)
     cfg = tmp_path / "exp.yaml"
     cfg.write_text("name: hooked\nentrypoint: python3 train.py\nmax_restarts: 0\n"
-                   "searcher: {name: grid, metric: loss, max_length: {batches: 1}}\n"
+                   "searcher: {name: grid, metric: loss, max_length: {batches: 1}, "
+                   "max_concurrent_trials: 2}\n"
                    "hyperparameters: {x: {type: categorical, vals: [1, 2]}}\n")
     det("experiment", "create", str(cfg), str(ctx))
     assert det("experiment", "wait", "1", check=False, timeout=300).returncode == 0, \
@@ -135,6 +139,10 @@ def test_a_hook_and_a_trial_install_into_their_context_s_environment(det, conn,
     assert [(Path(python).parent, *versions) for _, python, *versions in ran] == [
         (venv / "bin", "1.0", "99.0")] * 2
     assert sum("created the task environment" in x for x in lines) == 1  # the second reuses it
+    # the two trials started together; their hooks ran one after the other
+    hooks = [x.split() for x in (venv / "hooks.txt").read_text().splitlines()]
+    assert [w for w, _ in hooks] == ["start", "end", "start", "end"], hooks
+    assert hooks[0][1] == hooks[1][1] != hooks[2][1] == hooks[3][1]
 
     ctx_b = tmp_path / "ctx_b"
     ctx_b.mkdir()

@@ -82,19 +82,41 @@ class SchedulerConfig(BaseModel):
     min_run_time: float = Field(60.0, ge=0)
 
 
+def _endpoint_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PydanticCustomError("endpoint_url", "expected an http:// or https:// URL with a "
+                                  "host, got '{value}'", {"value": value})
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise PydanticCustomError("endpoint_url", "expected a URL without user, password, "
+                                  "query or fragment, got '{value}'", {"value": value})
+    return value
+
+
 class ProviderConfig(BaseModel):
     """``provider`` of an elastic pool: where its agents come from (issue 36; the decisions are
     :func:`det.reconciler.provisioner.decide`). ``local``: agent processes on the reconciler's
-    host, ``slots_per_instance`` CPU slots each. Durations are seconds or text such as ``5m``
-    (defaults from the seed's provisioner: 5m idle, 10m startup)."""
+    host, ``slots_per_instance`` CPU slots each; ``aws``: EC2 instances of ``image_id`` (an
+    image with det installed) and ``instance_type`` in ``region``, optionally in ``subnet_id``
+    with ``security_group_ids``, their user data starting the agent after ``user_data``
+    (``endpoint_url``: another EC2 endpoint, e.g. moto's in the tests). Durations are seconds
+    or text such as ``5m`` (defaults from the seed's provisioner: 5m idle, 10m startup)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["local"]
+    type: Literal["local", "aws"]
     min_instances: int = Field(0, ge=0)
     max_instances: int = Field(5, ge=1)
     slots_per_instance: int = Field(1, ge=0)
     max_idle_agent_period: Duration = 300.0
     agent_startup_timeout: Duration = 600.0
+    # aws (det.reconciler.aws_provider): where and what to launch
+    region: str = "us-east-1"
+    endpoint_url: Annotated[str, AfterValidator(_endpoint_url)] | None = None
+    image_id: str | None = None
+    instance_type: str = "t3.medium"
+    subnet_id: str | None = None
+    security_group_ids: list[str] = Field(default_factory=list)
+    user_data: str = ""
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> "ProviderConfig":
@@ -102,6 +124,8 @@ class ProviderConfig(BaseModel):
             raise PydanticCustomError(
                 "provider", "min_instances: {min} is above max_instances {max}",
                 {"min": self.min_instances, "max": self.max_instances})
+        if self.type == "aws" and not self.image_id:
+            raise PydanticCustomError("provider", "image_id: required for type aws")
         return self
 
 
@@ -120,17 +144,6 @@ class ResourceManagerConfig(BaseModel):
     scheduler: SchedulerConfig = SchedulerConfig()
     default_compute_resource_pool: str = "default"
     default_aux_resource_pool: str = "default"
-
-
-def _endpoint_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise PydanticCustomError("endpoint_url", "expected an http:// or https:// URL with a "
-                                  "host, got '{value}'", {"value": value})
-    if parts.username or parts.password or parts.query or parts.fragment:
-        raise PydanticCustomError("endpoint_url", "expected a URL without user, password, "
-                                  "query or fragment, got '{value}'", {"value": value})
-    return value
 
 
 class StorageAllowList(BaseModel):

@@ -5,13 +5,16 @@ In one transaction it records what it sees (agents that registered, since when e
 asks :func:`det.reconciler.provisioner.decide` per pool, writes new instances as REQUESTED,
 marks the ones to stop TERMINATING (draining their agent in the same statement, which checks
 again that the agent holds nothing), and the pool's status. Only then, outside any
-transaction, it talks to the provider: launches each REQUESTED instance under its row's name,
-unless a process of that name already runs (a reconciler killed between the launch and its
-record), then records it STARTING; stops TERMINATING ones and records GONE those whose
-process has ended. Every step reads its work from the table, so a pass cut short anywhere
+transaction, it talks to each pool's provider (:mod:`det.reconciler.local_provider`,
+:mod:`det.reconciler.aws_provider`): launches each REQUESTED instance under its row's name,
+unless one of that name already runs (a reconciler killed between the launch and its
+record), then records it STARTING; a launch the provider refuses ends the instance as a start
+failure, which the pool backs off from; stops TERMINATING ones and records GONE those whose
+process or machine has ended. Every step reads its work from the table, so a pass cut short anywhere
 leaves what the next one carries on from, and nothing is launched twice.
 """
 
+import json
 import logging
 import os
 import signal
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import psycopg
 
+from det.reconciler.aws_provider import AwsProvider, ProviderError
 from det.reconciler.local_provider import STOP_GRACE_SECONDS, LocalProvider
 from det.reconciler.provisioner import Demand, Instance, Provider, StartFailures, decide
 
@@ -56,14 +60,15 @@ SELECT r.name, r.provider, r.provider_status,
        (SELECT count(*) FROM allocations a
          WHERE a.resource_pool = r.name AND a.state = 'PENDING' AND a.desired_state = 'RUNNING'
            AND a.slots_needed = 0)::int AS aux,
-       f.failures, f.failure_age
+       f.failures, f.failure_age, f.failure_reason
   FROM resource_pools r
   CROSS JOIN LATERAL (
     -- Start failures in a row: ended instances whose agent never registered, since the
     -- latest instance whose agent did.
     SELECT count(*)::int AS failures,
            extract(epoch FROM now() - max(coalesce(i.terminating_at, i.gone_at)))::float
-               AS failure_age
+               AS failure_age,
+           coalesce((array_agg(i.reason ORDER BY i.id DESC))[1], '') AS failure_reason
       FROM instances i
      WHERE i.resource_pool = r.name AND i.running_at IS NULL AND i.state >= 'TERMINATING'
        AND i.id > coalesce((SELECT max(id) FROM instances
@@ -73,7 +78,8 @@ SELECT r.name, r.provider, r.provider_status,
 """
 
 LIVE_INSTANCES = """
-SELECT i.id, i.resource_pool, i.state::text AS state, i.agent_id, i.provider_id,
+SELECT i.id, i.resource_pool, i.state::text AS state, i.agent_id, i.provider_id, i.provider,
+       r.provider AS config,
        extract(epoch FROM now() - i.requested_at)::float AS age,
        coalesce(g.state = 'LOST', false) AS agent_lost,
        extract(epoch FROM now() - i.idle_since)::float AS idle_for,
@@ -121,6 +127,13 @@ UPDATE instances
  WHERE id = %(id)s AND provider_id IS NULL
 """
 
+# A launch the provider refused: the instance is GONE without having started (a start
+# failure: det.reconciler.provisioner.backoff).
+LAUNCH_FAILED = """
+UPDATE instances SET state = 'GONE', gone_at = now(), reason = %(reason)s
+ WHERE id = %(id)s AND state = 'REQUESTED'
+"""
+
 # An instance whose process ended: GONE; a reason is kept, or the exit is the reason.
 GONE = """
 UPDATE instances
@@ -135,6 +148,7 @@ class Provisioner:
 
     def __init__(self, home: Path) -> None:
         self.local = LocalProvider(home / "instances")
+        self._aws: dict[tuple[str, str], AwsProvider] = {}
 
     def step(self, conn: psycopg.Connection) -> int:
         """Run the step on the leader's ``conn`` (autocommit: its own transactions); returns
@@ -161,7 +175,8 @@ class Provisioner:
         instances = [Instance(r["id"], r["state"], r["age"], r["agent_lost"], r["idle_for"])
                      for r in rows if r["state"] != "TERMINATING"]
         d = decide(provider, Demand(pool["slots"], pool["aux"]), instances,
-                   StartFailures(pool["failures"], pool["failure_age"] or 0.0))
+                   StartFailures(pool["failures"], pool["failure_age"] or 0.0,
+                                 pool["failure_reason"]))
         changes = 0
         if d.launch:
             changes += conn.execute(REQUEST, {"n": d.launch, "pool": pool["name"],
@@ -176,39 +191,66 @@ class Provisioner:
         return changes
 
     def _act(self, conn: psycopg.Connection, live: list[dict], stopping: set[int]) -> int:
-        """Talk to the provider about ``live`` instances (outside a transaction)."""
-        if not live:
-            return 0
-        running = self.local.running()
+        """Talk to the providers about ``live`` instances (outside a transaction), one pool
+        at a time."""
         changes = 0
-        for row in live:
-            pid = running.get(row["agent_id"])
-            if row["state"] == "REQUESTED" and pid is None:
-                try:
-                    pid = self._launch(row)
-                except OSError as e:
-                    # Stays REQUESTED: tried again next pass, or ended by the startup timeout.
-                    log.error("instance %s: launch failed: %s", row["agent_id"], e)
-                    continue
-                changes += conn.execute(LAUNCHED, {"id": row["id"], "pid": str(pid)}).rowcount
-            elif row["provider_id"] is None and pid is not None:
-                # Launched by a reconciler killed before it recorded the launch.
-                log.info("instance %s: adopted its running agent (pid %s)", row["agent_id"], pid)
-                changes += conn.execute(LAUNCHED, {"id": row["id"], "pid": str(pid)}).rowcount
-            elif pid is None:
-                # Its process ended (stopped by us, or on its own).
-                changes += conn.execute(GONE, {"id": row["id"]}).rowcount
-                log.info("instance %s: gone", row["agent_id"])
-            elif row["state"] == "TERMINATING" and (
-                    row["id"] in stopping or row["stopping_for"] > STOP_GRACE_SECONDS):
-                self.local.stop(pid, kill=row["id"] not in stopping)
+        for pool in sorted({r["resource_pool"] for r in live}):
+            rows = [r for r in live if r["resource_pool"] == pool]
+            try:
+                provider = self._provider(rows[0])
+                running = provider.running()
+            except (ProviderError, KeyError) as e:
+                log.error("pool %s: cannot list its instances: %s", pool, e)
+                continue
+            for row in rows:
+                changes += self._act_one(conn, provider, running.get(row["agent_id"]), row,
+                                         row["id"] in stopping)
         return changes
 
-    def _launch(self, row: dict) -> int:
-        pid = self.local.launch(row["agent_id"], row["resource_pool"], row["slots"])
-        log.info("instance %s: launched agent process %s", row["agent_id"], pid)
+    def _provider(self, row: dict) -> "LocalProvider | AwsProvider":
+        if row["provider"] == "local":
+            return self.local
+        key = (row["resource_pool"], json.dumps(row["config"], sort_keys=True))
+        if key not in self._aws:
+            self._aws[key] = AwsProvider(row["resource_pool"], row["config"])
+        return self._aws[key]
+
+    def _act_one(self, conn: psycopg.Connection, provider, handle: int | str | None, row: dict,
+                 stopping: bool) -> int:
+        """One instance; ``handle``: the provider's id of what runs under its name, if any."""
+        name = row["agent_id"]
+        handle = None if handle is None else str(handle)
+        if row["state"] == "REQUESTED" and handle is None:
+            try:
+                handle = str(self._launch(provider, row))
+            except (OSError, ProviderError) as e:
+                # Counted as a start failure: the pool backs off before it launches again.
+                log.error("instance %s: launch failed: %s", name, e)
+                return conn.execute(LAUNCH_FAILED, {"id": row["id"],
+                                                    "reason": f"launch failed: {e}"}).rowcount
+            return conn.execute(LAUNCHED, {"id": row["id"], "pid": handle}).rowcount
+        if row["provider_id"] is None and handle is not None:
+            # Launched by a reconciler killed before it recorded the launch.
+            log.info("instance %s: adopted its running agent (%s)", name, handle)
+            return conn.execute(LAUNCHED, {"id": row["id"], "pid": handle}).rowcount
+        if handle is None:
+            # Its process or machine ended (stopped by us, or on its own).
+            log.info("instance %s: gone", name)
+            return conn.execute(GONE, {"id": row["id"]}).rowcount
+        if row["state"] == "TERMINATING" and (stopping or row["stopping_for"]
+                                              > STOP_GRACE_SECONDS):
+            try:
+                provider.stop(handle if isinstance(provider, AwsProvider) else int(handle),
+                              kill=not stopping)
+            except ProviderError as e:
+                log.error("instance %s: stop failed (tried again): %s", name, e)
+        return 0
+
+    def _launch(self, provider, row: dict) -> int | str:
+        handle = provider.launch(row["agent_id"], row["resource_pool"], row["slots"])
+        log.info("instance %s: launched agent process %s", row["agent_id"], handle)
         marker = os.environ.get(KILL_AFTER_LAUNCH_ENV)
         if marker and not Path(marker).exists():
             Path(marker).touch()
             os.kill(os.getpid(), signal.SIGKILL)
-        return pid
+        return handle

@@ -48,11 +48,13 @@ class Demand:
 
 @dataclass(frozen=True)
 class StartFailures:
-    """Instances that ended without their agent ever registering, since the last one whose
-    agent did: ``count``, and ``age``, seconds since the latest of them ended."""
+    """Instances that ended without their agent ever registering (or whose launch the
+    provider refused), since the last one whose agent did: ``count``; ``age``, seconds since
+    the latest of them ended; ``reason``, why it ended."""
 
     count: int = 0
     age: float = 0.0
+    reason: str = ""
 
 
 BACKOFF_BASE_SECONDS = 10.0
@@ -99,13 +101,14 @@ def decide(provider: Provider, demand: Demand, instances: list[Instance],
             failed += 1
             d.terminate.append((i.id, f"agent did not register within "
                                       f"{provider.agent_startup_timeout:g} s"))
+            failures = StartFailures(failures.count, 0.0, d.terminate[-1][1])
         elif i.state == "RUNNING" and i.agent_lost:
             d.terminate.append((i.id, "agent lost"))
         else:
             live.append(i)
     booting = sum(i.state in BOOTING for i in live)
     if failed:
-        failures = StartFailures(failures.count + failed, 0.0)
+        failures = StartFailures(failures.count + failed, 0.0, failures.reason)
     per = provider.slots_per_instance
     wanted = math.ceil(demand.slots / per) if per else 0
     if demand.aux and not live:
@@ -115,8 +118,9 @@ def decide(provider: Provider, demand: Demand, instances: list[Instance],
     wait = backoff(failures.count) - failures.age
     if d.launch and wait > 0:
         d.launch = 0
-        d.status = (f"{failures.count} instance(s) in a row failed to start; next launch in "
-                    f"{math.ceil(wait)} s")
+        why = f" ({failures.reason})" if failures.reason else ""
+        d.status = (f"{failures.count} instance(s) in a row failed to start{why}; next launch "
+                    f"in {math.ceil(wait)} s")
     elif target > provider.max_instances:
         d.status = (f"at max_instances {provider.max_instances}: "
                     f"{demand.slots} slot(s) and {demand.aux} task(s) wait")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import wait_for
+from test_checkpoint_storage import s3_server  # noqa: F401 (moto's server, EC2 included)
 
 from det.reconciler.provisioner import Demand, Instance, Provider, StartFailures, backoff, decide
 
@@ -148,8 +149,8 @@ def test_an_agent_that_never_registers_is_terminated_with_the_reason(
     assert conn.execute("SELECT count(*) AS n FROM agents WHERE id = 'det-instance-1'"
                         ).fetchone()["n"] == 0
     # No loop of launches that never come up: the next waits out the back-off (10 s).
-    assert "1 instance(s) in a row failed to start; next launch in" in det(
-        "resource-pool", "list").stdout
+    assert ("1 instance(s) in a row failed to start (agent did not register within 2 s); "
+            "next launch in") in det("resource-pool", "list").stdout
     assert len(conn.execute(INSTANCES).fetchall()) == 1
     det("experiment", "kill", "1")
 
@@ -174,8 +175,8 @@ def leftover_agents(conn):
 def test_start_failures_in_a_row_back_off_and_say_when_the_next_launch_is() -> None:
     booting = [Instance(1, "STARTING", age=61.0)]
     d = decide(P, Demand(slots=1), booting)
-    assert d.launch == 0 and d.status == "1 instance(s) in a row failed to start; next " \
-                                         "launch in 10 s"
+    assert d.launch == 0 and d.status == ("1 instance(s) in a row failed to start (agent did "
+                                          "not register within 60 s); next launch in 10 s")
     assert decide(P, Demand(slots=1), [], StartFailures(2, 5.0)).status.endswith("in 15 s")
     assert decide(P, Demand(slots=1), [], StartFailures(2, 21.0)).launch == 1
     assert backoff(0) == 0 and backoff(1) == 10 and backoff(20) == 600
@@ -205,3 +206,46 @@ def test_an_instance_whose_agent_holds_a_run_is_not_terminated_as_idle(conn, end
     assert conn.execute("SELECT state::text AS s FROM agents").fetchone()["s"] == "DISABLED"
     with pytest.raises(Exception, match="illegal state change TERMINATING -> RUNNING"):
         conn.execute("UPDATE instances SET state = 'RUNNING'")
+
+
+# -- The aws provider against moto's EC2 --------------------------------------------------------
+
+
+def test_aws_launches_tagged_instances_stops_them_and_backs_off_after_errors(
+        s3_server, det, conn, tmp_path, leftover_agents) -> None:  # noqa: F811 (the fixture)
+    """moto's server runs no VM, so the agent never registers: the instance is terminated
+    after the startup timeout; a launch EC2 refuses (a wrong subnet) is stored with the pool's
+    back-off, and nothing is launched meanwhile."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=s3_server)
+    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    aws = {"type": "aws", "endpoint_url": s3_server, "image_id": ami, "max_instances": 1,
+           "agent_startup_timeout": "2s"}
+    elastic_pool(det, tmp_path, **aws)
+    four_trials(det, tmp_path, entrypoint="sleep 600")
+    det.start("reconciler", "reconcile", "--interval", "0.3")
+    first = wait_for(lambda: conn.execute(INSTANCES).fetchone(), 60, "an instance")
+    ec2_id = wait_for(lambda: conn.execute(INSTANCES).fetchone()["provider_id"], 60,
+                      "the instance to be launched")
+
+    def ec2_state() -> tuple[str, dict]:
+        inst = ec2.describe_instances(InstanceIds=[ec2_id])["Reservations"][0]["Instances"][0]
+        return inst["State"]["Name"], {t["Key"]: t["Value"] for t in inst["Tags"]}
+    assert ec2_state()[1] == {"Name": first["agent_id"], "det:instance": first["agent_id"],
+                              "det:pool": "elastic"}
+    wait_for(lambda: ec2_state()[0] == "terminated", 60, "EC2 to terminate the instance")
+    wait_for(lambda: conn.execute(INSTANCES).fetchone()["state"] == "GONE", 30,
+             "the instance to be gone")
+    assert conn.execute(INSTANCES).fetchone()["reason"] == "agent did not register within 2 s"
+    elastic_pool(det, tmp_path, **aws, subnet_id="subnet-nope")
+    second = wait_for(lambda: [r for r in conn.execute(INSTANCES).fetchall()
+                               if r["id"] > first["id"] and r["state"] == "GONE"], 60,
+                      "the second launch, after the back-off, to fail")[0]
+    assert second["reason"] == ("launch failed: AWS: InvalidSubnetID.NotFound: The subnet ID "
+                                "'subnet-nope' does not exist")
+    out = det("resource-pool", "list").stdout
+    assert "2 instance(s) in a row failed to start (launch failed: AWS: InvalidSubnetID" in out
+    assert "next launch in" in out
+    assert len(conn.execute(INSTANCES).fetchall()) == 2, "nothing launched during the back-off"
+    det("experiment", "kill", "1")

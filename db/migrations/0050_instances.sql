@@ -19,7 +19,7 @@ COMMENT ON COLUMN resource_pools.provider_status IS
 CREATE TABLE instances (
     id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     resource_pool  text NOT NULL REFERENCES resource_pools (name) ON DELETE CASCADE,
-    provider       text NOT NULL CHECK (provider IN ('local')),
+    provider       text NOT NULL CHECK (provider IN ('local', 'aws')),
     state          instance_state NOT NULL DEFAULT 'REQUESTED',
     -- det-instance-<id>: the agent's id and the name the provider finds the instance by
     agent_id       text NOT NULL UNIQUE CHECK (agent_id ~ '^det-instance-[0-9]+$'),

@@ -136,6 +136,34 @@ COMMENT ON COLUMN agents.stopping IS
     'The agent is stopping (det_agent_stop_runs): nothing new is placed on it until it '
     'registers again.';
 
+CREATE TABLE agent_logins (
+    agent_id      text PRIMARY KEY CHECK (agent_id ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,52}$'),
+    role_name     text NOT NULL UNIQUE,
+    resource_pool text REFERENCES resource_pools (name),
+    enrolled_at   timestamptz NOT NULL DEFAULT now(),
+    revoked_at    timestamptz
+);
+COMMENT ON TABLE agent_logins IS
+    'Agents enrolled with a login of their own (det_agent_enroll): role_name (det_agent_<id>, '
+    'a member of det_agent) may act only for agent_id (det_agent_check_self), in resource_pool '
+    'when set. Revoked (det_agent_revoke): the role may no longer log in. Agents without a row '
+    'log in as the shared det_agent role: the single-host mode of `det cluster up`.';
+
+CREATE TABLE agent_enrollment_tokens (
+    role_name     text PRIMARY KEY,
+    resource_pool text REFERENCES resource_pools (name),
+    created_by    text NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    expires_at    timestamptz NOT NULL,
+    used_at       timestamptz,
+    agent_id      text
+);
+COMMENT ON TABLE agent_enrollment_tokens IS
+    'One-time enrollment tokens (det_agent_token_create). A token is the password of its own '
+    'login role role_name (det_enroll_<hex>, a member of det_enroll, which may only call '
+    'det_agent_enroll): PostgreSQL keeps it as a SCRAM verifier, its only stored form. Used '
+    '(used_at, agent_id) it can no longer log in.';
+
 CREATE TABLE slots (
     agent_id    text NOT NULL REFERENCES agents (id) ON DELETE CASCADE,
     slot_id     integer NOT NULL CHECK (slot_id >= 0),
@@ -1221,11 +1249,37 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
     SELECT det_listen('web', '');
 $$;
 
+CREATE FUNCTION det_agent_check_self(p_agent text) RETURNS void LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Every agent function that names an agent first calls this: a login enrolled as an agent
+-- (agent_logins) acts only for its own agent id, and not at all once revoked. Sessions of
+-- other roles (the shared det_agent login of the single-host mode, the owner) pass. Raises
+-- insufficient_privilege naming both agents; invalid_authorization_specification (28000)
+-- for a revoked login (a session that slipped in before det_agent_revoke committed).
+DECLARE
+    l agent_logins;
+BEGIN
+    SELECT * INTO l FROM agent_logins WHERE role_name = session_user;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF l.revoked_at IS NOT NULL THEN
+        RAISE EXCEPTION 'agent %: its login % was revoked at %', l.agent_id, l.role_name,
+            l.revoked_at USING ERRCODE = 'invalid_authorization_specification';
+    END IF;
+    IF p_agent IS DISTINCT FROM l.agent_id THEN
+        RAISE EXCEPTION 'agent %: login % acts only for agent %', coalesce(p_agent, 'NULL'),
+            l.role_name, l.agent_id USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END $$;
+
+
 CREATE FUNCTION det_agent_listen(p_agent text) RETURNS void LANGUAGE sql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- An agent (det_agent) LISTENs on its own channel: the reconciler wakes it there when its
 -- assignments or their desired states change. An agent names itself, as in every function
 -- of det_agent's.
+SELECT det_agent_check_self(p_agent);
     SELECT det_listen('agent', p_agent);
 $$;
 
@@ -2799,6 +2853,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- ended (the reconciler declared the agent lost first: a failure, as any lost agent's run) or
 -- that are not this agent's are left alone.
 BEGIN
+    PERFORM det_agent_check_self(p_agent);
     UPDATE allocations a SET planned_stop = true
      WHERE a.id = ANY (p_ids) AND a.state <> 'TERMINATED'
        AND (a.agent_id = p_agent
@@ -3190,6 +3245,127 @@ END $$;
 -- =============================================================================================
 -- Agents
 
+CREATE FUNCTION det_agent_token_create(p_verifier text, p_pool text, p_expires interval)
+RETURNS TABLE (role_name text, expires_at timestamptz) LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det agent token create` (ClusterAdmin): a one-time enrollment token for one new agent, in
+-- resource pool p_pool (NULL: the agent picks), good for p_expires (more than 0, at most 7
+-- days). The token's secret reaches the server only as p_verifier, a client-made SCRAM
+-- verifier (det_check_verifier), set as the password of a new login role returned here.
+-- Raises invalid_parameter_value (expiry), foreign_key_violation (unknown pool).
+#variable_conflict use_column
+DECLARE
+    v_role text := 'det_enroll_' || left(md5(gen_random_uuid()::text), 16);
+    v_expires timestamptz;
+BEGIN
+    PERFORM det_require('admin_cluster', NULL, 'create an agent enrollment token');
+    IF p_verifier IS NULL THEN
+        RAISE EXCEPTION 'token: expected a SCRAM-SHA-256 verifier of its secret'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM det_check_verifier(p_verifier);
+    IF p_expires IS NULL OR p_expires <= interval '0' OR p_expires > interval '7 days' THEN
+        RAISE EXCEPTION 'expires: expected more than 0 and at most 7 days, got %',
+            coalesce(p_expires::text, 'nothing') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_pool IS NOT NULL AND NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p_pool) THEN
+        RAISE EXCEPTION 'pool: no resource pool named "%"', p_pool
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    v_expires := now() + p_expires;
+    EXECUTE format('CREATE ROLE %I LOGIN IN ROLE det_enroll PASSWORD %L', v_role, p_verifier);
+    INSERT INTO agent_enrollment_tokens (role_name, resource_pool, created_by, expires_at)
+    VALUES (v_role, p_pool, det_caller(), v_expires);
+    PERFORM det_audit('create', 'agent token', v_role,
+                      jsonb_build_object('pool', p_pool, 'expires_at', v_expires));
+    RETURN QUERY SELECT v_role, v_expires;
+END $$;
+
+CREATE FUNCTION det_agent_enroll(p_agent text, p_verifier text) RETURNS text LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det agent enroll`, logged in with an enrollment token (det_agent_token_create): make agent
+-- p_agent's own login det_agent_<id> (a member of det_agent) with password verifier
+-- p_verifier, and use the token up (its role may no longer log in). Returns the agent's
+-- resource pool (NULL: its choice). Raises invalid_authorization_specification (28000) for a
+-- used or expired token, invalid_parameter_value (agent id: 1 to 53 characters, as
+-- agents.id, so that the role name fits PostgreSQL's 63), unique_violation (an agent or a
+-- role of that name exists).
+DECLARE
+    t agent_enrollment_tokens;
+    v_role text := 'det_agent_' || p_agent;
+BEGIN
+    SELECT * INTO t FROM agent_enrollment_tokens WHERE role_name = session_user FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'enroll: this login (%) is no enrollment token', session_user
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF t.used_at IS NOT NULL THEN
+        RAISE EXCEPTION 'enrollment token: already used at % (by agent %)', t.used_at,
+            t.agent_id USING ERRCODE = 'invalid_authorization_specification';
+    END IF;
+    IF t.expires_at <= now() THEN
+        RAISE EXCEPTION 'enrollment token: expired at %', t.expires_at
+            USING ERRCODE = 'invalid_authorization_specification';
+    END IF;
+    IF p_agent IS NULL OR p_agent !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,52}$' THEN
+        RAISE EXCEPTION 'agent id: expected 1 to 53 ASCII letters, digits, ''.'', ''_'' or ''-'', '
+            'starting with a letter or digit, got %', coalesce(to_jsonb(p_agent)::text, 'nothing')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM det_check_verifier(p_verifier);
+    IF p_verifier IS NULL THEN
+        RAISE EXCEPTION 'password: expected a SCRAM-SHA-256 verifier computed by the client'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM agent_logins WHERE agent_id = p_agent)
+       OR EXISTS (SELECT 1 FROM agents WHERE id = p_agent) THEN
+        RAISE EXCEPTION 'agent id %: an agent of that id exists (enroll under another id)',
+            to_jsonb(p_agent) USING ERRCODE = 'unique_violation';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN
+        RAISE EXCEPTION 'agent id %: the server has a role % already (enroll under another id)',
+            to_jsonb(p_agent), v_role USING ERRCODE = 'unique_violation';
+    END IF;
+    EXECUTE format('CREATE ROLE %I LOGIN IN ROLE det_agent PASSWORD %L', v_role, p_verifier);
+    EXECUTE format('ALTER ROLE %I NOLOGIN', t.role_name);
+    UPDATE agent_enrollment_tokens SET used_at = now(), agent_id = p_agent
+     WHERE role_name = t.role_name;
+    INSERT INTO agent_logins (agent_id, role_name, resource_pool)
+    VALUES (p_agent, v_role, t.resource_pool);
+    PERFORM det_audit('enroll', 'agent', p_agent, jsonb_build_object('token', t.role_name));
+    RETURN t.resource_pool;
+END $$;
+
+CREATE FUNCTION det_agent_revoke(p_agent text) RETURNS integer LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- `det agent revoke` (ClusterAdmin): end enrolled agent p_agent's access at once. Its login
+-- may no longer log in, its sessions are terminated (pg_terminate_backend: at once, before
+-- this commits; one that reconnects meanwhile is refused by det_agent_check_self), and the
+-- agent is marked LOST, so the next pass ends its runs as a lost agent's (their tokens die,
+-- their trials get new runs elsewhere after the fence, reconciler.passes.FENCE_SECONDS).
+-- Returns how many sessions were terminated. Again on a revoked agent: terminates what is
+-- left. Raises no_data_found (no enrolled login of that id).
+DECLARE
+    l agent_logins;
+    v_ended integer;
+BEGIN
+    PERFORM det_require('admin_cluster', NULL, format('revoke agent %s', to_jsonb(p_agent)));
+    SELECT * INTO l FROM agent_logins WHERE agent_id = p_agent FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'agent %: no enrolled login of that id (agents of the shared det_agent '
+            'login stop with their host''s `det cluster down`)', to_jsonb(p_agent)
+            USING ERRCODE = 'no_data_found';
+    END IF;
+    EXECUTE format('ALTER ROLE %I NOLOGIN', l.role_name);
+    UPDATE agent_logins SET revoked_at = coalesce(revoked_at, now()) WHERE agent_id = p_agent;
+    UPDATE agents SET state = 'LOST' WHERE id = p_agent AND state <> 'LOST';
+    PERFORM pg_notify(det_channel('reconciler', ''), 'agent');
+    SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) INTO v_ended
+      FROM pg_stat_activity WHERE usename = l.role_name;
+    PERFORM det_audit('revoke', 'agent', p_agent, jsonb_build_object('sessions', v_ended));
+    RETURN v_ended;
+END $$;
+
 CREATE FUNCTION det_agent_register(
     p_id text, p_hostname text, p_pool text, p_runtime text, p_slots jsonb
 ) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3197,6 +3373,7 @@ CREATE FUNCTION det_agent_register(
 -- Slots it no longer has are removed; a LOST agent becomes ACTIVE again, a stopping one
 -- (det_agent_stop_runs) takes work again.
 BEGIN
+    PERFORM det_agent_check_self(p_id);
     IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p_pool) THEN
         RAISE EXCEPTION 'agent %: no resource pool named "%"', p_id, p_pool
             USING ERRCODE = 'foreign_key_violation';
@@ -3226,6 +3403,7 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v_state agent_state;
 BEGIN
+    PERFORM det_agent_check_self(p_id);
     UPDATE agents SET last_heartbeat = now() WHERE id = p_id AND state <> 'LOST'
     RETURNING state INTO v_state;
     RETURN coalesce(v_state, 'LOST');
@@ -3272,6 +3450,7 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The agent is marked stopping: no new run is placed on it until it registers again. Returns
 -- the ids of the runs.
 BEGIN
+    PERFORM det_agent_check_self(p_agent);
     UPDATE agents SET stopping = true WHERE id = p_agent;
     RETURN det_stop_runs_of(p_agent);
 END $$;
@@ -3285,6 +3464,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- or desired state is not RUNNING) are left out of the result.
 #variable_conflict use_column
 BEGIN
+    PERFORM det_agent_check_self(p_agent);
     RETURN QUERY
     WITH minted AS MATERIALIZED (
         SELECT id, translate(encode(gen_random_uuid()::text::bytea
@@ -3317,6 +3497,7 @@ CREATE FUNCTION det_agent_report_each(
 -- the trial afterwards. RUNNING of a gang spanning agents leaves it STARTING until every
 -- other agent started its share (det_gang_started; det_agent_report_node moves it on then).
 BEGIN
+    PERFORM det_agent_check_self(p_agent);
     UPDATE allocations a
        -- a gang's other agents are looked for only where it has any (one index probe)
        SET state = CASE WHEN p_state = 'RUNNING'
@@ -3376,6 +3557,7 @@ CREATE FUNCTION det_agent_set_rendezvous(
 ) RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The chief's agent records where the workers meet (host:port), after its claim and before it
 -- starts its workers.
+SELECT det_agent_check_self(p_agent);
 UPDATE allocations SET rendezvous = p_endpoint
  WHERE id = p_allocation AND agent_id = p_agent AND state <> 'TERMINATED';
 $$;
@@ -3394,6 +3576,7 @@ DECLARE
     v_nodes text[];
     v_rank integer;
 BEGIN
+    PERFORM det_agent_check_self(p_agent);
     SELECT * INTO a FROM allocations
      WHERE id = p_allocation AND agent_id <> p_agent AND rendezvous IS NOT NULL
        AND state IN ('STARTING', 'RUNNING') AND desired_state = 'RUNNING'
@@ -3428,6 +3611,7 @@ CREATE FUNCTION det_agent_report_node(
 DECLARE
     v_rank integer;
 BEGIN
+    PERFORM det_agent_check_self(p_agent);
     UPDATE allocation_nodes
        SET state = greatest(state, p_state),
            exit_code = CASE WHEN p_state = 'TERMINATED' THEN p_exit_code ELSE exit_code END,
@@ -5302,6 +5486,10 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_web') THEN
         CREATE ROLE det_web LOGIN NOINHERIT;
     END IF;
+    -- the one-time logins of enrollment tokens (det_agent_token_create) are its members
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_enroll') THEN
+        CREATE ROLE det_enroll NOLOGIN;
+    END IF;
 END $$;
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA public FROM PUBLIC;
@@ -5352,6 +5540,7 @@ GRANT EXECUTE ON FUNCTION det_web_logout(text) TO det_user;
 -- each of det's roles LISTENs on its own NOTIFY channel, never learning another's (issue 32)
 GRANT EXECUTE ON FUNCTION det_web_listen() TO det_web;
 GRANT EXECUTE ON FUNCTION det_agent_listen(text) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent_enroll(text, text) TO det_enroll;
 GRANT EXECUTE ON FUNCTION det_task_listen(text) TO det_task;
 
 GRANT EXECUTE ON FUNCTION
@@ -5362,6 +5551,7 @@ GRANT EXECUTE ON FUNCTION
     det_experiment_action(integer, text), det_job_update(bigint, text, text),
     det_apply_cluster_config(jsonb, text), det_agent_set_enabled(text, boolean),
     det_agent_drain(text), det_slot_set_enabled(text, integer, boolean),
+    det_agent_token_create(text, text, interval), det_agent_revoke(text),
     det_model_create(text, text, text[], text),
     det_model_update(text, text, text, text, text[], jsonb, text[]),
     det_model_set_archived(text, boolean), det_model_delete(text),
@@ -5502,6 +5692,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- the slots it holds there; spans: whether the allocation holds slots of other agents too.
 #variable_conflict use_column
 BEGIN
+    PERFORM det_agent_check_self(p_agent);
     RETURN QUERY
     SELECT a.id, a.desired_state::text, a.state::text, a.spec, a.agent_id, NULL::text,
            array(SELECT h.slot_id FROM allocation_slots h
@@ -5530,6 +5721,7 @@ RETURNS TABLE (id bigint, last_log timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The live allocations an agent is the chief of, with the time of their last shipped log
 -- line: what a restarted agent adopts and where its log shipping resumes.
+SELECT det_agent_check_self(p_agent);
 SELECT a.id, (SELECT l.ts FROM task_logs l WHERE l.allocation_id = a.id
                ORDER BY l.id DESC LIMIT 1)
   FROM allocations a
@@ -5540,6 +5732,7 @@ CREATE FUNCTION det_agent_context(p_agent text, p_context bigint) RETURNS bytea
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The packed model definition an agent unpacks for a run: only a context that a live
 -- allocation of this agent (its chief's, or one it holds slots of) launches; NULL otherwise.
+SELECT det_agent_check_self(p_agent);
 SELECT b.data
   FROM context_blobs b
  WHERE b.id = p_context

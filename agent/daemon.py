@@ -256,6 +256,13 @@ class Agent:
                 self.heartbeat.check()
                 self._tend()
                 self._with_db(self._sync)
+        except psycopg.Error as e:
+            if not retry.is_login_refused(e):
+                raise
+            # revoked (det_agent_revoke): its tasks are killed below, as the database is gone
+            why = str(e).split("FATAL:")[-1].strip().splitlines()[0]
+            raise DetError(f"agent {self.s.agent_id}: the database refused its login ({why}): "
+                           "revoked (`det agent revoke`), or a wrong credential") from None
         finally:
             self.shutdown()
 

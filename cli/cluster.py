@@ -299,7 +299,9 @@ def agent_run(
     agent_id: str = typer.Option(None, "--id", help="Agent id: 1 to 63 letters, digits, '.', "
                                  "'_' or '-', starting with a letter or digit (default: the "
                                  "hostname)."),
-    resource_pool: str = typer.Option("default", "--resource-pool"),
+    resource_pool: str = typer.Option(None, "--resource-pool",
+                                      help="Its resource pool (default: the pool it was "
+                                           "enrolled in, else default)."),
     slots: int = typer.Option(None, help="CPU slots to offer when no GPU is found, or with "
                                          "--slot-type cpu (default: CPU count)."),
     slot_type: str = typer.Option("auto", "--slot-type",
@@ -336,6 +338,7 @@ def agent_run(
     thirds of the reconciler's agent timeout kills its tasks (det.agent.heartbeat)."""
     from det.agent.daemon import Agent, AgentSettings, check_agent_id
     from det.agent.devices import check_slot_type, discover
+    from det.cli.agent_identity import enrolled_identity
 
     if slots is not None and slots < 0:
         raise DetError("--slots: expected a number >= 0")
@@ -344,14 +347,19 @@ def agent_run(
         raise DetError(f"--runtime: expected docker or process, got {runtime!r}")
     if poll <= 0:
         raise DetError(f"--poll: expected seconds > 0, got {poll}")
+    # enrolled (det agent enroll): its own login, id and pool; else the shared det_agent's
+    enrolled = enrolled_identity(agent_id, resource_pool)
+    if enrolled is not None:
+        agent_id, resource_pool = enrolled.agent_id, enrolled.pool
     if agent_id is None:
         agent_id = socket.gethostname()
         check_agent_id(agent_id, "--id (default: this host's name)")
     check_agent_id(agent_id, "--id")
+    resource_pool = resource_pool or "default"
     # Warned once the options are good: a refused command prints its one error line alone.
     private_files()
     warn_if_root("det agent", AGENT_AS_ROOT)
-    url = role_url(roles.AGENT)
+    url = enrolled.url if enrolled is not None else role_url(roles.AGENT)
     with connect(url) as conn:
         require_current(conn)
     settings = AgentSettings(agent_id=agent_id, pool=resource_pool,

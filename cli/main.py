@@ -47,10 +47,14 @@ def _jobs() -> typer.Typer:
 
 @cache
 def _agents() -> typer.Typer:
-    from det.cli import agents, cluster
+    from det.cli import agent_identity, agents, cluster
     cluster.agent_app.command("list")(agents.list_agents)
     cluster.agent_app.command("enable")(agents.enable)
     cluster.agent_app.command("disable")(agents.disable)
+    cluster.agent_app.add_typer(agent_identity.token_app, name="token",
+                                help="One-time enrollment tokens of new agents.")
+    cluster.agent_app.command("enroll")(agent_identity.enroll)
+    cluster.agent_app.command("revoke")(agent_identity.revoke)
     return cluster.agent_app
 
 

@@ -47,10 +47,27 @@ def is_connection_lost(e: BaseException) -> bool:
         return is_connection_lost(e.__cause__)
     if isinstance(e, psycopg.InterfaceError | psycopg.errors.ReadOnlySqlTransaction):
         return True
-    if not isinstance(e, psycopg.OperationalError):
+    if not isinstance(e, psycopg.OperationalError) or is_login_refused(e):
         return False
     state = getattr(e, "sqlstate", None)
     return state is None or state.startswith("08") or state in _TRANSIENT_STATES
+
+
+# libpq reports a refused login with no SQLSTATE, only the server's message: a role that may
+# not log in (a revoked agent, det_agent_revoke) or a wrong password.
+_REFUSED_LOGIN = ("is not permitted to log in", "password authentication failed")
+
+
+def is_login_refused(e: BaseException) -> bool:
+    """Whether ``e`` is the server refusing the login (SQLSTATE class 28, or libpq's message
+    of a refused role or password), also when wrapped in det's ``DatabaseError``."""
+    if isinstance(e, DatabaseError) and e.__cause__ is not None:
+        return is_login_refused(e.__cause__)
+    if not isinstance(e, psycopg.OperationalError):
+        return False
+    state = getattr(e, "sqlstate", None)
+    return (state or "").startswith("28") or (
+        state is None and any(m in str(e) for m in _REFUSED_LOGIN))
 
 
 def retrying(what: str, give_up_after: float | None = None) -> tenacity.Retrying:

@@ -79,10 +79,13 @@ def db_url(pg_server: str, template_db: str) -> Iterator[str]:
 
 
 def drop_database(pg_server: str, url: str) -> None:
-    """Drop a test's database and the roles of the det users it created (roles are the
-    server's, not the database's: another test may create a user of the same name)."""
+    """Drop a test's database and the roles of the det users, enrolled agents and enrollment
+    tokens it created (roles are the server's, not the database's: another test may create a
+    user of the same name)."""
     with psycopg.connect(url, autocommit=True) as c:
-        users = [u for (u,) in c.execute("SELECT username FROM users").fetchall()]
+        users = [u for (u,) in c.execute(
+            "SELECT username FROM users UNION ALL SELECT role_name FROM agent_logins "
+            "UNION ALL SELECT role_name FROM agent_enrollment_tokens").fetchall()]
     with _admin(pg_server) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
             sql.Identifier(psycopg.conninfo.conninfo_to_dict(url)["dbname"])))

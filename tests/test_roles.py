@@ -135,7 +135,10 @@ def test_det_agent_runs_agent_functions_and_reads_no_table(conn, db_url) -> None
         assert agent.execute("SELECT det_agent_context('a1', %s)", (ctx,)).fetchone() == (None,)
         for q in ("SELECT * FROM allocations", "SELECT * FROM context_blobs",
                   "SELECT * FROM experiments", "SELECT det_task_info('t')",
-                  "SELECT det_experiment_action(1, 'kill')"):
+                  "SELECT det_experiment_action(1, 'kill')",
+                  # enrolling and revoking agents is a ClusterAdmin's, and a token's login's
+                  "SELECT det_agent_token_create(NULL, NULL, '1h')",
+                  "SELECT det_agent_enroll('a2', NULL)", "SELECT det_agent_revoke('a1')"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 agent.execute(q)
 

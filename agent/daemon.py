@@ -437,7 +437,8 @@ class Agent:
                 spec = self._with_event_dirs(spec, token)
             by_id = {s.slot_id: s for s in self.slots}
             held = [by_id[i] for i in row["slot_ids"] if i in by_id]
-            env.update(gang.gang_env(self.s.agent_id, held, **gang_vars))
+            env.update(gang.gang_env(self.s.agent_id, held, **gang_vars,
+                                     interface=gang.cluster_interface(self.url)))
             launch = Launch(alloc_id, spec.argv(self.runtime.python),
                             env, self._prepare_dir(alloc_id, spec.context_id), spec, held)
             self.tasks[alloc_id] = self.runtime.launch(launch)
@@ -496,7 +497,7 @@ class Agent:
         token = conn.execute(CLAIM, (me, alloc_id)).fetchone()["token"]
         if token is None:
             return None, {}
-        endpoint = f"{gang.host_address()}:{gang.free_port()}"
+        endpoint = f"{gang.host_address(self.url)}:{gang.free_port()}"
         conn.execute(gang.SET_RENDEZVOUS, (me, alloc_id, endpoint))
         nodes = conn.execute(gang.GANG_AGENTS, (alloc_id,)).fetchone()["nodes"]
         return token, {"nodes": nodes, "node_rank": 0, "rendezvous": endpoint}

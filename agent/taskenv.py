@@ -65,12 +65,23 @@ class TaskEnv:
             return True
 
     def environ(self, env: dict[str, str]) -> dict[str, str]:
-        """``env`` with this environment active, as its ``bin/activate`` would make it."""
+        """``env`` with this environment active, as its ``bin/activate`` would make it.
+
+        Jupyter reads its extensions' settings and data under ``sys.prefix``, now this
+        environment's: ``JUPYTER_CONFIG_PATH`` and ``JUPYTER_PATH`` (jupyter_core.paths) also
+        name det's, or a notebook's JupyterLab would start without its terminals."""
         out = {k: v for k, v in env.items() if k != "PYTHONHOME"}
         out["VIRTUAL_ENV"] = str(self.path)
-        out["PATH"] = os.pathsep.join(p for p in (str(self.path / "bin"), env.get("PATH"))
-                                      if p)
+        out["PATH"] = _joined(str(self.path / "bin"), env.get("PATH"))
+        out["JUPYTER_CONFIG_PATH"] = _joined(env.get("JUPYTER_CONFIG_PATH"),
+                                             os.path.join(sys.prefix, "etc", "jupyter"))
+        out["JUPYTER_PATH"] = _joined(env.get("JUPYTER_PATH"),
+                                      os.path.join(sys.prefix, "share", "jupyter"))
         return out
+
+
+def _joined(*paths: str | None) -> str:
+    return os.pathsep.join(p for p in paths if p)
 
 
 def ensure_env(root: Path, key: str) -> TaskEnv:

@@ -1274,6 +1274,30 @@ BEGIN
 END $$;
 
 
+CREATE FUNCTION det_agent_check_allocation(p_allocation bigint) RETURNS void LANGUAGE plpgsql
+STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- An agent function that names an allocation rather than an agent calls this: a login enrolled
+-- as an agent (agent_logins) acts only for allocations it is the chief of or holds (or held:
+-- logs are flushed after a run ends) slots of; otherwise det_agent_check_self refuses it as
+-- acting for the allocation's chief. Sessions of other roles pass.
+DECLARE
+    l agent_logins;
+    v_chief text;
+BEGIN
+    SELECT * INTO l FROM agent_logins WHERE role_name = session_user;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT a.agent_id INTO v_chief FROM allocations a WHERE a.id = p_allocation;
+    IF v_chief IS DISTINCT FROM l.agent_id
+       AND NOT EXISTS (SELECT 1 FROM allocation_slots h
+                        WHERE h.allocation_id = p_allocation AND h.agent_id = l.agent_id) THEN
+        PERFORM det_agent_check_self(v_chief);
+    END IF;
+    PERFORM det_agent_check_self(l.agent_id);
+END $$;
+
+
 CREATE FUNCTION det_agent_listen(p_agent text) RETURNS void LANGUAGE sql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- An agent (det_agent) LISTENs on its own channel: the reconciler wakes it there when its
@@ -3650,10 +3674,12 @@ CREATE FUNCTION det_append_logs(
 -- under det.launch.torch_distributed, which tags each worker's lines).
 -- p_writer and p_seqs (each line's number, ascending) name the lines (see log_batches): a line
 -- numbered at or below its writer's last_seq was written before and is skipped; a NULL
--- p_writer asks for no such check. invalid_parameter_value when p_seqs does not match.
+-- p_writer asks for no such check. invalid_parameter_value when p_seqs does not match; an
+-- enrolled agent's login writes only for allocations it runs a part of (det_agent_check_allocation).
 DECLARE
     v_last bigint := 0;
 BEGIN
+    PERFORM det_agent_check_allocation(p_allocation);
     IF p_writer IS NOT NULL THEN
         IF cardinality(p_seqs) IS DISTINCT FROM cardinality(p_lines)
            OR EXISTS (SELECT FROM unnest(p_seqs) WITH ORDINALITY AS s (n, i)

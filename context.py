@@ -22,6 +22,7 @@ directories and links (pipes, sockets, devices) are refused too.
 """
 
 import errno
+import gzip
 import io
 import os
 import stat
@@ -168,7 +169,10 @@ def pack(root: Path, note: Callable[[str], None] | None = None) -> bytes:
             note(f"context: {rel} is a symbolic link to {os.readlink(root / rel)} outside the "
                  f"context; packed a copy of {followed}")
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar, tqdm(
+    # mtime 0: gzip's header would otherwise hold the time of packing, and the same files
+    # would make a new context (context_blobs are stored, and unpacked by agents, once per sha256)
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar, tqdm(
         total=total, unit="B", unit_scale=True, desc="packing context",
         disable=total < PROGRESS_BAR_BYTES,
     ) as bar:

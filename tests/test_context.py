@@ -3,6 +3,7 @@
 import io
 import os
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,17 @@ def test_ignores_and_roundtrip(tmp_path: Path) -> None:
     out = tmp_path / "out"
     context.unpack(blob, out)
     assert (out / "pkg" / "mod.py").read_text() == "y = 2\n"
+
+
+def test_the_same_directory_packs_to_the_same_bytes(tmp_path: Path) -> None:
+    # context_blobs are stored once per sha256 and agents unpack (and make a task environment
+    # for) each once: packing must not stamp the time into the archive
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "model.py").write_text("x = 1\n")
+    first = context.pack(ctx)
+    time.sleep(1.1)  # gzip's header holds whole seconds
+    assert context.pack(ctx) == first
 
 
 def test_too_large_is_refused_naming_size(tmp_path: Path, monkeypatch) -> None:

@@ -55,7 +55,10 @@ def is_connection_lost(e: BaseException) -> bool:
 
 # libpq reports a refused login with no SQLSTATE, only the server's message: a role that may
 # not log in (a revoked agent, det_agent_revoke) or a wrong password.
-_REFUSED_LOGIN = ("is not permitted to log in", "password authentication failed")
+_REFUSED_LOGIN = ("is not permitted to log in", "password authentication failed",
+                  # PgBouncer's, as det's TLS gateway (det.db.gateway): a role that may not
+                  # log in has no row in pg_shadow, which it asks; a wrong password
+                  "no such user", "SASL authentication failed")
 
 
 def is_login_refused(e: BaseException) -> bool:

@@ -101,16 +101,23 @@ def _reaches(url: str) -> bool:
 
 
 def _start_agent(cluster: Det, ns: str, agent_id: str, slots: int) -> subprocess.Popen:
-    """`det agent run` in namespace ``ns``, with a det home of its own, as det_agent over
-    TLS; its tasks as det_task through its pooler."""
+    """An agent enrolled from namespace ``ns`` (a one-time token, det's CA certificate as
+    `det cluster ca` prints it, det home of its own), then `det agent run` there with its own
+    login over TLS; its tasks as det_task through its pooler."""
     home = Path(cluster.logdir) / f"home-{agent_id}"
+    home.mkdir()
+    (home / "ca.crt").write_text(cluster("cluster", "ca").stdout)
+    token = cluster("agent", "token", "create").stdout.strip()
     env = {**cluster.env, **CREDENTIALS, "DET_HOME": str(home),
-           "DET_DB_URL": _remote_url(cluster, "det_agent"),
-           "DET_TASK_DB_URL": _remote_url(cluster, "det_task")}
+           "DET_TASK_DB_URL": _remote_url(cluster, "det_task", sslrootcert=str(home / "ca.crt"))}
+    master = f"postgresql://{GATEWAY}:{PORT}/det?sslmode=verify-full&sslrootcert={home}/ca.crt"
+    det = [sys.executable, "-m", "det.cli.main"]
+    subprocess.run(["ip", "netns", "exec", ns, *det, "agent", "enroll", "--master", master,
+                    "--token", token, "--id", agent_id], cwd=REPO, env=env, check=True,
+                   capture_output=True, timeout=120)
     log = open(Path(cluster.logdir) / f"{agent_id}.log", "ab")  # noqa: SIM115 (with the process)
-    p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "det.cli.main",
-                          "agent", "run", "--id", agent_id, "--runtime", "process",
-                          "--slot-type", "cpu", "--slots", str(slots)],
+    p = subprocess.Popen(["ip", "netns", "exec", ns, *det, "agent", "run", "--id", agent_id,
+                          "--runtime", "process", "--slot-type", "cpu", "--slots", str(slots)],
                          cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     cluster.procs.append(p)
     return p
@@ -176,7 +183,7 @@ def _where_trials_ran(cluster: Det, eid: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def remote_agents(cluster, hosts) -> list[str]:
-    """An agent of one CPU slot on each namespaced host."""
+    """An enrolled agent of one CPU slot on each namespaced host."""
     ids = [f"remote-{i}" for i in (1, 2)]
     for ns, agent_id in zip(hosts, ids, strict=True):
         _start_agent(cluster, ns, agent_id, slots=1)
@@ -184,6 +191,10 @@ def remote_agents(cluster, hosts) -> list[str]:
         wait_for(lambda: c.execute("SELECT count(*) FROM agents WHERE id = ANY(%s) AND state ="
                                    " 'ACTIVE'", (ids,)).fetchone()[0] == 2, 120,
                  "the agents of both hosts to register")
+        # each logged in as its own role, through the gateway
+        logins = {r[0] for r in c.execute("SELECT usename FROM pg_stat_activity WHERE "
+                                          "usename LIKE 'det\\_agent\\_%'")}
+    assert logins == {f"det_agent_{i}" for i in ids}
     return ids
 
 
@@ -270,6 +281,33 @@ def _listening(host: str, port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_a_revoked_agent_of_another_host_is_cut_off_and_its_trial_completes_elsewhere(
+        cluster, remote_agents, tmp_path) -> None:
+    """Revoked mid-run over TLS (its sessions through the gateway end with their server
+    sessions): the agent exits with one line, the run ends as a lost agent's, and the trial
+    completes on the other host's agent, its runs never overlapping. Last: it spends an agent."""
+    eid = _experiment(cluster, tmp_path, **{"searcher.max_length": {"batches": 300},
+                                            "min_validation_period": {"batches": 50}})
+    running = ("SELECT a.agent_id FROM allocations a JOIN trials t ON t.id = a.trial_id "
+               "WHERE t.experiment_id = %s AND a.state = 'RUNNING' AND EXISTS (SELECT 1 FROM "
+               "checkpoints c WHERE c.trial_id = t.id)")
+    with _owner(cluster) as c:
+        victim = wait_for(lambda: (c.execute(running, (eid,)).fetchone() or [None])[0], 180,
+                          "the trial to run and checkpoint")
+        assert "revoked" in cluster("agent", "revoke", victim).stdout
+        log = Path(cluster.logdir) / f"{victim}.log"
+        wait_for(lambda: "the database refused its login" in log.read_text(), 60,
+                 f"{victim} to be cut off")
+        _completes(cluster, eid, 300)
+        runs = c.execute("SELECT a.agent_id, a.exit_reason, a.started_at, a.ended_at FROM "
+                         "allocations a JOIN trials t ON t.id = a.trial_id WHERE "
+                         "t.experiment_id = %s AND a.spec->>'kind' = 'trial' ORDER BY a.run",
+                         (eid,)).fetchall()
+    [other] = [a for a in remote_agents if a != victim]
+    assert [(r[0], r[1]) for r in runs] == [(victim, "agent lost"), (other, None)], runs
+    assert runs[0][3] <= runs[1][2]  # the second run started after the first had ended
 
 
 def test_listen_takes_host_and_port() -> None:

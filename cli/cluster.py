@@ -103,8 +103,9 @@ def up(
     typer.echo(f"supervisor: started (pid {proc.pid}), running a reconciler, its standby and "
                f"an agent; logs in {_run_dir()}")
     if tcp is not None:
-        from det.db import gateway
+        from det.db import gateway, tls
 
+        tls.ensure_ca(det_home())  # the URL below names it: there before up returns
         typer.echo(f"remote agents and CLIs, TLS only: {gateway.url(det_home(), roles.AGENT, *tcp)}"
                    " (sslrootcert: det's CA certificate, which `det cluster ca` prints; put it "
                    "at that path on the other host, or give its path there)")

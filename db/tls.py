@@ -48,7 +48,7 @@ def _name(common: str) -> x509.Name:
                       x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
-def _ensure_ca(home: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+def ensure_ca(home: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     """det's CA of ``home``: read, or made once (key 0600, certificate 0644)."""
     d = tls_dir(home)
     d.mkdir(mode=0o700, exist_ok=True)
@@ -109,7 +109,7 @@ def ensure_server_cert(home: Path, out_dir: Path, names: list[str]) -> tuple[Pat
     """
     if not names:
         raise ValueError("a server certificate needs at least one host name or address")
-    ca, ca_key = _ensure_ca(home)
+    ca, ca_key = ensure_ca(home)
     cert_path, key_path = out_dir / "server.crt", out_dir / "server.key"
     if key_path.exists() and _covers(cert_path, names, ca):
         return cert_path, key_path

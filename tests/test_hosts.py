@@ -78,6 +78,8 @@ def cluster(hosts, tmp_path_factory) -> Det:
     out = d("cluster", "up", "--listen", f"{GATEWAY}:{PORT}", "--runtime", "process",
             "--slots", "0", "--web-port", "0").stdout
     assert f"@{GATEWAY}:{PORT}/det?sslmode=verify-full&sslrootcert=" in out
+    # the CA certificate up's URL names is there when up returns (a user copies it at once)
+    assert "BEGIN CERTIFICATE" in (tmp / "home" / "tls" / "ca.crt").read_text()
     wait_for(lambda: _reaches(_remote_url(d, "det_agent")), 60, "the TLS gateway to listen")
     yield d
     d.stop_all()

@@ -1,6 +1,6 @@
 """Unpacking the archives det accepts (contexts: in det serve and in the agent), safely.
 
-Rules (issue 32): every member is validated here, never by trusting ``tarfile``'s "data"
+Rules: every member is validated here, never by trusting ``tarfile``'s "data"
 filter (CVE-2025-4517: nested directories and one-letter links, a link of ``..``s longer than
 PATH_MAX that the filter's ``realpath`` check misjudges, then a hardlink through it, wrote
 outside the destination). Accepted members are:

@@ -1,7 +1,7 @@
 """One formatting rule for every figure det shows a person: the CLI's tables
 (det.cli.output), the harness's log lines (det.harness.logs) and, in JavaScript, the WebUI
 (core.js's ``fmt``, ``size`` and ``span``, which tests/test_format.py checks against these;
-issue 34: tables showed ``0.9747596085071564``, raw JSON, sizes in bytes and ``False``).
+tables used to show ``0.9747596085071564``, raw JSON, sizes in bytes and ``False``).
 Standard library only, so a task's harness can use it without the CLI's dependencies:
 
 - a number: an integral value below 10^15 as its digits; any other to 4 significant digits,

@@ -1,6 +1,6 @@
 """det's processes on their host: files private to their OS user, and a warning as root.
 
-Issue 32 found ``DET_HOME`` 0755 and everything under it (checkpoints, contexts, TensorBoard
+``DET_HOME`` was once 0755 and everything under it (checkpoints, contexts, TensorBoard
 files, logs) world-readable, from the usual umask 022. det's long-running processes (``det
 cluster up`` and its supervisor, the reconciler, the agent, ``det serve``) set
 :data:`PRIVATE_UMASK` when they start (:func:`private_files`), and the agent starts its tasks

@@ -6,7 +6,7 @@ The repository root is the ``det`` package (``package-dir: det = "."``), which p
 ``det.<name>``, found at build time: a new sub-package cannot be left out of a wheel.
 ``tests``, ``examples`` and ``bench`` are run from a checkout and are not part of det.
 ``compat/determined`` (no ``__init__`` in ``compat``, so not a det sub-package) is the
-top-level ``determined`` package: Determined's API for user code (issue 13).
+top-level ``determined`` package: Determined's API for user code.
 """
 
 from pathlib import Path

@@ -1,5 +1,5 @@
 """Submission: the one path by which experiments and interactive tasks enter the cluster,
-used alike by the ``det`` CLI and ``det serve`` (issue 33: the API no longer imports the CLI).
+used alike by the ``det`` CLI and ``det serve`` (the API no longer imports the CLI).
 
 A submission reads the config (a file or text, ``--config`` overrides, a template merged under
 it, the workspace's defaults under everything), validates and expands it (det.configs), packs
@@ -120,7 +120,7 @@ def validated_config(data: object, source: str, template: dict | None = None,
                      warnings: list[str] | None = None) -> ExperimentConfig:
     """The experiment config ``data`` (parsed YAML read from ``source``) validated as every
     submission validates it, so that ``det preview-search`` accepts what ``det experiment
-    create`` does (issue 38): ``template``'s config merged under it, ``defaults`` under
+    create`` does: ``template``'s config merged under it, ``defaults`` under
     everything, and a ``checkpoint_storage`` without ``type`` (GC settings only, as 0.38
     allows) merged over det's default storage. Unused Determined keys are appended to
     ``warnings``, one line each.
@@ -339,7 +339,7 @@ def submit_task(conn: psycopg.Connection, kind: TaskKind, expanded: dict,
              list(trial_ids), Jsonb(task_secrets()))).fetchone()["id"]
 
 
-# -- experiments made from an existing one (issue 34) ------------------------------------------
+# -- experiments made from an existing one ------------------------------------------
 # spec run-training-code.rst: "create an experiment from an existing experiment or trial".
 
 SOURCE_EXPERIMENT = """

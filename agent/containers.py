@@ -6,8 +6,9 @@ and first on ``PYTHONPATH`` (so the harness always speaks the schema's version o
 API, whatever det the image holds), the task's environment, the user's ``bind_mounts``, the
 checkpoint storage and the database's socket directory at their host paths, host networking
 (so the database URL the agent uses works unchanged, as Determined's default
-``network_mode: host``), ``shm_size`` (default 4 GiB, notes §3.4), an optional memory limit,
-its CUDA devices by uuid or a CPU share, and labels naming its allocation and agent, so a
+``network_mode: host``), ``shm_size`` (default 4 GiB, as in
+Determined 0.38's ``resources.json`` schema), an optional memory limit, its
+CUDA devices by uuid or a CPU share, and labels naming its allocation and agent, so a
 restarted agent adopts it instead of starting it twice.
 """
 

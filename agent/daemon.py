@@ -55,7 +55,7 @@ from det.configs import env_for_device
 from det.configs.allocation import AllocationSpec
 from det.configs.environment import BindMount
 from det.db import channels, retry
-from det.db.reconnect import open_connection
+from det.db.reconnect import BULK_CALL_DEADLINE_SECONDS, open_connection, patience
 from det.errors import ConfigError, DetError
 from det.harness.interactive.tensorboard import event_dirs
 
@@ -72,7 +72,7 @@ END_TICK = 0.01
 FRESH_SECONDS = 5.0
 # A batch of launches that takes longer reports, every BATCH_REPORT_SECONDS, the tasks it has
 # started so far as RUNNING and the ends of tasks that ended meanwhile, so that their slots are
-# placed again while the rest of the batch starts (issue 11: 32 tiny tasks take ~100 ms to
+# placed again while the rest of the batch starts (32 tiny tasks take ~100 ms to
 # start, longer than each runs).
 BATCH_REPORT_SECONDS = 0.025
 # A planned stop (SIGTERM) gives the tasks STOP_GRACE_SECONDS from the signal to checkpoint
@@ -364,7 +364,7 @@ class Agent:
     def _launch(self, rows: list[dict]) -> None:
         """Launch the assigned runs ``rows``: claim them (one round trip for those this agent
         runs alone), start each, then report them RUNNING (one round trip). 1,000 tiny tasks
-        on 32 slots start in batches of 32 (issue 11)."""
+        on 32 slots start in batches of 32."""
         if self.heartbeat.fenced:
             return  # killed its tasks for want of a heartbeat: starts nothing until it beats
         ready = [(row, spec) for row in rows if (spec := self._fetched(row)) is not None]
@@ -511,8 +511,10 @@ class Agent:
             return dest
         cached = self.s.work_dir / "contexts" / str(context_id)
         if not cached.is_dir():
-            blob = self._connect().execute(CONTEXT_BLOB, {"agent": self.s.agent_id,
-                                                          "id": context_id}).fetchone()["data"]
+            conn = self._connect()
+            with patience(conn, BULK_CALL_DEADLINE_SECONDS):
+                blob = conn.execute(CONTEXT_BLOB, {"agent": self.s.agent_id,
+                                                   "id": context_id}).fetchone()["data"]
             if blob is None:
                 raise DetError(f"context {context_id}: no live allocation of agent "
                                f"{self.s.agent_id} launches it")
@@ -607,7 +609,7 @@ class Agent:
         return True
 
     def shutdown(self) -> None:
-        """Stop: a planned stop, not a failure (issue 39). The runs are marked so
+        """Stop: a planned stop, not a failure. The runs are marked so
         (``det_agent_stop_runs``), so their tasks checkpoint and exit as on pause; those still
         running after ``STOP_GRACE_SECONDS`` are killed (they resume from their latest
         checkpoint all the same). Where the database cannot be reached, the tasks are killed

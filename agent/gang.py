@@ -1,4 +1,4 @@
-"""The agent's side of a gang launch (issue 12): what each agent of a distributed trial
+"""The agent's side of a gang launch: what each agent of a distributed trial
 tells its share of the workers, and the statements it needs beyond a one-agent run.
 
 Every agent holding slots of an allocation launches one task, det's launcher, with the slots
@@ -29,7 +29,7 @@ REPORT_NODE = "SELECT det_agent_report_node(%s, %s, %s, %s, %s)"
 
 def host_address(db_url: str | None = None) -> str:
     """The address other hosts reach this one at: where ``db_url`` names a database on a TCP
-    host (agents on other hosts, issue 35), the local address of this host's route to it
+    host (agents on other hosts), the local address of this host's route to it
     (the network the cluster's hosts share; the hostname's address may be on another one);
     else the hostname's, else loopback."""
     host = (conninfo_to_dict(db_url).get("host") or "").split(",")[0] if db_url else ""

@@ -7,7 +7,7 @@ process, and the task's children inherit it. When the pipe reads end-of-file the
 gone, however it ended (``kill -9`` included): the guard SIGKILLs every process whose
 environment carries the token, scanning ``/proc`` again until none is left, and exits.
 
-Before (issue 11) each task started as ``setpriv --pdeathsig HUP sh -c WRAPPER``: the kernel
+Each task used to start as ``setpriv --pdeathsig HUP sh -c WRAPPER``: the kernel
 signalled the wrapper shell, which killed the task's process group. That cost two exec()s and
 a fork a task, ~1.8 ms of CPU of the ~10 ms a trivial task cost; a task now starts as its own
 command. The scan also finds what a task moved out of its process group (``setsid``), which

@@ -2,7 +2,7 @@
 does with its tasks (a slow launch, a context unpack, an image pull) delays it, and a database
 restart only pauses it (docs/architecture.md, "Riding out the database").
 
-Self-fencing (issue 39, item 3): the leading reconciler declares an agent lost, and places its
+Self-fencing: the leading reconciler declares an agent lost, and places its
 runs elsewhere, once its heartbeat is ``agent_timeout`` seconds old (``det reconcile
 --agent-timeout``, recorded in ``reconciler_leader.agent_timeout``; each beat reads it back).
 An agent that has not beaten for its lease, ``FENCE_FRACTION`` of that timeout, kills its own

@@ -20,7 +20,7 @@ from another Dockerfile, base or set of dependencies is built again by
 
 Measured on 2 cores with a CPU torch: about 2 min from nothing (debootstrap included) and
 1 min 50 s again with the caches; the image was 1.5 GB. With JupyterLab and openssh-server
-(issue 33) it is 1.8 GB, and took 10 min with the base cached on the same 2 cores shared with
+it is 1.8 GB, and took 10 min with the base cached on the same 2 cores shared with
 four other test runs (load ~5), so not comparable.
 """
 

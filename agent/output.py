@@ -1,7 +1,7 @@
 """The output of an agent's process tasks: one thread reads every task's pipes.
 
 A thread of its own per task (its start, its epoll set, its stack) cost the agent ~1.2 ms of
-wall time and ~0.8 ms of CPU at every launch, and launches are sequential (issue 11: 1,000
+wall time and ~0.8 ms of CPU at every launch, and launches are sequential (1,000
 tiny tasks on 32 slots start in batches of 32). One reader thread, woken by a pipe when a
 task is added or stopped, serves them all.
 """

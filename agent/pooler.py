@@ -1,5 +1,5 @@
 """Warm database server processes for the ``process`` runtime's tasks: a session-mode
-PgBouncer per agent (``det agent run``; ``--no-task-pooler`` turns it off), issue 11.
+PgBouncer per agent (``det agent run``; ``--no-task-pooler`` turns it off).
 
 Each task opens one connection, so each used to get a new PostgreSQL server process, whose
 first calls build its catalog caches and compile det's PL/pgSQL functions afresh: one toy

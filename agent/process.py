@@ -45,7 +45,7 @@ def cold_argv(argv: list[str], env: dict[str, str], workdir: Path) -> list[str]:
 
     With a ``startup-hook.sh`` in ``workdir``, a shell sources it and then execs the command.
     Otherwise a shell command of plain words, or a list, that exec() runs as a shell would
-    (:func:`~det.agent.shell.runs_as_is`) starts as those words: no shell (issue 11: a shell
+    (:func:`~det.agent.shell.runs_as_is`) starts as those words: no shell (a shell
     and its fork were ~1 ms of CPU a task). The rest is ``sh -c CMD`` as given, or a list
     ``exec``'d by a shell, which reports a missing command (exit 127) as it always has."""
     words = plain_words(argv)
@@ -187,7 +187,7 @@ class ProcessRuntime:
         # An interactive task's servers start processes in sessions of their own (Jupyter's
         # kernels and terminals, sshd's connections), which a kill of its group misses: they
         # carry its token, by which they are found when it ends (a scan of /proc, ~ms, that
-        # the many short tasks of issue 11 do not pay).
+        # the many short tasks of other kinds do not pay).
         marker = (f"DET_ALLOCATION_TOKEN={env['DET_ALLOCATION_TOKEN']}".encode()
                   if launch.spec.kind in INTERACTIVE_KINDS else None)
         args = (None if self.zygote is None or not task_env.is_bare()

@@ -2,7 +2,7 @@
 
 A container gives each task its own file system, so a startup hook's ``pip install`` stays in
 the task's container. A process task shares the host with det: run with det's own interpreter,
-its ``pip install`` would change det's environment, and every later task's (issue 38). So each
+its ``pip install`` would change det's environment, and every later task's. So each
 process task runs in a virtual environment of its context: its own site-packages first, det's
 packages after them (a ``.pth`` file, :data:`_DET_SITE`, adds det's site-packages directories
 as ``site`` does, so det's own ``.pth`` files, its editable install's included, work too), its

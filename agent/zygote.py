@@ -2,7 +2,7 @@
 
 A Python task started cold pays for its interpreter and its imports (det's harness, psycopg,
 fsspec: about 0.2 s of CPU here) every time; a search of 200 short trials on a 2-core host
-spends most of its time there (issue 11, bench/toy_search.py). The agent instead starts one
+spends most of its time there (bench/toy_search.py). The agent instead starts one
 *zygote* process that imports the harness once and then forks a child per task (the
 forkserver pattern): each task is still its own process, with its own session, environment,
 working directory, output pipes and exit code, and it opens its database connection after the
@@ -422,7 +422,7 @@ def _finish(code: int, preloaded: tuple[frozenset[str], str], namespace: dict) -
 
     What it skips is the interpreter's teardown of the zygote's modules: that decrements
     every object the zygote imported, writing to (and so copying) every page of its heap,
-    ~27 ms of CPU a task (issue 11) for objects the task never created."""
+    ~27 ms of CPU a task for objects the task never created."""
     threading._shutdown()  # what the interpreter's exit does first: join non-daemon threads
     atexit._run_exitfuncs()
     for name in _own_modules(preloaded):

@@ -2,8 +2,8 @@
 
 :class:`Hub` holds that connection (LISTENing on the web channel: det.db.channels) and fans each
 notification out to the streams subscribed to its topics (``experiment:7``, ``trial:12``,
-``queue``, ...). NOTIFY is a hint only (docs/architecture.md): the hub also wakes every stream once a
-``TICK`` (a change no trigger announces, or an event the metrics throttle held back, shows
+``queue``, ...). NOTIFY is a hint only (docs/architecture.md): the hub also wakes every stream once
+a ``TICK`` (a change no trigger announces, or an event the metrics throttle held back, shows
 within a tick), and after reconnecting, since anything may have changed meanwhile. The
 triggers fire only while some server holds a lease (``det_web_watch``): the hub renews its
 own every tick while it has streams, so a cluster no page watches spends nothing on events.

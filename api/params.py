@@ -1,5 +1,5 @@
 """Integer parameters of the REST API, bounded by the PostgreSQL type of the column or
-function argument they reach (issue 32): a number past it is a 400 naming the parameter
+function argument they reach: a number past it is a 400 naming the parameter
 (det.api.errors), not a database error. An int past ``integer`` passed to a det function
 finds none of that signature; one past ``bigint`` overflows."""
 

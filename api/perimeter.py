@@ -1,4 +1,4 @@
-"""What every request to det serve passes before FastAPI parses it (issue 32), as one pure
+"""What every request to det serve passes before FastAPI parses it, as one pure
 ASGI middleware, :class:`Perimeter`:
 
 * **Body caps**, checked on ``Content-Length`` up front and on the bytes as they stream in
@@ -16,7 +16,7 @@ ASGI middleware, :class:`Perimeter`:
 * **Security headers** on every answer (:data:`SECURITY_HEADERS`): a Content-Security-Policy
   allowing det's own files only (no inline script, no framing), X-Frame-Options DENY,
   X-Content-Type-Options nosniff, Referrer-Policy same-origin.
-* **Proxied tasks** (``/proxy/<job>/``, :mod:`det.api.proxy`; issue 33): JupyterLab and
+* **Proxied tasks** (``/proxy/<job>/``, :mod:`det.api.proxy`): JupyterLab and
   TensorBoard are not det's pages. Their state-changing requests need the same-origin
   ``Origin`` (else ``Referer``) but not ``X-Det-Request`` (JupyterLab cannot add it); their
   bodies may be :data:`MAX_PROXY_BODY`; their answers get :data:`PROXY_SECURITY_HEADERS`

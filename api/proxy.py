@@ -1,5 +1,5 @@
 """``/proxy/<job id>/...``: det serve's proxy to the web server inside an interactive task
-(JupyterLab, TensorBoard), HTTP and WebSockets (issue 33).
+(JupyterLab, TensorBoard), HTTP and WebSockets.
 
 Every request, and every WebSocket before it is accepted, is authenticated like the API (the
 WebUI's cookie or ``Authorization: Bearer``, :mod:`det.api.session`) and authorised by

@@ -1,6 +1,6 @@
 """Who is asking, and the request's transaction.
 
-Auth (issue 15, issue 14): ``POST /api/v1/auth/login`` has PostgreSQL check the user's
+Auth: ``POST /api/v1/auth/login`` has PostgreSQL check the user's
 password (det serve opens one connection as that user: det never sees a stored password),
 then mints a random token that the database stores only hashed, with an expiry
 (``det_web_login``). Every other request carries it as ``Authorization: Bearer TOKEN`` or in
@@ -10,7 +10,7 @@ the WebUI's cookie, and runs as one transaction that begins with :func:`act_as`:
 security applies to the API exactly as to the user's own psql. det serve's own role
 (det_web) may do nothing else.
 
-A token is good only under the password it was minted under (issue 32): ``det_web_login``
+A token is good only under the password it was minted under: ``det_web_login``
 stamps it with a digest of the role's password verifier, and ``det_web_auth`` refuses it
 (401), ends the user's other such logins and audits the change once the password differs,
 whether det changed it or the user ran ``ALTER ROLE ... PASSWORD`` in psql. Logins are

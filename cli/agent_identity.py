@@ -1,5 +1,5 @@
 """``det agent token create``, ``det agent enroll``, ``det agent revoke``: agents on other hosts,
-each with its own PostgreSQL login (issue 35; schema.sql: det_agent_token_create,
+each with its own PostgreSQL login (schema.sql: det_agent_token_create,
 det_agent_enroll, det_agent_check_self, det_agent_revoke).
 
 An agent's identity is a login role of its own (``det_agent_<id>``, a member of det_agent)

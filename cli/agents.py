@@ -2,7 +2,7 @@
 
 Disabling drains (spec: system-architecture, Agent): work already running finishes, the
 scheduler places nothing new there; ``--drain`` also stops the running work as a planned stop
-(it checkpoints and resumes elsewhere, not a failure; issue 39). All go through SQL functions
+(it checkpoints and resumes elsewhere, not a failure). All go through SQL functions
 (migrations 2 and 31).
 """
 

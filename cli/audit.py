@@ -1,6 +1,6 @@
 """``det audit list``: who did what to which object, and when (ClusterAdmin; the rows are
 the audit_log table's, which row-level security shows only to ClusterAdmins). det serve's
-logins are there too (issue 32): action ``login`` on the user name tried, with the outcome
+logins are there too: action ``login`` on the user name tried, with the outcome
 (success, failure, throttled) and the client's address; and ``change_password`` rows say how
 many logins a change ended, or that det saw a password changed outside det."""
 

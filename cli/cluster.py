@@ -152,7 +152,7 @@ def _settings(asked: dict) -> dict:
     """The settings of this ``up`` (``slots``, ``runtime``, ``web_port``): each one given,
     else the last ``up``'s (run/up.json), else its default (None: the supervisor's; the web
     port :data:`WEB_PORT`, 0 meaning no web server); recorded for the next ``up`` once the
-    web port is known to be free (issue 34: `--web-port` was forgotten by the next `up`).
+    web port is known to be free (`--web-port` was forgotten by the next `up`).
 
     Raises:
         DetError: the web port is taken on 127.0.0.1 (another det's server, or any program):

@@ -38,7 +38,7 @@ from det.submission import context_with, expanded_config, refuse_unfit, template
 app = typer.Typer(no_args_is_help=True)
 
 # `det experiment wait`'s progress bar: "Experiment 3 ACTIVE  29%|███   | 0:41 elapsed, ~1:40
-# left" (issue 34: it read "Experiment 3 ACTIVE: :  29%", with no time).
+# left" (it read "Experiment 3 ACTIVE: :  29%", with no time).
 WAIT_BAR = "{desc} {percentage:3.0f}%|{bar}| {elapsed} elapsed, ~{remaining} left"
 
 # `det experiment wait` exit codes, by terminal state.
@@ -85,7 +85,7 @@ def create(
     tpl, defaults = None, None
     if template is not None or not local:
         with db() as conn:
-            # a template is its workspace's: the one the experiment goes to (issue 32)
+            # a template is its workspace's: the one the experiment goes to
             workspace, project = placement(conn, read_config_file(config_file),
                                            str(config_file), workspace, project, project_id)
             if template is not None:
@@ -210,7 +210,7 @@ def describe(
     if json_:
         print_json({**exp, "trials": trials, "checkpoints": ckpts})
         return
-    # An old or partial stored config shows "-" for what it lacks (issue 32), never a KeyError.
+    # An old or partial stored config shows "-" for what it lacks, never a KeyError.
     searcher = searcher_of(exp["config"])
     metric = searcher.get("metric") or "-"
     smaller = searcher.get("smaller_is_better", True) is not False
@@ -246,8 +246,8 @@ def describe(
 def trials_table(trials: list[dict], metric: str) -> tuple[list[dict], list[str], list[str]]:
     """Rows, columns and headers of describe's trials table: one column per hyperparameter
     and per metric of each trial's best validation (nested names joined by dots), the
-    searcher's ``metric`` first, as "Best <metric>", batches and epochs not again (issue 34:
-    the hyperparameters were one JSON blob, the metrics absent). Each group's columns in name
+    searcher's ``metric`` first, as "Best <metric>", batches and epochs not again (the
+    hyperparameters were once one JSON blob, the metrics absent). Each group's columns in name
     order (the database keeps a JSON object's keys shortest first)."""
     hps: set[str] = set()
     metrics: set[str] = set()
@@ -303,7 +303,7 @@ def kill(exp_id: int = typer.Argument(..., metavar="ID")) -> None:
 
 def wait_description(exp_id: int, state: str, done: int, total: int) -> str:
     """The wait bar's words before its percentage: the experiment, its state and how many of
-    the trials made so far have ended (issue 34)."""
+    the trials made so far have ended."""
     return f"Experiment {exp_id} {state}, {done}/{total} trials done"
 
 
@@ -450,7 +450,8 @@ def set_gc_policy(
                                           help="Latest checkpoints of each trial to keep."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Apply without preview and question."),
 ) -> None:
-    """Change the checkpoint GC policy (reference-facts §5). Shows the checkpoints the new
+    """Change the checkpoint GC policy (Determined 0.38's checkpoint GC rule). Shows the
+    checkpoints the new
     policy deletes and asks first (unless --yes); an ended experiment's are deleted now, a
     running one's once it reports a new checkpoint or ends. Pinned checkpoints (a live trial's
     latest among them) are never deleted."""

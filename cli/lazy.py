@@ -3,7 +3,7 @@
 Importing every command of ``det`` (FastAPI for ``det serve``, the docker SDK for
 ``det image``, the searchers for ``det preview-search``, the config models) took ~2 s of CPU on
 a 2-core host before any command began: each ``det`` invocation paid it, a submission from a
-script or a cron job included (issue 11). This is click's documented lazy-loading pattern
+script or a cron job included. This is click's documented lazy-loading pattern
 ("Lazily Loading Subcommands") on typer's group class, so help keeps typer's formatting.
 """
 
@@ -22,7 +22,7 @@ import typer.main
 def reflow(text: str) -> str:
     """``text`` (a docstring) with each paragraph on one line, for the terminal to wrap: typer
     keeps the docstring's own line breaks in every paragraph but the first, which broke
-    sentences mid-line at any width but the source's (issue 34). A paragraph of indented or
+    sentences mid-line at any width but the source's. A paragraph of indented or
     bulleted lines keeps its breaks."""
     paragraphs = inspect.cleandoc(text).split("\n\n")
     return "\n\n".join(
@@ -40,7 +40,7 @@ def _reflow_help(command) -> None:
 
 def _add_ls(command) -> None:
     """Give every group below ``command`` that has ``list`` a hidden ``ls``: Determined's
-    alias of each of its ``list`` commands (issue 38)."""
+    alias of each of its ``list`` commands."""
     commands = getattr(command, "commands", None)
     if commands is None:
         return
@@ -68,7 +68,7 @@ def group(commands: dict[str, Lazy]) -> type[typer.core.TyperGroup]:
     each built at its first lookup: running ``det job list`` imports the job commands only.
     The group's own help lists each command by its ``Lazy.help`` without building any:
     ``det --help`` imported every command module (FastAPI, the docker SDK, the searchers),
-    1.2 s of CPU of its 2.8 (issue 34)."""
+    1.2 s of CPU of its 2.8."""
 
     @cache
     def build(name: str) -> typer.core.TyperCommand | typer.core.TyperGroup:

@@ -1,4 +1,4 @@
-"""``det user login NAME`` / ``logout`` / ``whoami``: who the CLI connects as (issue 14).
+"""``det user login NAME`` / ``logout`` / ``whoami``: who the CLI connects as.
 
 A det user is a PostgreSQL role, so logging in is connecting: ``login`` asks for the password,
 checks it by connecting as NAME, then keeps it the way libpq's tools do, in det's password

@@ -1,4 +1,4 @@
-"""What ``det -m/--master URL`` and ``DET_MASTER`` mean for det (issue 38).
+"""What ``det -m/--master URL`` and ``DET_MASTER`` mean for det.
 
 Determined's master is an HTTP server that its CLI talks to. det's control plane is
 PostgreSQL and its CLI talks to that, so for the CLI a master URL is det's database URL

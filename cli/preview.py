@@ -1,5 +1,6 @@
 """``det preview-search CONFIG``: the trials a search will run and how long they train, from
-the config alone (the reference's ``det preview-search``, reference-facts §1.3, §1.7).
+the config alone (the reference's ``det preview-search``, Determined 0.38's ``random.go`` and
+``adaptive_asha.go``).
 
 ``single``, ``random`` and ``grid`` train every trial to ``max_length``; ``adaptive_asha``
 shows, per bracket and rung, the rung's length, how many trials train to it and how many stop

@@ -4,7 +4,7 @@ It runs two reconcilers (one leads, the other waits as a hot standby and takes o
 a poll of the leader's death: det.reconciler.leader) and the local agent as its children and
 starts again any that dies, and, with the embedded database, starts the server again when it
 is found dead. So nothing that crashed waits for a person to type ``det cluster up`` (issue
-10, item 4), and a killed leader leaves no gap beyond the standby's takeover (issue 39).
+10, item 4), and a killed leader leaves no gap beyond the standby's takeover.
 
 When a child is started again (:func:`restart_delay`): a child killed by a signal after it had
 run ``QUICK_SECONDS`` (SIGKILL, the OOM killer, a person's ``kill``: an event from outside, not
@@ -16,7 +16,7 @@ exponential backoff (0.5 s doubling to 30 s) over its consecutive failures; a ch
 this part.
 
 Its pid file and its children's pid files and logs live in ``<det home>/run``. A child that is
-failing (issue 34: a server crash-looping on a taken port while ``det cluster status`` said it
+failing (a server crash-looping on a taken port while ``det cluster status`` said it
 ran) has ``<name>.failing`` there too, from its failed exit until it has run
 ``STEADY_SECONDS``: what ``det cluster status`` reports, with its log's last line.
 """

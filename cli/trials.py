@@ -31,7 +31,7 @@ app = typer.Typer(no_args_is_help=True)
 def stream_logs(trial_id: int, follow: bool, interval: float = 0.5, timestamps: bool = False,
                 head: int | None = None, tail: int | None = None) -> None:
     """Print the trial's logs, every line on stdout (the harness's own lines are its stderr:
-    `det trial logs 1 | grep` lost them, issue 34), each after its time with ``timestamps``;
+    `det trial logs 1 | grep` lost them), each after its time with ``timestamps``;
     only the first ``head`` or the last ``tail`` lines when given; with ``follow``, keep
     printing until the trial ends. Rides out database restarts
     (:func:`det.cli.logs.stream_log_rows`).
@@ -134,7 +134,7 @@ def describe(
         print_table(runs, ["run", "state", "agent_id", "exit_code", "exit_reason"],
                     ["Run", "State", "Agent", "Exit code", "Exit reason"])
     typer.echo("")
-    # One column per metric name (any group's), not the values as one JSON cell (issue 34).
+    # One column per metric name (any group's), not the values as one JSON cell.
     seen: set[str] = set()
     rows = []
     for m in metrics:

@@ -1,4 +1,4 @@
-"""Determined 0.38's CLI forms that det lacked under their upstream names (issue 38):
+"""Determined 0.38's CLI forms that det lacked under their upstream names:
 ``det version``, ``det master info``, ``det deploy local cluster-up|cluster-down``,
 ``det experiment list-checkpoints|download``, ``det trial download``, ``det checkpoint
 describe``. :mod:`det.cli.main` adds each to its group; the short aliases (``e``, ``m``,

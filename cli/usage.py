@@ -1,4 +1,4 @@
-"""``det cluster usage``: slot-hours per day by workspace, user, label or pool (issue 34)."""
+"""``det cluster usage``: slot-hours per day by workspace, user, label or pool."""
 
 from datetime import UTC, date, datetime
 

@@ -64,7 +64,7 @@ class AllocationSpec(BaseModel):
             return [python, "-m", "det.harness.interactive", self.kind]
         assert self.entrypoint is not None  # checked by the validator
         if self.resources.slots_per_trial > 1 and is_trial_class(self.entrypoint):
-            # One worker per slot (issue 12): the trial class runs under det's launcher.
+            # One worker per slot: the trial class runs under det's launcher.
             return [python, "-m", "det.launch.torch_distributed", "--trial", self.entrypoint]
         return entrypoint_argv(self.entrypoint, python)
 

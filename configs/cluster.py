@@ -29,15 +29,16 @@ tensorboard_timeout: 300                 # seconds a TensorBoard may go unused
 ```
 The older single-pool format, a top-level ``scheduler`` and no ``resource_pools``, still
 loads: it becomes ``resource_manager.scheduler`` with one pool named ``default``. Rules from
-the spec (Resource Pools, Scheduling) and notes §2.1: scheduler types ``fair_share`` (the
+the spec (Resource Pools, Scheduling) and Determined 0.38's resource-pool config:
+scheduler types ``fair_share`` (the
 default for a blank ``type``, as the spec's Resource Pools example says), ``priority`` and
 ``round_robin``; ``preemption`` and ``default_priority`` (1-99) belong to the priority
 scheduler; fitting policy ``best`` or ``worst``. Pools are named by ``name`` or the spec's
 ``pool_name``. ``min_run_time`` (seconds, >= 0, default 60; fair_share and priority): a run
-is not preempted before it has reported a checkpoint or held its slots that long (issue 34).
+is not preempted before it has reported a checkpoint or held its slots that long.
 
 ``checkpoint_storage`` and ``allowed_checkpoint_storage`` bound where det serve reads users'
-checkpoints from and with whose credentials (issue 32; the rule is
+checkpoints from and with whose credentials (the rule is
 :func:`det.configs.storage_policy.storage_access`). The cluster config is readable by every
 user, so its ``checkpoint_storage`` holds no keys: det serve reaches it with its own
 credentials (environment, ``~/.aws``, instance role).
@@ -77,7 +78,7 @@ class SchedulerConfig(BaseModel):
     fitting_policy: Literal["best", "worst"] = "best"
     preemption: bool = False
     default_priority: int = Field(42, ge=1, le=99)
-    # Seconds a run that has not checkpointed is not preempted (issue 34; the rule is
+    # Seconds a run that has not checkpointed is not preempted (the rule is
     # det.reconciler.schedulers.preemption); det_pool_scheduler fills the same default.
     min_run_time: float = Field(60.0, ge=0)
 
@@ -94,7 +95,7 @@ def _endpoint_url(value: str) -> str:
 
 
 class ProviderConfig(BaseModel):
-    """``provider`` of an elastic pool: where its agents come from (issue 36; the decisions are
+    """``provider`` of an elastic pool: where its agents come from (the decisions are
     :func:`det.reconciler.provisioner.decide`). ``local``: agent processes on the reconciler's
     host, ``slots_per_instance`` CPU slots each; ``aws``: EC2 instances of ``image_id`` (an
     image with det installed) and ``instance_type`` in ``region``, optionally in ``subnet_id``

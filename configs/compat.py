@@ -1,4 +1,5 @@
-"""Determined 0.38 config keys det knows but does not act on (reference-facts §3.2-3.7).
+"""Determined 0.38 config keys det knows but does not act on (Determined 0.38's ``experiment.json``
+schema).
 
 A config written for Determined carries keys that steer parts det does not have (profiling,
 Kubernetes pod specs, Horovod tuning, proxied ports...). They are accepted so that such a

@@ -1,4 +1,5 @@
-"""The experiment ``entrypoint`` and how it becomes a command line (reference-facts §3.8).
+"""The experiment ``entrypoint`` and how it becomes a command line (Determined 0.38's
+``exec/launch.py``).
 
 * ``"module:Class"`` (matching ``TRIAL_CLASS_RE``) names a Trial class run by det's harness;
 * any other string is a shell command, run with ``sh -c``;

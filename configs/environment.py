@@ -1,4 +1,4 @@
-"""The ``environment`` and ``bind_mounts`` sections (reference-facts §3.5, §3.6).
+"""The ``environment`` and ``bind_mounts`` sections (Determined 0.38's ``environment.json`` schema).
 
 ``environment_variables`` and ``image`` accept a single value for every device type or a map
 ``{cpu, cuda}``; both are expanded to the map form.

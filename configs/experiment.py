@@ -1,4 +1,4 @@
-"""The experiment config model (reference-facts §3.2-3.7) and its expanded form.
+"""The experiment config model (Determined 0.38's ``experiment.json`` schema) and its expanded form.
 
 ``ExperimentConfig`` validates what a user writes; ``ExperimentConfig.expanded()`` is the
 JSON dict with every default filled in that det stores as the experiment's config, and that

@@ -1,4 +1,4 @@
-"""Hyperparameter definitions (reference-facts §1.6).
+"""Hyperparameter definitions (Determined 0.38's ``hyperparameters.go``).
 
 The ``hyperparameters`` map of an experiment config holds, per name, one of:
 
@@ -199,7 +199,7 @@ Leaf = ConstHP | IntHP | DoubleHP | LogHP | CategoricalHP
 
 
 def grid_axis_size(hp: Leaf | None) -> int:
-    """The number of values of ``hp``'s grid axis (reference-facts §1.5): int
+    """The number of values of ``hp``'s grid axis (Determined 0.38's ``grid.go``): int
     ``min(count, maxval - minval + 1)``, double and log ``count``, categorical its values, a
     constant or an empty nested map 1. ``count`` must be set on int/double/log."""
     if isinstance(hp, IntHP):

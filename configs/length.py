@@ -1,7 +1,8 @@
 """Training lengths: ``{batches: N}``, ``{records: N}`` or ``{epochs: N}``.
 
 Used by ``searcher.max_length`` (:class:`Length`) and ``min_validation_period`` /
-``min_checkpoint_period`` (:class:`Period`) (reference-facts §1.1, §3.2). A length's value is
+``min_checkpoint_period`` (:class:`Period`) (Determined 0.38's searcher config defaults). A
+length's value is
 an integer >= 1, a period's >= 0, as Determined 0.38.1's schemas have them (``max_length`` is a
 ``check-positive-length.json``, the periods a ``length.json`` with ``minimum: 0`` and default
 ``{batches: 0}``: 0 means no periodic validation or checkpoint). A bare integer (the

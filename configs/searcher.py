@@ -1,4 +1,4 @@
-"""The ``searcher`` section: a union on ``name`` (reference-facts §1.1).
+"""The ``searcher`` section: a union on ``name`` (Determined 0.38's searcher config defaults).
 
 ``single``, ``random`` and ``grid`` run every trial to ``max_length``; without one (optional
 since the reference's 0.38) each trial gets one op of ``length.UNBOUNDED`` and its own code

@@ -1,5 +1,4 @@
-"""Which checkpoint storage det serve may read for a user, and with whose credentials
-(issue 32).
+"""Which checkpoint storage det serve may read for a user, and with whose credentials.
 
 det serve downloads a checkpoint from the storage its experiment's config names, and that
 config is the user's. Unchecked, ``endpoint_url: http://127.0.0.1:PORT`` had det serve send

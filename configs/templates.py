@@ -6,7 +6,7 @@ validates and expands the result, which is what the experiment stores (spec:
 introduction-and-features, Configuration Templates: later changes to a template change no
 experiment; a config uses at most one template, and a template uses none).
 
-The merge is Determined's (``master/pkg/schemas/merge.go``; reference-facts §3.9), on the
+The merge is Determined's (``master/pkg/schemas/merge.go``), on the
 configs as written (before defaults):
 
 * the config's own values win; a value the config leaves out (or sets to ``null``, which det

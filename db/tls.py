@@ -1,4 +1,4 @@
-"""det's certificate authority and the embedded server's TLS certificate (issue 35).
+"""det's certificate authority and the embedded server's TLS certificate.
 
 ``det cluster up --listen HOST:PORT`` makes the embedded PostgreSQL accept TCP connections, with
 TLS only. Clients on other hosts verify the server (``sslmode=verify-full``) against det's own

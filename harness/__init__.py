@@ -6,7 +6,7 @@ entrypoint for trial classes (``python -m det.harness.run module:Class``), ``loc
 in-process runner behind ``det experiment create --local``.
 
 Both are imported on first use (PEP 562 ``__getattr__``), so a Core API script that never
-touches ``pytorch`` does not pay for importing torch (about 0.9 s, issue 11).
+touches ``pytorch`` does not pay for importing torch (about 0.9 s).
 """
 
 import importlib

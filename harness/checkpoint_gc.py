@@ -1,4 +1,4 @@
-"""The checkpoint GC task: ``python -m det.harness.checkpoint_gc`` (issue 16).
+"""The checkpoint GC task: ``python -m det.harness.checkpoint_gc``.
 
 The reconciler schedules it as a zero-slot allocation of an experiment with DELETING
 checkpoints, so it runs on an agent of the experiment's pool, where the storage is reachable.
@@ -11,10 +11,10 @@ with no checkpoints gets a GC task too.
 Every step is idempotent, so a task killed at any point is finished by the next one:
 files already gone count as removed, and rows are marked only after their files are gone.
 A storage error is written on the experiment (``det_gc_task_failed``) and the task exits 1.
-Then it sweeps the storages it touched for what crashed runs left (issue 39): staging
+Then it sweeps the storages it touched for what crashed runs left: staging
 directories and checkpoint directories no row names (``det_gc_task_unrecorded``), untouched
 for ``LEFTOVER_AGE_SECONDS`` (``FsspecStorage.leftovers``).
-No link is followed (``FsspecStorage.remove_tree``, issue 32): a link a task left in its
+No link is followed (``FsspecStorage.remove_tree``): a link a task left in its
 checkpoint, or put in place of a directory of the storage, is removed as a link or left
 alone, never the files it points to.
 

@@ -1,7 +1,8 @@
 """det's Core API: the task's view of the platform as small contexts over a ``Transport``.
 
 ``with core.init() as ctx:`` gives ``ctx.train`` (metrics), ``ctx.checkpoint``,
-``ctx.preempt``, ``ctx.searcher``, ``ctx.distributed`` and ``ctx.info`` (reference-facts §6.1).
+``ctx.preempt``, ``ctx.searcher``, ``ctx.distributed`` and ``ctx.info`` (Determined 0.38's
+``det.core``).
 On a cluster the transport is ``DbTransport.from_env()``; off-cluster pass a ``LocalTransport``.
 Among several workers (``det.launch.torch_distributed``) the chief alone talks to the
 platform for searcher ops, preemption and checkpoints, and broadcasts what the others need
@@ -166,9 +167,9 @@ class CheckpointContext:
         checkpoint (the chief's uuid), reported by the chief once every worker's files are
         stored. Two workers writing the same file name raise ``DetError`` on every worker.
 
-        ``metadata`` must hold ``steps_completed`` (batches; GC joins checkpoints to
-        validations on it, reference-facts §8); raises ``DetError`` otherwise, and on a worker
-        other than the chief without ``shard``.
+        ``metadata`` must hold ``steps_completed`` (batches; GC joins checkpoints
+        to validations on it, as Determined 0.38's does); raises ``DetError``
+        otherwise, and on a worker other than the chief without ``shard``.
         """
         if "steps_completed" not in metadata:
             raise DetError("checkpoint metadata must include 'steps_completed' (batches)")

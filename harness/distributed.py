@@ -3,7 +3,7 @@ collectives the harness and user code need on top of ``torch.distributed``.
 
 det launches the workers through torchrun (:mod:`det.launch.torch_distributed`), which sets
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node),
-``MASTER_ADDR`` and ``MASTER_PORT`` (reference-facts §6.1; Determined's
+``MASTER_ADDR`` and ``MASTER_PORT`` (Determined 0.38's ``det.core``; Determined's
 ``core.DistributedContext.from_torch_distributed``). Objects travel through torch's own
 object collectives over a gloo process group (a separate one when the training backend is
 nccl), so det writes no transport of its own.

@@ -1,4 +1,5 @@
-"""Load the trial class an entrypoint ``module:Class`` names (reference-facts §3.8)."""
+"""Load the trial class an entrypoint ``module:Class`` names (Determined 0.38's
+``exec/launch.py``)."""
 
 import importlib
 import pathlib

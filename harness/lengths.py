@@ -1,7 +1,8 @@
 """Training lengths in the units of the experiment config, converted to batches.
 
 Config lengths (``searcher.max_length``, ``min_validation_period``, ``min_checkpoint_period``)
-are one-key maps ``{batches|records|epochs: N}`` (reference-facts §1.1, §3.2). The trainer
+are one-key maps ``{batches|records|epochs: N}`` (Determined 0.38's searcher config defaults). The
+trainer
 works in batches of ``hyperparameters.global_batch_size`` records; an epoch is
 ``records_per_epoch`` records. Conversions to batches round up so that a length is never cut
 short.

@@ -25,7 +25,8 @@ TEST_MODE_BATCHES = 5
 
 
 def local_hparams(specs: Mapping[str, Any], path: str = "hyperparameters") -> dict[str, Any]:
-    """One deterministic value per hyperparameter definition (reference-facts §1.6 forms).
+    """One deterministic value per hyperparameter definition (Determined 0.38's
+    ``hyperparameters.go`` forms).
 
     const: its value; bare value: itself; int: ``(minval + maxval) // 2``; double: the
     midpoint; log: ``base ** midpoint``; categorical: the first value; a map without

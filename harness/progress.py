@@ -1,4 +1,4 @@
-"""Progress of checkpoint uploads and downloads, in bytes (issue 16).
+"""Progress of checkpoint uploads and downloads, in bytes.
 
 fsspec reports a multi-file ``put`` / ``get`` to one callback per call (files done) and to a
 child callback per file (bytes). :class:`ByteProgress` folds the bytes of every file into one

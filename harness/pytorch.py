@@ -1,4 +1,5 @@
-"""det's PyTorch API: subclass ``PyTorchTrial``; ``Trainer`` runs it (reference-facts §6.2)."""
+"""det's PyTorch API: subclass ``PyTorchTrial``; ``Trainer`` runs it (Determined 0.38's
+``det.pytorch``)."""
 
 from det.harness.checkpoint_load import load_trial_from_checkpoint_path
 from det.harness.lengths import Batch, Epoch, TrainUnit

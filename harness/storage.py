@@ -1,11 +1,11 @@
-"""Checkpoint storage through fsspec (reference-facts §3.7).
+"""Checkpoint storage through fsspec (Determined 0.38's ``checkpoint-storage.json`` schema).
 
 ``shared_fs`` stores checkpoint ``<uuid>`` at ``<host_path>/<storage_path or ''>/<uuid>``;
 ``directory`` at ``<container_path>/<uuid>``; both on fsspec's local filesystem. ``s3`` stores
 it at ``s3://<bucket>/<prefix>/<uuid>`` through s3fs. Uploads and downloads show their bytes
 (:mod:`det.harness.progress`).
 
-A checkpoint appears under its name only whole (issue 39): on the local filesystem it is
+A checkpoint appears under its name only whole: on the local filesystem it is
 written as ``<base>/.det-staging-<uuid>`` and renamed into place (:meth:`publish`); an
 object store gets it uploaded from a local staging directory. What a crash leaves (staging
 directories, published directories never recorded) the GC task sweeps
@@ -204,7 +204,7 @@ class FsspecStorage:
         """Copy checkpoint ``uuid``'s files and directories into the local directory ``dst``
         (created if needed); returns the relative paths of the entries left out, sorted.
 
-        Links are never followed, out of the checkpoint or within it (issue 32): a task can
+        Links are never followed, out of the checkpoint or within it: a task can
         write a link to any path of the host it ran on, and det serve or the CLI reading it
         would copy the reader's own file at that path (``/etc/passwd``, a ``pgpass``). They
         are skipped rather than refused: a stray link (a framework's ``latest``) would
@@ -272,7 +272,7 @@ class FsspecStorage:
         nothing was there. Raises ``StorageError`` starting with ``failure`` when the storage
         refuses.
 
-        On the local filesystem no link is followed (issue 32: the GC task must not delete
+        On the local filesystem no link is followed (the GC task must not delete
         outside the storage): the directories from ``base`` down to ``url`` are opened
         ``O_NOFOLLOW`` one by one, and where one of them is a link (a task replaced it) there
         is nothing of this storage's there to remove (False, a warning logged); ``url``
@@ -408,7 +408,7 @@ def storage_os_error(e: BaseException, path: pathlib.Path) -> int | None:
     failing to read its data is not the storage's failure). Otherwise a full disk is
     recognised by its free space (below ``LOW_SPACE_BYTES``, or no free inode): torch's
     writer (``inline_container.cc``) reports a failed write as ``RuntimeError: ... unexpected
-    pos N vs M``, its OSError lost in C++, so no errno is left to read (issue 39: that was all
+    pos N vs M``, its OSError lost in C++, so no errno is left to read (that was all
     a full disk said)."""
     seen: set[int] = set()
     err: BaseException | None = e
@@ -455,7 +455,7 @@ def storage_from_config(checkpoint_storage: Mapping[str, Any] | None, *,
     Absent (``None``): a fresh temporary directory (local runs). S3 uses the section's
     ``access_key`` / ``secret_key``; without them, the process's own AWS credential chain
     when ``ambient_credentials`` (a task, the user's own CLI), else no credentials at all
-    (unsigned requests: det serve reading a user's storage, issue 32,
+    (unsigned requests: det serve reading a user's storage,
     :func:`det.configs.storage_policy.storage_access`).
 
     Raises:

@@ -1,4 +1,4 @@
-"""TensorBoard event files of a trial, in its checkpoint storage (issue 13).
+"""TensorBoard event files of a trial, in its checkpoint storage.
 
 Every metric a trial reports is also written as a TensorBoard scalar (training metrics under
 their own name, validation metrics prefixed ``val_`` as Determined names them, other groups as

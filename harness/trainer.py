@@ -4,14 +4,15 @@ It follows the searcher's operations (never training past an op's length), valid
 ``min_validation_period`` and at the end of each op (then completes the op with
 ``searcher.metric``), reports training metrics every ``scheduling_unit`` batches (averaged),
 checkpoints every ``min_checkpoint_period``, at the end, and when the platform asks the task
-to stop (reference-facts §6.2; spec run-training-code.rst, "Pause and Activate"). It resumes
+to stop (Determined 0.38's ``det.pytorch``; spec run-training-code.rst, "Pause and Activate"). It
+resumes
 from ``latest_checkpoint`` at the same step with the same model, optimizer, scheduler, data
 position and RNG state.
 
 The per-batch path does what a hand-written loop does plus a few attribute reads: no I/O, no
 ``.item()``; losses are kept as detached tensors and reduced when reported.
 
-Under several workers (``core_context.distributed.size > 1``, issue 12) every worker runs
+Under several workers (``core_context.distributed.size > 1``) every worker runs
 this loop in step: the training loader is re-made over a ``DistributedSampler`` (each worker
 a disjoint shard of every epoch, seeded by the trial seed), validation is split across the
 workers and its sums and counts added up (so the metrics equal one worker's on the same

@@ -190,7 +190,7 @@ class DbTransport:
     allocation's channel (preemption, the next op decided): one connection, so one server
     process, per task.
 
-    Fencing (issue 39): a token the database refuses (SQLSTATE 28000 from ``det_auth``) means
+    Fencing: a token the database refuses (SQLSTATE 28000 from ``det_auth``) means
     the cluster ended the allocation (its agent was declared lost, the run was killed) and may
     have placed a replacement, so whichever call sees it first (the watcher within
     ``PREEMPT_POLL_SECONDS``, a report, a checkpoint) prints one line and ends the process at
@@ -323,7 +323,7 @@ class DbTransport:
         ``det_checkpoint_begin(token)`` first, so a run whose allocation was ended writes no
         file (the refusal ends the process, see the class docstring); until the checkpoint is
         recorded, a refusal seen by any call runs ``discard`` (remove its files) before the
-        process ends, so no checkpoint directory is left without its row (issue 39)."""
+        process ends, so no checkpoint directory is left without its row."""
         self._discards[uuid] = discard
         try:
             self._call(f"begin checkpoint {uuid}", "SELECT det_checkpoint_begin(%s)")

@@ -1,6 +1,6 @@
 """``PyTorchTrial`` (what users subclass) and ``PyTorchTrialContext`` (what they get).
 
-Shapes follow reference-facts §6.2: the trial builds its models and optimizers in
+Shapes follow Determined 0.38's ``det.pytorch``: the trial builds its models and optimizers in
 ``__init__`` through ``context.wrap_*``; the ``Trainer`` calls ``train_batch`` once per batch
 and ``evaluate_batch`` (or ``evaluate_full_dataset``) at validation time.
 """

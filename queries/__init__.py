@@ -1,4 +1,4 @@
 """Named read queries shared by the CLI and the HTTP server (det serve), one module per
 concern, so that ``det experiment list`` and ``GET /api/v1/experiments`` read the same rows
-(STYLE.md: named queries, not scattered strings). Writes go through the ``det_*`` functions
-of ``schema.sql``; these only read."""
+(named queries, not scattered strings: docs/architecture.md, "The parts"). Writes go through
+the ``det_*`` functions of ``schema.sql``; these only read."""

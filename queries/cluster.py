@@ -39,10 +39,10 @@ SELECT r.name, r.description, det_pool_scheduler(r.name) AS scheduler,
   FROM resource_pools r ORDER BY r.name
 """
 
-# A pool's instances (elastic pools, issue 36), the live ones first, then the latest gone.
+# A pool's instances (elastic pools), the live ones first, then the latest gone.
 POOL_INSTANCES = """
-SELECT id, agent_id, state::text AS state, provider_id, reason, requested_at, running_at,
-       gone_at
+SELECT id, agent_id, state::text AS state, provider_id, provider_state, reason, requested_at,
+       running_at, gone_at
   FROM instances WHERE resource_pool = %(pool)s
  ORDER BY state = 'GONE', id DESC LIMIT %(limit)s
 """

@@ -69,7 +69,7 @@ SELECT t.id, t.request_id::text AS request_id, t.state::text AS state, t.hparams
                     END = t.best_validation
          ORDER BY m.steps_completed DESC LIMIT 1) AS validation,
        -- its latest run as the job queue sees it (waiting, starting, running, preempting,
-       -- stopping, preempted, ended) and why (issue 34); NULL before its first run
+       -- stopping, preempted, ended) and why; NULL before its first run
        det_run_status(r.id) AS run_state, det_run_reason(r.id) AS run_reason
   FROM trials t
   LEFT JOIN LATERAL (SELECT a.id FROM allocations a
@@ -185,7 +185,7 @@ def searcher_of(config: object) -> dict:
 
     Readers take every key of a stored config with a display default (``.get``), never by
     indexing: a config stored before a key existed, or from psql before
-    ``det_create_experiment`` checked configs (issue 32), may lack it."""
+    ``det_create_experiment`` checked configs, may lack it."""
     searcher = config.get("searcher") if isinstance(config, dict) else None
     return searcher if isinstance(searcher, dict) else {}
 

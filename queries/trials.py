@@ -75,7 +75,7 @@ def log_text(row: dict, timestamps: bool = False) -> str:
 
 
 # A trial's runs (its restarts are the runs after the first): where each ran, how it ended
-# and why (det_run_end_reason: never blank once ended; issue 34), and as the queue sees it
+# and why (det_run_end_reason: never blank once ended), and as the queue sees it
 # (det_run_status, det_run_reason).
 RUNS = """
 SELECT run, state::text AS state, agent_id, slots_needed, exit_code,

@@ -1,4 +1,4 @@
-"""Cluster historical usage (issue 34): slot-hours per UTC day and per workspace, user,
+"""Cluster historical usage: slot-hours per UTC day and per workspace, user,
 experiment label or resource pool, as ``det cluster usage``, GET /api/v1/cluster/usage and the
 WebUI's Usage page show it. The rule (which runs count, from when to when, how labels split)
 is det_cluster_usage in schema.sql, over the view reporting.slot_hours."""

@@ -1,4 +1,4 @@
-"""The ``aws`` provider: elastic agents on EC2 through boto3 (issue 36), tested against moto's
+"""The ``aws`` provider: elastic agents on EC2 through boto3, tested against moto's
 server.
 
 An instance is tagged ``det:instance = det-instance-<row id>`` and launched with that name as

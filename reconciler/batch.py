@@ -1,6 +1,6 @@
 """A pass's writes to many objects, gathered and sent as one set-based statement per kind.
 
-A busy pass settles and searches hundreds of objects (issue 11: 1,000 one-trial experiments
+A busy pass settles and searches hundreds of objects (1,000 one-trial experiments
 are 1,000 runs to settle and 2,000 searcher steps). Writing each object's rows with a
 statement of its own cost the server a statement, and the statement triggers of
 ``experiments``, ``trials``, ``allocations`` and ``task_logs`` (det serve's events) a firing,
@@ -61,5 +61,5 @@ class Writes:
 def _binary(statement: str) -> str:
     """``statement`` with its parameters (``%(name)s``) sent in binary (``%(name)b``): in
     text, psycopg quotes and escapes every element of an array with a regular expression,
-    ~0.2 ms of the reconciler's CPU a trivial task for the JSON ones (issue 11)."""
+    ~0.2 ms of the reconciler's CPU a trivial task for the JSON ones."""
     return re.sub(r"%\((\w+)\)s", r"%(\1)b", statement)

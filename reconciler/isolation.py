@@ -1,11 +1,11 @@
-"""No single object may fail a whole reconciler pass (issue 10, item 3).
+"""No single object may fail a whole reconciler pass.
 
 The work on each run, experiment, pool and wake-up runs in a savepoint of its own; when it
 raises, only that savepoint rolls back, why is recorded on the object, and the pass goes on.
 A lost connection is the exception: it ends the pass, and the loop reconnects.
 
 Savepoints cost round trips (SAVEPOINT, RELEASE), and a busy pass has hundreds of objects
-(issue 11: 1,000 tiny tasks are 1,000 runs to settle and 2,000 searcher steps). So objects
+(1,000 tiny tasks are 1,000 runs to settle and 2,000 searcher steps). So objects
 of one kind go together (:func:`isolated_each`): all in one savepoint and one pipeline, and
 only when that batch fails is each run again in a savepoint of its own.
 """

@@ -1,5 +1,5 @@
 """The ``local`` provider: elastic agents as ``det agent run`` processes on the reconciler's
-host (issue 36), for development and the tests.
+host, for development and the tests.
 
 An instance is found by its name: the agent process's command line carries ``--id
 det-instance-<row id>``, so a restarted reconciler finds the processes an earlier one launched

@@ -45,7 +45,7 @@ FENCE_SECONDS = 10.0
 (allocations.fenced_until): the old process may still be alive on a frozen agent, and exits
 once its token is revoked (the run ended) within the preemption watcher's poll,
 ``det.harness.transport.PREEMPT_POLL_SECONDS`` (5 s; tests/test_fencing.py keeps this
-longer), so no two processes of one trial run at once (issue 39, item 3)."""
+longer), so no two processes of one trial run at once."""
 
 TASK_START_TIMEOUT = 120.0
 """Default of ``Settings.task_start_timeout``: seconds a notebook's, shell's or TensorBoard's
@@ -102,7 +102,7 @@ class PassResult:
 # 4, is a disk's). det's tables are small and hot, in shared buffers, where an index probe
 # costs about what a sequential read does. At the default, a pass joined its 1,000 queued runs
 # to their jobs by reading every job ever submitted (the scheduler's input and the fallback
-# look: 28 and 23 ms a pass over 100,000 ended experiments, issue 11); at 1.1 it probes the
+# look: 28 and 23 ms a pass over 100,000 ended experiments); at 1.1 it probes the
 # jobs it needs, and still reads the whole table where most jobs are queued.
 SESSION_SETTINGS = "SET random_page_cost = 1.1"
 
@@ -120,7 +120,7 @@ def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassR
     1. lost agents, slots freed by ended runs, what users asked of experiments (pause,
        activate, stop: applied before placement, so a paused experiment's waiting run is not
        placed), and placement of the runs already waiting, committed at once so that the
-       agents hear of their new runs while the rest of the pass goes on (issue 11: settling
+       agents hear of their new runs while the rest of the pass goes on (settling
        and searching took ~40 ms of a slot's cycle before its next run was placed);
     2. everything else (docs/architecture.md, "The reconciler pass"), then placement again
        where it created runs, so that a new run is placed in the pass that created it.
@@ -186,7 +186,7 @@ def _settle(conn: psycopg.Connection, r: PassResult) -> None:
 
 
 def _tasks(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None:
-    """Interactive tasks (issue 33): settle their ended runs (each ends once, never
+    """Interactive tasks: settle their ended runs (each ends once, never
     restarted), stop the idle and the unanswering ones (:mod:`det.reconciler.tasks`), and
     kill those asked to stop :data:`TASK_STOP_GRACE` seconds ago. Failing, it is logged and
     the rest of the pass goes on."""
@@ -317,7 +317,8 @@ def _finish_stopping_trials(conn: psycopg.Connection, r: PassResult) -> None:
 def _finish_experiments(conn: psycopg.Connection, r: PassResult) -> None:
     """End the experiments whose trials are all done, set their progress to what they
     trained (searchers.ended_progress), and apply the checkpoint GC policy of each one that
-    has checkpoints in the same transaction (reference-facts §5: GC runs when an experiment
+    has checkpoints in the same transaction (Determined 0.38's checkpoint GC rule: GC runs when an
+    experiment
     ends; one with none has nothing to apply it to)."""
     ended = conn.execute(q.FINISH_EXPERIMENTS).fetchall()
     isolated_each(conn, ended, lambda row: f"experiment {row['id']}: progress",
@@ -330,7 +331,7 @@ def _finish_experiments(conn: psycopg.Connection, r: PassResult) -> None:
 
 def _checkpoint_gc_live(conn: psycopg.Connection, r: PassResult) -> None:
     """Apply the checkpoint GC policy of each live experiment that has checkpoints new since
-    the last look (issue 39: checkpoints superseded during a run are collected then, not only
+    the last look (checkpoints superseded during a run are collected then, not only
     at the experiment's end). Only those experiments are looked at, so a pass with no new
     checkpoint costs one index probe. Each live trial's restart point is pinned
     (checkpoint_pins), so no run loses the checkpoint it resumes from."""

@@ -1,5 +1,5 @@
-"""The provisioner's step of a pass (DESIGN.md, "The reconciler pass", step 6): elastic pools
-get and lose agents (issue 36).
+"""The provisioner's step of a pass (docs/architecture.md, "The reconciler pass"): elastic pools
+get and lose agents.
 
 In one transaction it records what it sees (agents that registered, since when each is idle),
 asks :func:`det.reconciler.provisioner.decide` per pool, writes new instances as REQUESTED,

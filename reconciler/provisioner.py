@@ -1,5 +1,5 @@
 """The provisioner's decisions for one elastic pool: a pure function of its queued demand, its
-live instances and its provider config (issue 36; DESIGN.md, "Where machines come from").
+live instances and its provider config.
 
 :func:`decide` returns which instances to launch and which to terminate, and why the pool waits
 or refuses; :mod:`det.reconciler.provision` loads its input and applies the result.
@@ -59,7 +59,7 @@ class StartFailures:
 
 BACKOFF_BASE_SECONDS = 10.0
 """After a start failure the pool launches nothing for this long, doubled at each further
-failure in a row up to :data:`BACKOFF_MAX_SECONDS` (issue 36: no endless loop launching
+failure in a row up to :data:`BACKOFF_MAX_SECONDS` (no endless loop launching
 instances that never come up)."""
 BACKOFF_MAX_SECONDS = 600.0
 
@@ -84,7 +84,7 @@ def decide(provider: Provider, demand: Demand, instances: list[Instance],
            failures: StartFailures = StartFailures()) -> Decision:
     """The instances to launch and terminate now.
 
-    Rules (issue 36): an instance whose agent has not registered ``agent_startup_timeout``
+    Rules: an instance whose agent has not registered ``agent_startup_timeout``
     seconds after it was requested is terminated, as is one whose agent was lost; waiting runs
     want ``ceil(slots / slots_per_instance)`` instances, and waiting zero-slot tasks one, beyond
     those still booting; never more than ``max_instances`` live, never fewer than

@@ -16,7 +16,7 @@ for the pass to commit (a task's ``det_complete_op`` inserting its searcher even
 # Agents silent for longer than the timeout are lost (docs/architecture.md, "The reconciler pass").
 # Silence is counted from the database server's start at the earliest: after a long outage
 # (the server down, every heartbeat old) agents get the timeout to beat again rather than all
-# being declared lost at once by the first pass (issue 39).
+# being declared lost at once by the first pass.
 EXPIRE_AGENTS = """
 UPDATE agents SET state = 'LOST'
  WHERE state <> 'LOST'
@@ -27,7 +27,7 @@ RETURNING id
 
 # Runs on lost agents end with no exit code: the settle step counts them as failures (but a
 # planned stop's, see allocations.planned_stop). A gang spanning agents ends when any of its
-# agents is lost (issue 12). Found from the lost agents (one IN over a UNION, which the
+# agents is lost. Found from the lost agents (one IN over a UNION, which the
 # planner can join from), not by testing every live run. The old process may live on (a
 # frozen agent cannot kill it): its trial gets no new run for %(fence)s seconds
 # (allocations.fenced_until, honoured by CREATE_ALLOCATIONS).
@@ -71,7 +71,7 @@ SELECT a.id AS allocation_id, a.exit_code,
 """
 
 # The statements that take arrays (one element a row) are sent by det.reconciler.batch.Writes:
-# one statement for all the objects of a pass (issue 11).
+# one statement for all the objects of a pass.
 
 UPDATE_SETTLED_TRIALS = """
 UPDATE trials t SET state = x.state::trial_state, restarts = x.restarts,
@@ -126,7 +126,7 @@ SELECT x.allocation_id, x.trial_id, 'det', x.line
  ORDER BY x.i
 """
 
-# -- 2b. Interactive tasks (issue 33) ----------------------------------------------------------
+# -- 2b. Interactive tasks ----------------------------------------------------------
 
 # A task's one run is no trial's: it ends once, is never restarted, and UNSETTLED_RUNS (which
 # joins trials) never sees it. Its end is settled here, as a GC task's is, and the task keeps
@@ -346,7 +346,7 @@ UPDATE experiments e SET state = x.state::experiment_state
 # rng NULL: the step drew nothing, the generator stays as stored (and is not written again).
 # outcome NULL: the search goes on; else its shutdown's STOPPING_* state, written with the
 # searcher's state: a second write of an experiment's row in one transaction makes one more
-# row version and checks its two foreign keys again (~20 us each, issue 11).
+# row version and checks its two foreign keys again (~20 us each).
 SAVE_SEARCHERS = """
 UPDATE experiments e SET searcher_state = x.state, searcher_rng = coalesce(x.rng, e.searcher_rng),
        progress = x.progress, state = coalesce(x.outcome::experiment_state, e.state)
@@ -400,13 +400,13 @@ RETURNING e.id, EXISTS (SELECT 1 FROM trials t JOIN checkpoints c ON c.trial_id 
 # An ended experiment's progress: what it trained over what it planned (ended_progress).
 SET_PROGRESS = "UPDATE experiments SET progress = %(progress)s WHERE id = %(experiment_id)s"
 
-# -- 6b. Checkpoint GC (issue 16) ---------------------------------------------------------------
+# -- 6b. Checkpoint GC ---------------------------------------------------------------
 
 # An experiment that just ended applies its GC policy (the keep rule is det_checkpoints_to_delete),
 # in the transaction that ended it.
 CHECKPOINT_GC = "SELECT det_checkpoint_gc(%(experiment_id)s) AS n"
 
-# GC during runs (issue 39): the live experiments with checkpoints reported since the last
+# GC during runs: the live experiments with checkpoints reported since the last
 # look, whose policy the pass applies now. The same statement clears the flags it read; a
 # checkpoint committed after it keeps its flag for the next pass. An ended experiment's
 # flags are only cleared (the pass that ended it applied its policy). A checkpoint row
@@ -506,7 +506,7 @@ UPDATE experiments SET checkpoint_gc_error = %(message)s WHERE id = %(experiment
 
 # -- 7. New runs for trials that have work and no run ------------------------------------------
 
-# Not while an earlier run's process may still act (allocations.fenced_until, issue 39).
+# Not while an earlier run's process may still act (allocations.fenced_until).
 CREATE_ALLOCATIONS = """
 WITH runnable AS (
     SELECT t.id FROM trials t JOIN experiments e ON e.id = t.experiment_id

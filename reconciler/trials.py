@@ -1,6 +1,7 @@
 """What the end of a run means for its trial: a pure function.
 
-Rules (spec: experiment-lifecycle, Pausing and Activating; notes §3.2 ``max_restarts``):
+Rules (spec: experiment-lifecycle, Pausing and Activating; Determined 0.38's ``experiment.json``
+schema ``max_restarts``):
 
 * a trial that was being stopped (STOPPING_*) stays so, whatever the exit code; the pass's
   finishing step moves it to its terminal state (SQL ``det_stopped_state``) once no run of it
@@ -11,11 +12,11 @@ Rules (spec: experiment-lifecycle, Pausing and Activating; notes §3.2 ``max_res
 * a clean exit (0) after a stop request (preemption, pause) leaves the trial to resume later;
 * so does any end of a planned stop (``planned_stop``: its agent stopped it on purpose, as
   ``det cluster down`` does, or killed it when it could not heartbeat for its lease, as in a
-  long database outage; issue 39), a run killed after the agent's grace included: it is
+  long database outage), a run killed after the agent's grace included: it is
   not a failure, ``restarts`` is unchanged, and the next run resumes from the latest
   checkpoint;
 * a failed run that could not write a checkpoint to its storage (``storage_error``: no space,
-  quota, read-only, I/O error; issue 39) pauses the trial and its experiment with that reason
+  quota, read-only, I/O error) pauses the trial and its experiment with that reason
   and counts no restart: the storage is the experiment's, so every run of every trial would
   hit the same wall and spend its restarts on it; the work so far is kept, and once the
   operator has fixed the storage ``det experiment activate`` resumes from the latest

@@ -1,4 +1,4 @@
-"""Experiments made from an existing one (issue 34; spec run-training-code.rst: "create an
+"""Experiments made from an existing one (spec run-training-code.rst: "create an
 experiment from an existing experiment or trial on the WebUI"): fork an experiment, continue a
 trial. Registered before ``experiments``, whose ``/experiments/{id}/{action}`` would otherwise
 take ``/experiments/{id}/fork``."""

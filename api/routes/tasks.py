@@ -1,5 +1,5 @@
-"""``/api/v1/tasks``, ``/api/v1/{notebooks,tensorboards,commands,shells}``: interactive tasks
-(issue 33): list, one task, its logs, kill, and starting each kind through det.submission
+"""``/api/v1/tasks``, ``/api/v1/{notebooks,tensorboards,commands,shells}``: interactive tasks:
+list, one task, its logs, kill, and starting each kind through det.submission
 (the same path as ``det notebook start`` & co.). Viewer lists, reads and opens a TensorBoard;
 Editor starts and kills (det_create_task, det_task_kill)."""
 
@@ -115,7 +115,7 @@ def _submit(s: Session, kind: TaskKind, body: CreateTask, entrypoint: list[str] 
             experiment_ids: list[int] | tuple = (), trial_ids: list[int] | tuple = ()) -> dict:
     """Expand and submit a task as the CLI does (det.submission), in the request's one
     transaction. Permission to create in the target project is checked before the context is
-    unpacked (as for experiments, issue 32).
+    unpacked (as for experiments).
 
     Raises:
         ConfigError: a bad config or override (400 naming the key).

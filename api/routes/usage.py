@@ -1,5 +1,5 @@
 """``/api/v1/cluster/usage``: cluster historical usage, slot-hours per day by workspace, user,
-label or pool (issue 34), as JSON or CSV."""
+label or pool, as JSON or CSV."""
 
 from datetime import UTC, date, datetime
 from typing import Literal

@@ -1,5 +1,5 @@
 """``/api/v1/workspaces`` and ``/api/v1/projects``: what the WebUI's workspace and project
-pages read (issue 34), as the user sees them (row-level security)."""
+pages read, as the user sees them (row-level security)."""
 
 from fastapi import APIRouter
 

@@ -2,7 +2,7 @@
 
 Training code written for Determined (``import determined as det``, ``det.core.init()``,
 ``det.pytorch.Trainer``, ``python3 -m determined.launch.torch_distributed``) runs on det
-unchanged (issue 13). Names, signatures and behaviour follow 0.38.1; the work is done by
+unchanged. Names, signatures and behaviour follow 0.38.1; the work is done by
 ``det.harness`` (Core API contexts, ``PyTorchTrial``, the trainer). The submodules are imported
 on first use, so ``import determined`` (or a Core API script) does not pay for importing
 torch; a test checks it loads none.

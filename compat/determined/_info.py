@@ -3,7 +3,7 @@
 On a det cluster the answer comes from ``det_task_info`` (the allocation's token, read once
 and cached) through the task's one ``DbTransport``, which ``determined.core.init`` then
 takes over (:func:`task_transport`): one connection per task, retried through database
-restarts like det's own harness (issue 39: a bare connect here made 9 of 30 tasks ERROR at
+restarts like det's own harness (a bare connect here made 9 of 30 tasks ERROR at
 ``max_connections`` 20). Off-cluster (no ``DET_ALLOCATION_TOKEN``) it is ``None``, as in
 Determined. ``master_url`` is det's database URL: the database is det's control plane.
 """

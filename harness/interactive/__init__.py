@@ -1,4 +1,4 @@
-"""The servers inside interactive tasks (issue 33): ``python -m det.harness.interactive KIND``.
+"""The servers inside interactive tasks: ``python -m det.harness.interactive KIND``.
 
 ``AllocationSpec.argv`` runs it for a notebook, shell or TensorBoard task. It reads its identity
 from the environment the agent sets (``DET_DB_URL``, ``DET_ALLOCATION_ID``,

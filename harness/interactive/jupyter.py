@@ -1,5 +1,5 @@
 """JupyterLab's entry point in a notebook task: ``python -m det.harness.interactive.jupyter
-ARGS`` is ``jupyter lab ARGS`` that starts in about 2 s instead of 5 (issue 33's goal is a
+ARGS`` is ``jupyter lab ARGS`` that starts in about 2 s instead of 5 (the goal is a
 notebook answering within 3 s of ``det notebook start``).
 
 Nearly 3 s of JupyterLab's start (``python -X importtime``: 2.0 to 3.0 s of 4.7 s to import

@@ -127,7 +127,7 @@ def _slots(agents: Sequence[Agent], tasks: Sequence[Task], pool: Pool, holders: 
     # leave them out (all found in one round, so a pass stays O(jobs log jobs)) and share
     # again among the rest.
     left_out: set[Id] = set()
-    # Jobs holding slots first: shares break ties by this order (issue 34: with three equal
+    # Jobs holding slots first: shares break ties by this order (with three equal
     # searches on two slots, a tie given to the first in the queue preempted a run just
     # started by another, at 0 batches).
     order = sorted(jobs, key=lambda j: held[j] == 0)

@@ -1,4 +1,5 @@
-"""Where a task fits: the pool's free slots, indexed for a pass (notes §2.3, spec: Scheduling).
+"""Where a task fits: the pool's free slots, indexed for a pass (Determined 0.38's ``fitting.go``,
+spec: Scheduling).
 
 A multi-slot task lands on one agent when one has enough free slots, chosen by the fitting
 policy: ``best`` packs (the agent left with the fewest free slots), ``worst`` spreads (the

@@ -1,4 +1,4 @@
-"""Which running tasks a scheduler may preempt, and which first (issue 34: no waste from
+"""Which running tasks a scheduler may preempt, and which first (no waste from
 preemption). Pure functions over :class:`~.model.Task`.
 
 A run preempted before it has trained and checkpointed is pure waste: its start bought

@@ -1,4 +1,4 @@
-"""The priority scheduler (spec: Scheduling, Task Priority; notes §2.4).
+"""The priority scheduler (spec: Scheduling, Task Priority; Determined 0.38's ``priority.go``).
 
 Lower number = higher priority; equal priorities run in queue order. Per priority level, from
 the highest: fit the level's pending tasks in order. Once a level has a task that does not
@@ -167,7 +167,7 @@ class _Evictions:
         """``task``'s step if it can be placed, reserved in ``pool``, or None (nothing
         changed). It takes slots already freed by this pass's evictions if they suffice;
         otherwise candidates (tasks already stopping first: their slots come back anyway,
-        then notes §2.4's order) are added until it fits, and those it does not need are
+        then in ``priority.go``'s order) are added until it fits, and those it does not need are
         dropped again (:func:`_needed`)."""
         if self.chosen:
             fit = pool.fit(task.slots)

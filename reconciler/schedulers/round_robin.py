@@ -1,4 +1,5 @@
-"""The round-robin scheduler (spec: Scheduling; notes §2.6).
+"""The round-robin scheduler (spec: Scheduling; Determined's ``round_robin``, removed upstream in
+June 2024).
 
 Jobs take turns, one allocation each per round: jobs holding the fewest slots go first
 (then the earliest submitted); every round each job with waiting tasks offers its first

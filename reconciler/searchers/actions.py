@@ -3,7 +3,7 @@
 The reconciler applies actions (create a trial, tell a trial how far to train, stop asking a
 trial for work, end the search) and feeds back events from the trials. Mirrors the reference's
 ``Create``/``Stop``/``Shutdown`` actions and ``validationCompleted``/``trialExited``/
-``trialExitedEarly`` callbacks (reference-facts §1.2).
+``trialExitedEarly`` callbacks (Determined 0.38's ``searcher.go``).
 """
 
 from dataclasses import dataclass

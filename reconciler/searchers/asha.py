@@ -1,4 +1,5 @@
-"""``adaptive_asha``: asynchronous successive halving in brackets (reference-facts §1.7, §1.9;
+"""``adaptive_asha``: asynchronous successive halving in brackets (Determined 0.38's
+``adaptive_asha.go`` and 0.37's promotion-based ASHA;
 Li et al., "A System for Massively Parallel Hyperparameter Tuning", MLSys 2020, Algorithm 2).
 
 The plan is a pure function of the searcher config (``asha_brackets``), with ``L`` =

@@ -1,4 +1,4 @@
-"""``grid`` search (reference-facts §1.5).
+"""``grid`` search (Determined 0.38's ``grid.go``).
 
 The whole grid is built when the search starts; points are taken from the END of the list
 (the reference pops them, so the last grid point starts first), at most

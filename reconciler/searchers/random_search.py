@@ -1,4 +1,4 @@
-"""``random`` and ``single`` search (reference-facts §1.3, §1.4).
+"""``random`` and ``single`` search (Determined 0.38's ``random.go``).
 
 Keeps ``min(max_trials, max_concurrent_trials)`` trials alive (``max_concurrent_trials: 0``
 means no cap) and creates one more whenever a trial exits, until ``max_trials`` have been

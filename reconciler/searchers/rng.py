@@ -1,5 +1,6 @@
 """The searcher's random source: numpy's legacy ``RandomState`` (MT19937), as in the reference
-(reference-facts §1.2), with its state kept as JSON so a stored search resumes bit-exactly.
+(Determined 0.38's ``searcher.go``), with its state kept as JSON so a stored search resumes
+bit-exactly.
 
 A new ``RandomState`` costs 130-270 us on the 2-core development machine (numpy seeds a fresh
 MT19937 from OS entropy through a SeedSequence, then copies its 624 words one by one, before

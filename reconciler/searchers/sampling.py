@@ -1,4 +1,5 @@
-"""Hyperparameter values: random samples and grid points (reference-facts §1.5, §1.6)."""
+"""Hyperparameter values: random samples and grid points (Determined 0.38's ``hyperparameters.go``,
+``grid.go``)."""
 
 import copy
 import itertools

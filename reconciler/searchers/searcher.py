@@ -1,6 +1,7 @@
 """``searcher_step`` and ``searcher_progress``: the pure functions the reconciler calls.
 
-Common machinery of every method (reference-facts §1.2): bookkeeping of trials, ignoring
+Common machinery of every method (Determined 0.38's ``searcher.go``): bookkeeping of trials,
+ignoring
 repeated or late events, and the shutdown rule (when every requested trial has exited:
 ``Shutdown(failure=all errored, cancel=all canceled)``). Methods are looked up by
 ``searcher.name`` in ``METHODS``. A method's constructor raises ``ValueError`` for a valid
@@ -135,7 +136,7 @@ def searcher_progress(config: dict[str, Any], state: dict[str, Any]) -> float:
 def ended_progress(config: dict[str, Any], state: dict[str, Any] | None,
                    trained: Mapping[str, float]) -> float:
     """Progress in [0, 1] of an experiment that ended: what its trials trained over what the
-    search planned (issue 39: a killed or errored experiment showed 0 % or 100 %, not what it
+    search planned (a killed or errored experiment showed 0 % or 100 %, not what it
     did). ``trained``: units (of ``searcher.max_length``) each trial trained, by request id
     (a trial not in it trained what it validated). A search that finished its plan (shut
     down with every trial closed by the searcher) is 1.0; one never begun (``state`` None)

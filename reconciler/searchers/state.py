@@ -48,7 +48,7 @@ class SearchState:
     """Mutable working copy of the state during one ``searcher_step``. Its random source
     (:attr:`rng`) is rebuilt from the stored one only when the step draws from it: most steps
     (a validation, a trial's end) draw nothing, and rebuilding and storing it again was
-    ~0.4 ms of a step (issue 11)."""
+    ~0.4 ms of a step."""
 
     method: str
     stored_rng: dict[str, Any] | None
@@ -82,7 +82,7 @@ class SearchState:
 
     @property
     def rng(self) -> np.random.RandomState:
-        """The search's random source (numpy's legacy MT19937, reference-facts §1.2).
+        """The search's random source (numpy's legacy MT19937, Determined 0.38's ``searcher.go``).
 
         Raises RuntimeError after :meth:`finish`."""
         if self._rng is None:

@@ -1,5 +1,5 @@
 """What ``determined.launch.deepspeed`` / ``.horovod`` / ``.tensorflow`` share: each runs only
-where its framework is installed, else says so in one line and exits 1 (issue 38: a missing
+where its framework is installed, else says so in one line and exits 1 (a missing
 launcher module was a traceback)."""
 
 import importlib.util

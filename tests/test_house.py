@@ -1,0 +1,85 @@
+"""House rules a reader of det's source relies on, checked over the tree as it is.
+
+* Comments and docstrings stand on their own: they do not point at documents a reader of the
+  repo lacks (a tracker's issue numbers, the project's private notes), and every repo file
+  they cite exists.
+"""
+
+import re
+from pathlib import Path
+
+from conftest import REPO
+
+NOT_DET = {"tests", "bench", "build", ".venv", "examples", "docs", ".git"}
+"""Top-level directories that are not det's own sources: tests and benches may name the
+issues they reproduce."""
+
+PRIVATE_REFERENCE = re.compile(r"\b[Ii]ssues? #?\d+|reference-facts|\bnotes §")
+"""Pointers to documents outside the repo: a tracker's issue, the project's notes."""
+
+CITED_PATH = re.compile(r"(?<![\w./-])(?:det/)?((?:[\w.-]+/)+[\w.-]+\.[a-z]+)\b")
+"""A relative path with a directory and an extension, e.g. ``db/channels.py``,
+``docs/architecture.md``; ``det/`` is the repo's root (the package is installed as ``det``)."""
+
+CITED_DOC = re.compile(r"(?<![\w./-])([\w-]+\.md)\b")
+"""A bare Markdown file name, e.g. ``DESIGN.md``: the repo's own are at its root or in docs/."""
+
+
+def det_sources(root: Path) -> list[Path]:
+    """det's Python files under ``root``, outside :data:`NOT_DET`."""
+    return sorted(p for top in root.iterdir() if top.name not in NOT_DET
+                  for p in ([top] if top.is_file() else top.rglob("*.py"))
+                  if p.suffix == ".py")
+
+
+def private_references(root: Path) -> list[str]:
+    """``file:line: text`` of each pointer to a document outside the repo in det's sources."""
+    found = []
+    for path in det_sources(root):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if PRIVATE_REFERENCE.search(line):
+                found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
+    return found
+
+
+def missing_citations(root: Path) -> list[str]:
+    """``file: path`` of each repo path or Markdown file det's sources cite that does not
+    exist. A path counts as the repo's when its first directory is one of the repo's
+    top-level directories (``master/pkg/schemas/merge.go`` is Determined's, not det's);
+    placeholders (``NNNN_name.sql``) are not citations."""
+    tops = {p.name for p in root.iterdir() if p.is_dir()}
+    found = []
+    for path in det_sources(root):
+        text = path.read_text()
+        for m in CITED_PATH.finditer(text):
+            cited = m.group(1)
+            if (cited.split("/")[0] in tops and "NNNN" not in cited
+                    and not (root / cited).exists()):
+                found.append(f"{path.relative_to(root)}: {cited}")
+        for m in CITED_DOC.finditer(text):
+            if not ((root / m.group(1)).exists() or (root / "docs" / m.group(1)).exists()):
+                found.append(f"{path.relative_to(root)}: {m.group(1)}")
+    return found
+
+
+def test_comments_point_at_no_document_outside_the_repo() -> None:
+    assert private_references(REPO) == []
+
+
+def test_every_file_a_comment_cites_exists() -> None:
+    assert missing_citations(REPO) == []
+
+
+def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
+    """Each rule finds its fault in a tree made for it, and passes the forms that are fine."""
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "channels.py").write_text("")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text('"""Reproduces issue 7."""\n')
+    (tmp_path / "a.py").write_text(
+        '"""Checked (issue 32). As upstream does (reference-facts §1.2; notes §2.4).\n\n'
+        "One place: db/channels.py, det/db/channels.py; not db/gone.py nor DESIGN.md.\n"
+        "Determined's master/pkg/schemas/merge.go; db/migrations/NNNN_name.sql.\n"
+        'An issue to fix, the notes of a release."""\n')
+    assert [r.split(":")[1] for r in private_references(tmp_path)] == ["1"]
+    assert missing_citations(tmp_path) == ["a.py: db/gone.py", "a.py: DESIGN.md"]

@@ -56,7 +56,7 @@ COMMENT ON TYPE allocation_state IS
 -- its running work and takes none; LOST (heartbeat timed out) until it registers again.
 CREATE TYPE agent_state AS ENUM ('ACTIVE', 'DISABLED', 'LOST');
 
--- An elastic agent's machine (issue 36; det.reconciler.provision).
+-- An elastic agent's machine (det.reconciler.provision).
 CREATE TYPE instance_state AS ENUM ('REQUESTED', 'STARTING', 'RUNNING', 'TERMINATING', 'GONE');
 COMMENT ON TYPE instance_state IS
     'An elastic agent''s machine: REQUESTED (row written, not yet launched), STARTING '
@@ -207,7 +207,7 @@ COMMENT ON COLUMN instances.idle_since IS
 CREATE INDEX instances_live ON instances (resource_pool) WHERE state <> 'GONE';
 
 -- =============================================================================================
--- Tables: users, workspaces, projects and access control (issue 14)
+-- Tables: users, workspaces, projects and access control
 --
 -- A det user is a PostgreSQL role of the same name (LOGIN, member of det_user): PostgreSQL
 -- holds the password (SCRAM-SHA-256) and checks it, and row-level security decides which rows
@@ -358,7 +358,7 @@ CREATE INDEX audit_log_object ON audit_log (object_type, object_id);
 
 -- Ids users type (experiments, trials, jobs) come from these counter rows, not sequences:
 -- PostgreSQL WAL-logs a sequence 32 values ahead, so ids jumped by ~32 after every crash of
--- the postmaster (issue 39; CACHE 1 does not stop it).
+-- the postmaster (CACHE 1 does not stop it).
 CREATE TABLE id_counters (
     name       text PRIMARY KEY,
     last_value bigint NOT NULL CHECK (last_value >= 0)
@@ -448,7 +448,7 @@ COMMENT ON COLUMN experiments.unmanaged IS
     'searcher, no runs placed; its owner''s script reports through det_unmanaged_*.';
 COMMENT ON COLUMN experiments.external_id IS
     'core_v2''s external_experiment_id: a later start with the same id (and owner) resumes it.';
--- Issue 38: core_v2's external ids find the experiment (and trial) a script resumes.
+-- Determined's core_v2: external ids find the experiment (and trial) a script resumes.
 CREATE UNIQUE INDEX experiments_external ON experiments (owner, external_id)
     WHERE external_id IS NOT NULL;
 COMMENT ON COLUMN experiments.config IS 'The expanded config: every default filled in.';
@@ -722,7 +722,7 @@ COMMENT ON COLUMN metrics.superseded_by IS
 CREATE INDEX metrics_trial_group_steps ON metrics (trial_id, "group", steps_completed);
 
 -- metrics' references are checked once per statement, not per row as foreign keys would
--- (two thirds of a row's cost; issue 11, migration 0020): a task's batch names one allocation.
+-- (two thirds of a row's cost, migration 0020): a task's batch names one allocation.
 CREATE FUNCTION det_metrics_reference_check() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- AFTER INSERT or UPDATE ON metrics, per statement: every new row's (allocation_id,
@@ -969,7 +969,7 @@ CREATE INDEX task_logs_trial ON task_logs (trial_id, id);
 CREATE INDEX task_logs_allocation ON task_logs (allocation_id, id);
 
 -- =============================================================================================
--- Tables: the model registry and configuration templates (issue 16)
+-- Tables: the model registry and configuration templates
 
 CREATE FUNCTION det_model_name_problem(p_name text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
 -- Why p_name cannot name a model, or NULL. Determined's rules (master/internal/api_model.go):
@@ -1134,7 +1134,7 @@ COMMENT ON COLUMN templates.redacted_original IS
     'The YAML as set when it holds no secret, else NULL (its text cannot be redacted).';
 
 -- =============================================================================================
--- Tables: det serve, the HTTP server (issue 15)
+-- Tables: det serve, the HTTP server
 
 CREATE TABLE web_sessions (
     token_hash bytea PRIMARY KEY,
@@ -1184,7 +1184,7 @@ COMMENT ON TABLE web_watchers IS
     'servers take their leases again within a second.';
 
 -- =============================================================================================
--- NOTIFY channels (issue 32)
+-- NOTIFY channels
 --
 -- PostgreSQL has no privilege on LISTEN or NOTIFY: any role may listen or notify on any
 -- channel it can name. So det's channels have names no user or task can know: each is built
@@ -1389,7 +1389,7 @@ CREATE TRIGGER instances_transition BEFORE UPDATE OF state ON instances
     FOR EACH ROW EXECUTE FUNCTION det_instance_transition();
 
 -- =============================================================================================
--- Access control (issue 14): who is calling, what they may do, and the audit log. User
+-- Access control: who is calling, what they may do, and the audit log. User
 -- actions are SECURITY DEFINER functions (they run as the schema's owner, so row-level
 -- security does not hide rows from them): each checks its caller's permission with
 -- det_require in the transaction of its change.
@@ -1626,7 +1626,7 @@ BEGIN
 END $$;
 
 -- =============================================================================================
--- User actions: users, groups, workspaces, projects and roles (issue 14). Each is one
+-- User actions: users, groups, workspaces, projects and roles. Each is one
 -- transaction, checks its caller's permission and writes an audit_log entry.
 
 CREATE FUNCTION det_user_create(p_username text, p_password_verifier text, p_admin boolean,
@@ -2369,7 +2369,7 @@ BEGIN
     RETURN v_id;
 END $$;
 
--- Issue 34: experiments made from an existing experiment (det experiment fork) or trial
+-- Experiments made from an existing experiment (det experiment fork) or trial
 -- (det trial continue); spec: run-training-code.rst, "Create an Experiment".
 CREATE TABLE continuations (
     experiment_id   integer PRIMARY KEY REFERENCES experiments (id) ON DELETE CASCADE,
@@ -2903,7 +2903,7 @@ BEGIN
 END $$;
 
 -- =============================================================================================
--- User actions: the model registry and configuration templates (issue 16). Each is one
+-- User actions: the model registry and configuration templates. Each is one
 -- transaction. A model is named by its name (compared regardless of case) or by its id.
 
 CREATE FUNCTION det_model_find(p_model text) RETURNS models LANGUAGE plpgsql STABLE AS $$
@@ -3985,7 +3985,7 @@ BEGIN
      WHERE id = a.trial_id AND steps_completed <= p_steps_completed;
 END $$;
 
--- Issue 38: unmanaged runs (Determined 0.38's determined.experimental.core_v2): a script run
+-- Unmanaged runs (Determined 0.38's determined.experimental.core_v2): a script run
 -- outside det, as a det user, reports into an experiment with one trial that det never
 -- schedules. Each start of the script is one run of the trial, an allocation row born
 -- TERMINATED and settled, which no pass places, settles or ends.
@@ -4516,15 +4516,15 @@ SELECT CASE WHEN a.state = 'PENDING' AND a.desired_state = 'RUNNING' THEN a.pend
 $$;
 
 -- =============================================================================================
--- Checkpoint GC, archive and delete (issue 16). The keep rule is one statement
+-- Checkpoint GC, archive and delete. The keep rule is one statement
 -- (det_checkpoints_to_delete); the checkpoints never deleted are the view checkpoint_pins.
 
 CREATE VIEW checkpoint_pins WITH (security_invoker = true) AS
 -- Checkpoints that are not deleted, whatever the GC policy or a user asks: the versions of
 -- the model registry, the checkpoints experiments warm-start from
 -- (searcher.source_checkpoint_uuid, or the latest checkpoint of searcher.source_trial_id;
--- reference-facts §1.1, §5), and while a trial lives its restart point (its latest
--- checkpoint: GC runs during runs, issue 39). It is the one home of "pinned".
+-- as Determined 0.38 keeps them), and while a trial lives its restart point (its latest
+-- checkpoint: GC runs during runs). It is the one home of "pinned".
 SELECT checkpoint_uuid FROM model_versions
 UNION
 SELECT (e.config #>> '{searcher,source_checkpoint_uuid}')::uuid AS checkpoint_uuid
@@ -4946,7 +4946,7 @@ BEGIN
 END $$;
 
 -- =============================================================================================
--- det serve: login tokens and the events its streams wake on (issue 15)
+-- det serve: login tokens and the events its streams wake on
 
 CREATE FUNCTION det_web_end_stale_logins(p_user text, p_stamp bytea) RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -5147,10 +5147,11 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     ON CONFLICT (server) DO UPDATE SET until = excluded.until;
 $$;
 
--- The triggers below fire once per statement (never per row: docs/architecture.md, "The HTTP server") and send at most
+-- The triggers below fire once per statement (never per row: docs/architecture.md,
+-- "The HTTP server") and send at most
 -- one NOTIFY each, naming what changed in a way a page shows.
--- They fire only while a det serve streams pages (det_web_watched): issue 11 measured ~1 ms
--- of PostgreSQL time a trivial task spent on events no one read.
+-- They fire only while a det serve streams pages (det_web_watched): events no one reads
+-- cost a trivial task ~1 ms of PostgreSQL time.
 
 CREATE FUNCTION det_web_on_experiments() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Experiments submitted, or changed state, progress or archived.
@@ -5410,13 +5411,13 @@ JOIN checkpoints c ON c.uuid = v.checkpoint_uuid
 JOIN trials t ON t.id = c.trial_id;
 
 CREATE VIEW reporting.templates WITH (security_invoker = true) AS
--- Configuration templates with their secrets replaced by '********' (issue 32), and their
+-- Configuration templates with their secrets replaced by '********', and their
 -- workspace's name.
 SELECT t.workspace_id, w.name AS workspace, t.name, t.owner, t.created_at, t.updated_at,
        t.redacted_config AS config, t.redacted_original AS original
 FROM templates t JOIN workspaces w ON w.id = t.workspace_id;
 
--- Cluster historical usage (issue 34).
+-- Cluster historical usage.
 CREATE VIEW reporting.slot_hours WITH (security_invoker = true) AS
 -- Slot-hours each run (allocation) held, one row per UTC day it held slots: its slots times
 -- the part of [assigned_at, ended_at) in that day, ended_at being now() while it runs (a run
@@ -5490,7 +5491,7 @@ BEGIN
 END $$;
 
 -- =============================================================================================
--- Privileges and row-level security (issue 14)
+-- Privileges and row-level security
 --
 -- Nobody but the schema's owner may do anything not granted here: a user (det_user) reads
 -- through row-level security and changes state only through the user-action functions; an
@@ -5563,7 +5564,7 @@ GRANT EXECUTE ON FUNCTION
 TO det_web;
 -- a request logs out after det serve took its user's role: ending a login takes its token
 GRANT EXECUTE ON FUNCTION det_web_logout(text) TO det_user;
--- each of det's roles LISTENs on its own NOTIFY channel, never learning another's (issue 32)
+-- each of det's roles LISTENs on its own NOTIFY channel, never learning another's
 GRANT EXECUTE ON FUNCTION det_web_listen() TO det_web;
 GRANT EXECUTE ON FUNCTION det_agent_listen(text) TO det_agent;
 GRANT EXECUTE ON FUNCTION det_agent_enroll(text, text) TO det_enroll;
@@ -5631,16 +5632,16 @@ GRANT SELECT (id, job_id, trial_id, run, resource_pool, slots_needed, spec, desi
               pending_reason, out_of_work, running_at, rendezvous, storage_error, planned_stop,
               fenced_until, address, stop_reason)
     ON allocations TO det_user;
--- templates without their secrets (issue 32): config and original are read only through
+-- templates without their secrets: config and original are read only through
 -- det_template_expand, at submission
 REVOKE ALL ON templates FROM PUBLIC;
 GRANT SELECT (workspace_id, name, owner, created_at, updated_at, redacted_config,
               redacted_original)
     ON templates TO det_user;
 GRANT SELECT ON reporting.templates TO det_user;
--- cluster historical usage (issue 34)
+-- cluster historical usage
 GRANT SELECT ON reporting.slot_hours TO det_user;
--- elastic agents' instances (issue 36)
+-- elastic agents' instances
 GRANT SELECT ON instances TO det_user;
 GRANT EXECUTE ON FUNCTION det_cluster_usage(date, date, text) TO det_user;
 GRANT EXECUTE ON FUNCTION det_unmanaged_start(jsonb, text, text, text, text, text, jsonb),
@@ -5708,7 +5709,7 @@ ALTER TABLE audit_log ENABLE ROW LEVEL SECURITY;
 CREATE POLICY cluster_admins ON audit_log FOR SELECT
     USING ((SELECT det_permitted(det_caller(), 'admin_cluster', NULL)));
 
--- Reads of the agent (issue 14): det_agent holds no table privileges.
+-- Reads of the agent: det_agent holds no table privileges.
 CREATE FUNCTION det_agent_assignments(p_agent text)
 RETURNS TABLE (id bigint, desired text, state text, spec jsonb, chief text, node_state text,
                slot_ids integer[], spans boolean)
@@ -5783,7 +5784,7 @@ GRANT EXECUTE ON FUNCTION det_agent_assignments(text), det_agent_live_allocation
     det_agent_context(text, bigint) TO det_agent;
 GRANT EXECUTE ON FUNCTION det_schema_version() TO det_user, det_agent, det_web;
 
--- Issue 32: permission to create an experiment, checked before its context is unpacked.
+-- Permission to create an experiment, checked before its context is unpacked.
 CREATE FUNCTION det_experiment_create_check(p_workspace text, p_project text) RETURNS integer
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Check that the caller may create an experiment in project p_project of workspace
@@ -5818,7 +5819,7 @@ REVOKE EXECUTE ON FUNCTION det_experiment_create_check(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION det_experiment_create_check(text, text) TO det_user;
 
 -- adaptive_asha in Determined 0.38's form: validation rows carrying the time metric are the
--- searcher's events (issue 13; reference-facts §1.7).
+-- searcher's events (Determined 0.38's ``adaptive_asha.go``).
 
 CREATE FUNCTION det_timed_validation() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -5923,7 +5924,7 @@ GRANT EXECUTE ON FUNCTION
     det_set_trial_metadata(text, jsonb), det_trial_metadata(text),
     det_gc_task_tensorboards_deleted(text)
 TO det_task;
--- readers show stored JSON through it (issue 39)
+-- readers show stored JSON through it
 GRANT EXECUTE ON FUNCTION det_json_shown(jsonb) TO det_user;
 REVOKE ALL ON FUNCTION det_job_label(bigint), det_preempted_reason(bigint, text),
     det_run_end_reason(bigint), det_run_status(bigint), det_run_reason(bigint)

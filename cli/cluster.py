@@ -226,10 +226,13 @@ def supervise(slots: int = typer.Option(None), runtime: str = typer.Option(None)
     urls: dict[str, dict[str, str]] = {name: {} for name in PROCESSES}
     if home is not None:
         owner = embedded.role_url(home, embedded.OWNER)
-        urls = {"reconciler": {"DET_DB_URL": owner},
+        agent_urls = {"DET_DB_URL": embedded.role_url(home, roles.AGENT),
+                      "DET_TASK_DB_URL": roles.task_url(home)}
+        # the reconciler's elastic agents (det.reconciler.local_provider) connect as this one
+        urls = {"reconciler": {"DET_DB_URL": owner, "DET_AGENT_DB_URL": agent_urls["DET_DB_URL"],
+                               "DET_TASK_DB_URL": agent_urls["DET_TASK_DB_URL"]},
                 "server": {"DET_DB_URL": embedded.role_url(home, roles.WEB)},
-                "agent": {"DET_DB_URL": embedded.role_url(home, roles.AGENT),
-                          "DET_TASK_DB_URL": roles.task_url(home)}}
+                "agent": agent_urls}
     children = [Child(name, PROCESSES[name], env=urls["reconciler"])
                 for name in ("reconciler", "reconciler2")]
     children.append(Child("agent", agent, env=urls["agent"]))

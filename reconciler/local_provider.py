@@ -14,6 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+AGENT_URL = "DET_AGENT_DB_URL"
+"""The environment variable naming the URL the agents this provider starts connect with (the
+det_agent role's: `det cluster up` sets it); without it they inherit the reconciler's
+environment, DET_DB_URL and DET_TASK_DB_URL included (the deployer's choice)."""
+
 STOP_GRACE_SECONDS = 30.0
 """Seconds a stopped agent has after SIGTERM before SIGKILL: the agent gives its tasks 10 s
 (det.agent.daemon.Agent.shutdown) and then deregisters."""
@@ -56,8 +61,11 @@ class LocalProvider:
         argv = [sys.executable, "-m", "det.cli.main", "agent", "run", "--id", agent_id,
                 "--resource-pool", pool, "--slots", str(slots),
                 "--slot-type", "cpu" if slots else "none"]
+        env = dict(os.environ)
+        if env.get(AGENT_URL):  # never the reconciler's own (the owner's) login
+            env["DET_DB_URL"] = env[AGENT_URL]
         with open(self.log_dir / f"{agent_id}.log", "ab") as out:
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, env=env,
                                  stderr=subprocess.STDOUT, start_new_session=True)
         self._children.append(p)
         return p.pid

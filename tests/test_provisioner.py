@@ -249,3 +249,22 @@ def test_aws_launches_tagged_instances_stops_them_and_backs_off_after_errors(
     assert "next launch in" in out
     assert len(conn.execute(INSTANCES).fetchall()) == 2, "nothing launched during the back-off"
     det("experiment", "kill", "1")
+
+
+def test_local_agents_connect_as_the_agent_role_not_as_the_reconciler(tmp_path,
+                                                                      monkeypatch) -> None:
+    """The reconciler connects as the schema's owner; an agent it starts must not inherit that
+    (its tasks get the agent's URL unless DET_TASK_DB_URL says otherwise): `det cluster up`
+    hands the reconciler the agent role's URL in DET_AGENT_DB_URL for the agents it starts."""
+    from det.reconciler.local_provider import LocalProvider
+
+    monkeypatch.setenv("DET_DB_URL", "postgresql://owner@/det?host=/nowhere")
+    monkeypatch.setenv("DET_AGENT_DB_URL", "postgresql://det_agent@/det?host=/nowhere")
+    provider = LocalProvider(tmp_path)
+    pid = provider.launch("det-instance-1", "default", 1)
+    try:
+        environ = dict(kv.split("=", 1) for kv in
+                       Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if kv)
+    finally:
+        provider.stop(pid, kill=True)
+    assert environ["DET_DB_URL"] == "postgresql://det_agent@/det?host=/nowhere"

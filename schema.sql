@@ -179,7 +179,7 @@ COMMENT ON TABLE slots IS 'Schedulable devices of an agent: CUDA GPUs, else CPU 
 CREATE TABLE instances (
     id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     resource_pool  text NOT NULL REFERENCES resource_pools (name) ON DELETE CASCADE,
-    provider       text NOT NULL CHECK (provider IN ('local', 'aws')),
+    provider       text NOT NULL CHECK (provider IN ('local', 'aws', 'slurm')),
     state          instance_state NOT NULL DEFAULT 'REQUESTED',
     -- det-instance-<id>: the agent's id and the name the provider finds the instance by
     agent_id       text NOT NULL UNIQUE CHECK (agent_id ~ '^det-instance-[0-9]+$'),
@@ -190,7 +190,8 @@ CREATE TABLE instances (
     running_at     timestamptz,
     idle_since     timestamptz,
     terminating_at timestamptz,
-    gone_at        timestamptz
+    gone_at        timestamptz,
+    provider_state text NOT NULL DEFAULT ''
 );
 COMMENT ON TABLE instances IS
     'Machines (or local processes) the provisioner started for elastic pools. The row is '
@@ -198,9 +199,13 @@ COMMENT ON TABLE instances IS
     '(agent_id), so a reconciler killed between the two adopts the instance it finds by that '
     'name instead of launching again.';
 COMMENT ON COLUMN instances.provider_id IS
-    'The provider''s handle once launched (local: the agent process''s pid).';
+    'The provider''s handle once launched (local: the agent process''s pid, slurm: the job '
+    'id).';
 COMMENT ON COLUMN instances.reason IS
     'Why it was terminated (idle, agent never registered, agent lost, exited).';
+COMMENT ON COLUMN instances.provider_state IS
+    'What the provider says of it while it is not running (slurm: ''slurm job 12 PENDING '
+    '(Resources)'', squeue''s state and reason); empty once it runs.';
 COMMENT ON COLUMN instances.idle_since IS
     'Since when its agent holds no run and no task; NULL while busy (max_idle_agent_period).';
 -- Each pass reads the live instances.

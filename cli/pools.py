@@ -100,9 +100,10 @@ def describe(
     typer.echo(f"Provider:    {yaml.safe_dump(pool['provider'], default_flow_style=True).strip()}")
     typer.echo(f"Provisioner: {pool['provider_status'] or 'nothing to do'}")
     typer.echo("")
-    print_table(instances, ["id", "agent_id", "state", "provider_id", "reason", "requested_at",
-                            "gone_at"],
-                ["Instance", "Agent", "State", "Provider id", "Reason", "Requested", "Gone"])
+    print_table(instances, ["id", "agent_id", "state", "provider_id", "provider_state", "reason",
+                            "requested_at", "gone_at"],
+                ["Instance", "Agent", "State", "Provider id", "Provider says", "Reason",
+                 "Requested", "Gone"])
 
 
 bindings_app = typer.Typer(no_args_is_help=True)

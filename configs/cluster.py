@@ -94,6 +94,12 @@ def _endpoint_url(value: str) -> str:
     return value
 
 
+SBATCH_DERIVED = frozenset({"-J", "--job-name", "-N", "--nodes", "-n", "--ntasks",
+                            "--ntasks-per-node", "--gres", "-o", "--output", "-e", "--error",
+                            "-p", "--partition", "-A", "--account", "-q", "--qos"})
+"""sbatch options det sets itself for a slurm instance (from its name and the pool's config)."""
+
+
 class ProviderConfig(BaseModel):
     """``provider`` of an elastic pool: where its agents come from (the decisions are
     :func:`det.reconciler.provisioner.decide`). ``local``: agent processes on the reconciler's
@@ -101,10 +107,15 @@ class ProviderConfig(BaseModel):
     image with det installed) and ``instance_type`` in ``region``, optionally in ``subnet_id``
     with ``security_group_ids``, their user data starting the agent after ``user_data``
     (``endpoint_url``: another EC2 endpoint, e.g. moto's in the tests). Durations are seconds
-    or text such as ``5m`` (defaults from the seed's provisioner: 5m idle, 10m startup)."""
+    or text such as ``5m`` (defaults from the seed's provisioner: 5m idle, 10m startup).
+    ``slurm``: each instance is a Slurm job (:mod:`det.reconciler.slurm_provider`) in
+    ``partition`` (Slurm's default when unset), charged to ``account`` under ``qos``, asking
+    one node with ``slots_per_instance`` tasks (and as many ``gres`` devices, e.g. ``gpu``),
+    ``sbatch_args`` passed on; Slurm decides when it starts, so ``agent_startup_timeout`` also
+    bounds the time it may wait in Slurm's queue."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["local", "aws"]
+    type: Literal["local", "aws", "slurm"]
     min_instances: int = Field(0, ge=0)
     max_instances: int = Field(5, ge=1)
     slots_per_instance: int = Field(1, ge=0)
@@ -118,6 +129,24 @@ class ProviderConfig(BaseModel):
     subnet_id: str | None = None
     security_group_ids: list[str] = Field(default_factory=list)
     user_data: str = ""
+    # slurm (det.reconciler.slurm_provider): where the job is queued
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    gres: str | None = None
+    sbatch_args: list[str] = Field(default_factory=list)
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _no_derived_sbatch_args(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            name = arg.split("=", 1)[0]
+            if name in SBATCH_DERIVED:
+                raise PydanticCustomError(
+                    "sbatch_args", "sbatch_args: '{arg}' is set by det (job name, nodes, "
+                    "tasks, gres and output come from the pool and its instance)",
+                    {"arg": arg})
+        return value
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> "ProviderConfig":
@@ -127,6 +156,12 @@ class ProviderConfig(BaseModel):
                 {"min": self.min_instances, "max": self.max_instances})
         if self.type == "aws" and not self.image_id:
             raise PydanticCustomError("provider", "image_id: required for type aws")
+        if self.type != "slurm":
+            for key in ("partition", "account", "qos", "gres", "sbatch_args"):
+                if getattr(self, key):
+                    raise PydanticCustomError(
+                        "provider", "{key}: only for type slurm, not {type}",
+                        {"key": key, "type": self.type})
         return self
 
 

@@ -6,12 +6,13 @@ asks :func:`det.reconciler.provisioner.decide` per pool, writes new instances as
 marks the ones to stop TERMINATING (draining their agent in the same statement, which checks
 again that the agent holds nothing), and the pool's status. Only then, outside any
 transaction, it talks to each pool's provider (:mod:`det.reconciler.local_provider`,
-:mod:`det.reconciler.aws_provider`): launches each REQUESTED instance under its row's name,
-unless one of that name already runs (a reconciler killed between the launch and its
-record), then records it STARTING; a launch the provider refuses ends the instance as a start
-failure, which the pool backs off from; stops TERMINATING ones and records GONE those whose
-process or machine has ended. Every step reads its work from the table, so a pass cut short anywhere
-leaves what the next one carries on from, and nothing is launched twice.
+:mod:`det.reconciler.aws_provider`, :mod:`det.reconciler.slurm_provider`): launches each
+REQUESTED instance under its row's name, unless one of that name already runs (a reconciler
+killed between the launch and its record), then records it STARTING; a launch the provider
+refuses ends the instance as a start failure, which the pool backs off from; stops TERMINATING
+ones and records GONE those whose process or machine has ended. Every step reads its work
+from the table, so a pass cut short anywhere leaves what the next one carries on from, and
+nothing is launched twice.
 """
 
 import json
@@ -25,6 +26,7 @@ import psycopg
 from det.reconciler.aws_provider import AwsProvider, ProviderError
 from det.reconciler.local_provider import STOP_GRACE_SECONDS, LocalProvider
 from det.reconciler.provisioner import Demand, Instance, Provider, StartFailures, decide
+from det.reconciler.slurm_provider import SlurmProvider
 
 log = logging.getLogger("det.reconciler")
 
@@ -134,6 +136,11 @@ UPDATE instances SET state = 'GONE', gone_at = now(), reason = %(reason)s
  WHERE id = %(id)s AND state = 'REQUESTED'
 """
 
+# What the provider says of an instance not yet running (slurm: the job's state and reason).
+PROVIDER_STATE = """
+UPDATE instances SET provider_state = %(said)s WHERE id = %(id)s AND provider_state <> %(said)s
+"""
+
 # An instance whose process ended: GONE; a reason is kept, or the exit is the reason.
 GONE = """
 UPDATE instances
@@ -149,6 +156,7 @@ class Provisioner:
     def __init__(self, home: Path) -> None:
         self.local = LocalProvider(home / "instances")
         self._aws: dict[tuple[str, str], AwsProvider] = {}
+        self._slurm_logs = home / "slurm"
 
     def step(self, conn: psycopg.Connection) -> int:
         """Run the step on the leader's ``conn`` (autocommit: its own transactions); returns
@@ -207,9 +215,11 @@ class Provisioner:
                                          row["id"] in stopping)
         return changes
 
-    def _provider(self, row: dict) -> "LocalProvider | AwsProvider":
+    def _provider(self, row: dict) -> "LocalProvider | AwsProvider | SlurmProvider":
         if row["provider"] == "local":
             return self.local
+        if row["provider"] == "slurm":
+            return SlurmProvider(row["resource_pool"], row["config"], self._slurm_logs)
         key = (row["resource_pool"], json.dumps(row["config"], sort_keys=True))
         if key not in self._aws:
             self._aws[key] = AwsProvider(row["resource_pool"], row["config"])
@@ -220,6 +230,12 @@ class Provisioner:
         """One instance; ``handle``: the provider's id of what runs under its name, if any."""
         name = row["agent_id"]
         handle = None if handle is None else str(handle)
+        changes = 0
+        if isinstance(provider, SlurmProvider) and handle is not None:
+            job = provider.jobs[name]
+            said = "" if job.state == "RUNNING" else f"slurm job {job.job_id} {job.state}" + (
+                f" ({job.reason})" if job.reason not in ("", "None") else "")
+            changes += conn.execute(PROVIDER_STATE, {"id": row["id"], "said": said}).rowcount
         if row["state"] == "REQUESTED" and handle is None:
             try:
                 handle = str(self._launch(provider, row))
@@ -232,7 +248,7 @@ class Provisioner:
         if row["provider_id"] is None and handle is not None:
             # Launched by a reconciler killed before it recorded the launch.
             log.info("instance %s: adopted its running agent (%s)", name, handle)
-            return conn.execute(LAUNCHED, {"id": row["id"], "pid": handle}).rowcount
+            return changes + conn.execute(LAUNCHED, {"id": row["id"], "pid": handle}).rowcount
         if handle is None:
             # Its process or machine ended (stopped by us, or on its own).
             log.info("instance %s: gone", name)
@@ -240,11 +256,11 @@ class Provisioner:
         if row["state"] == "TERMINATING" and (stopping or row["stopping_for"]
                                               > STOP_GRACE_SECONDS):
             try:
-                provider.stop(handle if isinstance(provider, AwsProvider) else int(handle),
+                provider.stop(handle if not isinstance(provider, LocalProvider) else int(handle),
                               kill=not stopping)
             except ProviderError as e:
                 log.error("instance %s: stop failed (tried again): %s", name, e)
-        return 0
+        return changes
 
     def _launch(self, provider, row: dict) -> int | str:
         handle = provider.launch(row["agent_id"], row["resource_pool"], row["slots"])

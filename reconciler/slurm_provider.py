@@ -1,0 +1,116 @@
+"""The ``slurm`` provider: a pool's agents run inside Slurm jobs, so Slurm decides
+when and where they run and det schedules on what it is given.
+
+Each instance is one batch job named after its row (``det-instance-<id>``, ``sbatch -J``):
+a restarted reconciler finds the jobs an earlier one submitted by that name (``squeue``)
+before it submits, so nothing is queued twice. The job asks for one node with
+``slots_per_instance`` tasks (and as many ``gres`` devices) and its script is ``det agent
+run`` with that many slots: the task launcher on the node is the agent's own (claim with the
+run's token, task environment, harness, logs, metrics, checkpoints, preemption checks through
+the database), so nothing of it is copied. The job inherits the reconciler's environment
+(sbatch's default ``--export=ALL``), the database URL included. Slurm's state and reason of a
+job not yet running are kept on the instance's row for ``det resource-pool describe``.
+"""
+
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from det.reconciler.aws_provider import ProviderError
+
+SLURM_TIMEOUT_SECONDS = 30.0
+"""How long one squeue / sbatch / scancel may take before the pass gives up on it."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """A Slurm job of an instance, as ``squeue`` shows it."""
+
+    job_id: str
+    state: str
+    reason: str
+
+
+def parse_squeue(text: str) -> dict[str, Job]:
+    """``squeue -h -o '%j|%i|%T|%r'`` output -> det's jobs by name (others are skipped)."""
+    jobs: dict[str, Job] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[0].startswith("det-instance-"):
+            jobs[parts[0]] = Job(parts[1], parts[2], parts[3])
+    return jobs
+
+
+def sbatch_argv(config: dict, name: str, pool: str, slots: int, log_dir: Path) -> list[str]:
+    """The ``sbatch`` command that queues instance ``name`` of ``pool`` (its script on
+    stdin)."""
+    argv = ["sbatch", "--parsable", "--job-name", name, "--nodes", "1",
+            "--ntasks-per-node", str(max(slots, 1)),
+            "--output", str(log_dir / f"{name}.log")]
+    for key, option in (("partition", "--partition"), ("account", "--account"),
+                        ("qos", "--qos")):
+        if config.get(key):
+            argv += [option, config[key]]
+    if config.get("gres") and slots:
+        argv += ["--gres", f"{config['gres']}:{slots}"]
+    return argv + list(config.get("sbatch_args") or [])
+
+
+def job_script(name: str, pool: str, slots: int, gres: str | None) -> str:
+    """The batch script: the agent, in the foreground, so the job lives as long as it does and
+    Slurm's scancel (SIGTERM to the job's processes) is the agent's planned stop."""
+    slot_type = "none" if not slots else ("auto" if gres else "cpu")
+    argv = [sys.executable, "-m", "det.cli.main", "agent", "run", "--id", name,
+            "--resource-pool", pool, "--slots", str(slots), "--slot-type", slot_type]
+    return "#!/bin/sh\nexec " + shlex.join(argv) + "\n"
+
+
+class SlurmProvider:
+    """Queues, finds and cancels a pool's jobs through Slurm's commands (``SLURM_CONF`` in the
+    reconciler's environment names the cluster where it is not the host's)."""
+
+    def __init__(self, pool: str, config: dict, log_dir: Path) -> None:
+        self.pool = pool
+        self.config = config
+        self.log_dir = log_dir
+        self.jobs: dict[str, Job] = {}
+
+    def _run(self, argv: list[str], stdin: str | None = None) -> str:
+        try:
+            r = subprocess.run(argv, input=stdin, capture_output=True, text=True,
+                               timeout=SLURM_TIMEOUT_SECONDS)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise ProviderError(f"{argv[0]}: {e}") from None
+        if r.returncode != 0:
+            raise ProviderError(f"{argv[0]}: {(r.stderr or r.stdout).strip()}")
+        return r.stdout
+
+    def running(self) -> dict[str, str]:
+        """Live jobs of det's instances: name -> Slurm job id (pending ones included: queued
+        is launched).
+
+        Raises:
+            ProviderError: squeue failed (slurmctld down, no Slurm here).
+        """
+        self.jobs = parse_squeue(self._run(["squeue", "-h", "-o", "%j|%i|%T|%r"]))
+        return {name: j.job_id for name, j in self.jobs.items()
+                if j.state not in ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT",
+                                   "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY")}
+
+    def launch(self, name: str, pool: str, slots: int) -> str:
+        """Queue the job of instance ``name``; returns its Slurm job id.
+
+        Raises:
+            ProviderError: sbatch refused it (no such partition, account or qos ...).
+        """
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        argv = sbatch_argv(self.config, name, pool, slots, self.log_dir)
+        out = self._run(argv, job_script(name, pool, slots, self.config.get("gres")))
+        return out.strip().split(";")[0]
+
+    def stop(self, job_id: str, kill: bool = False) -> None:
+        """Cancel the job: SIGTERM to its processes first (the agent's planned stop, which
+        Slurm follows with SIGKILL after its KillWait), with ``kill`` SIGKILL at once."""
+        self._run(["scancel", *(["--signal", "KILL", "--full"] if kill else []), job_id])

@@ -1,0 +1,137 @@
+"""Slurm pools (issue 36): a pool whose provider is ``slurm`` gets its agents as Slurm jobs on a
+real single-host Slurm (deploy/slurm/slurm.sh: munged, slurmctld, slurmd; one per module)."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, wait_for
+from test_e2e_digits import DIGITS, digits_config
+
+from det.configs.cluster import load_cluster_config
+from det.errors import ConfigError
+from det.reconciler.slurm_provider import Job, parse_squeue, sbatch_argv
+
+SLURM_SH = REPO / "deploy" / "slurm" / "slurm.sh"
+INSTANCES = ("SELECT id, agent_id, state::text AS state, reason, provider_id, provider_state "
+             "FROM instances ORDER BY id")
+
+
+def test_slurm_provider_config_errors_name_the_field() -> None:
+    ok = load_cluster_config("resource_pools: [{name: default}, {name: hpc, provider: {type: "
+                             "slurm, partition: gpu, gres: gpu, sbatch_args: [--time=1:00]}}]")
+    assert ok.resource_pools[1].provider.partition == "gpu"
+    with pytest.raises(ConfigError, match="partition: only for type slurm, not local"):
+        load_cluster_config("resource_pools: [{name: default, provider: "
+                            "{type: local, partition: gpu}}]")
+    with pytest.raises(ConfigError, match="sbatch_args: '--job-name=x' is set by det"):
+        load_cluster_config("resource_pools: [{name: default, provider: "
+                            "{type: slurm, sbatch_args: [--job-name=x]}}]")
+
+
+def test_sbatch_asks_one_node_with_a_task_per_slot_and_the_gres() -> None:
+    cfg = {"partition": "p", "account": "a", "qos": "q", "gres": "gpu",
+           "sbatch_args": ["--time=5"]}
+    argv = sbatch_argv(cfg, "det-instance-3", "hpc", 2, Path("/logs"))
+    assert argv == ["sbatch", "--parsable", "--job-name", "det-instance-3", "--nodes", "1",
+                    "--ntasks-per-node", "2", "--output", "/logs/det-instance-3.log",
+                    "--partition", "p", "--account", "a", "--qos", "q", "--gres", "gpu:2",
+                    "--time=5"]
+    assert parse_squeue("det-instance-3|12|PENDING|Resources\nother|13|RUNNING|None\n") == {
+        "det-instance-3": Job("12", "PENDING", "Resources")}
+
+
+# -- A real Slurm -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory) -> dict[str, str]:
+    """A single-host Slurm with 4 CPUs; the environment naming it (SLURM_CONF). Skipped,
+    saying why, where slurm-wlm is missing or does not start (root is needed)."""
+    home = tmp_path_factory.mktemp("slurm")
+    r = subprocess.run([str(SLURM_SH), "start", str(home), "4"], capture_output=True,
+                       text=True, timeout=60)
+    if r.returncode != 0:
+        subprocess.run([str(SLURM_SH), "stop", str(home)], timeout=60)
+        pytest.skip(f"no single-host Slurm: {r.stderr.strip()}")
+    env = {"SLURM_CONF": str(home / "slurm.conf")}
+    yield env
+    subprocess.run(["scancel", "--name", ",".join(f"det-instance-{i}" for i in range(1, 20))],
+                   env={**os.environ, **env}, timeout=60)
+    subprocess.run([str(SLURM_SH), "stop", str(home)], timeout=60)
+
+
+@pytest.fixture
+def sdet(det, slurm, tmp_path):
+    """``det`` whose processes reach the module's Slurm; the jobs left by a failed test are
+    cancelled after it."""
+    det.env = {**det.env, **slurm}
+    yield det
+    subprocess.run(["scancel", "--name", ",".join(f"det-instance-{i}" for i in range(1, 20))],
+                   env={**os.environ, **slurm}, timeout=60)
+
+
+def squeue(slurm: dict) -> dict[str, Job]:
+    r = subprocess.run(["squeue", "-h", "-o", "%j|%i|%T|%r"], capture_output=True, text=True,
+                       env={**os.environ, **slurm}, timeout=60, check=True)
+    return parse_squeue(r.stdout)
+
+
+def slurm_pool(det, tmp_path: Path, *more: dict, **provider) -> None:
+    cfg = {"resource_pools": [
+        {"name": "default"},
+        {"name": "hpc", "provider": {"type": "slurm", "max_instances": 2,
+                                     "max_idle_agent_period": "2s", **provider}}, *more]}
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cfg))
+    det("cluster", "config", "apply", str(tmp_path / "cluster.yaml"))
+
+
+def test_a_digits_search_completes_on_agents_in_slurm_jobs(sdet, conn, tmp_path,
+                                                            slurm) -> None:
+    slurm_pool(sdet, tmp_path)
+    cfg = digits_config(tmp_path, "random.yaml", **{
+        "searcher.max_trials": 2, "searcher.max_concurrent_trials": 2,
+        "searcher.max_length": {"batches": 30}, "min_validation_period": {"batches": 30},
+        "resources": {"resource_pool": "hpc"}})
+    sdet("experiment", "create", str(cfg), str(DIGITS))
+    sdet.start("reconciler", "reconcile", "--interval", "0.3")
+    r = sdet("experiment", "wait", "1", timeout=300, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr + sdet.log("reconciler")
+    exp = json.loads(sdet("experiment", "describe", "1", "--json").stdout)
+    assert exp["state"] == "COMPLETED"
+    assert [t["state"] for t in exp["trials"]] == ["COMPLETED"] * 2
+    ran = {r["agent_id"] for r in conn.execute("SELECT agent_id FROM allocations").fetchall()}
+    rows = conn.execute(INSTANCES).fetchall()
+    assert ran <= {r["agent_id"] for r in rows} and len(rows) == 2
+    assert all(r["provider_id"].isdigit() for r in rows), "each instance a Slurm job id"
+    wait_for(lambda: all(r["state"] == "GONE" for r in conn.execute(INSTANCES).fetchall()),
+             60, "both Slurm jobs to end after the idle period")
+    assert not squeue(slurm)
+
+
+def test_a_job_waiting_in_slurm_shows_its_state_and_reason_and_a_refusal_is_stored(
+        sdet, conn, tmp_path, slurm) -> None:
+    # A partition Slurm does not have, in a second pool.
+    bad = {"name": "bad", "provider": {"type": "slurm", "partition": "nosuch"}}
+    slurm_pool(sdet, tmp_path, bad, max_instances=1, sbatch_args=["--begin=now+1hour"])
+    (tmp_path / "ctx").mkdir()
+    for pool in ("hpc", "bad"):
+        (tmp_path / "exp.yaml").write_text(yaml.safe_dump({
+            "name": "w", "entrypoint": "sleep 1", "resources": {"resource_pool": pool},
+            "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 1}}}))
+        sdet("experiment", "create", str(tmp_path / "exp.yaml"), str(tmp_path / "ctx"))
+    sdet.start("reconciler", "reconcile", "--interval", "0.3")
+    row = wait_for(lambda: next((r for r in conn.execute(INSTANCES).fetchall()
+                                 if "BeginTime" in r["provider_state"]), None), 60,
+                   "the instance to say Slurm holds its job for its begin time")
+    assert row["provider_state"] == f"slurm job {row['provider_id']} PENDING (BeginTime)"
+    assert "PENDING (BeginTime)" in sdet("resource-pool", "describe", "hpc").stdout
+    # sbatch's refusal is the instance's reason, and the pool backs off.
+    row = wait_for(lambda: next((r for r in conn.execute(INSTANCES).fetchall()
+                                 if "launch failed" in r["reason"]), None), 60,
+                   "the refused sbatch to be stored")
+    assert "invalid partition" in row["reason"] and row["state"] == "GONE"
+    assert "next launch in" in sdet("resource-pool", "describe", "bad").stdout

@@ -13,7 +13,6 @@ from det.db import database_url
 from det.db.reconnect import Reconnecting
 from det.errors import DetError
 from det.queries.experiments import STATE, get_experiment
-from det.queries.experiments import TERMINAL as EXPERIMENT_TERMINAL
 from det.queries.trials import (
     EXPERIMENT_LOGS_AFTER,
     EXPERIMENT_LOGS_TAIL,
@@ -22,9 +21,9 @@ from det.queries.trials import (
     LOGS_TAIL,
     METRICS,
     RUNS,
-    TERMINAL,
     get_trial,
 )
+from det.states import TERMINAL
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -68,7 +67,7 @@ def stream_experiment_logs(exp_id: int, follow: bool, interval: float = 0.5,
         lambda c, after: c.execute(EXPERIMENT_LOGS_AFTER, {"experiment": exp_id, "after": after,
                                                            "limit": 5000}).fetchall(),
         (lambda c: c.execute(STATE, {"id": exp_id}).fetchone()["state"]
-         in EXPERIMENT_TERMINAL) if follow else None,
+         in TERMINAL) if follow else None,
         interval, timestamps=timestamps, after=after)
 
 

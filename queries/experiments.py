@@ -7,6 +7,7 @@ import psycopg
 from psycopg import sql
 
 from det.errors import ConfigError, DetError, NotFoundError
+from det.states import TERMINAL, TERMINAL_SQL
 
 _LIST_WHERE = """
  WHERE (%(all)s OR NOT archived)
@@ -95,8 +96,8 @@ STATE = "SELECT state::text AS state FROM experiments WHERE id = %(id)s"
 
 # How many of an experiment's trials have ended, of those its searcher has made so far
 # (`det experiment wait`'s bar).
-TRIALS_DONE = """
-SELECT count(*) FILTER (WHERE state IN ('COMPLETED', 'CANCELED', 'ERROR')) AS done,
+TRIALS_DONE = f"""
+SELECT count(*) FILTER (WHERE state IN {TERMINAL_SQL}) AS done,
        count(*) AS total
   FROM trials WHERE experiment_id = %(id)s
 """
@@ -118,8 +119,6 @@ SELECT e.id, e.config, e.searcher_state,
  WHERE e.id = ANY (%(ids)s) AND e.searcher_state IS NOT NULL
  GROUP BY e.id
 """
-
-TERMINAL = {"COMPLETED", "CANCELED", "ERROR"}
 
 MAX_PAGE = 1000
 """Most experiments one list call returns."""

@@ -153,8 +153,6 @@ SELECT uuid::text AS uuid, state, storage FROM checkpoints
 MAX_POINTS = 100_000
 """Most rows one metrics series returns; more need ``max_points`` (downsampling)."""
 
-TERMINAL = {"COMPLETED", "CANCELED", "ERROR"}
-
 
 def get_trial(conn: psycopg.Connection, trial_id: int) -> dict:
     """The trial row (TRIAL). Raises NotFoundError."""

@@ -11,6 +11,8 @@ for the pass to commit (a task's ``det_complete_op`` inserting its searcher even
 ~5 ms a check on the experiment, bench/toy_search.py on pg15 with pg_stat_statements).
 """
 
+from det.states import TERMINAL_SQL
+
 # -- 1. Agents ---------------------------------------------------------------------------------
 
 # Agents silent for longer than the timeout are lost (docs/architecture.md, "The reconciler pass").
@@ -73,10 +75,10 @@ SELECT a.id AS allocation_id, a.exit_code,
 # The statements that take arrays (one element a row) are sent by det.reconciler.batch.Writes:
 # one statement for all the objects of a pass.
 
-UPDATE_SETTLED_TRIALS = """
+UPDATE_SETTLED_TRIALS = f"""
 UPDATE trials t SET state = x.state::trial_state, restarts = x.restarts,
        closed = t.closed OR x.close,
-       end_time = CASE WHEN x.state IN ('COMPLETED', 'CANCELED', 'ERROR') THEN now() END
+       end_time = CASE WHEN x.state IN {TERMINAL_SQL} THEN now() END
   FROM unnest(%(trial_id)s::integer[], %(state)s::text[], %(restarts)s::integer[],
               %(close)s::boolean[]) AS x(trial_id, state, restarts, close)
  WHERE t.id = x.trial_id
@@ -93,19 +95,19 @@ UPDATE experiments e SET state = 'PAUSED', paused_reason = x.reason
 
 # Settling a run raised: the run is marked settled and its trial ends in error with the reason
 # (a stopping trial in its terminal state), so one bad row cannot stall every later pass.
-SETTLE_FAILED = """
+SETTLE_FAILED = f"""
 WITH settled AS (
     UPDATE allocations SET settled = true WHERE id = %(allocation_id)s
 ), event AS (
     INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
-    VALUES (%(experiment_id)s, %(trial_id)s, 'trial_exited_early', '{"reason": "errored"}')
+    VALUES (%(experiment_id)s, %(trial_id)s, 'trial_exited_early', '{{"reason": "errored"}}')
 )
 UPDATE trials
    SET state = CASE WHEN state::text LIKE 'STOPPING\\_%%' THEN det_stopped_state(state::text)
                     ELSE 'ERROR' END::trial_state,
        exit_reason = 'det could not settle run ' || %(allocation_id)s || ': ' || %(message)s,
        end_time = now()
- WHERE id = %(trial_id)s AND state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')
+ WHERE id = %(trial_id)s AND state NOT IN {TERMINAL_SQL}
 """
 
 # In the order given: the searcher reads events in id order.
@@ -378,19 +380,19 @@ RETURNING t.id AS trial_id, t.experiment_id, t.state::text AS state,
           (SELECT max(a.id) FROM allocations a WHERE a.trial_id = t.id) AS allocation_id
 """
 
-FINISH_EXPERIMENTS = """
+FINISH_EXPERIMENTS = f"""
 UPDATE experiments e
    SET state = det_stopped_state(e.state::text)::experiment_state, end_time = now()
  WHERE e.state IN ('STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED', 'STOPPING_ERROR')
    AND NOT EXISTS (SELECT 1 FROM trials t
                     WHERE t.experiment_id = e.id
-                      AND t.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR'))
+                      AND t.state NOT IN {TERMINAL_SQL})
 RETURNING e.id, EXISTS (SELECT 1 FROM trials t JOIN checkpoints c ON c.trial_id = t.id
                          WHERE t.experiment_id = e.id AND c.state = 'COMPLETED')
                 AS has_checkpoints,
           e.config, e.searcher_state,
           -- units each trial trained (its ops' reported progress), by request id
-          (SELECT coalesce(jsonb_object_agg(t.request_id::text, o.units), '{}')
+          (SELECT coalesce(jsonb_object_agg(t.request_id::text, o.units), '{{}}')
              FROM trials t
              CROSS JOIN LATERAL (SELECT max(o.progress) AS units FROM searcher_ops o
                                   WHERE o.trial_id = t.id) o

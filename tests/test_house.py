@@ -3,8 +3,11 @@
 * Comments and docstrings stand on their own: they do not point at documents a reader of the
   repo lacks (a tracker's issue numbers, the project's private notes), and every repo file
   they cite exists.
+* One vocabulary each: the terminal states are spelled once (:mod:`det.states`), and NOTIFY
+  channels are named, listened on and notified only in :mod:`det.db.channels`.
 """
 
+import ast
 import re
 from pathlib import Path
 
@@ -23,6 +26,18 @@ CITED_PATH = re.compile(r"(?<![\w./-])(?:det/)?((?:[\w.-]+/)+[\w.-]+\.[a-z]+)\b"
 
 CITED_DOC = re.compile(r"(?<![\w./-])([\w-]+\.md)\b")
 """A bare Markdown file name, e.g. ``DESIGN.md``: the repo's own are at its root or in docs/."""
+
+
+TERMINAL_NAMES = {"COMPLETED", "CANCELED", "ERROR"}
+"""The terminal states, as a rule re-spelling them would list them (det.states holds them)."""
+
+TERMINAL_SQL_LIST = re.compile(r"\(\s*'(?:COMPLETED|CANCELED|ERROR)'(?:\s*,\s*"
+                               r"'(?:COMPLETED|CANCELED|ERROR)'){2}\s*\)")
+"""The terminal states written out as an SQL list, in any order."""
+
+CHANNEL_SQL = re.compile(r"\b(?:pg_notify|det_channel|det_\w*listen)\s*\(|"
+                         r"(?:^|;)\s*(?:LISTEN|NOTIFY)\s+[\w\"]", re.IGNORECASE | re.MULTILINE)
+"""SQL that names, listens on or notifies a channel."""
 
 
 def det_sources(root: Path) -> list[Path]:
@@ -62,12 +77,55 @@ def missing_citations(root: Path) -> list[str]:
     return found
 
 
+def string_constants(tree: ast.AST) -> list[ast.Constant]:
+    """The string literals of a module that are not docstrings (an expression statement's)."""
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+def respelled_terminal_states(root: Path) -> list[str]:
+    """``file:line`` of each set, tuple or list of exactly the terminal states (as strings or
+    an enum's members), and each SQL list of them, outside ``states.py``."""
+    found = []
+    for path in det_sources(root):
+        if path == root / "states.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Set | ast.Tuple | ast.List):
+                names = [e.value if isinstance(e, ast.Constant) else getattr(e, "attr", None)
+                         for e in n.elts]
+                if len(names) == len(TERMINAL_NAMES) and set(names) == TERMINAL_NAMES:
+                    found.append(f"{path.relative_to(root)}:{n.lineno}")
+        found += [f"{path.relative_to(root)}:{c.lineno}" for c in string_constants(tree)
+                  if TERMINAL_SQL_LIST.search(c.value)]
+    return sorted(found)
+
+
+def channels_named_elsewhere(root: Path) -> list[str]:
+    """``file:line`` of each SQL string outside ``db/channels.py`` that names, LISTENs on or
+    NOTIFYs a channel."""
+    return [f"{path.relative_to(root)}:{c.lineno}" for path in det_sources(root)
+            if path != root / "db" / "channels.py"
+            for c in string_constants(ast.parse(path.read_text()))
+            if CHANNEL_SQL.search(c.value)]
+
+
 def test_comments_point_at_no_document_outside_the_repo() -> None:
     assert private_references(REPO) == []
 
 
 def test_every_file_a_comment_cites_exists() -> None:
     assert missing_citations(REPO) == []
+
+
+def test_the_terminal_states_are_spelled_once() -> None:
+    assert respelled_terminal_states(REPO) == []
+
+
+def test_only_db_channels_names_a_channel() -> None:
+    assert channels_named_elsewhere(REPO) == []
 
 
 def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
@@ -83,3 +141,18 @@ def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
         'An issue to fix, the notes of a release."""\n')
     assert [r.split(":")[1] for r in private_references(tmp_path)] == ["1"]
     assert missing_citations(tmp_path) == ["a.py: db/gone.py", "a.py: DESIGN.md"]
+
+    (tmp_path / "db" / "channels.py").write_text('X = "SELECT pg_notify(det_channel(%s))"\n')
+    (tmp_path / "states.py").write_text('TERMINAL = {"COMPLETED", "CANCELED", "ERROR"}\n')
+    (tmp_path / "b.py").write_text(
+        '"""Ends in COMPLETED, CANCELED or ERROR; LISTENs (pg_notify(...)) on its channel."""\n'
+        'DONE = {"ERROR", "COMPLETED", "CANCELED"}\n'
+        'ENDED = (State.COMPLETED, State.CANCELED, State.ERROR)\n'
+        'FINE = ("COMPLETED", "CANCELED")\n'
+        'Q = "SELECT 1 WHERE state NOT IN (\'CANCELED\', \'ERROR\', \'COMPLETED\')"\n'
+        'L = "LISTEN det_reconciler"\n'
+        'N = "SELECT 1; NOTIFY x"\n'
+        'R = "UNLISTEN *; SELECT det_agent_listen(%s)"\n'
+        'OK = "UNLISTEN *; DISCARD TEMP"\n')
+    assert respelled_terminal_states(tmp_path) == ["b.py:2", "b.py:3", "b.py:5"]
+    assert channels_named_elsewhere(tmp_path) == ["b.py:6", "b.py:7", "b.py:8"]

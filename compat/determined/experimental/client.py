@@ -33,6 +33,7 @@ from det.queries import trials as trial_queries
 from det.queries.checkpoints import ranked_checkpoints
 from det.queries.workspaces import get_workspace as _workspace_row
 from det.queries.workspaces import placement, workspace_defaults
+from det.states import TERMINAL
 from det.submission import (
     context_with,
     expand_config_text,
@@ -73,7 +74,7 @@ TrialState = enum.Enum("TrialState", {s.name: s.value for s in list(ExperimentSt
                                       if not s.name.startswith("DELET")})
 TrialState.__doc__ = "A trial's state (0.38's values)."
 
-TERMINAL_STATES = {ExperimentState.COMPLETED, ExperimentState.CANCELED, ExperimentState.ERROR}
+TERMINAL_STATES = {ExperimentState[s] for s in TERMINAL}
 
 
 class CheckpointState(enum.Enum):
@@ -383,7 +384,7 @@ class Trial:
                 return
         while left is None or left > 0:
             with db() as conn:
-                ended = trial_queries.get_trial(conn, self.id)["state"] in trial_queries.TERMINAL
+                ended = trial_queries.get_trial(conn, self.id)["state"] in TERMINAL
                 rows = conn.execute(trial_queries.LOGS_AFTER, {
                     "trial": self.id, "after": after,
                     "limit": METRICS_PAGE if left is None else min(left, METRICS_PAGE)}).fetchall()

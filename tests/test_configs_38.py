@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from det.cli.preview import search_preview
 from det.errors import ConfigError
 from det.harness.lengths import UnitConverter
+from det.reconciler.searchers.preview import search_preview
 
 BASE = """\
 name: periods

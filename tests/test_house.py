@@ -5,6 +5,8 @@
   they cite exists.
 * One vocabulary each: the terminal states are spelled once (:mod:`det.states`), and NOTIFY
   channels are named, listened on and notified only in :mod:`det.db.channels`.
+* Ownership: det serve (``api/``) imports no CLI module; what both need lives in a room of its
+  own (det.submission, det.queries, the searchers).
 """
 
 import ast
@@ -112,6 +114,22 @@ def channels_named_elsewhere(root: Path) -> list[str]:
             if CHANNEL_SQL.search(c.value)]
 
 
+def cli_imports_of_the_api(root: Path) -> list[str]:
+    """``file:line`` of each import of ``det.cli`` (or a module under it) under ``api/``."""
+    found = []
+    for path in sorted((root / "api").rglob("*.py")):
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Import):
+                modules = [a.name for a in n.names]
+            elif isinstance(n, ast.ImportFrom) and n.module:
+                modules = [n.module] + [f"{n.module}.{a.name}" for a in n.names]
+            else:
+                continue
+            if any(m == "det.cli" or m.startswith("det.cli.") for m in modules):
+                found.append(f"{path.relative_to(root)}:{n.lineno}")
+    return found
+
+
 def test_comments_point_at_no_document_outside_the_repo() -> None:
     assert private_references(REPO) == []
 
@@ -126,6 +144,10 @@ def test_the_terminal_states_are_spelled_once() -> None:
 
 def test_only_db_channels_names_a_channel() -> None:
     assert channels_named_elsewhere(REPO) == []
+
+
+def test_the_api_imports_no_cli_module() -> None:
+    assert cli_imports_of_the_api(REPO) == []
 
 
 def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
@@ -156,3 +178,10 @@ def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
         'OK = "UNLISTEN *; DISCARD TEMP"\n')
     assert respelled_terminal_states(tmp_path) == ["b.py:2", "b.py:3", "b.py:5"]
     assert channels_named_elsewhere(tmp_path) == ["b.py:6", "b.py:7", "b.py:8"]
+    (tmp_path / "api").mkdir()
+    (tmp_path / "api" / "r.py").write_text(
+        "from det.cli.preview import search_preview\nimport det.cli.output\n"
+        "from det import cli\nfrom det.client import x\nfrom det.queries import trials\n"
+        "def f():\n    from det.cli import output\n")
+    assert cli_imports_of_the_api(tmp_path) == ["api/r.py:1", "api/r.py:2", "api/r.py:3",
+                                                "api/r.py:7"]

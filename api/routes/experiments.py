@@ -13,12 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from det import context
 from det.api.params import BIGINT_MAX, IntId
 from det.api.session import Session, session
-from det.cli.preview import search_preview
 from det.configs.job import job_change
+from det.db.reconnect import BULK_CALL_DEADLINE_SECONDS, patience
 from det.errors import ContextError, DetError
 from det.queries import experiments as q
 from det.queries.trials import metric_series
 from det.queries.workspaces import placement, workspace_defaults
+from det.reconciler.searchers.preview import search_preview
 from det.submission import expand_config_text, refuse_unfit, template_for_submission
 
 router = APIRouter(prefix="/api/v1", tags=["experiments"])
@@ -90,9 +91,10 @@ def create_experiment(body: CreateExperiment, s: Session = session) -> dict:
                                                 defaults=workspace_defaults(s.conn, workspace))
     if not body.force:
         refuse_unfit(s.conn, expanded)
-    exp_id = s.conn.execute("SELECT det_create_experiment(%s, %s, %s, %s, %s) AS id",
-                            (Jsonb(expanded), original, blob, workspace, project)
-                            ).fetchone()["id"]
+    with patience(s.conn, BULK_CALL_DEADLINE_SECONDS):  # the context blob travels
+        exp_id = s.conn.execute("SELECT det_create_experiment(%s, %s, %s, %s, %s) AS id",
+                                (Jsonb(expanded), original, blob, workspace, project)
+                                ).fetchone()["id"]
     return {"id": exp_id}
 
 

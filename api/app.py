@@ -10,7 +10,6 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
 
 from det.api import errors, proxy
 from det.api.events import Hub
@@ -31,6 +30,7 @@ from det.api.routes import (
 from det.api.session import DEFAULT_TOKEN_TTL
 from det.db import connect
 from det.db.migrate import ensure_current
+from det.db.reconnect import open_pool
 
 POOL_SIZE = 16
 """Most database connections one server process holds for requests (plus one listening)."""
@@ -54,11 +54,9 @@ def create_app(url: str, token_ttl: float = DEFAULT_TOKEN_TTL) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with connect(url) as conn:
             ensure_current(conn)
-        # check: a connection the server dropped (a restart) is replaced before a request
-        # gets it, so requests ride out a database restart.
-        pool = ConnectionPool(url, min_size=2, max_size=POOL_SIZE, open=True,
-                              kwargs={"row_factory": dict_row},
-                              check=ConnectionPool.check_connection)
+        # checked: a connection the server dropped (a restart) or that a frozen server leaves
+        # unanswered is replaced before a request gets it, so requests ride out both.
+        pool = open_pool(url, min_size=2, max_size=POOL_SIZE, row_factory=dict_row)
         hub = Hub(url)
         app.state.pool, app.state.hub, app.state.token_ttl = pool, hub, token_ttl
         app.state.url = url

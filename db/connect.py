@@ -98,14 +98,17 @@ def database_url(start: bool = False) -> str:
     return embedded.role_url(det_home(), name or getpass.getuser())
 
 
-def connect(url: str | None = None, autocommit: bool = False) -> psycopg.Connection:
-    """Open a connection whose rows are dicts.
+def connect(url: str | None = None, autocommit: bool = False,
+            deadline: float | None = None) -> psycopg.Connection:
+    """Open a connection whose rows are dicts, each call waiting up to ``deadline`` seconds
+    for the server (``det.db.reconnect.open_connection``; None, for one-shot commands: for
+    ever, as an upload or a migration may be long and a person can interrupt).
 
     Raises:
         DatabaseError: the server cannot be reached.
     """
     url = url or database_url()
     try:
-        return open_connection(url, dict_row, autocommit=autocommit)
+        return open_connection(url, dict_row, autocommit=autocommit, deadline=deadline)
     except psycopg.OperationalError as e:
         raise DatabaseError(f"cannot connect to the database: {str(e).strip()}") from e

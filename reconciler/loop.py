@@ -18,6 +18,7 @@ import time
 import psycopg
 
 from det.db import channels, connect, det_home, retry
+from det.db.reconnect import CALL_DEADLINE_SECONDS
 from det.errors import DetError
 from det.reconciler import leader
 from det.reconciler.passes import Settings, prepare_session, run_pass
@@ -48,7 +49,8 @@ def run(url: str, settings: Settings, once: bool = False) -> None:
     holder = f"{socket.gethostname()}:{os.getpid()}"
     give_up = ONCE_GIVE_UP_AFTER if once else None
     for attempt in retry.retrying("reconciler", give_up_after=give_up):
-        with attempt, connect(url, autocommit=True) as conn:
+        # A frozen server must not freeze the leader: its calls are bounded.
+        with attempt, connect(url, autocommit=True, deadline=CALL_DEADLINE_SECONDS) as conn:
             _lead_and_serve(conn, settings, holder, once)
 
 

@@ -8,13 +8,15 @@ checkpoints and log lines stored exactly once each.
 One HA cluster for the module (about 30 s to bring up). Skipped, saying why, where patroni or
 etcd is not installed (.ci/run installs them: Debian's patroni and etcd-server)."""
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.error import URLError
 from urllib.request import urlopen
@@ -46,6 +48,13 @@ class Cluster:
     def is_primary(self, node: int) -> bool:
         try:
             with urlopen(f"http://127.0.0.1:{self.base + 20 + node}/primary", timeout=2):
+                return True
+        except (URLError, OSError):
+            return False
+
+    def is_sync(self, node: int) -> bool:
+        try:
+            with urlopen(f"http://127.0.0.1:{self.base + 20 + node}/sync", timeout=2):
                 return True
         except (URLError, OSError):
             return False
@@ -82,45 +91,57 @@ def hdet(ha: Cluster, tmp_path: Path) -> Iterator[Det]:
     d.stop_all()
 
 
-def test_a_trial_completes_through_a_failover_with_nothing_lost_or_doubled(
-        ha: Cluster, hdet: Det, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def trial_through(ha: Cluster, hdet: Det, tmp_path: Path, request: pytest.FixtureRequest,
+                  fault: Callable[[int], None],
+                  reconciler_args: tuple[str, ...] = ()) -> None:
+    """A digits trial on ``hdet``; once it trains, ``fault(primary node)``, then Patroni must
+    promote the other node. The trial must complete with 0 restarts and 1 run, each metrics
+    row, checkpoint and log line the task reported stored once; det serve must answer."""
     cfg = digits_config(tmp_path, **{"searcher.max_length": {"batches": 300},
                                      "min_validation_period": {"batches": 100},
                                      "min_checkpoint_period": {"batches": 100},
                                      "scheduling_unit": 10})
-    hdet.start("reconciler", "reconcile", "--interval", "0.5")
+    old = wait_for(ha.primary, 60, "a primary")
+    wait_for(lambda: ha.is_sync(3 - old), 300, "a synchronous replica")
+    hdet.start("reconciler", "reconcile", "--interval", "0.5", *reconciler_args)
     hdet.start("agent", "agent", "run", "--slots", "1")
     hdet("experiment", "create", str(cfg), str(DIGITS))
     server = Server(hdet.env, tmp_path)  # det serve, logged in before the failover
     request.addfinalizer(server.stop)
 
     def conn() -> psycopg.Connection:
-        return psycopg.connect(ha.url, autocommit=True, row_factory=dict_row)
+        # a frozen node holds a connection attempt for its connect_timeout
+        return psycopg.connect(ha.url, autocommit=True, row_factory=dict_row,
+                               connect_timeout=5)
 
     with conn() as c:
-        wait_for(lambda: c.execute("SELECT 1 FROM metrics WHERE \"group\" = 'training'")
-                 .fetchone(), 180, "training to start")
-        assert c.execute("SELECT steps_completed FROM trials").fetchone()["steps_completed"] < 300
-    old = ha.primary()
-    assert old is not None
-    os.kill(ha.postmaster(old), signal.SIGKILL)
+        exp_id = c.execute("SELECT max(id) AS id FROM experiments").fetchone()["id"]
+        trial_id = wait_for(lambda: c.execute(
+            "SELECT m.trial_id FROM metrics m JOIN trials t ON t.id = m.trial_id "
+            "WHERE t.experiment_id = %s AND m.\"group\" = 'training' LIMIT 1", (exp_id,)
+        ).fetchone(), 180, "training to start")["trial_id"]
+        steps = c.execute("SELECT steps_completed FROM trials WHERE id = %s", (trial_id,)
+                          ).fetchone()["steps_completed"]
+        assert steps < 300
+    fault(old)
     wait_for(lambda: ha.primary() not in (None, old), 60, "Patroni to promote the replica")
 
-    assert hdet("experiment", "wait", "1", timeout=300).returncode == 0
-    exp = json.loads(hdet("experiment", "describe", "1", "--json").stdout)
+    assert hdet("experiment", "wait", str(exp_id), timeout=300).returncode == 0
+    exp = json.loads(hdet("experiment", "describe", str(exp_id), "--json").stdout)
     assert exp["state"] == "COMPLETED"
-    r = server.client.get("/api/v1/experiments/1")
+    r = server.client.get(f"/api/v1/experiments/{exp_id}")
     assert r.status_code == 200 and r.json()["state"] == "COMPLETED", r.text
     with conn() as c:
-        trial = c.execute("SELECT id, state::text, restarts, runs, steps_completed FROM trials"
-                          ).fetchone()
-        assert trial == {"id": trial["id"], "state": "COMPLETED", "restarts": 0, "runs": 1,
+        trial = c.execute("SELECT state::text, restarts, runs, steps_completed FROM trials "
+                          "WHERE id = %s", (trial_id,)).fetchone()
+        assert trial == {"state": "COMPLETED", "restarts": 0, "runs": 1,
                          "steps_completed": 300}
-        metrics = c.execute("SELECT \"group\", steps_completed FROM metrics ORDER BY id"
-                            ).fetchall()
-        ckpts = c.execute("SELECT steps_completed FROM checkpoints ORDER BY steps_completed"
-                          ).fetchall()
-        lines = [r["line"] for r in c.execute("SELECT line FROM task_logs ORDER BY id")]
+        metrics = c.execute("SELECT \"group\", steps_completed FROM metrics "
+                            "WHERE trial_id = %s ORDER BY id", (trial_id,)).fetchall()
+        ckpts = c.execute("SELECT steps_completed FROM checkpoints WHERE trial_id = %s "
+                          "ORDER BY steps_completed", (trial_id,)).fetchall()
+        lines = [r["line"] for r in c.execute(
+            "SELECT line FROM task_logs WHERE trial_id = %s ORDER BY id", (trial_id,))]
     # what the task reported: a training row every 10 batches, validations and checkpoints
     # every 100
     training = [m["steps_completed"] for m in metrics if m["group"] == "training"]
@@ -131,3 +152,42 @@ def test_a_trial_completes_through_a_failover_with_nothing_lost_or_doubled(
     assert sum("validated at batch" in ln for ln in lines) == 3
     assert sum("saved checkpoint" in ln for ln in lines) == 3
     assert len(lines) == len(set(lines)), "no log line stored twice"
+
+
+def test_a_trial_completes_through_a_failover_with_nothing_lost_or_doubled(
+        ha: Cluster, hdet: Det, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    trial_through(ha, hdet, tmp_path, request,
+                  lambda node: os.kill(ha.postmaster(node), signal.SIGKILL))
+
+
+FROZEN_SECONDS = 60
+
+
+def test_a_trial_completes_through_a_frozen_primary_with_nothing_lost_or_doubled(
+        ha: Cluster, hdet: Det, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The whole primary (Patroni, the postmaster and its backends) SIGSTOPped for 60 s: its
+    kernel still acknowledges, so det's calls to it get no error, only no answer; each fails
+    at det's call deadline (det.db.reconnect) and reconnects to the promoted replica. When
+    it resumes, Patroni demotes it: what it had not committed is not committed twice.
+
+    An agent timeout of 45 s (the agent's lease 30 s): Patroni promotes only after its ttl
+    (10 s) and a loop, ~13 s, and the agent must beat again within its lease: up to a
+    heartbeat interval (5 s) + the promotion + a reconnect after the call deadline, ~20 s,
+    past the default lease of 20 s."""
+    def freeze(node: int) -> None:
+        pids = [int((ha.dir / f"node{node}" / "patroni.pid").read_text()), ha.postmaster(node)]
+        children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pids[1])],
+                                  capture_output=True, text=True).stdout.split()
+        pids += [int(p) for p in children]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        def resume() -> None:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):  # demoted: restarted
+                    os.kill(pid, signal.SIGCONT)
+
+        timer = threading.Timer(FROZEN_SECONDS, resume)
+        timer.start()
+        request.addfinalizer(lambda: (timer.cancel(), resume()))
+
+    trial_through(ha, hdet, tmp_path, request, freeze, ("--agent-timeout", "45"))

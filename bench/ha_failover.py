@@ -4,7 +4,9 @@ Brings up deploy/ha/ha.sh's cluster (etcd, two PostgreSQL 15 nodes under Patroni
 synchronous replication, ttl 10 s, loop_wait 2 s) in a temporary directory, a reconciler and
 an agent on its multi-host URL, and a long digits trial (a training metrics row every 10
 batches). Then, ``--repeats`` times: kill -9 the primary's postmaster (or, with ``--host``,
-its Patroni too: the whole database host lost) and measure, from the moment of the kill:
+its Patroni too: the whole database host lost; with ``--freeze``, SIGSTOP its Patroni, its
+postmaster and backends for 60 s: a frozen host, whose kernel still acknowledges) and
+measure, from the moment of the kill (or the freeze):
 
 * **promoted**: until Patroni's REST API names the other node primary (Patroni's share);
 * **pass**: until the reconciler's next pass on the new primary (reconciler_leader.last_pass);
@@ -13,7 +15,7 @@ its Patroni too: the whole database host lost) and measure, from the moment of t
 det's share is pass/metric minus promoted. Each round waits for the old node to rejoin as
 the synchronous replica first. Prints each sample and the median. Figures only.
 
-    python bench/ha_failover.py [--repeats 5] [--host]
+    python bench/ha_failover.py [--repeats 5] [--host | --freeze]
 """
 
 import argparse
@@ -35,6 +37,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 HA = REPO / "deploy" / "ha" / "ha.sh"
 BASE = 23430
+FROZEN_SECONDS = 60
 
 
 def _ok(node: int, what: str) -> bool:
@@ -67,7 +70,8 @@ def _first_after(url: str, query: str, t0: float) -> float | None:
         return None
 
 
-def _round(d: Path, url: str, env: dict[str, str], host: bool) -> tuple[float, float, float]:
+def _round(d: Path, url: str, env: dict[str, str], host: bool,
+           freeze: bool) -> tuple[float, float, float]:
     """One failover: (promoted, next pass, next metric) in seconds from the kill."""
     _wait(lambda: _first_after(url, "SELECT max(extract(epoch FROM reported_at)) FROM "
                                     "metrics WHERE reported_at > to_timestamp(%s)",
@@ -75,10 +79,17 @@ def _round(d: Path, url: str, env: dict[str, str], host: bool) -> tuple[float, f
     old = _wait(_primary, 60, "a primary")
     _wait(lambda: _ok(3 - old, "sync"), 300, "a synchronous replica")
     pid = int((d / f"node{old}" / "data" / "postmaster.pid").read_text().split()[0])
+    patroni = int((d / f"node{old}" / "patroni.pid").read_text())
+    frozen = [patroni, pid] + [int(p) for p in subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout.split()]
     t0 = time.time()
-    if host:
-        os.kill(int((d / f"node{old}" / "patroni.pid").read_text()), signal.SIGKILL)
-    os.kill(pid, signal.SIGKILL)
+    if freeze:
+        for p in frozen:
+            os.kill(p, signal.SIGSTOP)
+    else:
+        if host:
+            os.kill(patroni, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
     _wait(lambda: _ok(3 - old, "primary"), 120, "the promotion")
     promoted = time.time() - t0
     passed = _wait(lambda: _first_after(
@@ -89,14 +100,22 @@ def _round(d: Path, url: str, env: dict[str, str], host: bool) -> tuple[float, f
              "WHERE reported_at > to_timestamp(%s)", t0), 120, "a metric") - t0
     if host:  # the lost host comes back: its Patroni rejoins it as a replica
         subprocess.run([str(HA), "up", str(d)], env=env, check=True, capture_output=True)
+    if freeze:  # it resumes: Patroni demotes it and rejoins it as a replica
+        time.sleep(max(0.0, t0 + FROZEN_SECONDS - time.time()))
+        for p in frozen:
+            os.kill(p, signal.SIGCONT)
     return promoted, passed, metric
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--host", action="store_true",
-                    help="kill the primary's Patroni too (the host lost), not its postmaster only")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--host", action="store_true",
+                     help="kill the primary's Patroni too (the host lost), not its postmaster "
+                          "only")
+    how.add_argument("--freeze", action="store_true",
+                     help=f"SIGSTOP the primary's Patroni and PostgreSQL for {FROZEN_SECONDS} s")
     args = ap.parse_args()
     d = Path(tempfile.mkdtemp(prefix="det-ha-bench-"))
     env = {**os.environ, "BASE_PORT": str(BASE), "DET_HOME": str(d / "home"),
@@ -107,7 +126,9 @@ def main() -> None:
                              stdout=subprocess.PIPE).stdout.strip().splitlines()[-1]
         env["DET_DB_URL"] = url
         det = [sys.executable, "-m", "det.cli.main"]
-        for name, argv in (("reconciler", ["reconcile", "--interval", "0.5"]),
+        # frozen: the agent must beat again within its lease (tests/test_ha_failover)
+        timeout = ["--agent-timeout", "45"] if args.freeze else []
+        for name, argv in (("reconciler", ["reconcile", "--interval", "0.5", *timeout]),
                            ("agent", ["agent", "run", "--slots", "1"])):
             procs.append(subprocess.Popen(det + argv, env=env, cwd=REPO,
                                           stdout=open(d / f"{name}.log", "w"),  # noqa: SIM115
@@ -121,7 +142,7 @@ def main() -> None:
                        capture_output=True)
         rows = []
         for _ in range(args.repeats):
-            rows.append(_round(d, url, env, args.host))
+            rows.append(_round(d, url, env, args.host, args.freeze))
             print("promoted {:6.2f} s   next pass {:6.2f} s   next metric {:6.2f} s"
                   .format(*rows[-1]), flush=True)
         for i, name in enumerate(("promoted", "next pass", "next metric")):

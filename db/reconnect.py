@@ -134,9 +134,9 @@ def open_connection(url: str, row_factory: RowFactory[Any] = tuple_row, *,
     that must ride out a loss retry it (:class:`Reconnecting`, ``det.db.retry.call``); a check
     that must fail fast (a password) calls it alone.
 
-    This and :func:`open_async_connection` are the only places det opens a connection
-    (tests/test_one_retry_layer.py), so every det process shares this timeout and the retry
-    layer's idea of a loss.
+    This, :func:`open_async_connection` and :func:`open_pool` are the only places det opens a
+    connection (tests/test_one_retry_layer.py), so every det process shares this timeout,
+    the deadline and the retry layer's idea of a loss.
 
     Raises psycopg's ``OperationalError`` when the server cannot be reached or refuses the
     login (``det.db.retry.is_connection_lost`` is true for the former only).

@@ -21,7 +21,7 @@ NOT_DET = {"tests", "bench", "build", ".venv", "examples", "docs", ".git"}
 """Top-level directories whose code no det process runs."""
 
 BARE_CONNECT = re.compile(r"\bpsycopg\.connect\(|\bAsyncConnection\.connect\(|"
-                          r"\bpsycopg\.Connection\.connect\(")
+                          r"\bpsycopg\.Connection\.connect\(|\b(Async)?ConnectionPool\(")
 
 
 def bare_connects(root: Path) -> list[str]:
@@ -50,8 +50,9 @@ def test_the_scan_finds_a_bare_connect(tmp_path: Path) -> None:
     (tmp_path / "agent").mkdir()
     (tmp_path / "agent" / "x.py").write_text(
         "a = 1\nc = psycopg.connect(url)  # here\n# psycopg.connect( in a comment\n"
-        "async with await psycopg.AsyncConnection.connect(url) as c:\n")
-    assert bare_connects(tmp_path) == ["agent/x.py:2", "agent/x.py:4"]
+        "async with await psycopg.AsyncConnection.connect(url) as c:\n"
+        "pool = ConnectionPool(url, min_size=2)\n")
+    assert bare_connects(tmp_path) == ["agent/x.py:2", "agent/x.py:4", "agent/x.py:5"]
 
 
 COMPAT_TASK = """

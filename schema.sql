@@ -3681,9 +3681,14 @@ CREATE FUNCTION det_append_logs(
 -- numbered at or below its writer's last_seq was written before and is skipped; a NULL
 -- p_writer asks for no such check. invalid_parameter_value when p_seqs does not match; an
 -- enrolled agent's login writes only for allocations it runs a part of (det_agent_check_allocation).
+-- Lines of an allocation that no longer exists are dropped without an error: a shipper stops on
+-- errors, and its other allocations' lines would stop with it.
 DECLARE
     v_last bigint := 0;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM allocations WHERE id = p_allocation) THEN
+        RETURN;  -- gone (its experiment deleted): nothing to keep, and no error to stop on
+    END IF;
     PERFORM det_agent_check_allocation(p_allocation);
     IF p_writer IS NOT NULL THEN
         IF cardinality(p_seqs) IS DISTINCT FROM cardinality(p_lines)

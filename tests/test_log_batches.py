@@ -93,3 +93,24 @@ def test_a_write_refused_by_a_replica_is_retried_on_a_new_connection(db_url: str
 def test_the_task_pooler_refuses_several_hosts(tmp_path) -> None:
     with pytest.raises(DetError, match="several hosts"):
         pooler.config("host=a,b port=5432,5433 user=det_task dbname=det", tmp_path, 4)
+
+
+def test_lines_of_an_allocation_that_is_gone_do_not_stop_the_shipper(db_url: str,
+                                                                       tmp_path) -> None:
+    """A run whose rows were deleted (its experiment deleted) while its last lines waited: they
+    are dropped, and the lines of the agent's other runs are still written (log_batches'
+    foreign key failed the whole flush, and the shipping thread stopped on it)."""
+    alloc = claim_allocation(db_url, tmp_path).id
+    with psycopg.connect(db_url) as c:
+        gone = c.execute("SELECT max(id) + 1000 FROM allocations").fetchone()[0]
+    shipper = LogShipper(db_url)
+    try:
+        shipper.add(gone, "stdout", "lost")
+        shipper.add(alloc, "stdout", "kept")
+        shipper.flush()
+        shipper.add(alloc, "stdout", "later")
+        shipper.flush()
+    finally:
+        shipper.close()
+    assert stored(db_url, alloc) == ["kept", "later"]
+    assert stored(db_url, gone) == []

@@ -3484,6 +3484,16 @@ BEGIN
     RETURN det_stop_runs_of(p_agent);
 END $$;
 
+CREATE FUNCTION det_agent_leave(p_agent text) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Agent p_agent is being ended by another resource manager under its runs (an agent in a Slurm
+-- job: scancel, time limit, node drain): marked stopping, so nothing new is placed on it, but
+-- its runs are not a planned stop: they end as the failures they are (max_restarts).
+BEGIN
+    PERFORM det_agent_check_self(p_agent);
+    UPDATE agents SET stopping = true WHERE id = p_agent;
+END $$;
+
 CREATE FUNCTION det_agent_claim_each(p_agent text, p_allocations bigint[])
 RETURNS TABLE (allocation_id bigint, token text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -5545,7 +5555,7 @@ GRANT EXECUTE ON FUNCTION
     det_agent_set_rendezvous(text, bigint, text), det_agent_claim_node(text, bigint),
     det_agent_report_node(text, bigint, allocation_state, integer, text),
     det_append_logs(bigint, text[], text[], integer[], uuid, bigint[]), det_agent_timeout(),
-    det_agent_stop_runs(text),
+    det_agent_stop_runs(text), det_agent_leave(text),
     det_agent_mark_fenced(text, bigint[])
 TO det_agent;
 

@@ -83,6 +83,8 @@ BATCH_REPORT_SECONDS = 0.025
 STOP_GRACE_SECONDS = 10.0
 SHUTDOWN_RETRY_SECONDS = 3.0
 STOP_RUNS = "SELECT det_agent_stop_runs(%s)"
+# Ended under its runs by another resource manager: drained, the runs left to fail.
+LEAVE = "SELECT det_agent_leave(%s)"
 # Runs this agent killed by self-fencing: no failure of their trials (see Agent._fence).
 MARK_FENCED = "SELECT det_agent_mark_fenced(%s, %s::bigint[])"
 # A share of a gang run that ended on the chief's agent may finish by itself this long
@@ -116,7 +118,10 @@ class AgentSettings:
     ``warm_start``: the process runtime forks Python tasks from a zygote; ``task_url``: the
     database URL its tasks get (a role that runs only task functions), None for its own;
     ``task_pooler``: the process runtime's tasks connect through a PgBouncer of the agent's
-    (:mod:`det.agent.pooler`; directly where PgBouncer is not installed)."""
+    (:mod:`det.agent.pooler`; directly where PgBouncer is not installed);
+    ``stop_is_failure``: a SIGTERM is another resource manager ending the agent under its runs
+    (an agent in a Slurm job: scancel, time limit, node drain; det cancels only idle ones), so
+    its runs end as failed, counted against max_restarts, not as a planned stop."""
 
     agent_id: str
     pool: str
@@ -127,6 +132,7 @@ class AgentSettings:
     warm_start: bool = True
     task_url: str | None = None
     task_pooler: bool = True
+    stop_is_failure: bool = False
 
 
 def check_agent_id(agent_id: str, field: str = "agent id") -> None:
@@ -596,9 +602,11 @@ class Agent:
     def _stop_runs(self) -> bool:
         """Mark this agent's runs a planned stop and wake their tasks to checkpoint and exit
         (``det_agent_stop_runs``); False when the database stayed away for
-        ``SHUTDOWN_RETRY_SECONDS`` (the tasks then cannot learn of the stop)."""
+        ``SHUTDOWN_RETRY_SECONDS`` (the tasks then cannot learn of the stop), or with
+        ``stop_is_failure``, where the agent is only drained (``det_agent_leave``)."""
         def stop() -> None:
-            self._connect().execute(STOP_RUNS, (self.s.agent_id,))
+            self._connect().execute(LEAVE if self.s.stop_is_failure else STOP_RUNS,
+                                    (self.s.agent_id,))
 
         try:
             retry.call("agent stop", lambda: self._closing_if_lost(stop),
@@ -606,7 +614,7 @@ class Agent:
         except psycopg.Error as e:
             log.error("could not tell the tasks to checkpoint and stop: %s; killing them", e)
             return False
-        return True
+        return not self.s.stop_is_failure
 
     def shutdown(self) -> None:
         """Stop: a planned stop, not a failure. The runs are marked so

@@ -413,6 +413,9 @@ def agent_run(
                                           "each a warm database server process (where "
                                           "pgbouncer is installed; else tasks connect "
                                           "directly)."),
+    stop_is_failure: bool = typer.Option(False, "--stop-is-failure", hidden=True,
+                                         help="SIGTERM ends its runs as failed (an agent in "
+                                              "a Slurm job: det.reconciler.slurm_provider)."),
 ) -> None:
     """Run an agent: register this host's slots and run the tasks assigned to it. What it
     and its tasks create is private to its user (det.host_user); it warns once if it runs as
@@ -448,7 +451,8 @@ def agent_run(
     settings = AgentSettings(agent_id=agent_id, pool=resource_pool,
                              work_dir=work_dir or det_home() / "agent" / agent_id,
                              runtime=runtime, poll=poll, warm_start=warm_start,
-                             task_url=task_db_url, task_pooler=task_pooler)
+                             task_url=task_db_url, task_pooler=task_pooler,
+                             stop_is_failure=stop_is_failure)
     _exit_on_sigterm()
     Agent(url, settings, discover(slots, slot_type)).run()
 

@@ -19,6 +19,15 @@ AGENT_URL = "DET_AGENT_DB_URL"
 det_agent role's: `det cluster up` sets it); without it they inherit the reconciler's
 environment, DET_DB_URL and DET_TASK_DB_URL included (the deployer's choice)."""
 
+def agent_env() -> dict[str, str]:
+    """The environment of an agent a provider starts: the reconciler's, its database URL
+    replaced by ``DET_AGENT_DB_URL``'s where that is set."""
+    env = dict(os.environ)
+    if env.get(AGENT_URL):  # never the reconciler's own (the owner's) login
+        env["DET_DB_URL"] = env[AGENT_URL]
+    return env
+
+
 STOP_GRACE_SECONDS = 30.0
 """Seconds a stopped agent has after SIGTERM before SIGKILL: the agent gives its tasks 10 s
 (det.agent.daemon.Agent.shutdown) and then deregisters."""
@@ -61,9 +70,7 @@ class LocalProvider:
         argv = [sys.executable, "-m", "det.cli.main", "agent", "run", "--id", agent_id,
                 "--resource-pool", pool, "--slots", str(slots),
                 "--slot-type", "cpu" if slots else "none"]
-        env = dict(os.environ)
-        if env.get(AGENT_URL):  # never the reconciler's own (the owner's) login
-            env["DET_DB_URL"] = env[AGENT_URL]
+        env = agent_env()
         with open(self.log_dir / f"{agent_id}.log", "ab") as out:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, env=env,
                                  stderr=subprocess.STDOUT, start_new_session=True)

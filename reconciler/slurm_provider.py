@@ -7,9 +7,10 @@ before it submits, so nothing is queued twice. The job asks for one node with
 ``slots_per_instance`` tasks (and as many ``gres`` devices) and its script is ``det agent
 run`` with that many slots: the task launcher on the node is the agent's own (claim with the
 run's token, task environment, harness, logs, metrics, checkpoints, preemption checks through
-the database), so nothing of it is copied. The job inherits the reconciler's environment
-(sbatch's default ``--export=ALL``), the database URL included. Slurm's state and reason of a
-job not yet running are kept on the instance's row for ``det resource-pool describe``.
+the database), so nothing of it is copied. The job gets the environment a local agent would
+(:func:`det.reconciler.local_provider.agent_env`: det_agent's URL under ``det cluster up``).
+Slurm's state and reason of a job not yet running are kept on the instance's row for ``det
+resource-pool describe``.
 """
 
 import shlex
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from det.reconciler.aws_provider import ProviderError
+from det.reconciler.local_provider import agent_env
 
 SLURM_TIMEOUT_SECONDS = 30.0
 """How long one squeue / sbatch / scancel may take before the pass gives up on it."""
@@ -59,11 +61,14 @@ def sbatch_argv(config: dict, name: str, pool: str, slots: int, log_dir: Path) -
 
 
 def job_script(name: str, pool: str, slots: int, gres: str | None) -> str:
-    """The batch script: the agent, in the foreground, so the job lives as long as it does and
-    Slurm's scancel (SIGTERM to the job's processes) is the agent's planned stop."""
+    """The batch script: the agent, in the foreground, so the job lives as long as it does.
+    det cancels only a drained, idle agent's job, so a SIGTERM under runs is Slurm's doing
+    (scancel from outside, time limit, node drain): ``--stop-is-failure`` ends them as failed,
+    restarted from their checkpoint per max_restarts."""
     slot_type = "none" if not slots else ("auto" if gres else "cpu")
     argv = [sys.executable, "-m", "det.cli.main", "agent", "run", "--id", name,
-            "--resource-pool", pool, "--slots", str(slots), "--slot-type", slot_type]
+            "--resource-pool", pool, "--slots", str(slots), "--slot-type", slot_type,
+            "--stop-is-failure"]
     return "#!/bin/sh\nexec " + shlex.join(argv) + "\n"
 
 
@@ -77,9 +82,10 @@ class SlurmProvider:
         self.log_dir = log_dir
         self.jobs: dict[str, Job] = {}
 
-    def _run(self, argv: list[str], stdin: str | None = None) -> str:
+    def _run(self, argv: list[str], stdin: str | None = None,
+             env: dict[str, str] | None = None) -> str:
         try:
-            r = subprocess.run(argv, input=stdin, capture_output=True, text=True,
+            r = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env,
                                timeout=SLURM_TIMEOUT_SECONDS)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise ProviderError(f"{argv[0]}: {e}") from None
@@ -107,7 +113,9 @@ class SlurmProvider:
         """
         self.log_dir.mkdir(parents=True, exist_ok=True)
         argv = sbatch_argv(self.config, name, pool, slots, self.log_dir)
-        out = self._run(argv, job_script(name, pool, slots, self.config.get("gres")))
+        # sbatch's default --export=ALL: the job runs with this environment
+        out = self._run(argv, job_script(name, pool, slots, self.config.get("gres")),
+                        agent_env())
         return out.strip().split(";")[0]
 
     def stop(self, job_id: str, kill: bool = False) -> None:

@@ -59,19 +59,19 @@ def slurm(tmp_path_factory) -> dict[str, str]:
         pytest.skip(f"no single-host Slurm: {r.stderr.strip()}")
     env = {"SLURM_CONF": str(home / "slurm.conf")}
     yield env
-    subprocess.run(["scancel", "--name", ",".join(f"det-instance-{i}" for i in range(1, 20))],
-                   env={**os.environ, **env}, timeout=60)
     subprocess.run([str(SLURM_SH), "stop", str(home)], timeout=60)
 
 
 @pytest.fixture
 def sdet(det, slurm, tmp_path):
-    """``det`` whose processes reach the module's Slurm; the jobs left by a failed test are
-    cancelled after it."""
+    """``det`` whose processes reach the module's Slurm. Each test's database names its
+    instances from 1 again, so the jobs a test leaves are cancelled, and gone, before the
+    next (it would adopt them by name)."""
     det.env = {**det.env, **slurm}
     yield det
-    subprocess.run(["scancel", "--name", ",".join(f"det-instance-{i}" for i in range(1, 20))],
-                   env={**os.environ, **slurm}, timeout=60)
+    det.stop_all()
+    subprocess.run(["scancel", "--user", "root"], env={**os.environ, **slurm}, timeout=60)
+    wait_for(lambda: not squeue(slurm), 60, "the test's Slurm jobs to end")
 
 
 def squeue(slurm: dict) -> dict[str, Job]:
@@ -135,3 +135,55 @@ def test_a_job_waiting_in_slurm_shows_its_state_and_reason_and_a_refusal_is_stor
                    "the refused sbatch to be stored")
     assert "invalid partition" in row["reason"] and row["state"] == "GONE"
     assert "next launch in" in sdet("resource-pool", "describe", "bad").stdout
+
+
+def long_digits(det, tmp_path: Path, batches: int = 800) -> None:
+    cfg = digits_config(tmp_path, **{"searcher.max_length": {"batches": batches},
+                                     "min_validation_period": {"batches": 400},
+                                     "scheduling_unit": 10, "max_restarts": 1,
+                                     "resources": {"resource_pool": "hpc"}})
+    det("experiment", "create", str(cfg), str(DIGITS))
+    det.start("reconciler", "reconcile", "--interval", "0.3")
+
+
+def training(conn) -> bool:
+    return bool(conn.execute("SELECT 1 FROM metrics WHERE \"group\" = 'training'").fetchone())
+
+
+def test_pause_ends_the_slurm_job_and_activate_resumes_in_a_new_one(sdet, conn, tmp_path,
+                                                                    slurm) -> None:
+    slurm_pool(sdet, tmp_path, max_instances=1)
+    long_digits(sdet, tmp_path)
+    wait_for(lambda: training(conn), 120, "training to start in a Slurm job")
+    sdet("experiment", "pause", "1")
+    wait_for(lambda: conn.execute("SELECT 1 FROM trials WHERE state = 'PAUSED'").fetchone()
+             and not squeue(slurm), 120, "the trial to checkpoint and its Slurm job to end")
+    paused = conn.execute("SELECT steps_completed, latest_checkpoint FROM trials").fetchone()
+    assert 0 < paused["steps_completed"] < 800 and paused["latest_checkpoint"] is not None
+    assert conn.execute("SELECT exit_code FROM allocations").fetchone()["exit_code"] == 0
+    sdet("experiment", "activate", "1")
+    assert sdet("experiment", "wait", "1", timeout=300).returncode == 0
+    runs = conn.execute("SELECT run, agent_id, exit_code, exit_reason FROM allocations ORDER BY run"
+                        ).fetchall()
+    assert [r["agent_id"] for r in runs][:2] == ["det-instance-1", "det-instance-2"], runs
+    assert conn.execute("SELECT restarts FROM trials").fetchone()["restarts"] == 0, runs
+    jobs = [r["provider_id"] for r in conn.execute(INSTANCES).fetchall()]
+    assert len(set(jobs)) == len(jobs) >= 2, "each instance its own Slurm job"
+
+
+def test_an_scancel_from_outside_det_is_a_failure_and_the_trial_restarts(sdet, conn, tmp_path,
+                                                                          slurm) -> None:
+    slurm_pool(sdet, tmp_path, max_instances=1)
+    long_digits(sdet, tmp_path)
+    wait_for(lambda: conn.execute("SELECT 1 FROM trials WHERE latest_checkpoint IS NOT NULL"
+                                  ).fetchone(), 180, "a checkpoint in the Slurm job")
+    [job] = squeue(slurm).values()
+    subprocess.run(["scancel", job.job_id], env={**os.environ, **slurm}, check=True, timeout=60)
+    r = sdet("experiment", "wait", "1", timeout=300, check=False)
+    runs = conn.execute("SELECT run, agent_id, exit_code, exit_reason FROM allocations ORDER BY run"
+                        ).fetchall()
+    assert r.returncode == 0, (runs, sdet("trial", "logs", "1").stdout[-3000:])
+    trial = conn.execute("SELECT state::text AS state, restarts FROM trials").fetchone()
+    assert trial == {"state": "COMPLETED", "restarts": 1}
+    first = conn.execute("SELECT exit_code, exit_reason FROM allocations WHERE run = 1").fetchone()
+    assert first["exit_code"] != 0, first

@@ -76,6 +76,16 @@ CONF
     exit 1
     ;;
 stop)
+    # Jobs first, while slurmd can still kill their processes (it leaves them running when it
+    # stops): SIGTERM, then SIGKILL after KillWait.
+    if [ -f "$dir/slurmctld.pid" ]; then
+        export SLURM_CONF="$dir/slurm.conf"
+        scancel --user "$(id -un)" 2>/dev/null || true
+        for _ in $(seq 300); do
+            [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
+            sleep 0.1
+        done
+    fi
     stop_pid "$dir/slurmd.pid"
     stop_pid "$dir/slurmctld.pid"
     stop_pid "$dir/munged.pid"

@@ -40,8 +40,8 @@ def _parse_duration(value: Any) -> Any:
         match = _DURATION_RE.match(value)
         if not match:
             raise PydanticCustomError(
-                "duration", "expected a duration such as 20s, 10m or 1h, got {value!r}",
-                {"value": value})
+                "duration", "expected a duration such as 20s, 10m or 1h, got {value}",
+                {"value": repr(value)})  # pydantic formats {name} only, no !r
         return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
     return value
 

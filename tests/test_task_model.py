@@ -61,7 +61,7 @@ def test_zero_slot_tasks_go_to_the_default_aux_pool(conn) -> None:
 def test_bad_task_configs_name_the_key(conn) -> None:
     with pytest.raises(ConfigError, match="notebook_idle_type"):
         expand_task_config(conn, "NOTEBOOK", "notebook_idle_type: sometimes\n", "nb.yaml")
-    with pytest.raises(ConfigError, match="idle_timeout.*duration"):
+    with pytest.raises(ConfigError, match="idle_timeout.*duration.*got 'soon'"):
         expand_task_config(conn, "NOTEBOOK", "idle_timeout: soon\n", "nb.yaml")
     with pytest.raises(ConfigError, match="unknown key 'searcher'"):
         expand_task_config(conn, "SHELL", "searcher: {}\n", "sh.yaml")

@@ -1,0 +1,92 @@
+"""Every SQL statement det's Python sends, by name, in one ``.sql`` file per room.
+
+The files beside this module (``reconciler.sql``, ``agent.sql``, ...) are sequences of blocks;
+each block opens with a line ``-- name: NAME`` and runs to the next one. Comment lines under
+the name say what the statement is for; the text of the file before its first block is the
+file's own header. A statement keeps psycopg's placeholders (``%s``, ``%(name)s``, and
+``{}`` / ``{name}`` where the caller composes it with :mod:`psycopg.sql`). ``${TERMINAL}``
+stands for :data:`det.states.TERMINAL_SQL`, the one spelling of the terminal states.
+
+Code reads a file once, at import, and the statements as attributes::
+
+    from det.sql import named
+
+    Q = named("reconciler")
+    conn.execute(Q.expire_agents, {"timeout": 30})
+
+``tests/test_sql_files.py`` parses every statement with pglast and fails on a name no code
+uses or a name used but not defined. Procrastinate (``sql/queries.sql``) and River (sqlc's
+``-- name:``) keep their queries this way.
+"""
+
+import functools
+import re
+from pathlib import Path
+
+from det.states import TERMINAL_SQL
+
+HERE = Path(__file__).resolve().parent
+_NAME = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$")
+# What ${KEY} stands for in a statement: vocabulary defined once in Python.
+FRAGMENTS = {"TERMINAL": TERMINAL_SQL}
+_FRAGMENT = re.compile(r"\$\{([A-Z_]+)\}")
+
+
+class Queries:
+    """The statements of one ``.sql`` file, each an attribute (a ``str``) named as in the
+    file. An unknown name raises :class:`AttributeError` naming the file."""
+
+    def __init__(self, path: Path, statements: dict[str, str]) -> None:
+        self._path = path
+        self.__dict__.update(statements)
+        self._names = frozenset(statements)
+
+    def __getattr__(self, name: str) -> str:
+        raise AttributeError(f"{self._path.name} defines no statement {name!r}")
+
+    def names(self) -> frozenset[str]:
+        return self._names
+
+
+def parse(text: str, origin: str) -> dict[str, str]:
+    """The statements of a ``.sql`` file's ``text``, by name, fragments substituted.
+
+    Raises ValueError naming ``origin`` (the file) and the line for a name defined twice,
+    an empty statement or an unknown ``${KEY}``."""
+    blocks: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        m = _NAME.match(line)
+        if m:
+            if m[1] in blocks:
+                raise ValueError(f"{origin}:{lineno}: statement {m[1]!r} is defined twice")
+            current = blocks[m[1]] = []
+        elif current is not None:
+            current.append(line)
+    out = {}
+    for name, lines in blocks.items():
+        body = "\n".join(lines).strip()
+        if not [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("--")]:
+            raise ValueError(f"{origin}: statement {name!r} is empty")
+
+        def fragment(m: re.Match, name: str = name) -> str:
+            if m[1] not in FRAGMENTS:
+                raise ValueError(f"{origin}: statement {name!r} uses unknown ${{{m[1]}}}")
+            return FRAGMENTS[m[1]]
+
+        out[name] = _FRAGMENT.sub(fragment, body) + "\n"
+    return out
+
+
+@functools.cache
+def named(room: str) -> Queries:
+    """The statements of ``<room>.sql`` beside this module (read once per process).
+
+    Raises FileNotFoundError for a room without a file, ValueError as :func:`parse`."""
+    path = HERE / f"{room}.sql"
+    return Queries(path, parse(path.read_text(), path.name))
+
+
+def rooms() -> list[str]:
+    """The rooms that have a ``.sql`` file, sorted."""
+    return sorted(p.stem for p in HERE.glob("*.sql"))

@@ -1089,7 +1089,7 @@ SELECT p_name ~* '^(auth|identitytoken|registrytoken|connection_string)$'
 $$;
 
 CREATE FUNCTION det_redact_secrets(p_value jsonb) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
--- p_value with every secret replaced by '********' (issue 32): the value of each key that
+-- p_value with every secret replaced by '********': the value of each key that
 -- det_secret_name calls a secret, at any depth, and the value of each 'NAME=VALUE' list item
 -- (environment_variables) whose NAME is one. A null stays null: it hides nothing.
 BEGIN
@@ -1128,7 +1128,7 @@ COMMENT ON TABLE templates IS
     'Configuration templates (spec: Configuration Templates): a partial experiment config that '
     '`det experiment create --template NAME` merges under the user''s config '
     '(det.configs.templates). Experiments store the merged config, so changing or removing a '
-    'template later changes no experiment. A template is its workspace''s (issue 32): '
+    'template later changes no experiment. A template is its workspace''s: '
     'readable under the workspace''s row-level security, written by its Editors.';
 COMMENT ON COLUMN templates.config IS
     'The template as set, secrets included: users may not select it (nor original); '
@@ -1607,7 +1607,7 @@ END $$;
 
 CREATE FUNCTION det_password_policy(p_password_length integer, p_weak_ok boolean,
                                     p_action text) RETURNS void LANGUAGE plpgsql STABLE AS $$
--- The minimum password policy (issue 32): a new password has at least 8 characters, unless a
+-- The minimum password policy: a new password has at least 8 characters, unless a
 -- ClusterAdmin sets p_weak_ok (`--weak-ok`) for p_action ('set the password of user "bob"').
 -- det sees a password only as its client-made SCRAM verifier (det_check_verifier), so the
 -- client states its length in characters (det's CLI counts it); the cluster's own session,
@@ -1687,8 +1687,8 @@ CREATE FUNCTION det_user_set_password(p_username text, p_password_verifier text,
                                       p_weak_ok boolean DEFAULT false)
 RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- `det user change-password`: a user's own, or anyone's by a ClusterAdmin (issue 32: the CLI
--- asks a user who is no ClusterAdmin for the current password first). p_password_length,
+-- `det user change-password`: a user's own, or anyone's by a ClusterAdmin (the CLI asks a
+-- user who is no ClusterAdmin for the current password first). p_password_length,
 -- p_weak_ok: the password policy (det_password_policy). Every det serve login of the user
 -- ends (a token minted under the old password is refused), and the change is audited with how
 -- many logins it ended.
@@ -2160,7 +2160,7 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 -- and what was expected. det.configs expands every config before submission (its rules:
 -- configs/experiment.py, configs/searcher.py, configs/limits.py); this is the part of them
 -- that det_create_experiment checks again, so that a config stored from psql past det.configs
--- cannot break the control plane (issue 32): the values the reconciler's SQL casts
+-- cannot break the control plane: the values the reconciler's SQL casts
 -- (resources.slots_per_trial, max_restarts, preemption_timeout, searcher.source_trial_id,
 -- checkpoint_storage.save_*: one bad value would fail the statement for every experiment),
 -- the searcher's name and required fields, and what the readers show (name, description,
@@ -2287,7 +2287,7 @@ CREATE FUNCTION det_create_experiment(
 -- The checkpoint it warm-starts from (searcher.source_checkpoint_uuid, or the checkpoints of
 -- trial searcher.source_trial_id) is pinned (checkpoint_pins): its owner can no longer
 -- delete it, so the caller must be an Editor of that checkpoint's workspace, not only a
--- viewer (issue 32; the model registry's rule, det_model_register_version). One the caller
+-- viewer (the model registry's rule, det_model_register_version). One the caller
 -- cannot view, or that does not exist, is not found (no_data_found).
 DECLARE
     v_problem text := det_experiment_config_problem(p_config);
@@ -2842,7 +2842,8 @@ END $$;
 CREATE FUNCTION det_agent_set_enabled(p_id text, p_enabled boolean) RETURNS agent_state
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Disable (drain) or enable an agent (ClusterAdmin): a disabled agent's running work
--- finishes, nothing new is placed on it (spec: agents; issue 5). Returns its new state.
+-- finishes, nothing new is placed on it (Determined's `det agent disable`). Returns its new
+-- state.
 DECLARE
     v_state agent_state;
 BEGIN
@@ -2865,7 +2866,7 @@ CREATE FUNCTION det_agent_drain(p_id text) RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det agent disable --drain` (ClusterAdmin): disable agent p_id (det_agent_set_enabled) and
 -- stop its live runs as a planned stop (det_stop_runs_of): each trial checkpoints and exits as
--- on pause and resumes on another agent from that checkpoint, its end no failure (issue 39).
+-- on pause and resumes on another agent from that checkpoint, its end no failure.
 -- A task that ignores the request is killed after its preemption_timeout (the reconciler's
 -- KILL_OVERDUE), still no failure. Returns how many runs were asked to stop.
 BEGIN
@@ -3048,7 +3049,7 @@ CREATE FUNCTION det_model_register_version(
 -- must be COMPLETED (Determined: "checkpoints for model versions must be in a COMPLETED
 -- state"). The version pins the checkpoint. An archived model takes no new versions. The
 -- caller is an Editor of the model's workspace and of the checkpoint's: a pinned checkpoint
--- cannot be deleted by its owner, so viewing it is not enough (issue 32; the same rule as
+-- cannot be deleted by its owner, so viewing it is not enough (the same rule as
 -- det_create_experiment's searcher.source_checkpoint_uuid).
 DECLARE
     m models := det_model_find(p_model);
@@ -3206,8 +3207,7 @@ CREATE FUNCTION det_template_set(p_workspace text, p_name text, p_config jsonb,
                                  p_original text)
 RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det template set`: create or replace template p_name of workspace p_workspace (NULL:
--- Uncategorized), as an Editor there (issue 32: a template is its workspace's, not the
--- cluster's). p_config: its YAML (p_original) as a JSON object, checked by
+-- Uncategorized), as an Editor there (a template is its workspace's, not the cluster's). p_config: its YAML (p_original) as a JSON object, checked by
 -- det.configs.templates. Returns true when it was created.
 DECLARE
     v_ws integer := det_template_workspace(
@@ -3255,7 +3255,7 @@ CREATE FUNCTION det_template_expand(p_workspace text, p_name text) RETURNS jsonb
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The config of template p_name of workspace p_workspace (NULL: Uncategorized), secrets
 -- included, for `det experiment create --template` to merge under an experiment it submits
--- there: the one read of a template that is not redacted (issue 32). It takes what the
+-- there: the one read of a template that is not redacted. It takes what the
 -- submission takes, Editor on the workspace, so the secrets go only to those who may run
 -- experiments with them (and whose experiments' configs hold them).
 DECLARE
@@ -3447,7 +3447,7 @@ $$;
 
 CREATE FUNCTION det_stop_runs_of(p_agent text) RETURNS bigint[] LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- A planned stop of agent p_agent's live runs (issue 39), for det_agent_stop_runs and
+-- A planned stop of agent p_agent's live runs, for det_agent_stop_runs and
 -- det_agent_drain: each becomes desired STOPPED (a KILLED one stays so) and planned_stop, and
 -- its task is woken on its channel to checkpoint and exit as on pause (det_should_preempt).
 -- Runs it holds a share of (a gang whose chief is elsewhere) stop too. Returns their ids,
@@ -3498,8 +3498,8 @@ CREATE FUNCTION det_agent_claim_each(p_agent text, p_allocations bigint[])
 RETURNS TABLE (allocation_id bigint, token text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The agent is about to launch allocations assigned to it: mint each one's task token
--- (returned once, stored hashed) and move it to STARTING, in one statement (issue 11: an
--- agent starts its tasks in batches). Allocations no longer this agent's to start (ended,
+-- (returned once, stored hashed) and move it to STARTING, in one statement (an agent
+-- starts its tasks in batches). Allocations no longer this agent's to start (ended,
 -- or desired state is not RUNNING) are left out of the result.
 #variable_conflict use_column
 BEGIN
@@ -3531,7 +3531,7 @@ CREATE FUNCTION det_agent_report_each(
     p_exit_codes integer[] DEFAULT NULL, p_reasons text[] DEFAULT NULL
 ) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The agent reports what it observed of allocations it runs, all in one state, in one
--- statement (issue 11); p_exit_codes and p_reasons go with p_allocations element by element.
+-- statement; p_exit_codes and p_reasons go with p_allocations element by element.
 -- TERMINATED releases the slots and records the exit code and reason; the reconciler settles
 -- the trial afterwards. RUNNING of a gang spanning agents leaves it STARTING until every
 -- other agent started its share (det_gang_started; det_agent_report_node moves it on then).
@@ -4205,7 +4205,7 @@ END $$;
 CREATE FUNCTION det_checkpoint_begin(p_token text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The task is about to write a checkpoint: refused (SQLSTATE 28000, det_auth) once its
--- allocation was ended (agent lost, run killed), so a fenced run writes no files (issue 39).
+-- allocation was ended (agent lost, run killed), so a fenced run writes no files.
 -- det_report_checkpoint checks again when the files are in place.
 BEGIN
     PERFORM det_auth(p_token);
@@ -4462,7 +4462,7 @@ CREATE FUNCTION det_pool_scheduler(p_pool text) RETURNS jsonb
 LANGUAGE plpgsql STABLE AS $$
 -- The scheduler a pool really uses, every default filled in: the pool's own, else the
 -- cluster's, else fair_share (the spec's default for a blank type: Resource Pools).
--- min_run_time: seconds a run without a checkpoint is not preempted (issue 34).
+-- min_run_time: seconds a run without a checkpoint is not preempted.
 BEGIN
     RETURN jsonb_build_object('type', 'fair_share', 'preemption', false,
                               'fitting_policy', 'best', 'default_priority', 42,
@@ -4495,7 +4495,7 @@ LANGUAGE sql STABLE STRICT AS $$
 -- Why a run ended (the WebUI's "Why it ended"; NULL while it lives), never blank once it has:
 -- why det stopped it (stop_reason), then what the run said (its checkpoint storage error, the
 -- agent's or det's reason: a signal, 'agent lost', 'stopped before it started'), else what
--- its flags and exit code tell (issue 34: a preempted run's was blank). By id, not by row: a
+-- its flags and exit code tell (so a preempted run's is not blank). By id, not by row: a
 -- whole allocations row includes token_hash, which no user may read.
 SELECT CASE WHEN a.state = 'TERMINATED' THEN concat_ws('; ', a.stop_reason, coalesce(
     a.storage_error, a.exit_reason,
@@ -4510,8 +4510,8 @@ $$;
 
 CREATE FUNCTION det_run_status(p_allocation bigint) RETURNS text
 LANGUAGE sql STABLE STRICT AS $$
--- A run as users should read it, agreeing with the job queue (issue 34: a trial waiting for a
--- slot read "running"): waiting (for slots: pending_reason says why), starting (slots held,
+-- A run as users should read it, agreeing with the job queue (a trial waiting for a slot
+-- reads waiting, not "running"): waiting (for slots: pending_reason says why), starting (slots held,
 -- its process or container not yet running), running, preempting or stopping (told to stop,
 -- not yet gone), preempted or ended.
 SELECT CASE WHEN a.state = 'PENDING' AND a.desired_state = 'RUNNING' THEN 'waiting'
@@ -4566,7 +4566,7 @@ CREATE FUNCTION det_checkpoints_to_delete(
 ) RETURNS TABLE (uuid uuid, trial_id integer, steps_completed bigint, size_bytes bigint,
                  metric double precision)
 LANGUAGE sql STABLE AS $$
--- The GC keep rule, one statement (reference-facts §5.1; issue 16). Of the experiment's
+-- The GC keep rule (Determined 0.38's checkpoint GC policy), one statement. Of the experiment's
 -- COMPLETED checkpoints keep the union of
 --   * the save_experiment_best best by the searcher metric across the experiment,
 --   * each trial's save_trial_best best,
@@ -5069,7 +5069,7 @@ CREATE FUNCTION det_login_begin(p_user text, p_address text) RETURNS double prec
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- det serve, before it has PostgreSQL check a password for POST /api/v1/auth/login (so a
 -- throttled attempt costs no SCRAM work): the seconds the client must wait (429, Retry-After),
--- or 0 to go on. The rule (issue 32): 5 failures for one user name p_user (from any address),
+-- or 0 to go on. The rule: 5 failures for one user name p_user (from any address),
 -- or 20 from one client address p_address (for any names), each within 15 minutes of the
 -- last, lock further attempts for 30 s, doubling with each failure after (at most an hour);
 -- a right password is refused too until the lock ends. Going on counts the attempt as failed
@@ -5810,8 +5810,8 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Check that the caller may create an experiment in project p_project of workspace
 -- p_workspace (both NULL: Uncategorized): Editor of the workspace, neither it nor the project
 -- archived, the rules det_create_experiment applies when it stores one. det serve calls it
--- before it unpacks a byte of the context (issue 32: a refused Viewer's context was unpacked
--- first). Returns the project's id. Raises insufficient_privilege, no_data_found (a
+-- before it unpacks a byte of the context (so a refused Viewer's context is never
+-- unpacked). Returns the project's id. Raises insufficient_privilege, no_data_found (a
 -- workspace or project the caller cannot see), check_violation (archived) or
 -- invalid_parameter_value (only one of the two named).
 DECLARE

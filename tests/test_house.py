@@ -50,9 +50,11 @@ def det_sources(root: Path) -> list[Path]:
 
 
 def private_references(root: Path) -> list[str]:
-    """``file:line: text`` of each pointer to a document outside the repo in det's sources."""
+    """``file:line: text`` of each pointer to a document outside the repo in det's sources
+    and in ``schema.sql``, whose comments are the catalog's text (function bodies, COMMENT ON)."""
     found = []
-    for path in det_sources(root):
+    schema = [root / "schema.sql"] if (root / "schema.sql").exists() else []
+    for path in det_sources(root) + schema:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if PRIVATE_REFERENCE.search(line):
                 found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
@@ -161,7 +163,9 @@ def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
         "One place: db/channels.py, det/db/channels.py; not db/gone.py nor DESIGN.md.\n"
         "Determined's master/pkg/schemas/merge.go; db/migrations/NNNN_name.sql.\n"
         'An issue to fix, the notes of a release."""\n')
-    assert [r.split(":")[1] for r in private_references(tmp_path)] == ["1"]
+    (tmp_path / "schema.sql").write_text("-- A rule.\n-- Checked (issue 5).\n")
+    assert [":".join(r.split(":")[:2]) for r in private_references(tmp_path)] == [
+        "a.py:1", "schema.sql:2"]
     assert missing_citations(tmp_path) == ["a.py: db/gone.py", "a.py: DESIGN.md"]
 
     (tmp_path / "db" / "channels.py").write_text('X = "SELECT pg_notify(det_channel(%s))"\n')

@@ -28,6 +28,31 @@ from det.db.roles import MACHINE_SCRAM_ITERATIONS, verifier
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Test modules that share something of the host's besides their own databases: Docker's
+# containers (named det-<agent>-<allocation>, the same in every test database) and its
+# session-wide task image build. They run in one pytest-xdist worker, one after another.
+HOST_GROUPS = {"test_docker": "docker", "test_image": "docker",
+               "test_interactive_servers": "docker"}
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): four workers for the suite or a long list of test
+    files — on two cores, most of a test's time is spent waiting on det's processes — and
+    none (one plain process) for a file or two."""
+    files = [a for a in config.args if not a.startswith("-")]
+    return 4 if not files or len(files) > 2 or any(Path(a).is_dir() for a in files) else 0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``), hand each test module to one worker whole,
+    so module-scoped clusters start once, and the modules of a HOST_GROUPS group to the same
+    worker."""
+    for item in items:
+        module = item.path.stem
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(HOST_GROUPS.get(module, module)))
+
 
 def _admin(url: str) -> psycopg.Connection:
     return psycopg.connect(make_conninfo(url, dbname="postgres"), autocommit=True)

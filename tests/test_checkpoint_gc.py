@@ -138,12 +138,15 @@ def test_archive_hides_from_default_list(det, ended) -> None:
     assert " gc " in det("experiment", "list").stdout
 
 
-def gc_processes() -> list[int]:
-    """Pids of running GC tasks (python -m det.harness.checkpoint_gc)."""
+def gc_processes(db_url: str) -> list[int]:
+    """Pids of running GC tasks (python -m det.harness.checkpoint_gc) of the database at
+    ``db_url`` (its name is in the task's environment; other tests' tasks may run beside)."""
+    dbname = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"].encode()
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if b"det.harness.checkpoint_gc" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"det.harness.checkpoint_gc" in Path(f"/proc/{pid}/cmdline").read_bytes() \
+                    and dbname in Path(f"/proc/{pid}/environ").read_bytes():
                 out.append(int(pid))
         except OSError:
             pass
@@ -198,7 +201,7 @@ def test_gc_killed_half_way_finishes_on_the_next_run(det, ended, conn, db_url, t
         wait_for(lambda: not (ended.storage / uuids[0][199]).exists(), 60,
                  "the second batch's files to be removed")
         assert states(conn, eid)[uuids[0][150]] == "DELETING"
-        pids = wait_for(gc_processes, 10, "the GC task's process")
+        pids = wait_for(lambda: gc_processes(db_url), 10, "the GC task's process")
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         assert list(states(conn, eid).values()).count("DELETED") == 100  # the first batch

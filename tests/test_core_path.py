@@ -126,6 +126,7 @@ def test_a_frozen_leader_is_replaced(det, conn, tmp_path) -> None:
     assert frozen.poll() is None and standby.poll() is None
 
 
+@pytest.mark.slow
 def test_a_digits_run_completes_through_two_database_restarts(
         private_pg, det_private, tmp_path) -> None:
     """Issue 10, item 4, the proof: PostgreSQL restarts twice while the digits example trains;

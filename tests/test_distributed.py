@@ -101,6 +101,7 @@ def accuracy(conn, experiment: int) -> float:
     return row["acc"]
 
 
+@pytest.mark.slow
 def test_two_workers_train_digits_as_well_as_one(det, conn, tmp_path) -> None:
     # One seed for both: each experiment's default seed is the time it was created, and two
     # seeds' runs differed by more than the tolerance once (0.963 and 0.975).
@@ -140,6 +141,7 @@ def test_two_workers_train_digits_as_well_as_one(det, conn, tmp_path) -> None:
     assert "[rank=0]" in out and "[rank=1]" in out
 
 
+@pytest.mark.slow
 def test_a_killed_worker_ends_the_allocation_and_the_trial_resumes(det, conn, db_url,
                                                                      tmp_path) -> None:
     cfg = digits_config(tmp_path, **{"searcher.max_length": {"batches": 1200},
@@ -214,6 +216,7 @@ def test_the_launcher_without_a_script_prints_its_usage() -> None:
     assert r.returncode == 2 and r.stderr.startswith("usage: python -m det.launch")
 
 
+@pytest.mark.slow
 def test_pause_checkpoints_once_frees_every_slot_and_activate_resumes(det, conn,
                                                                        tmp_path) -> None:
     cfg = digits_config(tmp_path, **{"searcher.max_length": {"batches": 3000},

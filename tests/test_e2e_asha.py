@@ -6,6 +6,7 @@ checkpoint in the same run or a later one."""
 import json
 import signal
 
+import pytest
 from conftest import wait_for
 from test_e2e_digits import DIGITS, digits_config, start_cluster
 
@@ -40,6 +41,7 @@ def check_search(det, conn, trials: int) -> None:
     assert "Rungs:" in text and "done" in text and "stopped" in text
 
 
+@pytest.mark.slow
 def test_asha_stops_and_promotes_trials(det, conn, tmp_path) -> None:
     # 4 trials, rungs at 80, 160 and 320 batches, one at a time: the order of results, and so
     # the promotions, are the same every time. With this seed a later trial's result promotes
@@ -66,6 +68,7 @@ def test_asha_stops_and_promotes_trials(det, conn, tmp_path) -> None:
         assert r["before"] is not None and r["first_step"] > r["before"], r
 
 
+@pytest.mark.slow
 def test_killed_reconcilers_are_replaced_and_the_asha_search_finishes(det, conn,
                                                                       tmp_path) -> None:
     cfg = digits_config(tmp_path, "adaptive.yaml", reproducibility={"experiment_seed": 5})

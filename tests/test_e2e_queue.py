@@ -4,6 +4,7 @@ reconciler: fair-share numbers, priority preemption, job updates and explanation
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import wait_for
 from test_e2e_digits import DIGITS, digits_config
@@ -46,6 +47,7 @@ def start_agents(det, n: int, slots: int) -> None:
         det.start(f"agent{i}", "agent", "run", "--id", f"agent-{i}", "--slots", str(slots))
 
 
+@pytest.mark.slow
 def test_fair_share_divides_slots_by_demand_times_weight(det, conn, tmp_path) -> None:
     """spec: Scheduling, Fair-Share: on 8 slots demands 10 and 30 get 2 and 6; with weights
     3 and 1, 4 and 4."""
@@ -76,6 +78,7 @@ def test_fair_share_divides_slots_by_demand_times_weight(det, conn, tmp_path) ->
     assert det("experiment", "wait", "2", timeout=120, check=False).returncode != 0
 
 
+@pytest.mark.slow
 def test_priority_preemption_and_resume(det, conn, tmp_path) -> None:
     """Steps 1, 2 and 7 of the spec's Task Priority example (steps 3-6 need notebooks; the
     pure scheduler test plays all seven)."""

@@ -18,7 +18,7 @@ from conftest import REPO
 # Run from a checkout, not part of det (setup.py says the same).
 NOT_SHIPPED = {"tests", "examples", "bench"}
 # Files other than modules that det reads at run time (pyproject.toml, package-data).
-DATA = ["schema.sql", "agent/image/Dockerfile", "db/migrations/*.sql",
+DATA = ["schema.sql", "agent/image/Dockerfile", "db/migrations/*.sql", "sql/*.sql",
         "api/static/*", "api/static/vendor/*"]  # the WebUI's files (det serve)
 
 
@@ -98,6 +98,7 @@ def procs() -> Iterator[list[subprocess.Popen]]:
             p.wait()
 
 
+@pytest.mark.slow
 def test_installed_wheel_runs_digits_to_completed(venv: Path, db_url: str, tmp_path: Path,
                                                   procs: list[subprocess.Popen]) -> None:
     env = {**_without_repo(os.environ), "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",

@@ -69,12 +69,15 @@ def up(
                                     "0.0.0.0 for all), with TLS only, the server's "
                                     "certificate signed by det's CA (`det cluster ca`). "
                                     "Default: the last up's, else a Unix socket only."),
+    no_listen: bool = typer.Option(False, "--no-listen",
+                                   help="Accept no TCP connections (a Unix socket only), "
+                                        "though the last up listened; kept for the next up."),
 ) -> None:
     """Start the database (embedded unless DET_DB_URL is set) and a supervisor that keeps a
     reconciler and its standby, an agent and the web server (det serve) running. Settings not
     given are the last `up`'s. A web port already taken is refused before anything starts."""
     private_files()  # det home and all below it: this user's alone (det.host_user)
-    tcp = _listen_setting(listen)
+    tcp = _listen_setting(listen, no_listen)
     url = owner_url(start=True)
     with connect(url) as conn:
         migrate(conn)  # the schema is current before the processes start
@@ -88,7 +91,7 @@ def up(
         typer.echo(f"supervisor: already running (pid {pid}); `det cluster down` stops it")
         return
     settings = _settings({"slots": slots, "runtime": runtime, "web_port": web_port,
-                          "listen": listen})
+                          "listen": "" if no_listen else listen})
     slots, runtime, web_port = settings["slots"], settings["runtime"], settings["web_port"]
     args = [sys.executable, "-m", "det.cli.main", "cluster", "supervise"]
     args += ["--slots", str(slots)] if slots is not None else []
@@ -128,14 +131,18 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _listen_setting(listen: str | None) -> tuple[str, int] | None:
+def _listen_setting(listen: str | None, no_listen: bool = False) -> tuple[str, int] | None:
     """The TLS gateway's address of this ``up`` (:mod:`det.db.gateway`): ``--listen``'s,
-    else the last ``up``'s, else None (a Unix socket only).
+    else None with ``--no-listen``, else the last ``up``'s, else None (a Unix socket only).
 
     Raises:
-        DetError: --listen is malformed, or given while DET_DB_URL names the database (det
-            runs no server of its own to listen for).
+        DetError: --listen is malformed, or given with --no-listen, or given while DET_DB_URL
+            names the database (det runs no server of its own to listen for).
     """
+    if no_listen:
+        if listen is not None:
+            raise DetError("--no-listen: given with --listen; choose one")
+        return None
     if listen is not None and _embedded_home() is None:
         raise DetError("--listen: DET_DB_URL names the database; det runs no server to listen")
     if listen is None:
@@ -149,10 +156,11 @@ def _listen_setting(listen: str | None) -> tuple[str, int] | None:
 
 
 def _settings(asked: dict) -> dict:
-    """The settings of this ``up`` (``slots``, ``runtime``, ``web_port``): each one given,
-    else the last ``up``'s (run/up.json), else its default (None: the supervisor's; the web
-    port :data:`WEB_PORT`, 0 meaning no web server); recorded for the next ``up`` once the
-    web port is known to be free (`--web-port` was forgotten by the next `up`).
+    """The settings of this ``up`` (``slots``, ``runtime``, ``web_port``, ``listen``, "" for
+    ``--no-listen``): each one given, else the last ``up``'s (run/up.json), else its default
+    (None: the supervisor's, no listening; the web port :data:`WEB_PORT`, 0 meaning no web
+    server); recorded for the next ``up`` once the web port is known to be free
+    (`--web-port` was forgotten by the next `up`).
 
     Raises:
         DetError: the web port is taken on 127.0.0.1 (another det's server, or any program):
@@ -170,6 +178,8 @@ def _settings(asked: dict) -> dict:
             "listen": isinstance(last.get("listen"), str)}
     chosen = {k: v if v is not None else (last[k] if kept[k] else None)
               for k, v in asked.items()}
+    if chosen["listen"] == "":
+        chosen["listen"] = None  # --no-listen: recorded as never given, the default
     if chosen["web_port"] is None:
         chosen["web_port"] = WEB_PORT
     port = chosen["web_port"]

@@ -20,6 +20,7 @@ from conftest import REPO, Det, wait_for
 from test_checkpoint_storage import CREDENTIALS, TRAIN, free_port
 from test_e2e_digits import DIGITS, digits_config
 
+from det.cli.supervisor import read_pid
 from det.db import embedded, passfile
 
 SUBNET = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
@@ -310,6 +311,22 @@ def test_a_revoked_agent_of_another_host_is_cut_off_and_its_trial_completes_else
     [other] = [a for a in remote_agents if a != victim]
     assert [(r[0], r[1]) for r in runs] == [(victim, "agent lost"), (other, None)], runs
     assert runs[0][3] <= runs[1][2]  # the second run started after the first had ended
+
+
+def test_no_listen_turns_the_gateway_off_for_this_up_and_the_next(cluster) -> None:
+    """The next `up` keeps `--listen` (run/up.json); `--no-listen` turns it off, and the
+    next `up` keeps that too. Last: it restarts the cluster without its gateway."""
+    r = cluster("cluster", "up", "--listen", f"{GATEWAY}:{PORT}", "--no-listen", check=False)
+    assert r.returncode == 1 and "--no-listen: given with --listen" in r.stderr
+    cluster("cluster", "down", timeout=120)
+    out = cluster("cluster", "up", "--no-listen").stdout
+    assert "supervisor: started" in out and "TLS only" not in out
+    run = Path(cluster.env["DET_HOME"]) / "run"
+    assert json.loads((run / "up.json").read_text())["listen"] is None
+    pid = wait_for(lambda: read_pid(run, "supervisor"), 30, "the supervisor's pid file")
+    assert b"--listen" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert not _reaches(_remote_url(cluster, "det_agent"))
+    assert "gateway" not in cluster("cluster", "status").stdout
 
 
 def test_listen_takes_host_and_port() -> None:

@@ -34,6 +34,9 @@ from det.errors import ConfigError, ContextError, NotFoundError, StateError
 from det.queries.workspaces import placement, workspace_defaults
 from det.reconciler.schedulers import Agent, Task
 from det.reconciler.schedulers.fitting import never_fits
+from det.sql import named
+
+Q = named("submission")
 
 
 def template_for_submission(conn: psycopg.Connection, name: str, workspace: str | None) -> dict:
@@ -46,8 +49,7 @@ def template_for_submission(conn: psycopg.Connection, name: str, workspace: str 
         NotFoundError: no such template there, or a workspace the caller may not view.
         PermissionDeniedError: the caller may view the workspace but not edit it.
     """
-    config = conn.execute("SELECT det_template_expand(%s, %s) AS c",
-                          (workspace, name)).fetchone()["c"]
+    config = conn.execute(Q.template_expand, (workspace, name)).fetchone()["c"]
     return {"name": name, "config": config}
 
 
@@ -210,12 +212,6 @@ def _pin_outside_links(context_dir: Path, copy: Path) -> None:
                 link.symlink_to(resolved)
 
 
-POOL_CAPACITY = """
-SELECT g.id, count(s.slot_id) AS slots FROM agents g LEFT JOIN slots s ON s.agent_id = g.id
- WHERE g.resource_pool = %(pool)s AND g.state <> 'LOST' GROUP BY g.id
-"""
-
-
 def refuse_unfit(conn: psycopg.Connection, expanded: dict,
                  slots_key: str = "slots_per_trial") -> None:
     """Raise ConfigError if no agent now registered in the job's pools (any of them, when
@@ -228,7 +224,7 @@ def refuse_unfit(conn: psycopg.Connection, expanded: dict,
     reasons = []
     for pool in pools:
         agents = [Agent(r["id"], tuple(range(r["slots"])), ())
-                  for r in conn.execute(POOL_CAPACITY, {"pool": pool}).fetchall()]
+                  for r in conn.execute(Q.pool_capacity, {"pool": pool}).fetchall()]
         reason = never_fits(Task("trial", "experiment", slots), agents) if agents else None
         if reason is None:
             return
@@ -240,21 +236,11 @@ def refuse_unfit(conn: psycopg.Connection, expanded: dict,
 
 # -- interactive tasks -------------------------------------------------------------------------
 
-TASK_POOL_DEFAULTS = """
-SELECT w.default_compute_pool, w.default_aux_pool,
-       c.config #>> '{resource_manager,default_compute_resource_pool}' AS cluster_compute,
-       c.config #>> '{resource_manager,default_aux_resource_pool}' AS cluster_aux
-  FROM (SELECT 1) one
-  LEFT JOIN workspaces w ON w.name = coalesce(%(workspace)s, 'Uncategorized')
-  LEFT JOIN cluster_config c ON true
-"""
-
-
 def task_pool(conn: psycopg.Connection, workspace: str | None, slots: int) -> str:
     """The pool a task that names none goes to (the seed, Resource Pools): a slot task to the
     workspace's default compute pool, else the cluster's; a zero-slot task to the workspace's
     default auxiliary pool, else the cluster's; ``default`` where no config names one."""
-    row = conn.execute(TASK_POOL_DEFAULTS, {"workspace": workspace}).fetchone()
+    row = conn.execute(Q.task_pool_defaults, {"workspace": workspace}).fetchone()
     if slots > 0:
         return row["default_compute_pool"] or row["cluster_compute"] or "default"
     return row["default_aux_pool"] or row["cluster_aux"] or "default"
@@ -334,27 +320,13 @@ def submit_task(conn: psycopg.Connection, kind: TaskKind, expanded: dict,
         if not force:
             refuse_unfit(conn, expanded, "slots")
         return conn.execute(
-            "SELECT det_create_task(%s, %s, %s, %s, %s, %s, %s, %s) AS id",
-            (kind, Jsonb(expanded), blob, workspace, project, list(experiment_ids),
-             list(trial_ids), Jsonb(task_secrets()))).fetchone()["id"]
+            Q.create_task, (kind, Jsonb(expanded), blob, workspace, project,
+                            list(experiment_ids), list(trial_ids), Jsonb(task_secrets()))
+        ).fetchone()["id"]
 
 
 # -- experiments made from an existing one ------------------------------------------
 # spec run-training-code.rst: "create an experiment from an existing experiment or trial".
-
-SOURCE_EXPERIMENT = """
-SELECT e.id, e.original_config, b.data AS context, w.name AS workspace, p.name AS project
-  FROM experiments e JOIN projects p ON p.id = e.project_id
-  JOIN workspaces w ON w.id = p.workspace_id
-  LEFT JOIN context_blobs b ON b.id = e.context_id
- WHERE e.id = %(id)s
-"""
-
-SOURCE_TRIAL = """
-SELECT id, experiment_id, hparams, latest_checkpoint::text AS latest_checkpoint
-  FROM trials WHERE id = %(id)s
-"""
-
 
 def source_experiment(conn: psycopg.Connection, exp_id: int) -> dict:
     """Experiment ``exp_id`` as a source: its original config (YAML), packed context (None:
@@ -363,7 +335,7 @@ def source_experiment(conn: psycopg.Connection, exp_id: int) -> dict:
     Raises:
         NotFoundError: no such experiment, or one the caller may not view.
     """
-    row = conn.execute(SOURCE_EXPERIMENT, {"id": exp_id}).fetchone()
+    row = conn.execute(Q.source_experiment, {"id": exp_id}).fetchone()
     if row is None:
         raise NotFoundError(f"experiment {exp_id} not found")
     return row
@@ -376,7 +348,7 @@ def source_trial(conn: psycopg.Connection, trial_id: int) -> dict:
         NotFoundError: no such trial, or one the caller may not view.
         StateError: the trial has no checkpoint to continue from.
     """
-    row = conn.execute(SOURCE_TRIAL, {"id": trial_id}).fetchone()
+    row = conn.execute(Q.source_trial, {"id": trial_id}).fetchone()
     if row is None:
         raise NotFoundError(f"trial {trial_id} not found")
     if row["latest_checkpoint"] is None:

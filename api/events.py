@@ -29,8 +29,10 @@ from det.db import channels
 from det.db.reconnect import open_async_connection
 from det.db.retry import BACKOFF_INITIAL, BACKOFF_MAX, is_connection_lost
 from det.errors import DatabaseError
+from det.sql import named
 
 log = logging.getLogger("det.api.events")
+Q = named("api")
 
 TICK = 1.0
 """Seconds between two looks of every stream when no notification comes."""
@@ -90,8 +92,7 @@ class Hub:
                     self.wake(None)
                     while True:
                         if self._subs:
-                            await conn.execute("SELECT det_web_watch(%s, %s)",
-                                               (self.name, LEASE))
+                            await conn.execute(Q.web_watch, (self.name, LEASE))
                         async for n in conn.notifies(timeout=TICK):
                             self.wake(n.payload.split())
                         self.wake(None)

@@ -55,6 +55,9 @@ from det.api.params import BigId
 from det.api.session import COOKIE, act_as, request_token
 from det.db.sqlstate import translate
 from det.errors import DetError, NotFoundError, PermissionDeniedError
+from det.sql import named
+
+Q = named("api")
 
 router = APIRouter(tags=["proxy"])
 
@@ -133,7 +136,7 @@ def open_task(pool, token: str, job_id: int) -> Target:
     try:
         with pool.connection() as conn, conn.transaction():
             act_as(conn, token)
-            row = conn.execute("SELECT * FROM det_task_open(%s)", (job_id,)).fetchone()
+            row = conn.execute(Q.task_open, (job_id,)).fetchone()
     except psycopg.Error as e:
         raise translate(e) from e
     if row["type"] not in WEB_KINDS:

@@ -27,6 +27,9 @@ from fastapi import Depends, Request
 from psycopg import sql
 
 from det.errors import AuthError
+from det.sql import named
+
+Q = named("api")
 
 COOKIE = "det_token"
 """The WebUI's cookie holding the login token (HttpOnly, SameSite=Strict)."""
@@ -97,9 +100,9 @@ PASSWORD_CHANGED = "the password changed since this login: log in again"
 def _become(conn: psycopg.Connection, token: str) -> str | None:
     """:func:`act_as`, but None (nothing raised, so the caller may commit det_web_auth's
     writes) where the user's password changed since ``token`` was minted."""
-    user = conn.execute("SELECT det_web_auth(%s) AS u", (token,)).fetchone()["u"]
+    user = conn.execute(Q.web_auth, (token,)).fetchone()["u"]
     if user is not None:
-        conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(user)))
+        conn.execute(sql.SQL(Q.set_local_role).format(sql.Identifier(user)))
     return user
 
 

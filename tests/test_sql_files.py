@@ -29,16 +29,9 @@ REMAINING: dict[str, int] = {
     "agent/heartbeat.py": 1,
     "agent/logs.py": 1,
     "agent/pooler.py": 1,
-    "api/events.py": 1,
-    "api/proxy.py": 1,
-    "api/routes/auth.py": 4,
-    "api/routes/cluster.py": 2,
-    "api/routes/experiments.py": 5,
-    "api/routes/models.py": 2,
-    "api/routes/queue.py": 5,
-    "api/routes/tasks.py": 3,
+    "api/routes/queue.py": 2,
+    "api/routes/tasks.py": 1,
     "api/routes/trials.py": 1,
-    "api/session.py": 2,
     "cli/agent_identity.py": 3,
     "cli/agents.py": 3,
     "cli/audit.py": 2,
@@ -78,7 +71,6 @@ REMAINING: dict[str, int] = {
     "reconciler/provision.py": 11,
     "reconciler/queries.py": 51,
     "reconciler/statistics.py": 1,
-    "submission.py": 6,
 }
 
 

@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from det.api.session import COOKIE, Session, mint_token, request_token, session
 from det.db.roles import check_password
 from det.errors import AuthError
+from det.sql import named
+
+Q = named("api")
 
 router = APIRouter(prefix="/api/v1", tags=["auth"])
 
@@ -49,8 +52,7 @@ def login(body: Login, request: Request, response: Response) -> Any:
     address = request.client.host if request.client else None
     pool = request.app.state.pool
     with pool.connection() as conn:
-        wait = conn.execute("SELECT det_login_begin(%s, %s) AS w",
-                            (body.username, address)).fetchone()["w"]
+        wait = conn.execute(Q.login_begin, (body.username, address)).fetchone()["w"]
     if wait > 0:
         seconds = math.ceil(wait)
         return JSONResponse({"error": f"too many failed logins for {body.username!r} or from "
@@ -60,13 +62,12 @@ def login(body: Login, request: Request, response: Response) -> Any:
         user = check_password(request.app.state.url, body.username, body.password)
     except AuthError:
         with pool.connection() as conn:
-            conn.execute("SELECT det_login_failed(%s, %s)", (body.username, address))
+            conn.execute(Q.login_failed, (body.username, address))
         raise
     token = mint_token()
     ttl = request.app.state.token_ttl
     with pool.connection() as conn:
-        expires = conn.execute("SELECT det_web_login(%s, %s, %s, %s) AS e",
-                               (token, user, ttl, address)).fetchone()["e"]
+        expires = conn.execute(Q.web_login, (token, user, ttl, address)).fetchone()["e"]
     # Secure over TLS (det serve --certfile): the browser then never sends it in the clear.
     response.set_cookie(COOKIE, token, max_age=int(ttl), httponly=True, samesite="strict",
                         secure=request.url.scheme == "https")
@@ -76,7 +77,7 @@ def login(body: Login, request: Request, response: Response) -> Any:
 @router.post("/auth/logout", status_code=204)
 def logout(request: Request, response: Response, s: Session = session) -> None:
     """End this login: its token is refused from now on."""
-    s.conn.execute("SELECT det_web_logout(%s)", (request_token(request),))
+    s.conn.execute(Q.web_logout, (request_token(request),))
     response.delete_cookie(COOKIE)
 
 

@@ -10,6 +10,9 @@ from det.api.session import Session, session
 from det.configs.cluster import ClusterConfig
 from det.queries.cluster import AGENTS, POOLS, SLOTS, STORED
 from det.reconciler import leader
+from det.sql import named
+
+Q = named("api")
 
 router = APIRouter(prefix="/api/v1", tags=["cluster"])
 
@@ -27,8 +30,7 @@ Toggle = Literal["enable", "disable"]
 def set_agent(agent_id: str, action: Toggle, s: Session = session) -> dict:
     """enable | disable (drain: running work finishes, nothing new lands)."""
     enabled = action == "enable"
-    state = s.conn.execute("SELECT det_agent_set_enabled(%s, %s)::text AS s",
-                           (agent_id, enabled)).fetchone()["s"]
+    state = s.conn.execute(Q.agent_set_enabled, (agent_id, enabled)).fetchone()["s"]
     return {"id": agent_id, "state": state}
 
 
@@ -43,7 +45,7 @@ def slots(s: Session = session,
 def set_slot(agent_id: str, slot_id: IntId, action: Toggle, s: Session = session) -> dict:
     """enable | disable one slot (drain)."""
     enabled = action == "enable"
-    s.conn.execute("SELECT det_slot_set_enabled(%s, %s, %s)", (agent_id, slot_id, enabled))
+    s.conn.execute(Q.slot_set_enabled, (agent_id, slot_id, enabled))
     return {"agent_id": agent_id, "slot_id": slot_id, "enabled": enabled}
 
 

@@ -20,7 +20,10 @@ from det.queries import experiments as q
 from det.queries.trials import metric_series
 from det.queries.workspaces import placement, workspace_defaults
 from det.reconciler.searchers.preview import search_preview
+from det.sql import named
 from det.submission import expand_config_text, refuse_unfit, template_for_submission
+
+Q = named("api")
 
 router = APIRouter(prefix="/api/v1", tags=["experiments"])
 
@@ -84,7 +87,7 @@ def create_experiment(body: CreateExperiment, s: Session = session) -> dict:
                                    body.project_id)
     tpl = (template_for_submission(s.conn, body.template, workspace)
            if body.template is not None else None)
-    s.conn.execute("SELECT det_experiment_create_check(%s, %s)", (workspace, project))
+    s.conn.execute(Q.experiment_create_check, (workspace, project))
     with tempfile.TemporaryDirectory(prefix="det-api-ctx-") as tmp:
         context.unpack(blob, Path(tmp))
         expanded, original = expand_config_text(body.config, "config", Path(tmp), tpl,
@@ -92,7 +95,7 @@ def create_experiment(body: CreateExperiment, s: Session = session) -> dict:
     if not body.force:
         refuse_unfit(s.conn, expanded)
     with patience(s.conn, BULK_CALL_DEADLINE_SECONDS):  # the context blob travels
-        exp_id = s.conn.execute("SELECT det_create_experiment(%s, %s, %s, %s, %s) AS id",
+        exp_id = s.conn.execute(Q.create_experiment,
                                 (Jsonb(expanded), original, blob, workspace, project)
                                 ).fetchone()["id"]
     return {"id": exp_id}
@@ -113,8 +116,7 @@ def get_experiment(exp_id: IntId, s: Session = session) -> dict:
 @router.post("/experiments/{exp_id}/{action}")
 def act(exp_id: IntId, action: Action, s: Session = session) -> dict:
     """pause | activate | cancel | kill; 409 where the state does not allow it."""
-    state = s.conn.execute("SELECT det_experiment_action(%s, %s)::text AS s",
-                           (exp_id, action)).fetchone()["s"]
+    state = s.conn.execute(Q.experiment_action, (exp_id, action)).fetchone()["s"]
     return {"id": exp_id, "state": state}
 
 
@@ -127,7 +129,7 @@ class Archive(BaseModel):
 def archive(exp_id: IntId, body: Archive, s: Session = session) -> dict:
     """Archive (hide from the default list) or unarchive; only an ended experiment can be
     archived (409)."""
-    s.conn.execute("SELECT det_experiment_archive(%s, %s)", (exp_id, body.archived))
+    s.conn.execute(Q.experiment_archive, (exp_id, body.archived))
     return {"id": exp_id, "archived": body.archived}
 
 
@@ -146,7 +148,7 @@ def set_job(exp_id: IntId, body: JobSettings, s: Session = session) -> dict:
         raise DetError("nothing to update: give priority or weight")
     job = q.job_of(s.conn, exp_id)
     for field, value in changes.items():
-        s.conn.execute("SELECT det_job_update(%s, %s, %s)", (job, field, value))
+        s.conn.execute(Q.job_update, (job, field, value))
     return {"id": exp_id, **{k: v for k, v in body.model_dump().items() if v is not None}}
 
 

@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from det.api.session import Session, session
 from det.queries.models import FIND, MODEL, MODELS, VERSIONS
+from det.sql import named
+
+Q = named("api")
 
 router = APIRouter(prefix="/api/v1", tags=["models"])
 
@@ -37,8 +40,8 @@ class CreateModel(BaseModel):
 def create_model(body: CreateModel, s: Session = session) -> dict:
     """`det model create`: an empty model, the caller's, in a workspace where they are an
     Editor (403); 409 for a name taken, 400 naming a bad field."""
-    row = s.conn.execute("SELECT id FROM det_model_create(%s, %s, %s, %s)",
-                         (body.name, body.description, body.labels, body.workspace)).fetchone()
+    row = s.conn.execute(Q.model_create, (body.name, body.description, body.labels,
+                                          body.workspace)).fetchone()
     return s.conn.execute(MODEL, {"id": row["id"]}).fetchone()
 
 
@@ -66,7 +69,7 @@ def register_version(model: ModelName, body: RegisterVersion, s: Session = sessi
     next version and is pinned; Editor of the model's workspace and of the checkpoint's
     (403), 404 for a checkpoint or model the caller cannot view."""
     row = s.conn.execute(
-        "SELECT model_id, version FROM det_model_register_version(%s, %s, %s, %s, %s, %s)",
+        Q.model_register_version,
         (model, body.checkpoint, body.name, body.notes, body.labels,
          Jsonb(body.metadata) if body.metadata is not None else None)).fetchone()
     return s.conn.execute(VERSIONS, {"id": row["model_id"], "version": row["version"]}

@@ -11,6 +11,9 @@ from det.api.session import Session, session
 from det.configs.job import job_change
 from det.errors import DetError, NotFoundError, StateError
 from det.queries.queue import job_queue
+from det.sql import named
+
+Q = named("api")
 
 router = APIRouter(prefix="/api/v1", tags=["job queue"])
 
@@ -52,7 +55,7 @@ def update_job(job_id: BigId, body: JobChanges, s: Session = session) -> dict:
                        "behind-of")
     changes = {k: job_change(k, str(v), k) for k, v in given.items()}
     for field, value in changes.items():
-        s.conn.execute("SELECT det_job_update(%s, %s, %s)", (job_id, field, value))
+        s.conn.execute(Q.job_update, (job_id, field, value))
     return {"job_id": job_id, **given}
 
 
@@ -74,7 +77,7 @@ def update_batch(body: Batch, s: Session = session) -> dict:
     parsed = [(c.job_id, c.field, job_change(c.field, str(c.value), f"changes.{i}.value"))
               for i, c in enumerate(body.changes)]
     for job, field, value in parsed:
-        s.conn.execute("SELECT det_job_update(%s, %s, %s)", (job, field, value))
+        s.conn.execute(Q.job_update, (job, field, value))
     return {"applied": len(parsed)}
 
 
@@ -90,5 +93,5 @@ def move_to_top(job_id: BigId, s: Session = session) -> dict:
         raise StateError(f"job {job_id} has ended: it is no longer queued")
     if mine[0]["queue_order"] > 0:
         head = s.conn.execute(HEAD, {"job": job_id}).fetchone()["job_id"]
-        s.conn.execute("SELECT det_job_update(%s, 'ahead-of', %s)", (job_id, str(head)))
+        s.conn.execute(Q.job_move_ahead_of, (job_id, str(head)))
     return {"job_id": job_id, "jobs": job_queue(s.conn, mine[0]["resource_pool"])}

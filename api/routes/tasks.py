@@ -16,12 +16,15 @@ from det.api.proxy import WEB_KINDS
 from det.api.session import Session, session
 from det.errors import ContextError
 from det.queries import tasks as q
+from det.sql import named
 from det.submission import (
     TaskKind,
     expand_task_config,
     submit_task,
     template_for_submission,
 )
+
+Q = named("api")
 
 router = APIRouter(prefix="/api/v1", tags=["tasks"])
 
@@ -66,7 +69,7 @@ def get_task(task_id: BigId, s: Session = session) -> dict:
 def kill_task(task_id: BigId, s: Session = session) -> dict:
     """End the task (Editor of its workspace: 403; 404 for one the user cannot see). Killing
     an ended task changes nothing."""
-    s.conn.execute("SELECT det_task_kill(%s)", (task_id,))
+    s.conn.execute(Q.task_kill, (task_id,))
     return {"id": task_id, "state": q.run_of(s.conn, task_id)["state"]}
 
 
@@ -131,7 +134,7 @@ def _submit(s: Session, kind: TaskKind, body: CreateTask, entrypoint: list[str] 
         if len(blob) > context.MAX_CONTEXT_BYTES:
             raise ContextError(f"context: {len(blob)} bytes, more than the "
                                f"{context.MAX_CONTEXT_BYTES} allowed")
-    s.conn.execute("SELECT det_experiment_create_check(%s, %s)", (body.workspace, body.project))
+    s.conn.execute(Q.experiment_create_check, (body.workspace, body.project))
     tpl = (template_for_submission(s.conn, body.template, body.workspace)
            if body.template is not None else None)
     expanded = expand_task_config(s.conn, kind, body.config, "config", body.overrides, tpl,

@@ -141,6 +141,9 @@ up() {
     psql "$owner dbname=postgres" -qAtc "SELECT 1 FROM pg_database WHERE datname = 'det'" | grep -q 1 \
         || psql "$owner dbname=postgres" -qc "CREATE DATABASE det"
     DET_DB_URL=$(url) det db migrate >&2
+    # An agent's lease (2/3 of the agent timeout) must outlast a promotion: README.md, "A
+    # database that survives losing its server".
+    echo "ha.sh: run the reconcilers with \`det reconcile --agent-timeout 45\` for ttl 10 s" >&2
     url
 }
 

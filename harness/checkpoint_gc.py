@@ -35,8 +35,10 @@ from det.errors import one_line
 from det.harness.errors import StorageError
 from det.harness.storage import FsspecStorage, storage_from_config
 from det.harness.tensorboard import delete_experiment_files
+from det.sql import named
 
 log = logging.getLogger("det.checkpoint_gc")
+Q = named("harness")
 
 BATCH = 100
 """Checkpoints per round trip: removed (``WORKERS`` at a time), then marked DELETED together."""
@@ -75,35 +77,30 @@ class GcTask:
         """Remove every DELETING checkpoint of the experiment; returns (checkpoints, bytes
         freed). Raises ``StorageError`` (after recording it on the experiment)."""
         count = freed = 0
-        while batch := self._call("checkpoint GC: next batch",
-                                  "SELECT uuid::text, storage, size_bytes "
-                                  "FROM det_gc_task_checkpoints(%s, %s)", self.token, BATCH):
+        while batch := self._call("checkpoint GC: next batch", Q.gc_checkpoints,
+                                  self.token, BATCH):
             try:
                 # In parallel: each removal mostly waits (on the disk's metadata updates, on
                 # S3's round trips); list() re-raises the first failure.
                 list(self.pool.map(lambda row: self._storage(row[1]).delete(row[0]), batch))
             except StorageError as e:
-                self._call("checkpoint GC: report failure",
-                           "SELECT det_gc_task_failed(%s, %s)", self.token, str(e))
+                self._call("checkpoint GC: report failure", Q.gc_failed, self.token, str(e))
                 raise
             freed += sum(size or 0 for _, _, size in batch)
-            marked = self._call("checkpoint GC: mark deleted",
-                                "SELECT det_gc_task_deleted(%s, %s::uuid[])", self.token,
+            marked = self._call("checkpoint GC: mark deleted", Q.gc_deleted, self.token,
                                 [uuid for uuid, _, _ in batch])[0][0]
             count += len(batch)
             if marked == 0:
                 break  # none of them was ours to mark: never loop on the same batch
         for experiment_id, storage in self._call(
-                "checkpoint GC: TensorBoard files",
-                "SELECT experiment_id, storage FROM det_gc_task_tensorboards(%s)", self.token):
+                "checkpoint GC: TensorBoard files", Q.gc_tensorboards, self.token):
             try:
                 delete_experiment_files(self._storage(storage), experiment_id)
             except StorageError as e:
-                self._call("checkpoint GC: report failure",
-                           "SELECT det_gc_task_failed(%s, %s)", self.token, str(e))
+                self._call("checkpoint GC: report failure", Q.gc_failed, self.token, str(e))
                 raise
-            self._call("checkpoint GC: TensorBoard files removed",
-                       "SELECT det_gc_task_tensorboards_deleted(%s)", self.token)
+            self._call("checkpoint GC: TensorBoard files removed", Q.gc_tensorboards_deleted,
+                       self.token)
         return count, freed
 
     def sweep(self, older_than: float = LEFTOVER_AGE_SECONDS) -> list[str]:
@@ -111,8 +108,7 @@ class GcTask:
         the module docstring); returns what was removed. A failure is a warning: leftovers
         are nobody's data, and the next GC task tries again."""
         def recorded(uuids: list[str]) -> set[str]:
-            rows = self._call("checkpoint GC: unrecorded checkpoints",
-                              "SELECT u::text FROM det_gc_task_unrecorded(%s, %s::uuid[]) u",
+            rows = self._call("checkpoint GC: unrecorded checkpoints", Q.gc_unrecorded,
                               self.token, uuids)
             return set(uuids) - {u for (u,) in rows}
 

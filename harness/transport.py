@@ -42,8 +42,11 @@ from det.harness.report_writer import (
     encode_metrics,
     json_safe,
 )
+from det.sql import named
 
 __all__ = ["DbTransport", "LocalTransport", "SearcherOp", "TaskInfo", "Transport", "json_safe"]
+
+Q = named("harness")
 
 PREEMPT_POLL_SECONDS = 5.0
 """How often the preemption watcher asks ``det_should_preempt`` even without a NOTIFY; so
@@ -278,7 +281,7 @@ class DbTransport:
 
     def task_info(self) -> TaskInfo:
         """``det_task_info(token)``."""
-        return TaskInfo.from_json(self._call("task info", "SELECT det_task_info(%s)"))
+        return TaskInfo.from_json(self._call("task info", Q.task_info))
 
     def report_metrics(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         """Buffer one metrics row for ``det_report_metrics_batch``; blocks while the buffer is
@@ -303,7 +306,7 @@ class DbTransport:
         def attempt(conn: psycopg.Connection[Any]) -> None:
             nonlocal unknown
             try:
-                conn.execute("SELECT det_report_checkpoint(%s, %s::uuid, %s, %s, %s)", args)
+                conn.execute(Q.report_checkpoint, args)
             except psycopg.errors.UniqueViolation as e:
                 # The earlier attempt committed and lost its answer: the row is ours.
                 if not (unknown and e.diag.constraint_name == "checkpoints_pkey"):
@@ -326,7 +329,7 @@ class DbTransport:
         process ends, so no checkpoint directory is left without its row."""
         self._discards[uuid] = discard
         try:
-            self._call(f"begin checkpoint {uuid}", "SELECT det_checkpoint_begin(%s)")
+            self._call(f"begin checkpoint {uuid}", Q.checkpoint_begin)
             yield
         finally:
             self._discards.pop(uuid, None)
@@ -335,7 +338,7 @@ class DbTransport:
         """``det_report_storage_error(token, message)``: ``message`` (one line naming the
         storage path and the OS error) becomes the run's exit reason, and its experiment is
         paused instead of the trial restarting (``det.reconciler.trials.settle``)."""
-        self._call("report storage error", "SELECT det_report_storage_error(%s, %s)", message)
+        self._call("report storage error", Q.report_storage_error, message)
 
     def current_op(self) -> SearcherOp | None:
         """``det_current_op(token)``: ``{"id", "length"}``, or NULL (-> ``None``).
@@ -348,7 +351,7 @@ class DbTransport:
         delay = OP_POLL_SECONDS
         while True:
             self._op_decided.clear()  # a NOTIFY from here on answers the call below
-            op = self._call("current op", "SELECT det_current_op(%s)")
+            op = self._call("current op", Q.current_op)
             if op is None or "id" in op or self.should_preempt():
                 break
             self._op_decided.wait(delay)
@@ -367,8 +370,7 @@ class DbTransport:
     def complete_op(self, op_id: int, metric: float) -> None:
         """Flush, then ``det_complete_op(token, op_id, metric)``."""
         self._writer.flush()
-        self._call(f"complete op {op_id}", "SELECT det_complete_op(%s, %s, %s)",
-                   op_id, float(metric))
+        self._call(f"complete op {op_id}", Q.complete_op, op_id, float(metric))
 
     def should_preempt(self) -> bool:
         """Reads the flag the watcher thread sets; no I/O. Once true it stays true."""
@@ -382,7 +384,7 @@ class DbTransport:
     def stop_reason(self) -> str:
         """Why the run is asked to stop, for its log: ``det_stop_reason(token)``, or the
         agent's SIGTERM where the database does not (yet) say so."""
-        why = self._call("stop reason", "SELECT det_stop_reason(%s)")
+        why = self._call("stop reason", Q.stop_reason)
         return why or ("the agent stopped the task (SIGTERM)" if self._signalled
                        else "the platform asked the run to stop")
 
@@ -390,31 +392,31 @@ class DbTransport:
         """Flush, then ``det_ack_preemption(token)``: the coming exit 0 means "preempted,
         resume me"."""
         self._writer.flush()
-        self._call("acknowledge preemption", "SELECT det_ack_preemption(%s)")
+        self._call("acknowledge preemption", Q.ack_preemption)
 
     def report_early_exit(self, reason: str) -> None:
         """Flush, then ``det_report_early_exit(token, reason)``; ``reason`` in
         ``det.reasons.EarlyExitReason``."""
         self._writer.flush()
-        self._call("report early exit", "SELECT det_report_early_exit(%s, %s)", reason)
+        self._call("report early exit", Q.report_early_exit, reason)
 
     def experiment_best_validation(self) -> float | None:
         """Flush (this trial's validations count), then
         ``det_experiment_best_validation(token)`` (NULL -> ``None``)."""
         self._writer.flush()
-        value = self._call("best validation", "SELECT det_experiment_best_validation(%s)")
+        value = self._call("best validation", Q.experiment_best_validation)
         return None if value is None else float(value)
 
     def set_trial_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
         """``det_set_trial_metadata(token, metadata)``: merged into the trial's metadata, which
         it returns. Raises ``DetError`` for a key already set to another value."""
-        merged = self._call("set trial metadata", "SELECT det_set_trial_metadata(%s, %s)",
+        merged = self._call("set trial metadata", Q.set_trial_metadata,
                             Jsonb(json_safe(dict(metadata))))
         return dict(merged)
 
     def trial_metadata(self) -> dict[str, Any]:
         """``det_trial_metadata(token)``."""
-        return dict(self._call("trial metadata", "SELECT det_trial_metadata(%s)"))
+        return dict(self._call("trial metadata", Q.trial_metadata))
 
     def close(self) -> None:
         """Flush the buffered reports (waiting for the database if it is away), stop both
@@ -442,13 +444,12 @@ class DbTransport:
         if rows:
             self._call(
                 f"report metrics (batch {seq}, {len(rows)} rows)",
-                "SELECT det_report_metrics_batch(%s, %s, %s, %b, %b, %b::jsonb[])",
+                Q.report_metrics_batch,
                 self._writer_id, seq, [r.group for r in rows],
                 [r.steps_completed for r in rows], [r.values for r in rows],
             )
         for op_id, units in progress.items():
-            self._call(f"report progress of op {op_id}", "SELECT det_report_progress(%s, %s, %s)",
-                       op_id, units)
+            self._call(f"report progress of op {op_id}", Q.report_progress, op_id, units)
 
     def _listen(self, conn: psycopg.Connection[Any]) -> None:
         """Each new connection of the session LISTENs on the allocation's channel."""
@@ -477,8 +478,7 @@ class DbTransport:
             try:
                 preempted = retrying(lambda: self._run(
                     "should preempt",
-                    lambda conn: conn.execute("SELECT det_should_preempt(%s)",
-                                              (self._token,)).fetchone()[0],
+                    lambda conn: conn.execute(Q.should_preempt, (self._token,)).fetchone()[0],
                     give_up_after=0))
             except Exception as e:
                 if self._stop.is_set():

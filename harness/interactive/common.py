@@ -22,6 +22,9 @@ import psycopg
 from det.configs.task import TaskSpec
 from det.harness.errors import TaskEnvironmentError
 from det.harness.transport import DbTransport
+from det.sql import named
+
+Q = named("harness")
 
 START_TIMEOUT_SECONDS = 120.0
 """How long a server may take to answer before the task fails (``DET_SERVER_START_TIMEOUT``
@@ -57,21 +60,20 @@ class TaskTransport(DbTransport):
 
     def secrets(self) -> dict[str, Any]:
         """``{job_id, jupyter_token, ssh_public_key}`` of this task."""
-        return self._call("task secrets", "SELECT det_task_secrets(%s)") or {}
+        return self._call("task secrets", Q.task_secrets) or {}
 
     def ready(self, address: str) -> None:
         """Record that the server answers at ``address``.
 
         Raises ``DetError`` for an address the function refuses."""
-        self._call("task ready", "SELECT det_task_ready(%s, %s)", address)
+        self._call("task ready", Q.task_ready, address)
 
     def activity(self, at: datetime) -> bool:
         """Report use of the server at ``at``; False when the database stayed away for
         ``ACTIVITY_POLL_SECONDS`` (the next poll reports again)."""
         try:
             self._run("task activity",
-                      lambda conn: conn.execute("SELECT det_task_activity(%s, %s)",
-                                                (self._token, at)),
+                      lambda conn: conn.execute(Q.task_activity, (self._token, at)),
                       give_up_after=ACTIVITY_POLL_SECONDS)
         except psycopg.OperationalError:
             return False
@@ -80,8 +82,7 @@ class TaskTransport(DbTransport):
     def tensorboard_sources(self) -> list[dict[str, Any]]:
         """``det_task_tensorboard_sources``: ``{experiment_id, trial_id, storage}`` rows."""
         def rows(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
-            cur = conn.execute("SELECT experiment_id, trial_id, storage "
-                               "FROM det_task_tensorboard_sources(%s)", (self._token,))
+            cur = conn.execute(Q.task_tensorboard_sources, (self._token,))
             return [dict(zip(("experiment_id", "trial_id", "storage"), r, strict=True))
                     for r in cur]
 

@@ -33,6 +33,8 @@ from det.queries import trials as trial_queries
 from det.queries.checkpoints import ranked_checkpoints
 from det.queries.workspaces import get_workspace as _workspace_row
 from det.queries.workspaces import placement, workspace_defaults
+from det.reconciler.searchers.live import with_live_progress
+from det.sql import named
 from det.states import TERMINAL
 from det.submission import (
     context_with,
@@ -47,6 +49,8 @@ __all__ = ["Checkpoint", "CheckpointSortBy", "CheckpointState", "DownloadMode", 
            "TrialState", "Workspace", "create_experiment", "create_model", "get_checkpoint",
            "get_experiment", "get_model", "get_trial", "get_workspace", "list_experiments",
            "login"]
+
+Q = named("sdk")
 
 
 class ExperimentState(enum.Enum):
@@ -116,35 +120,6 @@ class DownloadMode(enum.Enum):
     MASTER = "master"
     AUTO = "auto"
 
-
-# Checkpoints with what the SDK shows of each: its trial, experiment (config), hyperparameters
-# and the validation metrics reported at its batch. Narrowed by experiment, trial or uuid.
-CHECKPOINTS = """
-SELECT c.uuid::text AS uuid, c.state::text AS state, c.storage, c.resources,
-       det_json_shown(c.metadata) AS metadata, c.reported_at, c.steps_completed, c.trial_id,
-       t.experiment_id, t.hparams, e.config AS experiment_config,
-       (SELECT det_json_shown(m."values") FROM metrics m
-         WHERE m.trial_id = c.trial_id AND m."group" = 'validation'
-           AND m.steps_completed = c.steps_completed AND m.superseded_by IS NULL
-         ORDER BY m.id DESC LIMIT 1) AS validation
-  FROM checkpoints c JOIN trials t ON t.id = c.trial_id
-  JOIN experiments e ON e.id = t.experiment_id
- WHERE (%(experiment)s::integer IS NULL OR t.experiment_id = %(experiment)s::integer)
-   AND (%(trial)s::integer IS NULL OR c.trial_id = %(trial)s::integer)
-   AND (%(uuid)s::text IS NULL OR c.uuid::text = lower(%(uuid)s::text))
- ORDER BY c.trial_id, c.steps_completed
-"""
-
-TRIAL_IDS = "SELECT id FROM trials WHERE experiment_id = %(id)s ORDER BY id"
-
-# A trial's metrics of one group, each with the run that reported it (0.38's trial_run_id).
-METRICS = """
-SELECT m.id, m.steps_completed, det_json_shown(m."values") AS "values", m.reported_at, a.run
-  FROM metrics m JOIN allocations a ON a.id = m.allocation_id
- WHERE m.trial_id = %(trial)s AND m."group" = %(group)s AND m.superseded_by IS NULL
-   AND m.id > %(after)s
- ORDER BY m.id LIMIT %(limit)s
-"""
 
 METRICS_PAGE = 1000
 """Rows per read of :meth:`Trial.iter_metrics` and :meth:`Trial.logs`."""
@@ -242,7 +217,7 @@ class Checkpoint:
         DELETING, then a GC task removes them. Raises what det_delete_checkpoints refuses
         (a pinned checkpoint, one of a live experiment) as det's errors."""
         with db() as conn:
-            conn.execute("SELECT det_delete_checkpoints(%s::uuid[])", ([self.uuid],))
+            conn.execute(Q.delete_checkpoints, ([self.uuid],))
         self.state = CheckpointState.DELETING
 
     def add_metadata(self, metadata: dict[str, Any]) -> None:
@@ -255,17 +230,16 @@ class Checkpoint:
                 64 KiB or nested deeper than 32 levels (a task's rule for metadata).
         """
         with db() as conn:
-            self.metadata = conn.execute(
-                "SELECT det_checkpoint_add_metadata(%s, %s) AS m",
-                (self.uuid, Jsonb(metadata))).fetchone()["m"]
+            self.metadata = conn.execute(Q.checkpoint_add_metadata,
+                                         (self.uuid, Jsonb(metadata))).fetchone()["m"]
 
     def __repr__(self) -> str:
         return f"Checkpoint(uuid={self.uuid})"
 
 
 def _checkpoint_row(conn, uuid: str) -> dict:
-    row = conn.execute(CHECKPOINTS, {"experiment": None, "trial": None,
-                                     "uuid": uuid.strip()}).fetchone()
+    row = conn.execute(Q.checkpoints, {"experiment": None, "trial": None,
+                                       "uuid": uuid.strip()}).fetchone()
     if row is None:
         raise NotFoundError(f"checkpoint {uuid} not found")
     return row
@@ -303,8 +277,8 @@ def _list_checkpoints(experiment: int | None, trial: int | None, sort_by, order_
     det.queries.checkpoints ranks them for `det experiment download` alike (those without
     the metric last, then the latest first), or by a column (:func:`metric_order`)."""
     with db() as conn:
-        rows = conn.execute(CHECKPOINTS, {"experiment": experiment, "trial": trial,
-                                          "uuid": None}).fetchall()
+        rows = conn.execute(Q.checkpoints, {"experiment": experiment, "trial": trial,
+                                            "uuid": None}).fetchall()
         if experiment is None:
             experiment = trial_queries.get_trial(conn, trial)["experiment_id"]
         config = exp_queries.get_experiment(conn, experiment)["config"]
@@ -404,8 +378,8 @@ class Trial:
         after = 0
         while True:
             with db() as conn:
-                rows = conn.execute(METRICS, {"trial": self.id, "group": group, "after": after,
-                                              "limit": METRICS_PAGE}).fetchall()
+                rows = conn.execute(Q.metrics, {"trial": self.id, "group": group, "after": after,
+                                                "limit": METRICS_PAGE}).fetchall()
             for r in rows:
                 yield TrialMetrics(trial_id=self.id, trial_run_id=r["run"],
                                    steps_completed=r["steps_completed"],
@@ -450,7 +424,7 @@ class Experiment:
     def reload(self) -> None:
         """Read the experiment again. Raises NotFoundError."""
         with db() as conn:
-            row = exp_queries.get_experiment(conn, self._id)
+            row = with_live_progress(conn, exp_queries.get_experiment(conn, self._id))
         self.config, self.name = row["config"], row["name"]
         self.description, self.archived = row["description"], row["archived"]
         self.state, self.progress = _state(ExperimentState, row["state"]), row["progress"]
@@ -458,7 +432,7 @@ class Experiment:
     def _action(self, action: str) -> None:
         with db() as conn:
             exp_queries.get_experiment(conn, self._id)
-            conn.execute("SELECT det_experiment_action(%s, %s)", (self._id, action))
+            conn.execute(Q.experiment_action, (self._id, action))
 
     def activate(self) -> None:
         """Resume the trials from their latest checkpoints (``det experiment activate``)."""
@@ -501,7 +475,7 @@ class Experiment:
         """The experiment's trials, by id."""
         with db() as conn:
             exp_queries.get_experiment(conn, self._id)
-            ids = [r["id"] for r in conn.execute(TRIAL_IDS, {"id": self._id}).fetchall()]
+            ids = [r["id"] for r in conn.execute(Q.trial_ids, {"id": self._id}).fetchall()]
             rows = [trial_queries.get_trial(conn, i) for i in ids]
         trials = []
         for row in rows:
@@ -579,9 +553,7 @@ class Model:
         register-version``; the checkpoint is then pinned). Raises det's errors for what
         det_model_register_version refuses."""
         with db() as conn:
-            row = conn.execute("SELECT version FROM det_model_register_version("
-                               "%s, %s, NULL, NULL, NULL, NULL)",
-                               (self.name, checkpoint_uuid)).fetchone()
+            row = conn.execute(Q.model_register_version, (self.name, checkpoint_uuid)).fetchone()
         return self._versions(row["version"])[0]
 
     def get_versions(self, order_by: OrderBy = OrderBy.DESC) -> list[ModelVersion]:
@@ -654,9 +626,8 @@ def create_experiment(config: str | pathlib.Path | dict, model_dir: str | None =
         blob = context.pack(ctx)
     with db() as conn:
         refuse_unfit(conn, expanded)
-        exp_id = conn.execute("SELECT det_create_experiment(%s, %s, %s, %s, %s) AS id",
-                              (Jsonb(expanded), original, blob, workspace,
-                               project)).fetchone()["id"]
+        exp_id = conn.execute(Q.create_experiment, (Jsonb(expanded), original, blob, workspace,
+                                                   project)).fetchone()["id"]
     exp = Experiment(exp_id)
     exp.reload()
     return exp
@@ -688,10 +659,9 @@ def create_model(name: str, description: str | None = "",
     ``metadata`` (a JSON object) set in the same transaction. Raises det's errors for a
     taken or unacceptable name or metadata."""
     with db() as conn:
-        conn.execute("SELECT det_model_create(%s, %s, NULL, NULL)", (name, description or ""))
+        conn.execute(Q.model_create, (name, description or ""))
         if metadata:
-            conn.execute("SELECT det_model_update(%s, NULL, NULL, NULL, NULL, %s, NULL)",
-                         (name, Jsonb(metadata)))
+            conn.execute(Q.model_set_metadata, (name, Jsonb(metadata)))
     return get_model(name)
 
 

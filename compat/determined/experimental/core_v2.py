@@ -48,6 +48,7 @@ from det.db.sqlstate import translate
 from det.errors import DetError
 from det.harness import core as det_core
 from det.harness.transport import SearcherOp, TaskInfo, json_safe
+from det.sql import named
 from determined import core
 from determined._info import ClusterInfo, get_cluster_info, on_cluster
 from determined.core import DistributedContext, PreemptMode, TensorboardMode
@@ -55,6 +56,8 @@ from determined.core import DistributedContext, PreemptMode, TensorboardMode
 __all__ = ["Config", "DefaultConfig", "DistributedContext", "PreemptMode", "TensorboardMode",
            "UnmanagedConfig", "checkpoint", "close", "distributed", "info", "init", "preempt",
            "searcher", "train", "url_reverse_webui_exp_view"]
+
+Q = named("sdk")
 
 train: core.TrainContext | None = None
 checkpoint: core.CheckpointContext | None = None
@@ -133,16 +136,14 @@ class UnmanagedTransport:
 
     def report_metrics(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         """One metrics row (det_append_metrics's checks)."""
-        self._call("report metrics", "SELECT det_unmanaged_report_metrics(%s, %s, %s, %s)",
-                   self._allocation, group, steps_completed, Jsonb(json_safe(metrics)))
+        self._call("report metrics", Q.unmanaged_report_metrics, self._allocation, group,
+                   steps_completed, Jsonb(json_safe(metrics)))
 
     def report_checkpoint(self, uuid: str, steps_completed: int, resources: Mapping[str, int],
                           metadata: Mapping[str, Any]) -> None:
         """Record a stored checkpoint: the trial's restart point."""
-        self._call("report a checkpoint",
-                   "SELECT det_unmanaged_report_checkpoint(%s, %s, %s, %s, %s)",
-                   self._allocation, uuid, steps_completed, Jsonb(dict(resources)),
-                   Jsonb(json_safe(metadata)))
+        self._call("report a checkpoint", Q.unmanaged_report_checkpoint, self._allocation, uuid,
+                   steps_completed, Jsonb(dict(resources)), Jsonb(json_safe(metadata)))
 
     @contextmanager
     def checkpoint_guard(self, uuid: str, discard: Callable[[], None]) -> Iterator[None]:
@@ -165,8 +166,7 @@ class UnmanagedTransport:
 
     def experiment_progress(self, progress: float) -> None:
         """core_v2's ``train.report_progress``: the experiment's progress (0 to 1)."""
-        self._call("report progress", "SELECT det_unmanaged_progress(%s, %s)",
-                   self._allocation, float(progress))
+        self._call("report progress", Q.unmanaged_progress, self._allocation, float(progress))
 
     def should_preempt(self) -> bool:
         """False: det never stops an unmanaged run (upstream's DummyPreemptContext)."""
@@ -186,11 +186,8 @@ class UnmanagedTransport:
 
     def experiment_best_validation(self) -> float | None:
         """The best searcher metric among the experiment's trials (RLS: the user's view)."""
-        row = self._call("read the best validation", """
-            SELECT CASE WHEN (e.config #>> '{searcher,smaller_is_better}')::boolean
-                        THEN min(t.best_validation) ELSE max(t.best_validation) END AS best
-              FROM experiments e JOIN trials t ON t.experiment_id = e.id
-             WHERE e.id = %s GROUP BY e.config""", self._task.experiment_id)
+        row = self._call("read the best validation", Q.unmanaged_best_validation,
+                         self._task.experiment_id)
         return None if row is None else row["best"]
 
     def set_trial_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
@@ -199,13 +196,13 @@ class UnmanagedTransport:
 
     def trial_metadata(self) -> dict[str, Any]:
         """The trial's metadata (empty: unmanaged runs cannot set it)."""
-        row = self._call("read trial metadata", "SELECT metadata FROM trials WHERE id = %s",
+        row = self._call("read trial metadata", Q.unmanaged_trial_metadata,
                          self._task.trial_id)
         return dict(row["metadata"]) if row else {}
 
     def end(self, error: str | None) -> None:
         """End the run and its trial: COMPLETED, or ERROR with ``error`` as its reason."""
-        self._call("end the run", "SELECT det_unmanaged_end(%s, %s)", self._allocation, error)
+        self._call("end the run", Q.unmanaged_end, self._allocation, error)
 
     def close(self) -> None:
         """Release the connection."""
@@ -312,7 +309,7 @@ def _start(cfg: Config, storage: dict[str, Any]) -> TaskInfo:
     expanded = validated_config(data, source, defaults=defaults).expanded()
     with db() as conn:
         row = conn.execute(
-            "SELECT det_unmanaged_start(%s, %s, %s, %s, %s, %s, %s) AS info",
+            Q.unmanaged_start,
             (Jsonb(expanded), text, workspace, project, cfg.external_experiment_id,
              cfg.external_trial_id,
              Jsonb(json_safe(cfg.hparams)) if cfg.hparams is not None else None)).fetchone()

@@ -2,8 +2,10 @@
 host, for development and the tests.
 
 An instance is found by its name: the agent process's command line carries ``--id
-det-instance-<row id>``, so a restarted reconciler finds the processes an earlier one launched
-(its pid recorded or not) by reading ``/proc``. Launching spawns and returns (the agent
+det-instance-<row id>`` and its work directory, ``<log_dir>/<row id's name>``, so a restarted
+reconciler finds the processes an earlier one launched (its pid recorded or not) by reading
+``/proc``, and never another cluster's agent of the same name on this host (another det home's,
+or one in a Slurm job). Launching spawns and returns (the agent
 registers on its own), so a pass never waits for an agent to start.
 """
 
@@ -42,8 +44,13 @@ class LocalProvider:
         # waited for stays a zombie).
         self._children: list[subprocess.Popen] = []
 
+    def work_dir(self, agent_id: str) -> Path:
+        """The work directory of agent ``agent_id``, beside its log: it names this provider's
+        agents apart from any other of the same id on the host."""
+        return self.log_dir / agent_id
+
     def running(self) -> dict[str, int]:
-        """The live elastic agent processes on this host: agent id -> pid (``/proc``)."""
+        """This provider's live agent processes on this host: agent id -> pid (``/proc``)."""
         self._children = [p for p in self._children if p.poll() is None]
         found: dict[str, int] = {}
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -51,10 +58,13 @@ class LocalProvider:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue  # it ended while we looked
-            if b"agent" in argv and b"--id" in argv:
+            if b"agent" in argv and b"--id" in argv and b"--work-dir" in argv:
                 name = argv[argv.index(b"--id") + 1] if argv.index(b"--id") + 1 < len(argv) \
                     else b""
-                if name.startswith(b"det-instance-"):
+                work = argv[argv.index(b"--work-dir") + 1] \
+                    if argv.index(b"--work-dir") + 1 < len(argv) else b""
+                if name.startswith(b"det-instance-") and \
+                        work == bytes(self.work_dir(name.decode())):
                     found[name.decode()] = int(pid)
         return found
 
@@ -69,7 +79,8 @@ class LocalProvider:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "det.cli.main", "agent", "run", "--id", agent_id,
                 "--resource-pool", pool, "--slots", str(slots),
-                "--slot-type", "cpu" if slots else "none"]
+                "--slot-type", "cpu" if slots else "none",
+                "--work-dir", str(self.work_dir(agent_id))]
         env = agent_env()
         with open(self.log_dir / f"{agent_id}.log", "ab") as out:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, env=env,

@@ -10,6 +10,7 @@ weather: leadership died with the connection, so the loop reconnects with backof
 lead again through the lock, re-LISTENs and carries on from the tables.
 """
 
+import functools
 import logging
 import os
 import socket
@@ -21,6 +22,7 @@ from det.db import channels, connect, det_home, retry
 from det.db.reconnect import CALL_DEADLINE_SECONDS
 from det.errors import DetError
 from det.reconciler import leader
+from det.reconciler.contract import Step, run_steps
 from det.reconciler.passes import Settings, prepare_session, run_pass
 from det.reconciler.provision import Provisioner
 from det.reconciler.statistics import Statistics
@@ -68,13 +70,14 @@ def _lead_and_serve(conn: psycopg.Connection, settings: Settings, holder: str,
     # A live leader must talk well within its lease (see det.reconciler.leader).
     wait = min(settings.interval, settings.lease / 3)
     statistics = Statistics()
-    provisioner = Provisioner(det_home())
+    # Elastic pools after the pass: their demand is what placement left waiting.
+    steps: list[Step] = [functools.partial(run_pass, settings=settings, holder=holder),
+                         Provisioner(det_home()).step]
     while True:
         try:
             for _ in range(MAX_CHAINED_PASSES):
                 statistics.refresh(conn)
-                # Elastic pools after the pass: their demand is what placement left waiting.
-                if run_pass(conn, settings, holder).changes + provisioner.step(conn) == 0:
+                if not run_steps(conn, steps).requeue:
                     break
         except psycopg.Error as e:
             if retry.is_connection_lost(e):

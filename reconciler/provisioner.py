@@ -70,6 +70,23 @@ def backoff(failures: int) -> float:
                                          BACKOFF_MAX_SECONDS)
 
 
+LIST_INTERVAL_SECONDS = 5.0
+"""How often a pool's provider is asked what runs (a read of ``/proc``, an ``squeue``, an EC2
+call) while the pool's instances stay as they were; a change to them (one requested, launched,
+registered or stopping) asks at the next pass, and so does each pass while one is stopping."""
+
+
+def list_due(last: tuple[float, tuple] | None, instances: tuple, now: float,
+             stopping: bool = False, interval: float = LIST_INTERVAL_SECONDS) -> bool:
+    """Whether to ask the provider now: ``last`` is (when, ``instances``) of the last time it
+    was asked (None: never), ``instances`` what the pool's live instances are now (any value
+    that changes when they do), ``now`` and ``interval`` seconds on one clock. While an
+    instance is ``stopping`` (TERMINATING), at every pass: its end is what the pool waits for
+    (a start failure's back-off counts from it)."""
+    return (stopping or last is None or last[1] != instances
+            or now - last[0] >= interval)
+
+
 @dataclass
 class Decision:
     """``launch`` new instances; ``terminate`` (instance id, reason) pairs; ``status``: why the

@@ -30,9 +30,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 # Test modules that share something of the host's besides their own databases: Docker's
 # containers (named det-<agent>-<allocation>, the same in every test database) and its
-# session-wide task image build. They run in one pytest-xdist worker, one after another.
+# session-wide task image build; elastic agents, found and killed by their name
+# (det-instance-<row id>, the same in every test database) in the host's /proc, Slurm's
+# included. They run in one pytest-xdist worker, one after another.
 HOST_GROUPS = {"test_docker": "docker", "test_image": "docker",
-               "test_interactive_servers": "docker"}
+               "test_interactive_servers": "docker",
+               "test_provisioner": "instances", "test_slurm": "instances"}
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -63,7 +63,6 @@ REMAINING: dict[str, int] = {
     "queries/usage.py": 1,
     "queries/workspaces.py": 7,
     "reconciler/leader.py": 3,
-    "reconciler/provision.py": 11,
     "reconciler/queries.py": 51,
     "reconciler/statistics.py": 1,
 }

@@ -1,0 +1,114 @@
+-- The provisioner's step of a pass (det.reconciler.provision): elastic pools get and lose
+-- agents. Its transaction records what it sees and decides; the provider calls come after it.
+
+-- name: arrived
+-- Instances whose agent registered (not lost) are RUNNING.
+UPDATE instances i SET state = 'RUNNING', running_at = now()
+  FROM agents g
+ WHERE g.id = i.agent_id AND g.state <> 'LOST' AND i.state IN ('REQUESTED', 'STARTING')
+
+-- name: idle
+-- A RUNNING instance is busy while its agent holds a live run or a slot of one (a gang's
+-- share); idle_since is when that last stopped being so.
+UPDATE instances i SET idle_since = CASE WHEN
+EXISTS (SELECT 1 FROM allocations a WHERE a.agent_id = i.agent_id AND a.state <> 'TERMINATED')
+OR EXISTS (SELECT 1 FROM allocation_slots h WHERE h.agent_id = i.agent_id AND NOT h.released)
+ THEN NULL ELSE coalesce(idle_since, now()) END
+ WHERE state = 'RUNNING'
+   AND (idle_since IS NULL) <> (
+EXISTS (SELECT 1 FROM allocations a WHERE a.agent_id = i.agent_id AND a.state <> 'TERMINATED')
+OR EXISTS (SELECT 1 FROM allocation_slots h WHERE h.agent_id = i.agent_id AND NOT h.released)
+)
+
+-- name: provider_pools
+-- Each pool with a provider: its config and status, the slots and zero-slot tasks waiting in
+-- it, and its start failures in a row.
+SELECT r.name, r.provider, r.provider_status,
+       (SELECT coalesce(sum(a.slots_needed), 0) FROM allocations a
+         WHERE a.resource_pool = r.name AND a.state = 'PENDING' AND a.desired_state = 'RUNNING'
+           AND a.slots_needed > 0)::int AS slots,
+       (SELECT count(*) FROM allocations a
+         WHERE a.resource_pool = r.name AND a.state = 'PENDING' AND a.desired_state = 'RUNNING'
+           AND a.slots_needed = 0)::int AS aux,
+       f.failures, f.failure_age, f.failure_reason
+  FROM resource_pools r
+  CROSS JOIN LATERAL (
+    -- Start failures in a row: ended instances whose agent never registered, since the
+    -- latest instance whose agent did.
+    SELECT count(*)::int AS failures,
+           extract(epoch FROM now() - max(coalesce(i.terminating_at, i.gone_at)))::float
+               AS failure_age,
+           coalesce((array_agg(i.reason ORDER BY i.id DESC))[1], '') AS failure_reason
+      FROM instances i
+     WHERE i.resource_pool = r.name AND i.running_at IS NULL AND i.state >= 'TERMINATING'
+       AND i.id > coalesce((SELECT max(id) FROM instances
+                             WHERE resource_pool = r.name AND running_at IS NOT NULL), 0)
+  ) f
+ WHERE r.provider IS NOT NULL ORDER BY r.name
+
+-- name: live_instances
+-- Instances not GONE, with their pool's provider config and the ages the decisions read.
+SELECT i.id, i.resource_pool, i.state::text AS state, i.agent_id, i.provider_id, i.provider,
+       r.provider AS config,
+       extract(epoch FROM now() - i.requested_at)::float AS age,
+       coalesce(g.state = 'LOST', false) AS agent_lost,
+       extract(epoch FROM now() - i.idle_since)::float AS idle_for,
+       extract(epoch FROM now() - i.terminating_at)::float AS stopping_for,
+       coalesce((r.provider ->> 'slots_per_instance')::int, 1) AS slots
+  FROM instances i JOIN resource_pools r ON r.name = i.resource_pool
+  LEFT JOIN agents g ON g.id = i.agent_id
+ WHERE i.state <> 'GONE' ORDER BY i.id
+
+-- name: request
+-- New instances: row ids first, so the agent id (the instance's name) is written with the row.
+WITH n AS (SELECT nextval(pg_get_serial_sequence('instances', 'id')) AS id
+             FROM generate_series(1, %(n)s))
+INSERT INTO instances (id, resource_pool, provider, agent_id)
+OVERRIDING SYSTEM VALUE
+SELECT id, %(pool)s, %(provider)s, 'det-instance-' || id FROM n
+
+-- name: terminate
+-- Only an instance with no agent yet, or whose agent holds nothing, is stopped; its agent is
+-- drained in the same statement so nothing is placed on it meanwhile.
+WITH t AS (
+    UPDATE instances i SET state = 'TERMINATING', reason = %(reason)s, terminating_at = now()
+     WHERE i.id = %(id)s AND i.state < 'TERMINATING'
+       AND (i.state <> 'RUNNING' OR NOT (
+EXISTS (SELECT 1 FROM allocations a WHERE a.agent_id = i.agent_id AND a.state <> 'TERMINATED')
+OR EXISTS (SELECT 1 FROM allocation_slots h WHERE h.agent_id = i.agent_id AND NOT h.released)
+) OR %(reason)s = 'agent lost')
+    RETURNING i.id, i.agent_id
+), drained AS (
+    UPDATE agents g SET state = 'DISABLED' FROM t WHERE g.id = t.agent_id AND g.state = 'ACTIVE'
+)
+SELECT id FROM t
+
+-- name: set_status
+-- Why the pool waits or refuses (det resource-pool list).
+UPDATE resource_pools SET provider_status = %(status)s
+ WHERE name = %(pool)s AND provider_status <> %(status)s
+
+-- name: launched
+-- Launched, or found running under its name: its pid (an instance whose agent registered
+-- before a restarted reconciler found its process is RUNNING already).
+UPDATE instances
+   SET state = greatest(state, 'STARTING'), provider_id = %(pid)s,
+       launched_at = coalesce(launched_at, now())
+ WHERE id = %(id)s AND provider_id IS NULL
+
+-- name: launch_failed
+-- A launch the provider refused: the instance is GONE without having started (a start
+-- failure: det.reconciler.provisioner.backoff).
+UPDATE instances SET state = 'GONE', gone_at = now(), reason = %(reason)s
+ WHERE id = %(id)s AND state = 'REQUESTED'
+
+-- name: provider_state
+-- What the provider says of an instance not yet running (slurm: the job's state and reason).
+UPDATE instances SET provider_state = %(said)s WHERE id = %(id)s AND provider_state <> %(said)s
+
+-- name: gone
+-- An instance whose process ended: GONE; a reason is kept, or the exit is the reason.
+UPDATE instances
+   SET state = 'GONE', gone_at = now(),
+       reason = CASE WHEN reason = '' THEN 'agent process exited' ELSE reason END
+ WHERE id = %(id)s AND state <> 'GONE'

@@ -25,6 +25,7 @@ from pathlib import Path
 import psycopg
 
 from det.reconciler.aws_provider import AwsProvider, ProviderError
+from det.reconciler.contract import Result
 from det.reconciler.local_provider import STOP_GRACE_SECONDS, LocalProvider
 from det.reconciler.provisioner import Demand, Instance, Provider, StartFailures, decide, list_due
 from det.reconciler.slurm_provider import SlurmProvider
@@ -50,9 +51,9 @@ class Provisioner:
         # Per pool: (time.monotonic(), its live instances) when its provider was last asked.
         self._listed: dict[str, tuple[float, tuple]] = {}
 
-    def step(self, conn: psycopg.Connection) -> int:
+    def step(self, conn: psycopg.Connection) -> Result:
         """Run the step on the leader's ``conn`` (autocommit: its own transactions); returns
-        the number of rows it changed."""
+        the rows it changed (a :class:`~det.reconciler.contract.Step`)."""
         stopping: list[int] = []
         with conn.transaction():
             changes = conn.execute(Q.arrived).rowcount + conn.execute(Q.idle).rowcount
@@ -64,7 +65,7 @@ class Provisioner:
                                         stopping)
             if pools:
                 live = conn.execute(Q.live_instances).fetchall()
-        return changes + self._act(conn, live, set(stopping))
+        return Result(changes + self._act(conn, live, set(stopping)))
 
     def _decide(self, conn: psycopg.Connection, pool: dict, rows: list[dict],
                 stopping: list[int]) -> int:

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from psycopg.types.json import Jsonb
 
-from det.configs.cluster import load_cluster_config
+from det.configs.cluster import ResourcePoolConfig, SchedulerConfig, load_cluster_config
 from det.errors import ConfigError
 
 SPEC_EXAMPLE = """\
@@ -70,6 +71,27 @@ def test_apply_show_and_pool_list(det, conn, tmp_path: Path) -> None:
     r = det("cluster", "config", "apply", str(f), check=False)
     assert r.returncode == 1 and 'pool "gpu" still has agents or active jobs' in r.stderr
     assert "gpu" in det("resource-pool", "list").stdout
+
+
+def test_the_databases_defaults_are_det_configs(conn) -> None:
+    """det.configs.cluster is the home of each default; the database's own fallbacks (a
+    pool's scheduler before any cluster config is applied, a pool's zero-slot limit from a
+    config that omits it, the columns' defaults) hold the same values, so they cannot drift."""
+    assert (conn.execute("SELECT det_pool_scheduler('default') AS s").fetchone()["s"]
+            == SchedulerConfig().model_dump())
+    conn.execute("SELECT det_apply_cluster_config(%s, '')",
+                 (Jsonb({"resource_pools": [{"name": "default"}, {"name": "aux"}]}),))
+    limits = conn.execute("SELECT array_agg(DISTINCT max_aux_containers_per_agent) AS n "
+                          "FROM resource_pools").fetchone()["n"]
+    assert limits == [ResourcePoolConfig(name="x").max_aux_containers_per_agent]
+    defaults = conn.execute(
+        "SELECT table_name || '.' || column_name AS c, column_default AS d "
+        "FROM information_schema.columns WHERE table_schema = 'public' AND (table_name, "
+        "column_name) IN (('jobs', 'priority'), ('resource_pools', "
+        "'max_aux_containers_per_agent'))").fetchall()
+    assert {r["c"]: r["d"] for r in defaults} == {
+        "jobs.priority": str(SchedulerConfig().default_priority),
+        "resource_pools.max_aux_containers_per_agent": str(limits[0])}
 
 
 def test_simulate_a_scenario_file(det, tmp_path: Path) -> None:

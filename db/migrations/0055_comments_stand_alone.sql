@@ -565,7 +565,9 @@ CREATE OR REPLACE FUNCTION det_pool_scheduler(p_pool text) RETURNS jsonb
 LANGUAGE plpgsql STABLE AS $$
 -- The scheduler a pool really uses, every default filled in: the pool's own, else the
 -- cluster's, else fair_share (the spec's default for a blank type: Resource Pools).
--- min_run_time: seconds a run without a checkpoint is not preempted.
+-- min_run_time: seconds a run without a checkpoint is not preempted. The defaults are
+-- det.configs.cluster's (SchedulerConfig), the values a cluster config gets before it is
+-- stored; they are here for a cluster that has none applied yet.
 BEGIN
     RETURN jsonb_build_object('type', 'fair_share', 'preemption', false,
                               'fitting_policy', 'best', 'default_priority', 42,

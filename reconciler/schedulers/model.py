@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
+from det.configs.cluster import DEFAULT_PRIORITY, MAX_AUX_CONTAINERS_PER_AGENT
+
 Id = Hashable
 
 # ``Task.on`` of a task that holds nothing: read-only, so one instance serves every task.
@@ -31,7 +33,7 @@ class Agent:
     slots: tuple[int, ...]
     free: tuple[int, ...]
     aux_running: int = 0
-    max_aux: int = 100
+    max_aux: int = MAX_AUX_CONTAINERS_PER_AGENT
 
 
 class Task(NamedTuple):
@@ -53,7 +55,7 @@ class Task(NamedTuple):
     id: Id
     job: Id
     slots: int
-    priority: int = 42
+    priority: int = DEFAULT_PRIORITY
     weight: float = 1.0
     preemptible: bool = True
     max_slots: int | None = None

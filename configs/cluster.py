@@ -69,16 +69,6 @@ from det.configs.load import config_error, parse_yaml
 from det.configs.task import Duration
 from det.errors import ConfigError
 
-DEFAULT_PRIORITY = 42
-"""A job's priority (1-99, lower runs first) where neither its config nor its pool's scheduler
-says (Determined's default). The database's fallbacks (``det_pool_scheduler`` before any
-cluster config is applied, ``jobs.priority``) carry the same value;
-tests/test_cluster_config.py holds them to it."""
-
-MAX_AUX_CONTAINERS_PER_AGENT = 100
-"""Zero-slot tasks one agent of a pool may run at once where the pool does not say
-(Determined's default; ``resource_pools.max_aux_containers_per_agent`` carries the same)."""
-
 
 class SchedulerConfig(BaseModel):
     """How a pool divides its slots."""
@@ -87,7 +77,7 @@ class SchedulerConfig(BaseModel):
     type: Literal["fair_share", "priority", "round_robin"] = "fair_share"
     fitting_policy: Literal["best", "worst"] = "best"
     preemption: bool = False
-    default_priority: int = Field(DEFAULT_PRIORITY, ge=1, le=99)
+    default_priority: int = Field(42, ge=1, le=99)
     # Seconds a run that has not checkpointed is not preempted (the rule is
     # det.reconciler.schedulers.preemption); det_pool_scheduler fills the same default.
     min_run_time: float = Field(60.0, ge=0)
@@ -115,8 +105,11 @@ class ProviderConfig(BaseModel):
     :func:`det.reconciler.provisioner.decide`). ``local``: agent processes on the reconciler's
     host, ``slots_per_instance`` CPU slots each; ``aws``: EC2 instances of ``image_id`` (an
     image with det installed) and ``instance_type`` in ``region``, optionally in ``subnet_id``
-    with ``security_group_ids``, their user data starting the agent after ``user_data``
-    (``endpoint_url``: another EC2 endpoint, e.g. moto's in the tests). Durations are seconds
+    with ``security_group_ids``, their user data running ``user_data``, then enrolling the agent
+    with a token of its own at ``master_url`` (the database as the instances reach it, e.g.
+    the TLS address of `det cluster up --listen`, no user or password) and starting it; with
+    ``spot``, on the spot market, on demand where spot has no capacity (``endpoint_url``:
+    another EC2 endpoint, e.g. moto's in the tests). Durations are seconds
     or text such as ``5m`` (defaults from the seed's provisioner: 5m idle, 10m startup).
     ``slurm``: each instance is a Slurm job (:mod:`det.reconciler.slurm_provider`) in
     ``partition`` (Slurm's default when unset), charged to ``account`` under ``qos``, asking
@@ -139,12 +132,33 @@ class ProviderConfig(BaseModel):
     subnet_id: str | None = None
     security_group_ids: list[str] = Field(default_factory=list)
     user_data: str = ""
+    master_url: str | None = None
+    spot: bool = False
     # slurm (det.reconciler.slurm_provider): where the job is queued
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
     gres: str | None = None
     sbatch_args: list[str] = Field(default_factory=list)
+
+    @field_validator("master_url")
+    @classmethod
+    def _master_url_names_no_login(cls, value: str | None) -> str | None:
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import conninfo_to_dict
+
+        if value is None:
+            return value
+        try:
+            params = conninfo_to_dict(value)
+        except ProgrammingError as e:
+            raise PydanticCustomError("master_url", "master_url: not a database URL ({e})",
+                                      {"e": str(e).strip()}) from None
+        if {"user", "password", "passfile"} & params.keys():
+            raise PydanticCustomError(
+                "master_url", "master_url: no user or password (each instance's agent logs "
+                "in as its own, enrolled with a token)")
+        return value
 
     @field_validator("sbatch_args")
     @classmethod
@@ -166,6 +180,16 @@ class ProviderConfig(BaseModel):
                 {"min": self.min_instances, "max": self.max_instances})
         if self.type == "aws" and not self.image_id:
             raise PydanticCustomError("provider", "image_id: required for type aws")
+        if self.type == "aws" and not self.master_url:
+            raise PydanticCustomError(
+                "provider", "master_url: required for type aws (the database URL its "
+                "instances enroll their agents at)")
+        if self.type != "aws":
+            for key in ("master_url", "spot"):
+                if getattr(self, key):
+                    raise PydanticCustomError(
+                        "provider", "{key}: only for type aws, not {type}",
+                        {"key": key, "type": self.type})
         if self.type != "slurm":
             for key in ("partition", "account", "qos", "gres", "sbatch_args"):
                 if getattr(self, key):
@@ -180,7 +204,7 @@ class ResourcePoolConfig(BaseModel):
     name: str = Field(min_length=1, validation_alias=AliasChoices("name", "pool_name"))
     description: str = ""
     scheduler: SchedulerConfig | None = None
-    max_aux_containers_per_agent: int = Field(MAX_AUX_CONTAINERS_PER_AGENT, ge=0)
+    max_aux_containers_per_agent: int = Field(100, ge=0)
     provider: ProviderConfig | None = None
 
 

@@ -69,6 +69,16 @@ from det.configs.load import config_error, parse_yaml
 from det.configs.task import Duration
 from det.errors import ConfigError
 
+DEFAULT_PRIORITY = 42
+"""A job's priority (1-99, lower runs first) where neither its config nor its pool's scheduler
+says (Determined's default). The database's fallbacks (``det_pool_scheduler`` before any
+cluster config is applied, ``jobs.priority``) carry the same value;
+tests/test_cluster_config.py holds them to it."""
+
+MAX_AUX_CONTAINERS_PER_AGENT = 100
+"""Zero-slot tasks one agent of a pool may run at once where the pool does not say
+(Determined's default; ``resource_pools.max_aux_containers_per_agent`` carries the same)."""
+
 
 class SchedulerConfig(BaseModel):
     """How a pool divides its slots."""
@@ -77,7 +87,7 @@ class SchedulerConfig(BaseModel):
     type: Literal["fair_share", "priority", "round_robin"] = "fair_share"
     fitting_policy: Literal["best", "worst"] = "best"
     preemption: bool = False
-    default_priority: int = Field(42, ge=1, le=99)
+    default_priority: int = Field(DEFAULT_PRIORITY, ge=1, le=99)
     # Seconds a run that has not checkpointed is not preempted (the rule is
     # det.reconciler.schedulers.preemption); det_pool_scheduler fills the same default.
     min_run_time: float = Field(60.0, ge=0)
@@ -204,7 +214,7 @@ class ResourcePoolConfig(BaseModel):
     name: str = Field(min_length=1, validation_alias=AliasChoices("name", "pool_name"))
     description: str = ""
     scheduler: SchedulerConfig | None = None
-    max_aux_containers_per_agent: int = Field(100, ge=0)
+    max_aux_containers_per_agent: int = Field(MAX_AUX_CONTAINERS_PER_AGENT, ge=0)
     provider: ProviderConfig | None = None
 
 

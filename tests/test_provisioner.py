@@ -4,6 +4,8 @@ agent that never registers."""
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,15 @@ import yaml
 from conftest import wait_for
 from test_checkpoint_storage import s3_server  # noqa: F401 (moto's server, EC2 included)
 
-from det.reconciler.provisioner import Demand, Instance, Provider, StartFailures, backoff, decide
+from det.reconciler.provisioner import (
+    Demand,
+    Instance,
+    Provider,
+    StartFailures,
+    backoff,
+    decide,
+    list_due,
+)
 
 P = Provider(min_instances=0, max_instances=2, slots_per_instance=1,
              max_idle_agent_period=5.0, agent_startup_timeout=60.0)
@@ -107,7 +117,7 @@ def test_four_trials_on_an_empty_pool_get_two_agents_that_stop_when_idle(
     wait_for(lambda: all(r["state"] == "GONE" for r in conn.execute(INSTANCES).fetchall()),
              60, "both instances to be gone after the idle period")
     assert [r["reason"] for r in conn.execute(INSTANCES).fetchall()] == ["idle for 3 s"] * 2
-    assert agent_pid("det-instance-1") is None and agent_pid("det-instance-2") is None
+    assert agent_pid(det, "det-instance-1") is None and agent_pid(det, "det-instance-2") is None
     out = det("resource-pool", "describe", "elastic").stdout
     assert "det-instance-2" in out and "GONE" in out and "idle for 3 s" in out
 
@@ -136,7 +146,7 @@ def test_an_agent_that_never_registers_is_terminated_with_the_reason(
     four_trials(det, tmp_path, entrypoint="sleep 600")
     det.start("reconciler", "reconcile", "--interval", "0.3")
     # Frozen before it registers (its imports take seconds), the first agent never arrives.
-    pid = wait_for(lambda: agent_pid("det-instance-1"), 60, "the first agent's process",
+    pid = wait_for(lambda: agent_pid(det, "det-instance-1"), 60, "the first agent's process",
                    interval=0.02)
     os.kill(pid, signal.SIGSTOP)
     wait_for(lambda: conn.execute(INSTANCES).fetchone()["state"] == "TERMINATING", 30,
@@ -155,19 +165,20 @@ def test_an_agent_that_never_registers_is_terminated_with_the_reason(
     det("experiment", "kill", "1")
 
 
-def agent_pid(agent_id: str) -> int | None:
+def agent_pid(det, agent_id: str) -> int | None:
+    """The pid of the test cluster's elastic agent ``agent_id`` (its reconciler's det home)."""
     from det.reconciler.local_provider import LocalProvider
 
-    return LocalProvider(Path("/nonexistent")).running().get(agent_id)
+    return LocalProvider(Path(det.env["DET_HOME"]) / "instances").running().get(agent_id)
 
 
 @pytest.fixture
-def leftover_agents(conn):
+def leftover_agents(det, conn):
     """The elastic agents outlive the reconciler (their own session): stop what a failed test
     left running."""
     yield
     for row in conn.execute(INSTANCES).fetchall():
-        pid = agent_pid(row["agent_id"])
+        pid = agent_pid(det, row["agent_id"])
         if pid:
             os.kill(pid, signal.SIGKILL)
 
@@ -189,8 +200,8 @@ def test_an_instance_whose_agent_holds_a_run_is_not_terminated_as_idle(conn, end
 
     conn.execute("SELECT det_agent_register('det-instance-1', 'h', 'default', 'process', "
                  "'[{\"slot_id\": 0, \"type\": \"cpu\"}]')")
-    conn.execute(provision.REQUEST, {"n": 1, "pool": "default", "provider": "local"})
-    assert conn.execute(provision.ARRIVED).rowcount == 1
+    conn.execute(provision.Q.request, {"n": 1, "pool": "default", "provider": "local"})
+    assert conn.execute(provision.Q.arrived).rowcount == 1
     eid, _ = ended.make([[]], ended=False)
     conn.execute(
         "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec, "
@@ -198,14 +209,74 @@ def test_an_instance_whose_agent_holds_a_run_is_not_terminated_as_idle(conn, end
         "'det-instance-1' FROM experiments e JOIN trials t ON t.experiment_id = e.id "
         "WHERE e.id = %s", (eid,))
     args = {"id": 1, "reason": "idle for 3 s"}
-    assert conn.execute(provision.TERMINATE, args).fetchone() is None
+    assert conn.execute(provision.Q.terminate, args).fetchone() is None
     assert conn.execute("SELECT state::text AS s FROM agents").fetchone()["s"] == "ACTIVE"
     conn.execute("UPDATE allocations SET state = 'TERMINATED', ended_at = now() "
                  "WHERE agent_id = 'det-instance-1'")
-    assert conn.execute(provision.TERMINATE, args).fetchone() == {"id": 1}
+    assert conn.execute(provision.Q.terminate, args).fetchone() == {"id": 1}
     assert conn.execute("SELECT state::text AS s FROM agents").fetchone()["s"] == "DISABLED"
     with pytest.raises(Exception, match="illegal state change TERMINATING -> RUNNING"):
         conn.execute("UPDATE instances SET state = 'RUNNING'")
+
+
+def test_the_provider_is_asked_again_when_instances_change_or_the_interval_passes() -> None:
+    seen = ((1, "RUNNING", "42"),)
+    assert list_due(None, seen, 100.0)
+    assert not list_due((100.0, seen), seen, 104.9)
+    assert list_due((100.0, seen), seen, 105.0)
+    stopping = ((1, "TERMINATING", "42"),)
+    assert list_due((100.0, seen), stopping, 100.1)
+    assert list_due((100.0, stopping), stopping, 100.2, stopping=True)
+
+
+class Recording:
+    """The test's connection, recording each statement the provisioner sends."""
+
+    def __init__(self, conn) -> None:
+        self.conn, self.sent = conn, []
+
+    def execute(self, query, params=None):
+        self.sent.append(query)
+        return self.conn.execute(query, params)
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
+def test_passes_with_nothing_changed_neither_list_the_provider_nor_write_the_status(
+        det, conn, tmp_path) -> None:
+    """Three passes over a pool whose one instance runs and idles: its provider (``/proc``)
+    is read once, and its unchanged status is not written. The provider sees its own agent,
+    not another cluster's of the same name on the host (another det home's)."""
+    from det.reconciler.provision import Provisioner, Q
+
+    elastic_pool(det, tmp_path)
+    # Processes /proc shows as instance 1's agent, registered under its name, and as
+    # another cluster's of that name.
+    p = Provisioner(tmp_path)
+    sleep = [sys.executable, "-c", "import time; time.sleep(120)", "agent", "--id",
+             "det-instance-1", "--work-dir"]
+    proc = subprocess.Popen([*sleep, str(p.local.work_dir("det-instance-1"))])
+    other = subprocess.Popen([*sleep, str(tmp_path / "other" / "det-instance-1")])
+    try:
+        conn.execute("SELECT det_agent_register('det-instance-1', 'h', 'elastic', 'process', "
+                     "'[{\"slot_id\": 0, \"type\": \"cpu\"}]')")
+        conn.execute(Q.request, {"n": 1, "pool": "elastic", "provider": "local"})
+        conn.execute(Q.launched, {"id": 1, "pid": str(proc.pid)})
+        assert p.local.running() == {"det-instance-1": proc.pid}
+        listed = []
+        running = p.local.running
+        p.local.running = lambda: listed.append(1) or running()
+        rec = Recording(conn)
+        for _ in range(3):
+            p.step(rec)
+        assert len(listed) == 1
+        assert Q.set_status not in rec.sent
+        assert conn.execute(INSTANCES).fetchone()["state"] == "RUNNING"
+    finally:
+        for each in (proc, other):
+            each.kill()
+            each.wait()
 
 
 # -- The aws provider against moto's EC2 --------------------------------------------------------

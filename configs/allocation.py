@@ -1,6 +1,6 @@
 """The allocation spec: what an agent needs to launch one run of a task (``allocations.spec``).
 
-The reconciler writes it (``CREATE_ALLOCATIONS`` in :mod:`det.reconciler.queries`) from the
+The reconciler writes it (``create_allocations`` in sql/reconciler.sql) from the
 experiment's expanded config, where every default was filled once (:mod:`det.configs`); the
 agent and its runtimes read it through this model, so none of them supplies a default again or
 guesses at a key. A test keeps the two sides in step.

@@ -19,7 +19,10 @@ import time
 
 import psycopg
 
+from det.sql import named
+
 log = logging.getLogger("det.reconciler")
+Q = named("reconciler")
 
 LOCK_KEY = 0x6465745F726563  # "det_rec"
 
@@ -31,37 +34,24 @@ STANDBY_POLL = 0.5
 session at once, so this is the leaderless gap (plus one pass) that a kill leaves."""
 
 
-# The recorded leader, and whether a session really holds the leader lock now (a leader that
-# died leaves its row behind).
-CURRENT = """
-SELECT holder, since, last_pass,
-       EXISTS (SELECT 1 FROM pg_locks k
-                WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
-                  AND k.database = (SELECT oid FROM pg_database
-                                     WHERE datname = current_database())
-                  AND (k.classid::bigint << 32 | k.objid::bigint) = %(key)s) AS alive
-  FROM reconciler_leader
-"""
-
-
 def current(conn: psycopg.Connection) -> dict | None:
     """The last leader recorded (``holder``, ``since``, ``last_pass``) and whether it leads
     now (``alive``: a session holds the lock); None when no reconciler ever ran here.
-    ``conn`` must return dict rows."""
-    return conn.execute(CURRENT, {"key": LOCK_KEY}).fetchone()
+    ``conn`` must return dict rows. The one read of leadership status (one statement,
+    ``current_leader``): det serve, the CLI and the queue's reasons all call it."""
+    return conn.execute(Q.current_leader, {"key": LOCK_KEY}).fetchone()
 
 
 def hold_lease(conn: psycopg.Connection, lease: float) -> None:
     """Make the server end ``conn``'s session after ``lease`` seconds without a statement,
     idle or idle in a transaction (PostgreSQL >= 14)."""
     ms = str(int(lease * 1000))
-    conn.execute("SELECT set_config('idle_session_timeout', %s, false), "
-                 "set_config('idle_in_transaction_session_timeout', %s, false)", (ms, ms))
+    conn.execute(Q.hold_lease, (ms, ms))
 
 
 def try_lead(conn: psycopg.Connection) -> bool:
     """Take leadership on ``conn`` if no one holds it; returns whether this connection leads."""
-    row = conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (LOCK_KEY,)).fetchone()
+    row = conn.execute(Q.try_lead, (LOCK_KEY,)).fetchone()
     return bool(row["ok"])
 
 

@@ -2,7 +2,7 @@
 (placement on freed slots first, then the rest: :func:`run_pass`).
 
 The steps follow docs/architecture.md ("The reconciler pass"); their SQL is in
-:mod:`det.reconciler.queries` and their decisions in pure modules (trials, searchers,
+sql/reconciler.sql and their decisions in pure modules (trials, searchers,
 scheduler). NOTIFYs are queued inside each transaction, so Postgres delivers them at its
 commit.
 
@@ -21,13 +21,14 @@ from psycopg.types.json import Jsonb
 from det.configs.storage_policy import stored_cluster_config
 from det.db import channels
 from det.reasons import EarlyExitReason
-from det.reconciler import queries as q
 from det.reconciler import searchers, tasks
 from det.reconciler.batch import Writes
-from det.reconciler.contract import Result
 from det.reconciler.isolation import isolated, isolated_each
 from det.reconciler.placement import place
 from det.reconciler.trials import RunEnd, settle
+from det.sql import named
+
+Q = named("reconciler")
 
 log = logging.getLogger("det.reconciler")
 
@@ -80,9 +81,10 @@ class Settings:
 
 
 @dataclass
-class PassResult(Result):
-    """What a pass changed (:class:`~det.reconciler.contract.Result`), and whom it woke."""
+class PassResult:
+    """What a pass changed: the number of rows written, and whom it woke."""
 
+    changes: int = 0
     agents: set[str] = field(default_factory=set)
     allocations: set[int] = field(default_factory=set)
     """Runs to wake because their desired state changed (the task asks det_should_preempt)."""
@@ -98,19 +100,10 @@ class PassResult(Result):
         self.decided |= other.decided
 
 
-# The planner's cost of a random page read for the leader's session (PostgreSQL's default,
-# 4, is a disk's). det's tables are small and hot, in shared buffers, where an index probe
-# costs about what a sequential read does. At the default, a pass joined its 1,000 queued runs
-# to their jobs by reading every job ever submitted (the scheduler's input and the fallback
-# look: 28 and 23 ms a pass over 100,000 ended experiments); at 1.1 it probes the
-# jobs it needs, and still reads the whole table where most jobs are queued.
-SESSION_SETTINGS = "SET random_page_cost = 1.1"
-
-
 def prepare_session(conn: psycopg.Connection) -> None:
-    """Set the planner costs of :data:`SESSION_SETTINGS` on ``conn``, the session that will
-    run passes (the setting lasts as long as the session)."""
-    conn.execute(SESSION_SETTINGS)
+    """Set the planner costs of ``session_settings`` (sql/reconciler.sql) on ``conn``, the
+    session that will run passes (the setting lasts as long as the session)."""
+    conn.execute(Q.session_settings)
 
 
 def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassResult:
@@ -144,12 +137,12 @@ def run_pass(conn: psycopg.Connection, settings: Settings, holder: str) -> PassR
         _finish_experiments(conn, r)
         _checkpoint_gc_live(conn, r)
         _checkpoint_gc_tasks(conn, settings, r)
-        created = conn.execute(q.CREATE_ALLOCATIONS).rowcount
+        created = conn.execute(Q.create_allocations).rowcount
         r.changes += created
         if created:
             _place(conn, r)
         _wake(conn, r)
-        conn.execute(q.RECORD_PASS, {"holder": holder, "agent_timeout": settings.agent_timeout})
+        conn.execute(Q.record_pass, {"holder": holder, "agent_timeout": settings.agent_timeout})
     r.add(freed)
     return r
 
@@ -165,22 +158,22 @@ def _wake(conn: psycopg.Connection, r: PassResult) -> None:
 
 
 def _agents(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None:
-    lost = conn.execute(q.EXPIRE_AGENTS, {"timeout": settings.agent_timeout}).fetchall()
+    lost = conn.execute(Q.expire_agents, {"timeout": settings.agent_timeout}).fetchall()
     for row in lost:
         log.warning("agent %s lost: no heartbeat for %.0f s", row["id"], settings.agent_timeout)
-    ended = conn.execute(q.END_LOST_ALLOCATIONS, {"fence": FENCE_SECONDS}).fetchall()
+    ended = conn.execute(Q.end_lost_allocations, {"fence": FENCE_SECONDS}).fetchall()
     # Woken, a task of a frozen agent finds its token revoked and exits now, not at its poll.
     r.allocations.update(row["id"] for row in ended)
-    r.changes += len(lost) + len(ended) + conn.execute(q.RELEASE_SLOTS).rowcount
+    r.changes += len(lost) + len(ended) + conn.execute(Q.release_slots).rowcount
 
 
 def _settle(conn: psycopg.Connection, r: PassResult) -> None:
-    runs = conn.execute(q.UNSETTLED_RUNS).fetchall()
-    writes = Writes([q.UPDATE_SETTLED_TRIALS, q.INSERT_SEARCHER_EVENTS, q.MARK_SETTLED,
-                     q.PAUSE_FOR_STORAGE_ERROR, q.LOG_DECISIONS])
+    runs = conn.execute(Q.unsettled_runs).fetchall()
+    writes = Writes([Q.update_settled_trials, Q.insert_searcher_events, Q.mark_settled,
+                     Q.pause_for_storage_error, Q.log_decisions])
     isolated_each(conn, runs, lambda run: f"settling allocation {run['allocation_id']}",
                   lambda run: _settle_one(writes, run),
-                  lambda run, msg: conn.execute(q.SETTLE_FAILED, {**run, "message": msg}),
+                  lambda run, msg: conn.execute(Q.settle_failed, {**run, "message": msg}),
                   writes)
     r.changes += len(runs)
 
@@ -193,8 +186,8 @@ def _tasks(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None:
     done = PassResult()
 
     def work() -> None:
-        done.changes = conn.execute(q.SETTLE_TASK_RUNS).fetchone()["n"]
-        runs = conn.execute(q.LIVE_TASK_RUNS).fetchall()
+        done.changes = conn.execute(Q.settle_task_runs).fetchone()["n"]
+        runs = conn.execute(Q.live_task_runs).fetchall()
         timeout = (stored_cluster_config(conn).tensorboard_timeout
                    if any(run["type"] == "TENSORBOARD" for run in runs) else math.inf)
         ends = {}
@@ -208,9 +201,9 @@ def _tasks(conn: psycopg.Connection, settings: Settings, r: PassResult) -> None:
                 ends[run["id"]] = reason
         woken = []
         if ends:
-            woken = conn.execute(q.END_TASKS, {"id": list(ends),
+            woken = conn.execute(Q.end_tasks, {"id": list(ends),
                                                "reason": list(ends.values())}).fetchall()
-        woken += conn.execute(q.KILL_OVERDUE_TASKS, {"grace": TASK_STOP_GRACE}).fetchall()
+        woken += conn.execute(Q.kill_overdue_tasks, {"grace": TASK_STOP_GRACE}).fetchall()
         done.allocations = {row["id"] for row in woken}
         done.agents = {row["agent_id"] for row in woken if row["agent_id"]}
         done.changes += len(woken)
@@ -224,11 +217,11 @@ def _settle_one(writes: Writes, run: dict) -> None:
                       run["exit_code"], run["exit_reason"], run["stop_requested"],
                       run["open_op"], run["out_of_work"], run["planned_stop"],
                       run["storage_error"]))
-    writes.add(q.UPDATE_SETTLED_TRIALS, trial_id=run["trial_id"], state=s.state,
+    writes.add(Q.update_settled_trials, trial_id=run["trial_id"], state=s.state,
                restarts=s.restarts, close=s.close)
-    writes.add(q.MARK_SETTLED, allocation_id=run["allocation_id"])
+    writes.add(Q.mark_settled, allocation_id=run["allocation_id"])
     if s.pause_experiment:
-        writes.add(q.PAUSE_FOR_STORAGE_ERROR, experiment_id=run["experiment_id"],
+        writes.add(Q.pause_for_storage_error, experiment_id=run["experiment_id"],
                    reason=f"trial {run['trial_id']}: {run['storage_error']}")
     how = f"exit code {run['exit_code']}" if run["exit_code"] is not None else "no exit code"
     reason = f" ({run['exit_reason']})" if run["exit_reason"] else ""
@@ -252,30 +245,30 @@ def _settle_one(writes: Writes, run: dict) -> None:
 
 
 def _event(writes: Writes, row: dict, kind: str, payload: dict) -> None:
-    writes.add(q.INSERT_SEARCHER_EVENTS, experiment_id=row["experiment_id"],
+    writes.add(Q.insert_searcher_events, experiment_id=row["experiment_id"],
                trial_id=row["trial_id"], kind=kind, payload=Jsonb(payload))
 
 
 def _log_decision(writes: Writes, row: dict, line: str) -> None:
-    writes.add(q.LOG_DECISIONS, allocation_id=row["allocation_id"], trial_id=row["trial_id"],
+    writes.add(Q.log_decisions, allocation_id=row["allocation_id"], trial_id=row["trial_id"],
                line=line)
 
 
 def _experiment_states(conn: psycopg.Connection, r: PassResult) -> None:
-    for stmt in (q.PAUSE_TRIALS, q.ACTIVATE_TRIALS, q.STOP_TRIALS):
+    for stmt in (Q.pause_trials, Q.activate_trials, Q.stop_trials):
         r.changes += conn.execute(stmt).rowcount
-    for stmt in (q.ESCALATE_DESIRED, q.KILL_OVERDUE):
+    for stmt in (Q.escalate_desired, Q.kill_overdue):
         for row in conn.execute(stmt).fetchall():
             r.allocations.add(row["id"])
             if row["agent_id"]:
                 r.agents.add(row["agent_id"])
             r.changes += 1
-    r.changes += conn.execute(q.END_UNSTARTED).rowcount
+    r.changes += conn.execute(Q.end_unstarted).rowcount
 
 
 def _finish_closed_trials(conn: psycopg.Connection, r: PassResult) -> None:
-    writes = Writes([q.INSERT_SEARCHER_EVENTS])
-    for row in conn.execute(q.FINISH_CLOSED_TRIALS).fetchall():
+    writes = Writes([Q.insert_searcher_events])
+    for row in conn.execute(Q.finish_closed_trials).fetchall():
         reason = row["exit_reason"]
         if reason in (EarlyExitReason.INVALID_HP, EarlyExitReason.ERRORED):
             _event(writes, row, "trial_exited_early", {"reason": reason})
@@ -286,24 +279,24 @@ def _finish_closed_trials(conn: psycopg.Connection, r: PassResult) -> None:
 
 
 def _search(conn: psycopg.Connection, r: PassResult) -> None:
-    exps = conn.execute(q.EXPERIMENTS_TO_SEARCH).fetchall()
-    writes = Writes([q.CREATE_TRIALS, q.ADD_OPS, q.CLOSE_TRIALS, q.SAVE_SEARCHERS,
-                     q.CONSUME_EVENTS])
+    exps = conn.execute(Q.experiments_to_search).fetchall()
+    writes = Writes([Q.create_trials, Q.add_ops, Q.close_trials, Q.save_searchers,
+                     Q.consume_events])
     # A searcher that cannot go on ends its experiment; other experiments carry on.
     isolated_each(conn, exps, lambda exp: f"experiment {exp['id']}: searcher",
                   lambda exp: _search_one(writes, exp, exp["events"]),
-                  lambda exp, _msg: conn.execute(q.SHUTDOWN_EXPERIMENTS, {
+                  lambda exp, _msg: conn.execute(Q.shutdown_experiments, {
                       "experiment_id": [exp["id"]], "state": ["STOPPING_ERROR"]}),
                   writes)
     r.changes += len(exps)
     events = [v["id"] for exp in exps for v in exp["events"]]
     if events:
-        r.decided.update(row["id"] for row in conn.execute(q.DECIDED_RUNS, {"ids": events}))
+        r.decided.update(row["id"] for row in conn.execute(Q.decided_runs, {"ids": events}))
 
 
 def _finish_stopping_trials(conn: psycopg.Connection, r: PassResult) -> None:
-    writes = Writes([q.INSERT_SEARCHER_EVENTS, q.LOG_DECISIONS])
-    for row in conn.execute(q.FINISH_STOPPING_TRIALS).fetchall():
+    writes = Writes([Q.insert_searcher_events, Q.log_decisions])
+    for row in conn.execute(Q.finish_stopping_trials).fetchall():
         if row["state"] == "ERROR":
             _event(writes, row, "trial_exited_early", {"reason": EarlyExitReason.ERRORED})
         else:
@@ -320,9 +313,9 @@ def _finish_experiments(conn: psycopg.Connection, r: PassResult) -> None:
     has checkpoints in the same transaction (Determined 0.38's checkpoint GC rule: GC runs when an
     experiment
     ends; one with none has nothing to apply it to)."""
-    ended = conn.execute(q.FINISH_EXPERIMENTS).fetchall()
+    ended = conn.execute(Q.finish_experiments).fetchall()
     isolated_each(conn, ended, lambda row: f"experiment {row['id']}: progress",
-                  lambda row: conn.execute(q.SET_PROGRESS, {
+                  lambda row: conn.execute(Q.set_progress, {
                       "experiment_id": row["id"], "progress": searchers.ended_progress(
                           row["config"], row["searcher_state"], row["trained"])}))
     _apply_gc_policy(conn, [row["id"] for row in ended if row["has_checkpoints"]])
@@ -335,7 +328,7 @@ def _checkpoint_gc_live(conn: psycopg.Connection, r: PassResult) -> None:
     at the experiment's end). Only those experiments are looked at, so a pass with no new
     checkpoint costs one index probe. Each live trial's restart point is pinned
     (checkpoint_pins), so no run loses the checkpoint it resumes from."""
-    live = [row["id"] for row in conn.execute(q.LIVE_EXPERIMENTS_WITH_NEW_CHECKPOINTS)]
+    live = [row["id"] for row in conn.execute(Q.live_experiments_with_new_checkpoints)]
     _apply_gc_policy(conn, live)
     r.changes += len(live)
 
@@ -344,8 +337,8 @@ def _apply_gc_policy(conn: psycopg.Connection, experiment_ids: list[int]) -> Non
     """det_checkpoint_gc for each experiment, one failing (say, on a malformed checkpoint)
     recorded on it as its GC error without failing the others."""
     isolated_each(conn, experiment_ids, lambda eid: f"experiment {eid}: checkpoint GC",
-                  lambda eid: conn.execute(q.CHECKPOINT_GC, {"experiment_id": eid}),
-                  lambda eid, msg: conn.execute(q.GC_DECISION_FAILED,
+                  lambda eid: conn.execute(Q.checkpoint_gc, {"experiment_id": eid}),
+                  lambda eid, msg: conn.execute(Q.gc_decision_failed,
                                                 {"experiment_id": eid, "message": msg}))
 
 
@@ -353,16 +346,16 @@ def _checkpoint_gc_tasks(conn: psycopg.Connection, settings: Settings, r: PassRe
     """Settle ended GC tasks, start one per experiment (never two at once: each removes all
     that is DELETING then) where checkpoints wait to be removed, and remove the rows of
     deleted experiments whose files are gone."""
-    r.changes += conn.execute(q.SETTLE_GC_RUNS).fetchone()["n"]
-    r.changes += conn.execute(q.CREATE_GC_TASKS, {"max_failures": GC_MAX_FAILURES,
+    r.changes += conn.execute(Q.settle_gc_runs).fetchone()["n"]
+    r.changes += conn.execute(Q.create_gc_tasks, {"max_failures": GC_MAX_FAILURES,
                                                   "live_batch": settings.gc_batch}).rowcount
-    for row in conn.execute(q.EXPERIMENTS_TO_PURGE).fetchall():
+    for row in conn.execute(Q.experiments_to_purge).fetchall():
         eid = row["id"]
         gone: list[bool] = []
         isolated(conn, f"experiment {eid}: delete",
                  lambda eid=eid, gone=gone: gone.append(conn.execute(
-                     q.PURGE_EXPERIMENT, {"experiment_id": eid}).fetchone()["gone"]),
-                 lambda msg, eid=eid: conn.execute(q.GC_DECISION_FAILED,
+                     Q.purge_experiment, {"experiment_id": eid}).fetchone()["gone"]),
+                 lambda msg, eid=eid: conn.execute(Q.gc_decision_failed,
                                                    {"experiment_id": eid, "message": msg}))
         r.changes += sum(gone)
 
@@ -379,21 +372,21 @@ def _search_one(writes: Writes, exp: dict, events: list[dict]) -> None:
     for a in actions:
         match a:
             case searchers.Create():
-                writes.add(q.CREATE_TRIALS, experiment_id=eid, request_id=a.request_id,
+                writes.add(Q.create_trials, experiment_id=eid, request_id=a.request_id,
                            hparams=Jsonb(a.hparams), seed=a.seed)
             case searchers.ValidateAfter():
-                writes.add(q.ADD_OPS, experiment_id=eid, request_id=a.request_id,
+                writes.add(Q.add_ops, experiment_id=eid, request_id=a.request_id,
                            length=a.length)
             case searchers.Close():
-                writes.add(q.CLOSE_TRIALS, experiment_id=eid, request_id=a.request_id)
+                writes.add(Q.close_trials, experiment_id=eid, request_id=a.request_id)
             case searchers.Shutdown():
                 outcome = ("STOPPING_ERROR" if a.failure else
                            "STOPPING_CANCELED" if a.cancel else "STOPPING_COMPLETED")
-    writes.add(q.SAVE_SEARCHERS, experiment_id=eid, state=Jsonb(state),
+    writes.add(Q.save_searchers, experiment_id=eid, state=Jsonb(state),
                rng=None if rng == exp["searcher_rng"] else Jsonb(rng), progress=min(
         1.0, max(0.0, searchers.searcher_progress(exp["config"], state))), outcome=outcome)
     for v in events:
-        writes.add(q.CONSUME_EVENTS, id=v["id"])
+        writes.add(Q.consume_events, id=v["id"])
 
 
 def _to_event(row: dict) -> searchers.Event:

@@ -14,10 +14,12 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from det.configs.cluster import SchedulerConfig
-from det.reconciler import queries as q
 from det.reconciler.isolation import isolated
 from det.reconciler.schedulers import Agent, Decision, Task, schedule
 from det.reconciler.schedulers.model import NOWHERE
+from det.sql import named
+
+Q = named("reconciler")
 
 
 class PoolState(NamedTuple):
@@ -41,14 +43,14 @@ def load_pool(conn: psycopg.Connection, pool: str) -> PoolState:
     params = {"pool": pool}
     agents = [Agent(agent_id, tuple(slots), tuple(free), aux_running, max_aux)
               for agent_id, slots, free, aux_running, max_aux
-              in cur.execute(q.POOL_AGENTS, params).fetchall()]
+              in cur.execute(Q.pool_agents, params).fetchall()]
     held: dict[int, dict[str, tuple[int, ...]]] = {}
-    for alloc, agent_id, slots in cur.execute(q.POOL_HELD, params).fetchall():
+    for alloc, agent_id, slots in cur.execute(Q.pool_held, params).fetchall():
         held.setdefault(alloc, {})[agent_id] = tuple(slots)
     tasks = []
     reasons: dict[int, str | None] = {}
     for (alloc, job, slots_needed, priority, weight, max_slots, preemptible, running, stopping,
-         agent_id, reason, ran, checkpointed) in cur.execute(q.POOL_TASKS, params).fetchall():
+         agent_id, reason, ran, checkpointed) in cur.execute(Q.pool_tasks, params).fetchall():
         on = held.get(alloc, NOWHERE)
         if running and slots_needed == 0 and agent_id:
             on = {agent_id: ()}
@@ -84,7 +86,7 @@ def place(conn: psycopg.Connection) -> tuple[int, set[str], set[int]]:
 
     Returns (allocations started or preempted, agents to wake, allocations to wake).
     """
-    changes = conn.execute(q.FALL_BACK).rowcount
+    changes = conn.execute(Q.fall_back).rowcount
     agents_woken: set[str] = set()
     allocs_woken: set[int] = set()
 
@@ -99,10 +101,10 @@ def place(conn: psycopg.Connection) -> tuple[int, set[str], set[int]]:
         agents_woken.update(woken[0])
         allocs_woken.update(woken[1])
 
-    for row in conn.execute(q.POOLS_WITH_PENDING).fetchall():
+    for row in conn.execute(Q.pools_with_pending).fetchall():
         # A pool whose scheduling fails says why on its waiting runs; other pools go on.
         isolated(conn, f"scheduling pool {row['resource_pool']}", lambda row=row: place_pool(row),
-                 lambda msg, row=row: conn.execute(q.POOL_FAILED, {
+                 lambda msg, row=row: conn.execute(Q.pool_failed, {
                      "pool": row["resource_pool"], "reason": f"scheduling failed: {msg}"}))
     return changes, agents_woken, allocs_woken
 
@@ -127,12 +129,12 @@ def apply(conn: psycopg.Connection, d: Decision, agents: set[str], allocs: set[i
                     column.append(value)
             agents.add(agent)
     if chiefs[0]:
-        conn.execute(q.ASSIGN, {"ids": chiefs[0], "agents": chiefs[1]})
-        conn.execute(q.HOLD_SLOTS, {"ids": held[0], "agents": held[1], "slots": held[2]})
+        conn.execute(Q.assign, {"ids": chiefs[0], "agents": chiefs[1]})
+        conn.execute(Q.hold_slots, {"ids": held[0], "agents": held[1], "slots": held[2]})
     preempted: list[dict[str, Any]] = []
     if d.release:
         why = [d.preempted_for.get(i, (None, "preemption")) for i in d.release]
-        preempted = conn.execute(q.PREEMPT, {"ids": list(d.release),
+        preempted = conn.execute(Q.preempt, {"ids": list(d.release),
                                              "jobs": [job for job, _ in why],
                                              "rules": [rule for _, rule in why]}).fetchall()
     for p in preempted:
@@ -143,6 +145,6 @@ def apply(conn: psycopg.Connection, d: Decision, agents: set[str], allocs: set[i
     # known.get(i, i) is never a reason (an int): an allocation not read counts as changed
     changed = {i: r for i, r in d.reasons.items() if known.get(i, i) != r}
     if changed:
-        conn.execute(q.SET_PENDING_REASONS, {"ids": list(changed),
+        conn.execute(Q.set_pending_reasons, {"ids": list(changed),
                                              "reasons": list(changed.values())})
     return len(d.allocate) + len(preempted)

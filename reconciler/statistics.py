@@ -19,22 +19,19 @@ import logging
 import time
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import tuple_row
 
+from det.sql import named
+
 log = logging.getLogger("det.reconciler")
+Q = named("reconciler")
 
 CHECK_EVERY = 1.0
 """Seconds between checks (the server's activity counters lag by up to a second anyway)."""
 
 TABLES = ("experiments", "trials", "searcher_ops", "searcher_events", "jobs", "allocations",
           "allocation_slots", "agents", "slots", "checkpoints")
-
-# Changes since the last analyze (autovacuum's or ours) above 500 + half the live rows.
-STALE = """
-SELECT relname FROM pg_stat_user_tables
- WHERE relid = ANY(%(tables)s::regclass[]) AND n_mod_since_analyze > 500 + n_live_tup / 2
- ORDER BY relname
-"""
 
 
 class Statistics:
@@ -51,8 +48,9 @@ class Statistics:
             return []
         self.due = now + CHECK_EVERY
         cur = conn.cursor(row_factory=tuple_row)
-        stale = [r[0] for r in cur.execute(STALE, {"tables": list(TABLES)}).fetchall()]
+        stale = [r[0] for r in cur.execute(Q.stale_tables, {"tables": list(TABLES)}).fetchall()]
         if stale:
-            conn.execute("ANALYZE (SKIP_LOCKED) " + ", ".join(stale))
+            conn.execute(sql.SQL(Q.analyze_tables).format(
+                sql.SQL(", ").join(map(sql.Identifier, stale))))
             log.info("analyzed %s after a burst of changes", ", ".join(stale))
         return stale

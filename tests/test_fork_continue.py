@@ -209,7 +209,7 @@ def test_a_continued_trial_starts_at_the_checkpoint(ended, conn) -> None:
     trial, ckpt, cfg = continuable(ended, conn)
     eid = conn.execute("SELECT det_trial_continue(%s, %s, 'c', NULL, NULL) AS id",
                        (trial, Jsonb(cfg))).fetchone()["id"]
-    # the trial the searcher creates (reconciler/queries.py CREATE_TRIALS)
+    # the trial the searcher creates (sql/reconciler.sql create_trials)
     conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
                  "VALUES (%s, gen_random_uuid(), '{}', 1)", (eid,))
     row = conn.execute("SELECT latest_checkpoint::text AS c, steps_completed FROM trials "

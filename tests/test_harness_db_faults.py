@@ -28,7 +28,7 @@ from det.errors import DetError
 from det.harness import core, report_writer, transport
 from det.harness.report_writer import MetricsRow, ReportWriter, encode_metrics, json_safe
 from det.harness.transport import DbTransport
-from det.reconciler import queries
+from det.sql import named
 
 CONFIG = {"name": "faults", "entrypoint": "true",
           "resources": {"slots_per_trial": 1, "resource_pool": "default", "weight": 1.0},
@@ -81,7 +81,7 @@ def test_a_pass_holding_its_experiment_does_not_hold_up_its_tasks(db_url: str,
     op_id = query(db_url, "SELECT id FROM searcher_ops WHERE trial_id = %s",
                   alloc.trial_id)[0]["id"]
     with psycopg.connect(db_url, row_factory=dict_row) as pass_conn:
-        held = [r["id"] for r in pass_conn.execute(queries.EXPERIMENTS_TO_SEARCH)]
+        held = [r["id"] for r in pass_conn.execute(named("reconciler").experiments_to_search)]
         assert alloc.experiment_id in held
         with psycopg.connect(db_url, autocommit=True) as task:
             task.execute("SET lock_timeout = '2s'")
@@ -484,9 +484,8 @@ def test_close_wakes_the_preemption_watcher_instead_of_waiting_out_its_poll(
     monkeypatch.setattr(transport, "PREEMPT_POLL_SECONDS", 60.0)
     alloc = claim_allocation(db_url, tmp_path / "ckpt")
     t = DbTransport(db_url, alloc.id, alloc.token)
-    # The statement's text opens with its comment from sql/harness.sql.
     wait_for(lambda: query(db_url, "SELECT 1 FROM pg_stat_activity WHERE state = 'idle' "
-                                   "AND query LIKE '%%SELECT det_should_preempt(%%'"),
+                                   "AND query LIKE 'SELECT det_should_preempt%%'"),
              10, "the watcher waiting for a NOTIFY", interval=0.02)
     monkeypatch.setattr(transport, "PREEMPT_POLL_SECONDS", 1.0)
     t.close()

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from det.configs.cluster import SchedulerConfig
 from det.reconciler.schedulers import Agent, Task, schedule
 from det.reconciler.schedulers.preemption import give_back_order, protected
+from det.sql import named
 
 FAIR = SchedulerConfig(type="fair_share")
 PRIO = SchedulerConfig(type="priority", preemption=True)
@@ -115,12 +116,12 @@ def test_min_run_time_is_a_scheduler_key_with_default_60_s() -> None:
 # TERMINATED), and the path below that takes it. A new one fails
 # test_the_run_end_paths_are_all_listed until it is added here and its reason checked.
 END_PATHS = {
-    "END_LOST_ALLOCATIONS": "lost", "ESCALATE_DESIRED": "paused", "END_UNSTARTED": "unstarted",
-    "KILL_OVERDUE": "overdue", "PREEMPT": "preempted",
+    "end_lost_allocations": "lost", "escalate_desired": "paused", "end_unstarted": "unstarted",
+    "kill_overdue": "overdue", "preempt": "preempted",
     "det_agent_report_each": "exit0", "det_stop_runs_of": "planned",
     # interactive tasks keep why they ended on the task too (reporting.tasks.end_reason);
-    # their runs' reasons are those of END_TASKS and the agent's
-    "END_TASKS": "task", "KILL_OVERDUE_TASKS": "task", "det_task_kill": "task",
+    # their runs' reasons are those of end_tasks and the agent's
+    "end_tasks": "task", "kill_overdue_tasks": "task", "det_task_kill": "task",
     # a gang's share that failed ends the run with 'workers of node N (agent A) ended: ...'
     "det_agent_report_node": "gang",
 }
@@ -137,9 +138,9 @@ def _ends_runs(sql: str) -> bool:
 def test_the_run_end_paths_are_all_listed() -> None:
     root = Path(__file__).parent.parent
     found = set()
-    queries = (root / "reconciler" / "queries.py").read_text()
-    for name, body in re.findall(r'^(\w+) = """(.*?)"""', queries, re.S | re.M):
-        if _ends_runs(body):
+    queries = named("reconciler")
+    for name in queries.names():
+        if _ends_runs(getattr(queries, name)):
             found.add(name)
     schema = (root / "schema.sql").read_text()
     for name, body in re.findall(r"CREATE FUNCTION (\w+)\((.*?)\n(?:END )?\$\$;", schema, re.S):

@@ -370,17 +370,19 @@ def test_a_pass_does_not_place_the_waiting_run_of_an_experiment_paused_meanwhile
                             "WHERE NOT released").fetchone()["n"] == 0
 
 
-@pytest.mark.parametrize("name", ["PAUSE_TRIALS", "ACTIVATE_TRIALS", "STOP_TRIALS",
-                                  "FINISH_CLOSED_TRIALS", "EXPERIMENTS_TO_SEARCH",
-                                  "FINISH_STOPPING_TRIALS", "FINISH_EXPERIMENTS",
-                                  "CREATE_ALLOCATIONS", "ESCALATE_DESIRED"])
+@pytest.mark.parametrize("name", ["pause_trials", "activate_trials", "stop_trials",
+                                  "finish_closed_trials", "experiments_to_search",
+                                  "finish_stopping_trials", "finish_experiments",
+                                  "create_allocations", "escalate_desired"])
 def test_the_pass_finds_live_experiments_and_trials_by_index(conn, name) -> None:
     """Each pass's look for live experiments and trials can use experiments_live and
     trials_live (issue 11: reading every experiment and trial ever run made an idle pass
     take 220-340 ms over 100,000 ended experiments): with sequential scans priced out, every
     read of either table goes through an index condition, never the whole table, or through
     a partial index (which holds only the rows in the rare state it is for)."""
-    from det.reconciler import queries as q
+    from det.sql import named
+
+    q = named("reconciler")
 
     partial = {r["name"] for r in conn.execute(
         "SELECT indexrelid::regclass::text AS name FROM pg_index WHERE indpred IS NOT NULL")}
@@ -403,10 +405,10 @@ def test_the_pass_finds_live_experiments_and_trials_by_index(conn, name) -> None
 
 # The looks of a pass for rows in a rare state: on a queue where none is in it, each reads
 # (nearly) nothing.
-IDLE_LOOKS = ["END_LOST_ALLOCATIONS", "PAUSE_TRIALS", "ACTIVATE_TRIALS", "STOP_TRIALS",
-              "ESCALATE_DESIRED", "END_UNSTARTED", "KILL_OVERDUE", "FINISH_CLOSED_TRIALS",
-              "EXPERIMENTS_TO_SEARCH", "FINISH_STOPPING_TRIALS", "FINISH_EXPERIMENTS",
-              "POOLS_WITH_PENDING", "SETTLE_TASK_RUNS", "LIVE_TASK_RUNS", "KILL_OVERDUE_TASKS"]
+IDLE_LOOKS = ["end_lost_allocations", "pause_trials", "activate_trials", "stop_trials",
+              "escalate_desired", "end_unstarted", "kill_overdue", "finish_closed_trials",
+              "experiments_to_search", "finish_stopping_trials", "finish_experiments",
+              "pools_with_pending", "settle_task_runs", "live_task_runs", "kill_overdue_tasks"]
 
 
 def one_trial_config():
@@ -440,7 +442,9 @@ def test_an_idle_pass_reads_what_it_finds_not_the_queue(conn) -> None:
     first), whatever the queue's length (issue 11: at 1,000 queued, those looks made up half
     of an idle pass). Planned from fresh statistics (det.reconciler.statistics sees to them
     after a burst), as EXPLAIN ANALYZE counts the rows each scan returned."""
-    from det.reconciler import queries as q
+    from det.sql import named
+
+    q = named("reconciler")
 
     queue_runs(conn, 300)
     assert conn.execute("SELECT count(*) AS n FROM allocations "
@@ -473,7 +477,9 @@ def test_a_pass_reads_the_runs_and_jobs_of_its_queue_not_every_one_ever_submitte
     (prepare_session) reads the queued runs and their jobs for the scheduler's input and the
     fallback look, not the whole tables (issue 11: at PostgreSQL's default planner costs the
     scheduler's input read every job ever submitted, 36 ms a pass)."""
-    from det.reconciler import queries as q
+    from det.sql import named
+
+    q = named("reconciler")
     from det.reconciler.passes import prepare_session
 
     queue_runs(conn, 1000)
@@ -494,7 +500,7 @@ def test_a_pass_reads_the_runs_and_jobs_of_its_queue_not_every_one_ever_submitte
                      + series, ids)
     conn.execute("ANALYZE")
     prepare_session(conn)
-    for name, params in (("POOL_TASKS", {"pool": "default"}), ("FALL_BACK", {})):
+    for name, params in (("pool_tasks", {"pool": "default"}), ("fall_back", {})):
         with conn.transaction(force_rollback=True):
             plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + getattr(q, name),
                                 params).fetchone()["QUERY PLAN"][0]["Plan"]

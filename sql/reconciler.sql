@@ -1,39 +1,58 @@
-"""Named SQL statements of the reconciler pass, in pass order.
+-- The reconciler's statements: its leader's session, then one pass's in pass order
+-- (docs/architecture.md, "The reconciler pass"; det.reconciler.passes), then what the leader
+-- runs between passes, and the leadership status others read.
+--
+-- Each statement of the pass is level-triggered: it selects rows by their current state, so
+-- running it again after it succeeded changes nothing. Parameters are named. Config values are
+-- read from the expanded config (experiments.config), where det.configs filled every default
+-- once; nothing here supplies a default again.
+--
+-- Rows the pass reads to change are locked FOR NO KEY UPDATE, never FOR UPDATE: the pass
+-- changes no key, and the stronger lock made every foreign-key check on those rows wait for
+-- the pass to commit (a task's det_complete_op inserting its searcher event waited ~5 ms a
+-- check on the experiment, bench/toy_search.py on pg15 with pg_stat_statements).
+--
+-- The statements that take arrays (one element a row) are sent by det.reconciler.batch.Writes:
+-- one statement for all the objects of a pass.
 
-Each statement is level-triggered: it selects rows by their current state, so running it
-again after it succeeded changes nothing. Parameters are named (``%(name)s``). Config values
-are read from the expanded config (``experiments.config``), where det.configs filled every
-default once; nothing here supplies a default again.
+-- name: hold_lease
+-- The leader's lease: the server ends the session after this many milliseconds without a
+-- statement, idle or idle in a transaction, and the leader lock with it (PostgreSQL >= 14).
+SELECT set_config('idle_session_timeout', %s, false),
+       set_config('idle_in_transaction_session_timeout', %s, false)
 
-Rows the pass reads to change are locked ``FOR NO KEY UPDATE``, never ``FOR UPDATE``: the
-pass changes no key, and the stronger lock made every foreign-key check on those rows wait
-for the pass to commit (a task's ``det_complete_op`` inserting its searcher event waited
-~5 ms a check on the experiment, bench/toy_search.py on pg15 with pg_stat_statements).
-"""
+-- name: try_lead
+-- Leadership is a session advisory lock on the connection that runs every pass.
+SELECT pg_try_advisory_lock(%s) AS ok
 
-from det.states import TERMINAL_SQL
+-- name: session_settings
+-- The planner's cost of a random page read for the leader's session (PostgreSQL's default,
+-- 4, is a disk's). det's tables are small and hot, in shared buffers, where an index probe
+-- costs about what a sequential read does. At the default, a pass joined its 1,000 queued runs
+-- to their jobs by reading every job ever submitted (the scheduler's input and the fallback
+-- look: 28 and 23 ms a pass over 100,000 ended experiments); at 1.1 it probes the
+-- jobs it needs, and still reads the whole table where most jobs are queued.
+SET random_page_cost = 1.1
 
-# -- 1. Agents ---------------------------------------------------------------------------------
-
-# Agents silent for longer than the timeout are lost (docs/architecture.md, "The reconciler pass").
-# Silence is counted from the database server's start at the earliest: after a long outage
-# (the server down, every heartbeat old) agents get the timeout to beat again rather than all
-# being declared lost at once by the first pass.
-EXPIRE_AGENTS = """
+-- name: expire_agents
+-- 1. Agents.
+-- Agents silent for longer than the timeout are lost (docs/architecture.md, "The reconciler pass").
+-- Silence is counted from the database server's start at the earliest: after a long outage
+-- (the server down, every heartbeat old) agents get the timeout to beat again rather than all
+-- being declared lost at once by the first pass.
 UPDATE agents SET state = 'LOST'
  WHERE state <> 'LOST'
    AND greatest(last_heartbeat, pg_postmaster_start_time())
        < now() - make_interval(secs => %(timeout)s)
 RETURNING id
-"""
 
-# Runs on lost agents end with no exit code: the settle step counts them as failures (but a
-# planned stop's, see allocations.planned_stop). A gang spanning agents ends when any of its
-# agents is lost. Found from the lost agents (one IN over a UNION, which the
-# planner can join from), not by testing every live run. The old process may live on (a
-# frozen agent cannot kill it): its trial gets no new run for %(fence)s seconds
-# (allocations.fenced_until, honoured by CREATE_ALLOCATIONS).
-END_LOST_ALLOCATIONS = """
+-- name: end_lost_allocations
+-- Runs on lost agents end with no exit code: the settle step counts them as failures (but a
+-- planned stop's, see allocations.planned_stop). A gang spanning agents ends when any of its
+-- agents is lost. Found from the lost agents (one IN over a UNION, which the
+-- planner can join from), not by testing every live run. The old process may live on (a
+-- frozen agent cannot kill it): its trial gets no new run for fence seconds
+-- (allocations.fenced_until, honoured by create_allocations).
 UPDATE allocations a SET state = 'TERMINATED', exit_reason = 'agent lost', ended_at = now(),
        fenced_until = now() + make_interval(secs => %(fence)s)
  WHERE a.state <> 'TERMINATED'
@@ -44,17 +63,15 @@ UPDATE allocations a SET state = 'TERMINATED', exit_reason = 'agent lost', ended
                     ON h.agent_id = g.id AND NOT h.released
                  WHERE g.state = 'LOST')
 RETURNING a.id
-"""
 
-RELEASE_SLOTS = """
+-- name: release_slots
+-- The slots of ended runs are free again.
 UPDATE allocation_slots s SET released = true
   FROM allocations a
  WHERE a.id = s.allocation_id AND a.state = 'TERMINATED' AND NOT s.released
-"""
 
-# -- 2. Settle ended runs ----------------------------------------------------------------------
-
-UNSETTLED_RUNS = """
+-- name: unsettled_runs
+-- 2. Settle ended runs.
 SELECT a.id AS allocation_id, a.exit_code,
        concat_ws('; ', a.stop_reason, coalesce(a.storage_error, a.exit_reason)) AS exit_reason,
        a.storage_error, t.id AS trial_id,
@@ -70,71 +87,64 @@ SELECT a.id AS allocation_id, a.exit_code,
  WHERE a.state = 'TERMINATED' AND NOT a.settled
  ORDER BY a.id
    FOR NO KEY UPDATE OF a, t
-"""
 
-# The statements that take arrays (one element a row) are sent by det.reconciler.batch.Writes:
-# one statement for all the objects of a pass.
-
-UPDATE_SETTLED_TRIALS = f"""
+-- name: update_settled_trials
+-- Each settled run's trial: its state, restarts and whether the searcher closed it.
 UPDATE trials t SET state = x.state::trial_state, restarts = x.restarts,
        closed = t.closed OR x.close,
-       end_time = CASE WHEN x.state IN {TERMINAL_SQL} THEN now() END
+       end_time = CASE WHEN x.state IN ${TERMINAL} THEN now() END
   FROM unnest(%(trial_id)s::integer[], %(state)s::text[], %(restarts)s::integer[],
               %(close)s::boolean[]) AS x(trial_id, state, restarts, close)
  WHERE t.id = x.trial_id
-"""
 
-MARK_SETTLED = "UPDATE allocations SET settled = true WHERE id = ANY(%(allocation_id)s::bigint[])"
+-- name: mark_settled
+-- Runs whose end has been settled: no later pass reads them again.
+UPDATE allocations SET settled = true WHERE id = ANY(%(allocation_id)s::bigint[])
 
-# A run's checkpoint storage error pauses its experiment, with the reason (settle's rule).
-PAUSE_FOR_STORAGE_ERROR = """
+-- name: pause_for_storage_error
+-- A run's checkpoint storage error pauses its experiment, with the reason (settle's rule).
 UPDATE experiments e SET state = 'PAUSED', paused_reason = x.reason
   FROM unnest(%(experiment_id)s::integer[], %(reason)s::text[]) AS x(experiment_id, reason)
  WHERE e.id = x.experiment_id AND e.state = 'ACTIVE'
-"""
 
-# Settling a run raised: the run is marked settled and its trial ends in error with the reason
-# (a stopping trial in its terminal state), so one bad row cannot stall every later pass.
-SETTLE_FAILED = f"""
+-- name: settle_failed
+-- Settling a run raised: the run is marked settled and its trial ends in error with the reason
+-- (a stopping trial in its terminal state), so one bad row cannot stall every later pass.
 WITH settled AS (
     UPDATE allocations SET settled = true WHERE id = %(allocation_id)s
 ), event AS (
     INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
-    VALUES (%(experiment_id)s, %(trial_id)s, 'trial_exited_early', '{{"reason": "errored"}}')
+    VALUES (%(experiment_id)s, %(trial_id)s, 'trial_exited_early', '{"reason": "errored"}')
 )
 UPDATE trials
-   SET state = CASE WHEN state::text LIKE 'STOPPING\\_%%' THEN det_stopped_state(state::text)
+   SET state = CASE WHEN state::text LIKE 'STOPPING\_%%' THEN det_stopped_state(state::text)
                     ELSE 'ERROR' END::trial_state,
        exit_reason = 'det could not settle run ' || %(allocation_id)s || ': ' || %(message)s,
        end_time = now()
- WHERE id = %(trial_id)s AND state NOT IN {TERMINAL_SQL}
-"""
+ WHERE id = %(trial_id)s AND state NOT IN ${TERMINAL}
 
-# In the order given: the searcher reads events in id order.
-INSERT_SEARCHER_EVENTS = """
+-- name: insert_searcher_events
+-- In the order given: the searcher reads events in id order.
 INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
 SELECT x.experiment_id, x.trial_id, x.kind, x.payload
   FROM unnest(%(experiment_id)s::integer[], %(trial_id)s::integer[], %(kind)s::text[],
               %(payload)s::jsonb[]) WITH ORDINALITY AS x(experiment_id, trial_id, kind, payload, i)
  ORDER BY x.i
-"""
 
-# Lines in the trials' logs saying what det decided, so `det trial logs` tells the whole story.
-LOG_DECISIONS = """
+-- name: log_decisions
+-- Lines in the trials' logs saying what det decided, so `det trial logs` tells the whole story.
 INSERT INTO task_logs (allocation_id, trial_id, stream, line)
 SELECT x.allocation_id, x.trial_id, 'det', x.line
   FROM unnest(%(allocation_id)s::bigint[], %(trial_id)s::integer[], %(line)s::text[])
        WITH ORDINALITY AS x(allocation_id, trial_id, line, i)
  ORDER BY x.i
-"""
 
-# -- 2b. Interactive tasks ----------------------------------------------------------
-
-# A task's one run is no trial's: it ends once, is never restarted, and UNSETTLED_RUNS (which
-# joins trials) never sees it. Its end is settled here, as a GC task's is, and the task keeps
-# why it ended: det's own reason if det ended it (det_task_kill, END_TASKS), else the run's
-# exit. Found from the unsettled runs (allocations_unsettled), one probe of tasks each.
-SETTLE_TASK_RUNS = """
+-- name: settle_task_runs
+-- 2b. Interactive tasks.
+-- A task's one run is no trial's: it ends once, is never restarted, and unsettled_runs (which
+-- joins trials) never sees it. Its end is settled here, as a GC task's is, and the task keeps
+-- why it ended: det's own reason if det ended it (det_task_kill, end_tasks), else the run's
+-- exit. Found from the unsettled runs (allocations_unsettled), one probe of tasks each.
 WITH ended AS (
     UPDATE allocations a SET settled = true
      WHERE a.state = 'TERMINATED' AND NOT a.settled AND a.trial_id IS NULL
@@ -150,26 +160,24 @@ WITH ended AS (
      WHERE k.job_id = d.job_id AND k.end_reason IS NULL
 )
 SELECT count(*) AS n FROM ended
-"""
 
-# The running notebooks, shells and TensorBoards still wanted, with what det.reconciler.tasks
-# decides their end from, and the transaction's time to measure against (the clock
-# last_activity is written by). Found from the partial index allocations_tasks_running.
-LIVE_TASK_RUNS = """
+-- name: live_task_runs
+-- The running notebooks, shells and TensorBoards still wanted, with what det.reconciler.tasks
+-- decides their end from, and the transaction's time to measure against (the clock
+-- last_activity is written by). Found from the partial index allocations_tasks_running.
 SELECT a.id, k.type, (k.config ->> 'idle_timeout')::float8 AS idle_timeout, k.last_activity,
        a.running_at, a.address, now() AS now
   FROM allocations a JOIN tasks k ON k.job_id = a.job_id
  WHERE a.trial_id IS NULL AND a.state = 'RUNNING' AND a.desired_state = 'RUNNING'
    AND k.type IN ('NOTEBOOK', 'SHELL', 'TENSORBOARD')
  ORDER BY a.id
-"""
 
-# det ends these runs, each with its reason: desired STOPPED, which the task's harness
-# (det.harness.interactive) hears through det_should_preempt and answers by shutting its
-# server down cleanly (Jupyter stops its kernels) and exiting 0; one still running
-# TASK_STOP_GRACE seconds later is killed (KILL_OVERDUE_TASKS). The reason is kept on the
-# task unless a user's kill came first, and written to the task's log.
-END_TASKS = """
+-- name: end_tasks
+-- det ends these runs, each with its reason: desired STOPPED, which the task's harness
+-- (det.harness.interactive) hears through det_should_preempt and answers by shutting its
+-- server down cleanly (Jupyter stops its kernels) and exiting 0; one still running
+-- grace seconds later is killed (kill_overdue_tasks). The reason is kept on the
+-- task unless a user's kill came first, and written to the task's log.
 WITH ended AS (
     UPDATE allocations a SET desired_state = 'STOPPED',
            stop_requested_at = coalesce(a.stop_requested_at, now()),
@@ -185,13 +193,12 @@ WITH ended AS (
     SELECT e.id, 'det', 'det ends the task: ' || e.reason FROM ended e
 )
 SELECT id, agent_id FROM ended
-"""
 
-# A task asked to stop (END_TASKS, or a planned stop: det_agent_drain) has no checkpoint to
-# write; one still running %(grace)s seconds after the request (a hung server, a command,
-# which nothing asks to exit) is killed, as a trial's run is after its preemption_timeout
-# (KILL_OVERDUE). From allocations_stopping.
-KILL_OVERDUE_TASKS = """
+-- name: kill_overdue_tasks
+-- A task asked to stop (end_tasks, or a planned stop: det_agent_drain) has no checkpoint to
+-- write; one still running grace seconds after the request (a hung server, a command,
+-- which nothing asks to exit) is killed, as a trial's run is after its preemption_timeout
+-- (kill_overdue). From allocations_stopping.
 UPDATE allocations a SET desired_state = 'KILLED',
        stop_reason = concat_ws('; ', a.stop_reason, 'killed: still running '
                                || %(grace)s::float8 || ' s after it was asked to stop')
@@ -199,36 +206,33 @@ UPDATE allocations a SET desired_state = 'KILLED',
    AND a.stop_requested_at < now() - make_interval(secs => %(grace)s)
    AND EXISTS (SELECT 1 FROM tasks k WHERE k.job_id = a.job_id)
 RETURNING a.id, a.agent_id
-"""
 
-# -- 3. Experiment state drives trial state, trial state drives desired state ------------------
-
-PAUSE_TRIALS = """
+-- name: pause_trials
+-- 3. Experiment state drives trial state, trial state drives desired state.
+-- A paused experiment pauses its active trials.
 UPDATE trials t SET state = 'PAUSED' FROM experiments e
  WHERE e.id = t.experiment_id AND e.state = 'PAUSED' AND t.state = 'ACTIVE'
-"""
 
-ACTIVATE_TRIALS = """
+-- name: activate_trials
+-- An activated experiment activates its paused trials.
 UPDATE trials t SET state = 'ACTIVE' FROM experiments e
  WHERE e.id = t.experiment_id AND e.state = 'ACTIVE' AND t.state = 'PAUSED'
-"""
 
-# A stopping experiment stops its live trials; a kill overrides a cancel.
-STOP_TRIALS = """
+-- name: stop_trials
+-- A stopping experiment stops its live trials; a kill overrides a cancel.
 UPDATE trials t SET state = e.state::text::trial_state FROM experiments e
  WHERE e.id = t.experiment_id
    AND e.state IN ('STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED', 'STOPPING_ERROR')
    AND (t.state IN ('ACTIVE', 'PAUSED')
         OR (e.state = 'STOPPING_KILLED'
             AND t.state IN ('STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_ERROR')))
-"""
 
-# Desired state only escalates: RUNNING -> STOPPED (checkpoint and exit) -> KILLED. Only a
-# live trial that is not ACTIVE, or is closed, wants its run stopped (a trial ends only once
-# it has no live run: settle and the finishing steps wait for that), so the look starts from
-# those few trials (trials_live, trials_closed_live), not from every live run. Each stop says
-# why (allocations.stop_reason; a kill's over an earlier stop's).
-ESCALATE_DESIRED = """
+-- name: escalate_desired
+-- Desired state only escalates: RUNNING -> STOPPED (checkpoint and exit) -> KILLED. Only a
+-- live trial that is not ACTIVE, or is closed, wants its run stopped (a trial ends only once
+-- it has no live run: settle and the finishing steps wait for that), so the look starts from
+-- those few trials (trials_live, trials_closed_live), not from every live run. Each stop says
+-- why (allocations.stop_reason; a kill's over an earlier stop's).
 WITH want AS (
     SELECT a.id,
            CASE WHEN t.state = 'STOPPING_KILLED' THEN 'KILLED'
@@ -254,17 +258,15 @@ UPDATE allocations a SET desired_state = w.desired,
   FROM want w
  WHERE w.id = a.id AND w.desired > a.desired_state
 RETURNING a.id, a.agent_id
-"""
 
-# A run told to stop before any agent took it simply ends; that is not a failure.
-END_UNSTARTED = """
+-- name: end_unstarted
+-- A run told to stop before any agent took it simply ends; that is not a failure.
 UPDATE allocations SET state = 'TERMINATED', exit_code = 0,
        exit_reason = 'stopped before it started', ended_at = now()
  WHERE state = 'PENDING' AND desired_state <> 'RUNNING'
-"""
 
-# A task that ignores the stop request past preemption_timeout seconds is killed.
-KILL_OVERDUE = """
+-- name: kill_overdue
+-- A task that ignores the stop request past preemption_timeout seconds is killed.
 UPDATE allocations a SET desired_state = 'KILLED',
        stop_reason = concat_ws('; ', a.stop_reason, 'killed: still running '
                                || (e.config ->> 'preemption_timeout')
@@ -274,11 +276,9 @@ UPDATE allocations a SET desired_state = 'KILLED',
    AND a.stop_requested_at < now() - make_interval(
            secs => (e.config ->> 'preemption_timeout')::integer)
 RETURNING a.id, a.agent_id
-"""
 
-# -- 4. Trials the searcher closed, once their last run is over --------------------------------
-
-FINISH_CLOSED_TRIALS = """
+-- name: finish_closed_trials
+-- 4. Trials the searcher closed, once their last run is over.
 UPDATE trials t
    SET state = CASE WHEN t.exit_reason = 'errored' THEN 'ERROR' ELSE 'COMPLETED' END::trial_state,
        end_time = now()
@@ -286,15 +286,13 @@ UPDATE trials t
    AND NOT EXISTS (SELECT 1 FROM allocations a
                     WHERE a.trial_id = t.id AND (a.state <> 'TERMINATED' OR NOT a.settled))
 RETURNING t.id AS trial_id, t.experiment_id, t.exit_reason
-"""
 
-# -- 5. Searchers ------------------------------------------------------------------------------
-
-# Each experiment with its unread events in order, in one statement (not one query per
-# experiment: a pass may search a thousand). The experiments are found from the unread events
-# and the not yet searched (searcher_events_pending, experiments_unsearched), not by testing
-# every live experiment. An unmanaged experiment (core_v2) has no searcher: its script decides.
-EXPERIMENTS_TO_SEARCH = """
+-- name: experiments_to_search
+-- 5. Searchers.
+-- Each experiment with its unread events in order, in one statement (not one query per
+-- experiment: a pass may search a thousand). The experiments are found from the unread events
+-- and the not yet searched (searcher_events_pending, experiments_unsearched), not by testing
+-- every live experiment. An unmanaged experiment (core_v2) has no searcher: its script decides.
 WITH todo AS (
     SELECT id FROM experiments
      WHERE searcher_state IS NULL AND state IN ('ACTIVE', 'PAUSED') AND NOT unmanaged
@@ -312,109 +310,105 @@ SELECT e.id, e.config, e.searcher_state, e.searcher_rng, coalesce(v.events, '[]'
  WHERE e.state IN ('ACTIVE', 'PAUSED')
  ORDER BY e.id
    FOR NO KEY UPDATE OF e
-"""
 
-CREATE_TRIALS = """
+-- name: create_trials
+-- The trials the searchers created, in the order given; one created before is left as it is.
 INSERT INTO trials (experiment_id, request_id, hparams, seed)
 SELECT x.experiment_id, x.request_id, x.hparams, x.seed
   FROM unnest(%(experiment_id)s::integer[], %(request_id)s::uuid[], %(hparams)s::jsonb[],
               %(seed)s::bigint[]) WITH ORDINALITY AS x(experiment_id, request_id, hparams, seed, i)
  ORDER BY x.i
 ON CONFLICT (experiment_id, request_id) DO NOTHING
-"""
 
-# After CREATE_TRIALS (the trials are found by request id); a trial's ops in the given order.
-ADD_OPS = """
+-- name: add_ops
+-- After create_trials (the trials are found by request id); a trial's ops in the given order.
 INSERT INTO searcher_ops (trial_id, length)
 SELECT t.id, x.length
   FROM unnest(%(experiment_id)s::integer[], %(request_id)s::uuid[], %(length)s::bigint[])
        WITH ORDINALITY AS x(experiment_id, request_id, length, i)
   JOIN trials t ON t.experiment_id = x.experiment_id AND t.request_id = x.request_id
  ORDER BY x.i
-"""
 
-CLOSE_TRIALS = """
+-- name: close_trials
+-- Trials the searchers closed: they get no new op.
 UPDATE trials t SET closed = true
   FROM unnest(%(experiment_id)s::integer[], %(request_id)s::uuid[]) AS x(experiment_id, request_id)
  WHERE t.experiment_id = x.experiment_id AND t.request_id = x.request_id
-"""
 
-SHUTDOWN_EXPERIMENTS = """
+-- name: shutdown_experiments
+-- Experiments whose searcher cannot go on (it raised) stop, in the state given (STOPPING_ERROR).
 UPDATE experiments e SET state = x.state::experiment_state
   FROM unnest(%(experiment_id)s::integer[], %(state)s::text[]) AS x(experiment_id, state)
  WHERE e.id = x.experiment_id
-"""
 
-# rng NULL: the step drew nothing, the generator stays as stored (and is not written again).
-# outcome NULL: the search goes on; else its shutdown's STOPPING_* state, written with the
-# searcher's state: a second write of an experiment's row in one transaction makes one more
-# row version and checks its two foreign keys again (~20 us each).
-SAVE_SEARCHERS = """
+-- name: save_searchers
+-- rng NULL: the step drew nothing, the generator stays as stored (and is not written again).
+-- outcome NULL: the search goes on; else its shutdown's STOPPING_* state, written with the
+-- searcher's state: a second write of an experiment's row in one transaction makes one more
+-- row version and checks its two foreign keys again (~20 us each).
 UPDATE experiments e SET searcher_state = x.state, searcher_rng = coalesce(x.rng, e.searcher_rng),
        progress = x.progress, state = coalesce(x.outcome::experiment_state, e.state)
   FROM unnest(%(experiment_id)s::integer[], %(state)s::jsonb[], %(rng)s::jsonb[],
               %(progress)s::float8[], %(outcome)s::text[])
        AS x(experiment_id, state, rng, progress, outcome)
  WHERE e.id = x.experiment_id
-"""
 
-CONSUME_EVENTS = "UPDATE searcher_events SET consumed = true WHERE id = ANY(%(id)s::bigint[])"
+-- name: consume_events
+-- Events the searchers read.
+UPDATE searcher_events SET consumed = true WHERE id = ANY(%(id)s::bigint[])
 
-# The live runs of the trials whose events the searcher read: their tasks may wait for the
-# next op in det_current_op.
-DECIDED_RUNS = """
+-- name: decided_runs
+-- The live runs of the trials whose events the searcher read: their tasks may wait for the
+-- next op in det_current_op.
 SELECT DISTINCT a.id FROM searcher_events v JOIN allocations a ON a.trial_id = v.trial_id
  WHERE v.id = ANY(%(ids)s) AND a.state BETWEEN 'ASSIGNED' AND 'RUNNING'
-"""
 
-# -- 6. Trials and experiments whose stop is done ---------------------------------------------
-
-# A stopping trial ends once it has no run left to settle: its last run ended (settled above),
-# or it had none (a paused trial that is cancelled or killed).
-FINISH_STOPPING_TRIALS = """
+-- name: finish_stopping_trials
+-- 6. Trials and experiments whose stop is done.
+-- A stopping trial ends once it has no run left to settle: its last run ended (settled above),
+-- or it had none (a paused trial that is cancelled or killed).
 UPDATE trials t SET state = det_stopped_state(t.state::text)::trial_state, end_time = now()
  WHERE t.state IN ('STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED', 'STOPPING_ERROR')
    AND NOT EXISTS (SELECT 1 FROM allocations a
                     WHERE a.trial_id = t.id AND (a.state <> 'TERMINATED' OR NOT a.settled))
 RETURNING t.id AS trial_id, t.experiment_id, t.state::text AS state,
           (SELECT max(a.id) FROM allocations a WHERE a.trial_id = t.id) AS allocation_id
-"""
 
-FINISH_EXPERIMENTS = f"""
+-- name: finish_experiments
 UPDATE experiments e
    SET state = det_stopped_state(e.state::text)::experiment_state, end_time = now()
  WHERE e.state IN ('STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED', 'STOPPING_ERROR')
    AND NOT EXISTS (SELECT 1 FROM trials t
                     WHERE t.experiment_id = e.id
-                      AND t.state NOT IN {TERMINAL_SQL})
+                      AND t.state NOT IN ${TERMINAL})
 RETURNING e.id, EXISTS (SELECT 1 FROM trials t JOIN checkpoints c ON c.trial_id = t.id
                          WHERE t.experiment_id = e.id AND c.state = 'COMPLETED')
                 AS has_checkpoints,
           e.config, e.searcher_state,
           -- units each trial trained (its ops' reported progress), by request id
-          (SELECT coalesce(jsonb_object_agg(t.request_id::text, o.units), '{{}}')
+          (SELECT coalesce(jsonb_object_agg(t.request_id::text, o.units), '{}')
              FROM trials t
              CROSS JOIN LATERAL (SELECT max(o.progress) AS units FROM searcher_ops o
                                   WHERE o.trial_id = t.id) o
             WHERE t.experiment_id = e.id AND o.units IS NOT NULL) AS trained
-"""
 
-# An ended experiment's progress: what it trained over what it planned (ended_progress).
-SET_PROGRESS = "UPDATE experiments SET progress = %(progress)s WHERE id = %(experiment_id)s"
+-- name: set_progress
+-- An ended experiment's progress: what it trained over what it planned (ended_progress).
+UPDATE experiments SET progress = %(progress)s WHERE id = %(experiment_id)s
 
-# -- 6b. Checkpoint GC ---------------------------------------------------------------
+-- name: checkpoint_gc
+-- 6b. Checkpoint GC.
+-- An experiment that just ended applies its GC policy (the keep rule is det_checkpoints_to_delete),
+-- in the transaction that ended it.
+SELECT det_checkpoint_gc(%(experiment_id)s) AS n
 
-# An experiment that just ended applies its GC policy (the keep rule is det_checkpoints_to_delete),
-# in the transaction that ended it.
-CHECKPOINT_GC = "SELECT det_checkpoint_gc(%(experiment_id)s) AS n"
-
-# GC during runs: the live experiments with checkpoints reported since the last
-# look, whose policy the pass applies now. The same statement clears the flags it read; a
-# checkpoint committed after it keeps its flag for the next pass. An ended experiment's
-# flags are only cleared (the pass that ended it applied its policy). A checkpoint row
-# another transaction holds (a GC task marking it, a user's delete) is skipped, not waited
-# for: the next pass sees it.
-LIVE_EXPERIMENTS_WITH_NEW_CHECKPOINTS = """
+-- name: live_experiments_with_new_checkpoints
+-- GC during runs: the live experiments with checkpoints reported since the last
+-- look, whose policy the pass applies now. The same statement clears the flags it read; a
+-- checkpoint committed after it keeps its flag for the next pass. An ended experiment's
+-- flags are only cleared (the pass that ended it applied its policy). A checkpoint row
+-- another transaction holds (a GC task marking it, a user's delete) is skipped, not waited
+-- for: the next pass sees it.
 WITH seen AS (
     UPDATE checkpoints c SET gc_pending = false
      WHERE c.uuid IN (SELECT uuid FROM checkpoints WHERE gc_pending FOR UPDATE SKIP LOCKED)
@@ -425,11 +419,10 @@ SELECT DISTINCT t.experiment_id AS id
   JOIN trials t ON t.id = s.trial_id JOIN experiments e ON e.id = t.experiment_id
  WHERE e.state < 'COMPLETED'
  ORDER BY 1
-"""
 
-# Ended GC tasks are settled; one that failed without saying why (killed, lost with its agent)
-# leaves its end on the experiment while checkpoints are still to be removed.
-SETTLE_GC_RUNS = """
+-- name: settle_gc_runs
+-- Ended GC tasks are settled; one that failed without saying why (killed, lost with its agent)
+-- leaves its end on the experiment while checkpoints are still to be removed.
 WITH ended AS (
     UPDATE allocations a SET settled = true
      WHERE a.state = 'TERMINATED' AND NOT a.settled AND a.spec ->> 'kind' = 'checkpoint_gc'
@@ -447,15 +440,14 @@ WITH ended AS (
             OR (e.delete_requested_at IS NOT NULL AND e.tensorboards_deleted_at IS NULL))
 )
 SELECT count(*) AS n FROM ended
-"""
 
-# A zero-slot GC task for each experiment with DELETING checkpoints, or being deleted with its
-# TensorBoard files still there, and no live GC task, in the experiment's pool (whose agents
-# reach its storage). A task that fails is tried again
-# while fewer than %(max_failures)s have failed since the latest request to delete (a killed
-# GC finishes on the next run); past that the error stays on the experiment until a user asks
-# again (`det checkpoint delete`, `det experiment delete`).
-CREATE_GC_TASKS = """
+-- name: create_gc_tasks
+-- A zero-slot GC task for each experiment with DELETING checkpoints, or being deleted with its
+-- TensorBoard files still there, and no live GC task, in the experiment's pool (whose agents
+-- reach its storage). A task that fails is tried again
+-- while fewer than max_failures have failed since the latest request to delete (a killed
+-- GC finishes on the next run); past that the error stays on the experiment until a user asks
+-- again (`det checkpoint delete`, `det experiment delete`).
 WITH wanted AS (
     SELECT t.experiment_id, max(c.delete_requested_at) AS requested,
            min(c.delete_requested_at) AS oldest
@@ -490,26 +482,25 @@ SELECT e.job_id,
    -- waited live_batch seconds: one GC task per that many seconds, not one per checkpoint
    AND (e.state >= 'COMPLETED' OR w.oldest < now() - make_interval(secs => %(live_batch)s))
 RETURNING id
-"""
 
-# Experiments a user deleted: their rows go once their files are (det_purge_experiment). One
-# whose GC or purge failed waits for the user to ask again (which clears the error).
-EXPERIMENTS_TO_PURGE = """
+-- name: experiments_to_purge
+-- Experiments a user deleted: their rows go once their files are (det_purge_experiment). One
+-- whose GC or purge failed waits for the user to ask again (which clears the error).
 SELECT id FROM experiments
  WHERE delete_requested_at IS NOT NULL AND checkpoint_gc_error IS NULL ORDER BY id
-"""
 
-PURGE_EXPERIMENT = "SELECT det_purge_experiment(%(experiment_id)s) AS gone"
+-- name: purge_experiment
+-- A deleted experiment's rows go once its files are (det_purge_experiment); gone is false,
+-- and nothing removed, while they are not.
+SELECT det_purge_experiment(%(experiment_id)s) AS gone
 
-# Deciding what to delete, or deleting an experiment's rows, raised: say so on the experiment.
-GC_DECISION_FAILED = """
+-- name: gc_decision_failed
+-- Deciding what to delete, or deleting an experiment's rows, raised: say so on the experiment.
 UPDATE experiments SET checkpoint_gc_error = %(message)s WHERE id = %(experiment_id)s
-"""
 
-# -- 7. New runs for trials that have work and no run ------------------------------------------
-
-# Not while an earlier run's process may still act (allocations.fenced_until).
-CREATE_ALLOCATIONS = """
+-- name: create_allocations
+-- 7. New runs for trials that have work and no run.
+-- Not while an earlier run's process may still act (allocations.fenced_until).
 WITH runnable AS (
     SELECT t.id FROM trials t JOIN experiments e ON e.id = t.experiment_id
      WHERE e.state = 'ACTIVE' AND t.state = 'ACTIVE' AND NOT t.closed
@@ -533,13 +524,11 @@ SELECT e.job_id, b.id, b.runs, j.resource_pool,
                           'checkpoint_storage', e.config -> 'checkpoint_storage',
                           'context_id', e.context_id, 'experiment_id', e.id, 'trial_id', b.id)
   FROM bumped b JOIN experiments e ON e.id = b.experiment_id JOIN jobs j ON j.id = e.job_id
-"""
 
-# -- 8. Placement ------------------------------------------------------------------------------
-
-# Pool fallback: a waiting run whose job lists other pools goes to the first pool, in the
-# job's order, where one agent has the free slots it needs now (else its first pool).
-FALL_BACK = """
+-- name: fall_back
+-- 8. Placement.
+-- Pool fallback: a waiting run whose job lists other pools goes to the first pool, in the
+-- job's order, where one agent has the free slots it needs now (else its first pool).
 WITH free AS (
     SELECT g.resource_pool AS pool, count(s.slot_id) AS n
       FROM agents g JOIN slots s ON s.agent_id = g.id AND s.enabled
@@ -561,22 +550,21 @@ WITH free AS (
 )
 UPDATE allocations a SET resource_pool = c.pool, pending_reason = NULL
   FROM choice c WHERE c.id = a.id AND a.resource_pool <> c.pool
-"""
 
-# Each pool's scheduler is looked up once, not once per waiting allocation (DISTINCT over the
-# function's result called it for every row: 8 ms a pass with 1,000 waiting); and each pool
-# is asked whether it has a run waiting (allocations_pending: one index probe), rather than
-# every waiting run read for its pool.
-POOLS_WITH_PENDING = """
+-- name: pools_with_pending
+-- Each pool's scheduler is looked up once, not once per waiting allocation (DISTINCT over the
+-- function's result called it for every row: 8 ms a pass with 1,000 waiting); and each pool
+-- is asked whether it has a run waiting (allocations_pending: one index probe), rather than
+-- every waiting run read for its pool.
 SELECT p.name AS resource_pool, det_pool_scheduler(p.name) AS scheduler
   FROM resource_pools p
  WHERE EXISTS (SELECT 1 FROM allocations a
                 WHERE a.resource_pool = p.name AND a.state = 'PENDING'
                   AND a.desired_state = 'RUNNING')
  ORDER BY 1
-"""
 
-POOL_AGENTS = """
+-- name: pool_agents
+-- The pool's schedulable agents, each with its enabled and free slots and live zero-slot tasks.
 SELECT g.id AS agent_id,
        coalesce(array_agg(s.slot_id ORDER BY s.slot_id) FILTER (WHERE s.enabled), '{}') AS slots,
        coalesce(array_agg(s.slot_id ORDER BY s.slot_id)
@@ -595,13 +583,12 @@ SELECT g.id AS agent_id,
  WHERE g.state = 'ACTIVE' AND NOT g.stopping AND g.resource_pool = %(pool)s
  GROUP BY g.id, p.max_aux_containers_per_agent, z.n
  ORDER BY g.id
-"""
 
-# Live allocations of the pool in queue order (submission, or where `det job update` put
-# them); pending ones only while still wanted. A running one's seconds since its assignment
-# and whether it checkpointed decide whether it may be preempted yet
-# (det.reconciler.schedulers.preemption; one index probe per running run).
-POOL_TASKS = """
+-- name: pool_tasks
+-- Live allocations of the pool in queue order (submission, or where `det job update` put
+-- them); pending ones only while still wanted. A running one's seconds since its assignment
+-- and whether it checkpointed decide whether it may be preempted yet
+-- (det.reconciler.schedulers.preemption; one index probe per running run).
 SELECT a.id, a.job_id, a.slots_needed, j.priority, j.weight, j.max_slots, a.preemptible,
        a.state <> 'PENDING' AS running, a.desired_state <> 'RUNNING' AS stopping, a.agent_id,
        a.pending_reason,
@@ -614,54 +601,51 @@ SELECT a.id, a.job_id, a.slots_needed, j.priority, j.weight, j.max_slots, a.pree
  WHERE a.resource_pool = %(pool)s AND a.state <> 'TERMINATED'
    AND (a.state <> 'PENDING' OR a.desired_state = 'RUNNING')
  ORDER BY j.queue_position, a.id
-"""
 
-POOL_HELD = """
+-- name: pool_held
+-- The slots each live run of the pool holds, by agent.
 SELECT h.allocation_id, h.agent_id, array_agg(h.slot_id ORDER BY h.slot_id) AS slots
   FROM allocation_slots h JOIN allocations a ON a.id = h.allocation_id
  WHERE a.resource_pool = %(pool)s AND NOT h.released
  GROUP BY h.allocation_id, h.agent_id
-"""
 
-ASSIGN = """
+-- name: assign
+-- The scheduler placed these waiting runs: each on its (first) agent.
 UPDATE allocations a SET state = 'ASSIGNED', agent_id = x.agent_id, assigned_at = now(),
        pending_reason = NULL
   FROM unnest(%(ids)s::bigint[], %(agents)s::text[]) AS x(id, agent_id)
  WHERE a.id = x.id AND a.state = 'PENDING'
-"""
 
-HOLD_SLOTS = """
+-- name: hold_slots
+-- The slots the scheduler gave each placed run (allocation_slots keeps a slot to one live run).
 INSERT INTO allocation_slots (allocation_id, agent_id, slot_id)
 SELECT * FROM unnest(%(ids)s::bigint[], %(agents)s::text[], %(slots)s::integer[])
-"""
 
-# The scheduler preempts: the task checkpoints and exits; its trial runs again later. Each
-# says to whom its slots go and by which rule (det_preempted_reason).
-PREEMPT = """
+-- name: preempt
+-- The scheduler preempts: the task checkpoints and exits; its trial runs again later. Each
+-- says to whom its slots go and by which rule (det_preempted_reason).
 UPDATE allocations a
    SET desired_state = 'STOPPED', stop_requested_at = coalesce(a.stop_requested_at, now()),
        stop_reason = det_preempted_reason(x.job, x.rule)
   FROM unnest(%(ids)s::bigint[], %(jobs)s::bigint[], %(rules)s::text[]) AS x(id, job, rule)
  WHERE a.id = x.id AND a.desired_state = 'RUNNING' AND a.state <> 'TERMINATED'
 RETURNING a.id, a.agent_id
-"""
 
-SET_PENDING_REASONS = """
+-- name: set_pending_reasons
+-- Why each waiting run waits, as the scheduler said; a reason unchanged is not written again.
 UPDATE allocations a SET pending_reason = r.reason
   FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS r(id, reason)
  WHERE a.id = r.id AND a.state = 'PENDING' AND a.pending_reason IS DISTINCT FROM r.reason
-"""
 
-POOL_FAILED = """
+-- name: pool_failed
+-- The pool's scheduling raised: each waiting run of the pool says why.
 UPDATE allocations SET pending_reason = %(reason)s
  WHERE resource_pool = %(pool)s AND state = 'PENDING'
    AND pending_reason IS DISTINCT FROM %(reason)s
-"""
 
-# -- 9. Bookkeeping ----------------------------------------------------------------------------
-
-# With the leader's agent timeout, which agents read to fence themselves (det_agent_timeout).
-RECORD_PASS = """
+-- name: record_pass
+-- 9. Bookkeeping.
+-- With the leader's agent timeout, which agents read to fence themselves (det_agent_timeout).
 INSERT INTO reconciler_leader (holder, since, last_pass, agent_timeout)
 VALUES (%(holder)s, now(), now(), %(agent_timeout)s)
 ON CONFLICT (singleton) DO UPDATE
@@ -669,4 +653,27 @@ ON CONFLICT (singleton) DO UPDATE
        since = CASE WHEN reconciler_leader.holder = excluded.holder
                     THEN reconciler_leader.since ELSE now() END,
        holder = excluded.holder
-"""
+
+
+-- name: stale_tables
+-- Between passes. Tables changed since the last analyze (autovacuum's or the leader's) by more
+-- than 500 + half their live rows (det.reconciler.statistics).
+SELECT relname FROM pg_stat_user_tables
+ WHERE relid = ANY(%(tables)s::regclass[]) AND n_mod_since_analyze > 500 + n_live_tup / 2
+ ORDER BY relname
+
+-- name: analyze_tables
+-- The stale tables (the caller composes their names in); a table autovacuum is working on
+-- is left to it.
+ANALYZE (SKIP_LOCKED) {}
+
+-- name: current_leader
+-- Leadership status. The recorded leader, and whether a session really holds the leader lock
+-- now (a leader that died leaves its row behind).
+SELECT holder, since, last_pass,
+       EXISTS (SELECT 1 FROM pg_locks k
+                WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
+                  AND k.database = (SELECT oid FROM pg_database
+                                     WHERE datname = current_database())
+                  AND (k.classid::bigint << 32 | k.objid::bigint) = %(key)s) AS alive
+  FROM reconciler_leader

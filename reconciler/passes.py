@@ -23,6 +23,7 @@ from det.db import channels
 from det.reasons import EarlyExitReason
 from det.reconciler import searchers, tasks
 from det.reconciler.batch import Writes
+from det.reconciler.contract import Result
 from det.reconciler.isolation import isolated, isolated_each
 from det.reconciler.placement import place
 from det.reconciler.trials import RunEnd, settle
@@ -81,10 +82,9 @@ class Settings:
 
 
 @dataclass
-class PassResult:
-    """What a pass changed: the number of rows written, and whom it woke."""
+class PassResult(Result):
+    """What a pass changed (:class:`~det.reconciler.contract.Result`), and whom it woke."""
 
-    changes: int = 0
     agents: set[str] = field(default_factory=set)
     allocations: set[int] = field(default_factory=set)
     """Runs to wake because their desired state changed (the task asks det_should_preempt)."""

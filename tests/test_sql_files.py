@@ -48,16 +48,11 @@ REMAINING: dict[str, int] = {
     "cli/upstream.py": 5,
     "cli/users.py": 12,
     "cli/workspaces.py": 7,
-    "compat/determined/experimental/client.py": 10,
-    "compat/determined/experimental/core_v2.py": 7,
     "configs/storage_policy.py": 1,
     "db/channels.py": 6,
     "db/embedded.py": 4,
     "db/migrate.py": 8,
     "db/roles.py": 4,
-    "harness/checkpoint_gc.py": 7,
-    "harness/interactive/common.py": 4,
-    "harness/transport.py": 15,
     "queries/checkpoints.py": 1,
     "queries/cluster.py": 5,
     "queries/experiments.py": 10,
@@ -67,7 +62,6 @@ REMAINING: dict[str, int] = {
     "queries/trials.py": 16,
     "queries/usage.py": 1,
     "queries/workspaces.py": 7,
-    "reconciler/provision.py": 11,
 }
 
 
@@ -124,8 +118,9 @@ def uses(tree: ast.AST) -> set[tuple[str, str]]:
 
 
 def parseable(statement: str) -> str:
-    """``statement`` with psycopg's placeholders made SQL pglast reads."""
-    s = re.sub(r"%\(\w+\)s|%s", "$1", statement).replace("%%", "%")
+    """``statement`` with psycopg's placeholders (text ``s``, binary ``b``, either ``t``) made
+    SQL pglast reads."""
+    s = re.sub(r"%\(\w+\)[sbt]|%[sbt]", "$1", statement).replace("%%", "%")
     return re.sub(r"\{\w*\}", "x", s)
 
 

@@ -15,8 +15,8 @@ Code reads a file once, at import, and the statements as attributes::
     conn.execute(Q.expire_agents, {"timeout": 30})
 
 ``tests/test_sql_files.py`` parses every statement with pglast and fails on a name no code
-uses or a name used but not defined. Procrastinate (``sql/queries.sql``) and River (sqlc's
-``-- name:``) keep their queries this way.
+uses or a name used but not defined. Procrastinate (its named-queries file) and River
+(sqlc's ``-- name:``) keep their queries this way.
 """
 
 import functools

@@ -5352,8 +5352,14 @@ SELECT j.id AS job_id, j.type, j.resource_pool, j.priority, j.weight, j.owner, j
             ELSE coalesce(sum(a.slots_needed), 0) END AS slots_needed,
        CASE WHEN bool_or(a.state > 'PENDING') THEN 'STATE_SCHEDULED'
             ELSE 'STATE_QUEUED' END AS status,
-       string_agg(DISTINCT a.pending_reason, ' | ') FILTER (WHERE a.state = 'PENDING')
-           AS pending_reason,
+       -- the scheduler's reasons, then what the pool's provider says of the instances the
+       -- pool still waits for (slurm: the job's state and reason in Slurm's queue)
+       nullif(concat_ws(' | ',
+           string_agg(DISTINCT a.pending_reason, ' | ') FILTER (WHERE a.state = 'PENDING'),
+           CASE WHEN bool_or(a.state = 'PENDING') THEN
+               (SELECT string_agg(i.provider_state, ' | ' ORDER BY i.id) FROM instances i
+                 WHERE i.resource_pool = j.resource_pool AND i.state < 'RUNNING'
+                   AND i.provider_state <> '') END), '') AS pending_reason,
        row_number() OVER (PARTITION BY j.resource_pool
                           ORDER BY j.priority, j.queue_position, j.id) - 1 AS queue_order
 FROM jobs j

@@ -89,6 +89,7 @@ def slurm_pool(det, tmp_path: Path, *more: dict, **provider) -> None:
     det("cluster", "config", "apply", str(tmp_path / "cluster.yaml"))
 
 
+@pytest.mark.slow
 def test_a_digits_search_completes_on_agents_in_slurm_jobs(sdet, conn, tmp_path,
                                                             slurm) -> None:
     slurm_pool(sdet, tmp_path)
@@ -129,6 +130,9 @@ def test_a_job_waiting_in_slurm_shows_its_state_and_reason_and_a_refusal_is_stor
                    "the instance to say Slurm holds its job for its begin time")
     assert row["provider_state"] == f"slurm job {row['provider_id']} PENDING (BeginTime)"
     assert "PENDING (BeginTime)" in sdet("resource-pool", "describe", "hpc").stdout
+    # det's job queue gives Slurm's word for the job that waits on it.
+    [job] = json.loads(sdet("job", "list", "--resource-pool", "hpc", "--json").stdout)
+    assert row["provider_state"] in job["reasons"], job
     # sbatch's refusal is the instance's reason, and the pool backs off.
     row = wait_for(lambda: next((r for r in conn.execute(INSTANCES).fetchall()
                                  if "launch failed" in r["reason"]), None), 60,
@@ -150,6 +154,7 @@ def training(conn) -> bool:
     return bool(conn.execute("SELECT 1 FROM metrics WHERE \"group\" = 'training'").fetchone())
 
 
+@pytest.mark.slow
 def test_pause_ends_the_slurm_job_and_activate_resumes_in_a_new_one(sdet, conn, tmp_path,
                                                                     slurm) -> None:
     slurm_pool(sdet, tmp_path, max_instances=1)
@@ -171,6 +176,7 @@ def test_pause_ends_the_slurm_job_and_activate_resumes_in_a_new_one(sdet, conn, 
     assert len(set(jobs)) == len(jobs) >= 2, "each instance its own Slurm job"
 
 
+@pytest.mark.slow
 def test_an_scancel_from_outside_det_is_a_failure_and_the_trial_restarts(sdet, conn, tmp_path,
                                                                           slurm) -> None:
     slurm_pool(sdet, tmp_path, max_instances=1)

@@ -58,8 +58,10 @@ from det.db import channels, retry
 from det.db.reconnect import BULK_CALL_DEADLINE_SECONDS, open_connection, patience
 from det.errors import ConfigError, DetError
 from det.harness.interactive.tensorboard import event_dirs
+from det.sql import named
 
 log = logging.getLogger("det.agent")
+Q = named("agent")
 
 T = TypeVar("T")
 
@@ -82,11 +84,6 @@ BATCH_REPORT_SECONDS = 0.025
 # 10 + 3 s (tests/test_planned_stop.py checks the sum).
 STOP_GRACE_SECONDS = 10.0
 SHUTDOWN_RETRY_SECONDS = 3.0
-STOP_RUNS = "SELECT det_agent_stop_runs(%s)"
-# Ended under its runs by another resource manager: drained, the runs left to fail.
-LEAVE = "SELECT det_agent_leave(%s)"
-# Runs this agent killed by self-fencing: no failure of their trials (see Agent._fence).
-MARK_FENCED = "SELECT det_agent_mark_fenced(%s, %s::bigint[])"
 # A share of a gang run that ended on the chief's agent may finish by itself this long
 # (seconds) before it is killed: its workers end with the chief's.
 NODE_GRACE_SECONDS = 10.0
@@ -94,20 +91,6 @@ NODE_GRACE_SECONDS = 10.0
 AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 AGENT_ID_RULE = ("1 to 63 ASCII letters, digits, '.', '_' or '-', starting with a letter or "
                  "digit")
-
-# Live allocations of this agent with the time of their last shipped log line, for adoption.
-LIVE_HERE = "SELECT id, last_log FROM det_agent_live_allocations(%(agent)s)"
-
-# A context a live allocation of this agent launches (NULL for any other).
-CONTEXT_BLOB = "SELECT det_agent_context(%(agent)s, %(id)s) AS data"
-CLAIM = "SELECT det_agent_claim(%s, %s) AS token"
-CLAIM_EACH = "SELECT allocation_id, token FROM det_agent_claim_each(%s, %s::bigint[])"
-REPORT = "SELECT det_agent_report(%s, %s, %s, %s, %s)"
-# A TensorBoard task's sources, read with its token to mount them (see Agent._with_event_dirs).
-TENSORBOARD_SOURCES = ("SELECT experiment_id, trial_id, storage "
-                       "FROM det_task_tensorboard_sources(%s)")
-REPORT_EACH = ("SELECT det_agent_report_each(%s, %s::bigint[], %s, %s::integer[], "
-               "%s::text[])")
 
 
 @dataclass
@@ -231,10 +214,9 @@ class Agent:
             raise
 
     def _register(self, conn: psycopg.Connection) -> None:
-        conn.execute(
-            "SELECT det_agent_register(%s, %s, %s, %s, %s)",
-            (self.s.agent_id, socket.gethostname(), self.s.pool, self.runtime.name,
-             psycopg.types.json.Jsonb([s.as_row() for s in self.slots])))
+        conn.execute(Q.register, (
+            self.s.agent_id, socket.gethostname(), self.s.pool, self.runtime.name,
+            psycopg.types.json.Jsonb([s.as_row() for s in self.slots])))
 
     def _start(self) -> dict[int, Any]:
         """Register, and return the live allocations of this agent (for adoption)."""
@@ -242,7 +224,7 @@ class Agent:
         self._register(conn)
         log.info("agent %s registered %d %s slot(s) in pool %s; runtime %s", self.s.agent_id,
                  len(self.slots), self.device_type, self.s.pool, self.runtime.name)
-        return {r["id"]: r["last_log"] for r in conn.execute(LIVE_HERE,
+        return {r["id"]: r["last_log"] for r in conn.execute(Q.live_here,
                                                              {"agent": self.s.agent_id})}
 
     def adopt(self, live: dict[int, Any]) -> None:
@@ -294,7 +276,7 @@ class Agent:
 
     def reconcile(self) -> None:
         """One pass over this agent's assignments (see the module rules)."""
-        assigned = self._connect().execute(gang.ASSIGNMENTS,
+        assigned = self._connect().execute(Q.assignments,
                                            {"agent": self.s.agent_id}).fetchall()
         to_launch: list[dict] = []
         for row in assigned:
@@ -354,7 +336,7 @@ class Agent:
         ends = list(self.ended.items())
         fenced = sorted(self.fenced_runs.keys() & self.ended.keys())
         if fenced:  # before the end: the settle step must see the mark with it
-            self._connect().execute(MARK_FENCED, (self.s.agent_id, fenced))
+            self._connect().execute(Q.mark_fenced, (self.s.agent_id, fenced))
             for alloc_id in fenced:
                 del self.fenced_runs[alloc_id]
         self._report_each([a for a, _ in ends], "TERMINATED", [end.code for _, end in ends],
@@ -469,7 +451,7 @@ class Agent:
         runtime reads them where they are."""
         if self.runtime.name != "docker":
             return spec
-        rows = [r for r in self._connect().execute(TENSORBOARD_SOURCES, (token,))
+        rows = [r for r in self._connect().execute(Q.tensorboard_sources, (token,))
                 if (r["storage"] or {}).get("type") == "shared_fs"]
         mounts = []
         for _, path in event_dirs(rows)[0]:
@@ -488,24 +470,24 @@ class Agent:
         tokens: dict[int, str | None] = dict.fromkeys(alone)
         if alone:
             tokens.update((r["allocation_id"], r["token"])
-                          for r in conn.execute(CLAIM_EACH, (me, alone)))
+                          for r in conn.execute(Q.claim_each, (me, alone)))
         return [(tokens[row["id"]], {}) if row["id"] in tokens else self._claim_gang(row)
                 for row in rows]
 
     def _claim_gang(self, row: dict) -> tuple[str | None, dict[str, Any]]:
         conn, me, alloc_id = self._connect(), self.s.agent_id, row["id"]
         if row["chief"] != me:
-            node = conn.execute(gang.CLAIM_NODE, (me, alloc_id)).fetchone()["node"]
+            node = conn.execute(Q.claim_node, (me, alloc_id)).fetchone()["node"]
             if node is None:
                 return None, {}
             return node["token"], {"nodes": node["nodes"], "node_rank": node["node_rank"],
                                    "rendezvous": node["rendezvous"]}
-        token = conn.execute(CLAIM, (me, alloc_id)).fetchone()["token"]
+        token = conn.execute(Q.claim, (me, alloc_id)).fetchone()["token"]
         if token is None:
             return None, {}
         endpoint = f"{gang.host_address(self.url)}:{gang.free_port()}"
-        conn.execute(gang.SET_RENDEZVOUS, (me, alloc_id, endpoint))
-        nodes = conn.execute(gang.GANG_AGENTS, (alloc_id,)).fetchone()["nodes"]
+        conn.execute(Q.set_rendezvous, (me, alloc_id, endpoint))
+        nodes = conn.execute(Q.gang_agents, (alloc_id,)).fetchone()["nodes"]
         return token, {"nodes": nodes, "node_rank": 0, "rendezvous": endpoint}
 
     def _prepare_dir(self, alloc_id: int, context_id: int | None) -> Path:
@@ -519,7 +501,7 @@ class Agent:
         if not cached.is_dir():
             conn = self._connect()
             with patience(conn, BULK_CALL_DEADLINE_SECONDS):
-                blob = conn.execute(CONTEXT_BLOB, {"agent": self.s.agent_id,
+                blob = conn.execute(Q.context_blob, {"agent": self.s.agent_id,
                                                    "id": context_id}).fetchone()["data"]
             if blob is None:
                 raise DetError(f"context {context_id}: no live allocation of agent "
@@ -533,7 +515,7 @@ class Agent:
 
     def _report(self, alloc_id: int, state: str, code: int | None = None,
                 reason: str | None = None) -> None:
-        report = gang.REPORT_NODE if alloc_id in self.nodes else REPORT
+        report = Q.report_node if alloc_id in self.nodes else Q.report
         self._connect().execute(report, (self.s.agent_id, alloc_id, state, code, reason))
         if state == "TERMINATED":
             self.nodes.discard(alloc_id)
@@ -547,7 +529,7 @@ class Agent:
         reasons = reasons or [None] * len(alloc_ids)
         alone = [i for i, a in enumerate(alloc_ids) if a not in self.nodes]
         if alone:
-            self._connect().execute(REPORT_EACH, (
+            self._connect().execute(Q.report_each, (
                 self.s.agent_id, [alloc_ids[i] for i in alone], state,
                 [codes[i] for i in alone], [reasons[i] for i in alone]))
         for i, alloc_id in enumerate(alloc_ids):
@@ -605,7 +587,7 @@ class Agent:
         ``SHUTDOWN_RETRY_SECONDS`` (the tasks then cannot learn of the stop), or with
         ``stop_is_failure``, where the agent is only drained (``det_agent_leave``)."""
         def stop() -> None:
-            self._connect().execute(LEAVE if self.s.stop_is_failure else STOP_RUNS,
+            self._connect().execute(Q.leave if self.s.stop_is_failure else Q.stop_runs,
                                     (self.s.agent_id,))
 
         try:

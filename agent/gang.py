@@ -1,5 +1,6 @@
 """The agent's side of a gang launch: what each agent of a distributed trial
-tells its share of the workers, and the statements it needs beyond a one-agent run.
+tells its share of the workers (the statements it needs beyond a one-agent run are in
+``sql/agent.sql``: ``claim_node``, ``set_rendezvous``, ``gang_agents``, ``report_node``).
 
 Every agent holding slots of an allocation launches one task, det's launcher, with the slots
 it holds there (``DET_SLOT_IDS``); :mod:`det.launch.torch_distributed` turns it into one
@@ -17,14 +18,6 @@ import socket
 from psycopg.conninfo import conninfo_to_dict
 
 from det.agent.devices import Slot
-
-# An agent's work: the allocations it is the chief of, and those it holds slots of as another
-# node of a gang (``node_state``: its share's state once claimed, else NULL).
-ASSIGNMENTS = "SELECT * FROM det_agent_assignments(%(agent)s)"
-GANG_AGENTS = "SELECT det_gang_agents(%s) AS nodes"
-SET_RENDEZVOUS = "SELECT det_agent_set_rendezvous(%s, %s, %s)"
-CLAIM_NODE = "SELECT det_agent_claim_node(%s, %s) AS node"
-REPORT_NODE = "SELECT det_agent_report_node(%s, %s, %s, %s, %s)"
 
 
 def host_address(db_url: str | None = None) -> str:

@@ -22,8 +22,10 @@ import psycopg
 
 from det.db import retry
 from det.db.reconnect import open_connection
+from det.sql import named
 
 log = logging.getLogger("det.agent")
+Q = named("agent")
 
 DEFAULT_AGENT_TIMEOUT = 30.0
 """Seconds: the agent timeout assumed until a reconciler has recorded its own (the default
@@ -36,8 +38,6 @@ declare it lost."""
 
 FENCE_CHECK_SECONDS = 0.2
 """How often the fence thread compares the time since the last beat with the lease."""
-
-BEAT = "SELECT det_agent_heartbeat(%s), det_agent_timeout()"
 
 
 class Heartbeat:
@@ -109,7 +109,7 @@ class Heartbeat:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = open_connection(self.url)
-            state, timeout = self._conn.execute(BEAT, (self.agent_id,)).fetchone()
+            state, timeout = self._conn.execute(Q.beat, (self.agent_id,)).fetchone()
             if timeout is not None:
                 self.agent_timeout = timeout
             if state == "LOST":

@@ -25,8 +25,10 @@ import psycopg
 from det.db import retry
 from det.db.reconnect import open_connection
 from det.launch.wrap_rank import split_rank
+from det.sql import named
 
 log = logging.getLogger("det.agent")
+Q = named("agent")
 
 FLUSH_SECONDS = 0.5
 MAX_LINE_CHARS = 16_384
@@ -128,9 +130,8 @@ class LogShipper:
                 self._conn = open_connection(self._url)
             seqs, streams, texts, ranks = (zip(*lines, strict=True) if lines
                                            else ((), (), (), ()))
-            self._conn.execute(
-                "SELECT det_append_logs(%s, %s, %s, %s::integer[], %s, %s::bigint[])",
-                (alloc, list(streams), list(texts), list(ranks), self._writer, list(seqs)))
+            self._conn.execute(Q.append_logs, (alloc, list(streams), list(texts), list(ranks),
+                                               self._writer, list(seqs)))
         except psycopg.Error as e:
             if retry.is_connection_lost(e) and self._conn is not None:
                 self._conn.close()

@@ -43,21 +43,25 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from det.db.reconnect import open_connection
 from det.errors import DetError
+from det.sql import named
 
 log = logging.getLogger(__name__)
+Q = named("agent")
 
 PORT = 6432
 """The pooler's port: it names its socket file, ``.s.PGSQL.6432``."""
 
 _READY_SECONDS = 10.0
 
-RESET_QUERY = ("CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; "
-               "UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES")
-"""What PgBouncer runs on a server process when a task's session ends: ``DISCARD ALL`` but for
-``DISCARD PLANS``. What one task set, prepared, listened to, locked or created is gone for the
-next; the plans the server cached for det's functions stay (they do not depend on the session,
-and PostgreSQL invalidates them itself when what they read changes). ``DISCARD ALL`` made
-every task's server process plan each statement of each det function again."""
+RESET_QUERY = " ".join(line for line in Q.server_reset_query.splitlines()
+                       if not line.startswith("--")).strip()
+"""What PgBouncer runs on a server process when a task's session ends (``server_reset_query``
+of ``sql/agent.sql`` on one line, its comment left out: a value of PgBouncer's ini):
+``DISCARD ALL`` but for ``DISCARD PLANS``. What one task set, prepared, listened to, locked or
+created is gone for the next; the plans the server cached for det's functions stay (they do
+not depend on the session, and PostgreSQL invalidates them itself when what they read
+changes). ``DISCARD ALL`` made every task's server process plan each statement of each det
+function again."""
 
 
 def pooler_dir(task_url: str, agent_id: str) -> Path:

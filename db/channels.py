@@ -23,6 +23,10 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg.rows import tuple_row
 
+from det.sql import named
+
+Q = named("db")
+
 
 class Channel(NamedTuple):
     """A channel by kind (``reconciler``, ``web``, ``agent``, ``alloc``) and key (an agent's or
@@ -86,25 +90,24 @@ def listen(conn: psycopg.Connection[Any], channel: Channel) -> None:
     Raises:
         psycopg.errors.InsufficientPrivilege: ``conn``'s role is not the owner.
     """
-    conn.execute("SELECT det_listen(%s, %s)", channel)
+    conn.execute(Q.listen, channel)
 
 
 def notify(conn: psycopg.Connection[Any], channel: Channel, payload: str) -> None:
     """NOTIFY ``channel`` with ``payload`` (delivered at the transaction's commit). The
     schema's owner only (``det_channel``)."""
-    conn.execute("SELECT pg_notify(det_channel(%s, %s), %s)", (*channel, payload))
+    conn.execute(Q.notify, (*channel, payload))
 
 
 def name(conn: psycopg.Connection[Any], channel: Channel) -> str:
     """The name of ``channel`` in this cluster, to compare with a ``Notify.channel``. The
     schema's owner only (``det_channel``): never hand it to a user or task."""
-    return conn.cursor(row_factory=tuple_row).execute(
-        "SELECT det_channel(%s, %s)", channel).fetchone()[0]
+    return conn.cursor(row_factory=tuple_row).execute(Q.channel_name, channel).fetchone()[0]
 
 
 def listen_agent(conn: psycopg.Connection[Any], agent_id: str) -> None:
     """An agent's session LISTENs on its own channel (``det_agent_listen``, det_agent)."""
-    conn.execute("SELECT det_agent_listen(%s)", (agent_id,))
+    conn.execute(Q.agent_listen, (agent_id,))
 
 
 def listen_task(conn: psycopg.Connection[Any], token: str) -> None:
@@ -113,9 +116,9 @@ def listen_task(conn: psycopg.Connection[Any], token: str) -> None:
     Raises:
         psycopg.errors.InvalidAuthorizationSpecification: ``token`` is no live allocation's.
     """
-    conn.execute("SELECT det_task_listen(%s)", (token,))
+    conn.execute(Q.task_listen, (token,))
 
 
 async def listen_web(conn: psycopg.AsyncConnection[Any]) -> None:
     """det serve's listener LISTENs on the web channel (``det_web_listen``, det_web)."""
-    await conn.execute("SELECT det_web_listen()")
+    await conn.execute(Q.web_listen)

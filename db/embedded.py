@@ -23,11 +23,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-from psycopg import sql
+from psycopg import ClientCursor, sql
 
 from det.db import passfile
 from det.db.reconnect import open_connection
 from det.errors import DatabaseError
+from det.sql import named
+
+Q = named("db")
 
 DB_NAME = "det"
 OWNER = "postgres"
@@ -174,12 +177,13 @@ def _require_passwords(home: Path) -> None:
     with open_connection("", host=host, user=OWNER, dbname="postgres", deadline=None) as conn:
         verifier = conn.pgconn.encrypt_password(password.encode(), OWNER.encode(),
                                                 b"scram-sha-256").decode()
-        conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(OWNER),
-                                                                 sql.Literal(verifier)))
+        # ALTER ROLE takes no server-side parameter: the verifier is bound on the client.
+        ClientCursor(conn).execute(
+            sql.SQL(Q.set_role_password).format(sql.Identifier(OWNER)), (verifier,))
         passfile.store(passfile.path(home), OWNER, password)
         hba.write_text(f"{_HBA_MARKER}\n# TYPE DATABASE USER METHOD\n"
                        "local    all      all  scram-sha-256\n")
-        conn.execute("SELECT pg_reload_conf()")
+        conn.execute(Q.reload_conf)
 
 
 def _server_group(home: Path) -> int | None:
@@ -238,9 +242,9 @@ def ensure_running(home: Path) -> str:
         ) from e
     # CREATE DATABASE copies a template: no deadline (one-shot setup).
     with open_connection(role_url(home, OWNER, "postgres"), deadline=None) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DB_NAME,)).fetchone()
+        exists = conn.execute(Q.database_exists, (DB_NAME,)).fetchone()
         if not exists:
-            conn.execute(f"CREATE DATABASE {DB_NAME}")
+            conn.execute(sql.SQL(Q.create_database).format(sql.Identifier(DB_NAME)))
     return role_url(home, OWNER)
 
 

@@ -35,6 +35,9 @@ from psycopg.rows import tuple_row
 
 from det.db.retry import is_connection_lost
 from det.errors import DatabaseError
+from det.sql import named
+
+Q = named("db")
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _LOCK_KEY = 0x6465745F6D6967  # "det_mig"
@@ -110,27 +113,21 @@ def migrate(conn: psycopg.Connection, directory: Traversable | None = None) -> l
     migrations = load_migrations(directory)
     cur = conn.cursor(row_factory=tuple_row)
     with conn.transaction():
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        cur.execute(
-            "CREATE TABLE IF NOT EXISTS det_migrations (version integer PRIMARY KEY, "
-            "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        done = {v for (v,) in cur.execute("SELECT version FROM det_migrations").fetchall()}
+        cur.execute(Q.lock_migrations, (_LOCK_KEY,))
+        cur.execute(Q.create_ledger)
+        done = {v for (v,) in cur.execute(Q.applied_versions).fetchall()}
     applied: list[int] = []
     for mig in migrations:
         if mig.version in done:
             continue
         try:
             with conn.transaction():
-                cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-                # Another process may have applied it between our read and this lock.
-                if cur.execute("SELECT 1 FROM det_migrations WHERE version = %s",
-                               (mig.version,)).fetchone():
+                cur.execute(Q.lock_migrations, (_LOCK_KEY,))
+                if cur.execute(Q.is_applied, (mig.version,)).fetchone():
                     continue
                 for stmt in mig.statements:
                     cur.execute(stmt)
-                cur.execute("INSERT INTO det_migrations (version, name) VALUES (%s, %s)",
-                            (mig.version, mig.name))
+                cur.execute(Q.record_migration, (mig.version, mig.name))
         except psycopg.Error as e:
             if is_connection_lost(e):
                 raise
@@ -157,8 +154,7 @@ def require_current(conn: psycopg.Connection) -> None:
     latest = latest_version()
     try:
         with conn.transaction():
-            (version,) = conn.cursor(row_factory=tuple_row).execute(
-                "SELECT det_schema_version()").fetchone()
+            (version,) = conn.cursor(row_factory=tuple_row).execute(Q.schema_version).fetchone()
     except psycopg.errors.UndefinedFunction:
         version = None  # older than migration 0015, or not a det database
     if version is None or version < latest:
@@ -181,8 +177,7 @@ def ensure_current(conn: psycopg.Connection) -> None:
         require_current(conn)
     except DatabaseError:
         with conn.transaction():
-            may_migrate = conn.cursor(row_factory=tuple_row).execute(
-                "SELECT has_schema_privilege('public', 'CREATE')").fetchone()[0]
+            may_migrate = conn.cursor(row_factory=tuple_row).execute(Q.may_migrate).fetchone()[0]
         if not may_migrate:
             raise
         migrate(conn)

@@ -20,6 +20,9 @@ from psycopg import sql
 from det.db import embedded, passfile
 from det.db.reconnect import open_connection
 from det.errors import AuthError, DatabaseError
+from det.sql import named
+
+Q = named("db")
 
 AGENT = "det_agent"
 TASK = "det_task"
@@ -44,13 +47,25 @@ def verifier(conn: psycopg.Connection, role: str, password: str, *,
     custom = (iterations is not None and conn.info.server_version >= 160000
               and psycopg.pq.version() >= 160000)
     if custom:
-        conn.execute(sql.SQL("SET scram_iterations = {}").format(sql.Literal(iterations)))
+        conn.execute(sql.SQL(Q.set_scram_iterations).format(sql.Literal(iterations)))
     try:
         return conn.pgconn.encrypt_password(password.encode(), role.encode(),
                                             b"scram-sha-256").decode()
     finally:
         if custom:
-            conn.execute("RESET scram_iterations")
+            conn.execute(Q.reset_scram_iterations)
+
+
+def set_password(conn: psycopg.Connection, role: str, scram: str) -> None:
+    """Set ``role``'s password to ``scram``, a SCRAM-SHA-256 verifier (:func:`verifier`).
+    ALTER ROLE takes no server-side parameter: the verifier is bound as a literal on the
+    client, the text :class:`psycopg.sql.Literal` would give.
+
+    Raises:
+        psycopg.errors.InsufficientPrivilege: ``conn``'s role may not alter ``role``.
+    """
+    psycopg.ClientCursor(conn).execute(
+        sql.SQL(Q.set_role_password).format(sql.Identifier(role)), (scram,))
 
 
 def provision(conn: psycopg.Connection, home: Path) -> str:
@@ -65,19 +80,17 @@ def provision(conn: psycopg.Connection, home: Path) -> str:
         if passfile.lookup(file, role) is None:
             password = passfile.new_password()
             with conn.transaction():
-                conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
-                    sql.Identifier(role), sql.Literal(verifier(
-                        conn, role, password, iterations=MACHINE_SCRAM_ITERATIONS))))
+                set_password(conn, role, verifier(
+                    conn, role, password, iterations=MACHINE_SCRAM_ITERATIONS))
             passfile.store(file, role, password)
     admin = getpass.getuser()
     if admin in (embedded.OWNER, *ACTORS):
         return admin  # an OS user named like det's own roles is that role (its entry is kept)
     if passfile.lookup(file, admin) is None:
         password = passfile.new_password()
-        exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (admin,)).fetchone()
+        exists = conn.execute(Q.role_exists, (admin,)).fetchone()
         with conn.transaction():
-            conn.execute("SELECT det_user_set_password(%s, %s, %s)" if exists
-                         else "SELECT det_user_create(%s, %s, true, %s)",
+            conn.execute(Q.user_set_password if exists else Q.user_create,
                          (admin, verifier(conn, admin, password), len(password)))
         passfile.store(file, admin, password)
     return admin
@@ -107,6 +120,6 @@ def check_password(url: str, username: str, password: str) -> str:
     try:
         # One attempt: a wrong password must not wait out a retry.
         with open_connection(url, autocommit=False, user=username, password=password) as conn:
-            return conn.execute("SELECT session_user").fetchone()[0]
+            return conn.execute(Q.session_user).fetchone()[0]
     except psycopg.OperationalError as e:
         raise AuthError("invalid username or password") from e

@@ -24,11 +24,6 @@ _SQL_START = re.compile(
 # Files that still send SQL literals of their own, and how many. The count may only fall:
 # a file leaves this list when its statements have moved to sql/<room>.sql.
 REMAINING: dict[str, int] = {
-    "agent/daemon.py": 11,
-    "agent/gang.py": 5,
-    "agent/heartbeat.py": 1,
-    "agent/logs.py": 1,
-    "agent/pooler.py": 1,
     "api/routes/queue.py": 2,
     "api/routes/tasks.py": 1,
     "api/routes/trials.py": 1,
@@ -49,10 +44,6 @@ REMAINING: dict[str, int] = {
     "cli/users.py": 12,
     "cli/workspaces.py": 7,
     "configs/storage_policy.py": 1,
-    "db/channels.py": 6,
-    "db/embedded.py": 4,
-    "db/migrate.py": 8,
-    "db/roles.py": 4,
     "queries/checkpoints.py": 1,
     "queries/cluster.py": 5,
     "queries/experiments.py": 10,

@@ -3,9 +3,10 @@
 The files beside this module (``reconciler.sql``, ``agent.sql``, ...) are sequences of blocks;
 each block opens with a line ``-- name: NAME`` and runs to the next one. Comment lines under
 the name say what the statement is for; the text of the file before its first block is the
-file's own header. A statement keeps psycopg's placeholders (``%s``, ``%(name)s``, and
-``{}`` / ``{name}`` where the caller composes it with :mod:`psycopg.sql`). ``${TERMINAL}``
-stands for :data:`det.states.TERMINAL_SQL`, the one spelling of the terminal states.
+file's own header; the server is sent a statement from its first line of SQL. A statement
+keeps psycopg's placeholders (``%s``, ``%(name)s``, and ``{}`` / ``{name}`` where the caller
+composes it with :mod:`psycopg.sql`). ``${TERMINAL}`` stands for
+:data:`det.states.TERMINAL_SQL`, the one spelling of the terminal states.
 
 Code reads a file once, at import, and the statements as attributes::
 
@@ -65,9 +66,13 @@ def parse(text: str, origin: str) -> dict[str, str]:
             current.append(line)
     out = {}
     for name, lines in blocks.items():
-        body = "\n".join(lines).strip()
-        if not [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("--")]:
+        # The comment lines under the name are for the file's reader: the server gets the
+        # statement from its first line of SQL (pg_stat_activity shows what runs).
+        while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
+            lines.pop(0)
+        if not lines:
             raise ValueError(f"{origin}: statement {name!r} is empty")
+        body = "\n".join(lines).strip()
 
         def fragment(m: re.Match, name: str = name) -> str:
             if m[1] not in FRAGMENTS:

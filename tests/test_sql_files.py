@@ -154,7 +154,7 @@ def test_parse_rejects_a_name_defined_twice_and_an_unknown_fragment():
     with pytest.raises(ValueError, match="statement 'a' is empty"):
         parse("-- name: a\n-- only a comment\n-- name: b\nSELECT 1\n", "x.sql")
     assert parse("-- header\n-- name: a\n-- doc\nSELECT 1 WHERE s IN ${TERMINAL}\n",
-                 "x.sql")["a"].startswith("-- doc\nSELECT 1 WHERE s IN ('")
+                 "x.sql")["a"].startswith("SELECT 1 WHERE s IN ('")
 
 
 def test_the_loader_names_the_file_of_an_unknown_statement():

@@ -24,6 +24,9 @@ import typer
 
 from det.db.connect import det_home
 from det.errors import DetError
+from det.sql import named
+
+Q = named("cli")
 
 token_app = typer.Typer(no_args_is_help=True)
 
@@ -112,9 +115,7 @@ def token_create(
         # SCRAM verifiers do not depend on the role's name: the role is named by the server
         ver = roles.verifier(conn, TOKEN_ROLE, secret, iterations=roles.MACHINE_SCRAM_ITERATIONS)
         try:
-            row = conn.execute("SELECT role_name, expires_at FROM "
-                               "det_agent_token_create(%s, %s, %s::interval)",
-                               (ver, pool, expires)).fetchone()
+            row = conn.execute(Q.agent_token_create, (ver, pool, expires)).fetchone()
         except (psycopg.errors.InvalidDatetimeFormat, psycopg.errors.DatetimeFieldOverflow,
                 psycopg.errors.IntervalFieldOverflow):
             raise DetError(f"--expires: expected a duration such as 30m, 1h or 2 days, "
@@ -172,7 +173,7 @@ def enroll(
         # entry no server accepts, never a login whose password is lost
         pgpass = passfile.path(det_home())
         passfile.store(pgpass, login, password)
-        pool = conn.execute("SELECT det_agent_enroll(%s, %s)", (agent_id, ver)).fetchone()[0]
+        pool = conn.execute(Q.agent_enroll, (agent_id, ver)).fetchone()[0]
     url = make_conninfo(**params, user=login, passfile=str(pgpass.resolve()))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -189,6 +190,6 @@ def revoke(agent_id: str = typer.Argument(..., metavar="AGENT_ID")) -> None:
     from det.cli.session import db
 
     with db() as conn:
-        n = conn.execute("SELECT det_agent_revoke(%s) AS n", (agent_id,)).fetchone()["n"]
+        n = conn.execute(Q.agent_revoke, (agent_id,)).fetchone()["n"]
     typer.echo(f"Agent {agent_id}: revoked; {n} session(s) ended; its runs are placed again "
                "elsewhere")

@@ -11,6 +11,9 @@ import typer
 from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.queries.cluster import AGENTS, SLOTS
+from det.sql import named
+
+Q = named("cli")
 
 slot_app = typer.Typer(no_args_is_help=True)
 
@@ -30,8 +33,7 @@ def list_agents(json_: bool = typer.Option(False, "--json", help="Print JSON."))
 
 def _set_agent(agent_id: str, enabled: bool) -> None:
     with db() as conn:
-        state = conn.execute("SELECT det_agent_set_enabled(%s, %s)::text AS s",
-                             (agent_id, enabled)).fetchone()["s"]
+        state = conn.execute(Q.agent_set_enabled, (agent_id, enabled)).fetchone()["s"]
     typer.echo(f"Agent {agent_id}: {state}")
 
 
@@ -51,7 +53,7 @@ def disable(agent_id: str = typer.Argument(..., metavar="AGENT_ID"),
         _set_agent(agent_id, False)
         return
     with db() as conn:
-        n = conn.execute("SELECT det_agent_drain(%s) AS n", (agent_id,)).fetchone()["n"]
+        n = conn.execute(Q.agent_drain, (agent_id,)).fetchone()["n"]
     typer.echo(f"Agent {agent_id}: DISABLED; {n} run(s) asked to checkpoint and stop")
 
 
@@ -75,7 +77,7 @@ def list_slots(
 
 def _set_slot(agent_id: str, slot_id: int, enabled: bool) -> None:
     with db() as conn:
-        conn.execute("SELECT det_slot_set_enabled(%s, %s, %s)", (agent_id, slot_id, enabled))
+        conn.execute(Q.slot_set_enabled, (agent_id, slot_id, enabled))
     typer.echo(f"Agent {agent_id} slot {slot_id}: {'enabled' if enabled else 'disabled'}")
 
 

@@ -9,17 +9,9 @@ import typer
 from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.errors import PermissionDeniedError
+from det.queries import users as q
 
 app = typer.Typer(no_args_is_help=True)
-
-LIST = """
-SELECT id, at, actor, action, object_type, object_id, detail FROM audit_log
- WHERE (%(actor)s::text IS NULL OR actor = %(actor)s)
-   AND (%(object_type)s::text IS NULL OR object_type = %(object_type)s)
-   AND (%(object_id)s::text IS NULL OR object_id = %(object_id)s)
- ORDER BY id DESC LIMIT %(limit)s
-"""
-
 
 @app.command("list")
 def list_(
@@ -34,12 +26,10 @@ def list_(
 ) -> None:
     """The audit log, newest first (ClusterAdmin)."""
     with db() as conn:
-        if not conn.execute("SELECT det_is_owner_session() OR det_permitted(det_caller(), "
-                            "'admin_cluster', NULL) AS ok").fetchone()["ok"]:
+        if not q.is_cluster_admin(conn):
             raise PermissionDeniedError("permission denied: needs ClusterAdmin on the cluster "
                                         "to read the audit log")
-        rows = conn.execute(LIST, {"actor": actor, "object_type": object_type,
-                                   "object_id": object_id, "limit": limit}).fetchall()
+        rows = q.audit_log(conn, actor, object_type, object_id, limit)
     if json_:
         print_json(rows)
         return

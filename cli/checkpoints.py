@@ -8,18 +8,14 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.errors import NotFoundError, StateError, one_line
 from det.harness.storage import storage_from_config
+from det.queries.checkpoints import checkpoint_sizes
+from det.queries.experiments import require_experiment
 from det.queries.trials import CHECKPOINTS_BY_PREFIX
+from det.sql import named
+
+Q = named("cli")
 
 app = typer.Typer(no_args_is_help=True)
-
-LIST = """
-SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_at,
-       (SELECT sum(value::bigint) FROM jsonb_each_text(c.resources))::bigint AS size_bytes,
-       c.freed_bytes, c.deleted_at
-  FROM checkpoints c JOIN trials t ON t.id = c.trial_id
- WHERE t.experiment_id = %(id)s ORDER BY c.trial_id, c.steps_completed
-"""
-
 
 @app.command("list")
 def list_(
@@ -29,9 +25,8 @@ def list_(
     """Checkpoints of an experiment's trials: state (COMPLETED, DELETING, DELETED) and size
     (freed: what deleting it gave back)."""
     with db() as conn:
-        if conn.execute("SELECT 1 FROM experiments WHERE id = %s", (exp_id,)).fetchone() is None:
-            raise NotFoundError(f"experiment {exp_id} not found")
-        rows = conn.execute(LIST, {"id": exp_id}).fetchall()
+        require_experiment(conn, exp_id)
+        rows = checkpoint_sizes(conn, exp_id)
     if json_:
         print_json(rows)
         return
@@ -94,6 +89,5 @@ def delete(
         typer.confirm(f"Delete the files of {len(uuids)} checkpoint(s) from their storage?",
                       abort=True)
     with db() as conn, conn.transaction():
-        n = conn.execute("SELECT det_delete_checkpoints(%s::uuid[]) AS n",
-                         (uuids,)).fetchone()["n"]
+        n = conn.execute(Q.delete_checkpoints, (uuids,)).fetchone()["n"]
     typer.echo(f"{n} checkpoint(s) DELETING; a GC task removes their files")

@@ -26,14 +26,17 @@ from det.queries.experiments import (
     TRIALS,
     TRIALS_DONE,
     ListFilter,
-    add_rungs,
     get_experiment,
     job_of,
     list_experiments,
     searcher_of,
 )
 from det.queries.workspaces import placement, workspace_defaults
+from det.reconciler.searchers.live import add_rungs, page_with_live_progress, with_live_progress
+from det.sql import named
 from det.submission import context_with, expanded_config, refuse_unfit, template_for_submission
+
+Q = named("cli")
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -104,10 +107,10 @@ def create(
     with db() as conn, conn.transaction():
         if not force:
             refuse_unfit(conn, expanded)
-        row = conn.execute("SELECT det_create_experiment(%s, %s, %s, %s, %s) AS id",
+        row = conn.execute(Q.create_experiment,
                            (Jsonb(expanded), original, blob, workspace, project)).fetchone()
         if paused:
-            conn.execute("SELECT det_experiment_action(%s, 'pause')", (row["id"],))
+            conn.execute(Q.experiment_pause, (row["id"],))
     if test_mode:
         typer.echo(f"Created test experiment {row['id']}")
         _follow_test(row["id"])
@@ -131,7 +134,7 @@ def _follow_test(exp_id: int) -> None:
                 lambda c: c.execute(STATE, {"id": exp_id}).fetchone()["state"])) not in WAIT_EXIT:
             time.sleep(0.5)
     with db() as conn:
-        conn.execute("SELECT det_experiment_archive(%s, true)", (exp_id,))
+        conn.execute(Q.experiment_archive, (exp_id,))
     if state != "COMPLETED":
         raise DetError(f"test experiment {exp_id} ended {state}: the model definition test "
                        "failed (see its logs above)")
@@ -179,8 +182,8 @@ def list_(
     """The experiments you may view: id, name, state, progress, trials, searcher, best
     validation metric, owner, workspace, project, started and how long it ran (so far)."""
     with db() as conn:
-        rows = list_experiments(conn, ListFilter(archived=all_, workspace=workspace,
-                                                 project=project))
+        rows = page_with_live_progress(conn, list_experiments(
+            conn, ListFilter(archived=all_, workspace=workspace, project=project)))
     if json_:
         print_json(rows)
         return
@@ -203,7 +206,7 @@ def describe(
     """Config, trials with hyperparameters, best validation metric, checkpoints; for
     adaptive_asha, each trial's rung, its status in the search and the metric that decided it."""
     with db() as conn:
-        exp = get_experiment(conn, exp_id)
+        exp = with_live_progress(conn, get_experiment(conn, exp_id))
         trials = conn.execute(TRIALS, {"id": exp_id}).fetchall()
         ckpts = conn.execute(CHECKPOINTS, {"id": exp_id}).fetchall()
         asha = add_rungs(conn, exp, trials)
@@ -272,8 +275,7 @@ def trials_table(trials: list[dict], metric: str) -> tuple[list[dict], list[str]
 def _action(exp_id: int, action: str) -> None:
     with db() as conn:
         get_experiment(conn, exp_id)
-        state = conn.execute("SELECT det_experiment_action(%s, %s) AS s",
-                             (exp_id, action)).fetchone()["s"]
+        state = conn.execute(Q.experiment_action, (exp_id, action)).fetchone()["s"]
     typer.echo(f"Experiment {exp_id}: {state}")
 
 
@@ -325,7 +327,8 @@ def wait(
         def read(conn) -> str:
             state = conn.execute(STATE, {"id": exp_id}).fetchone()["state"]
             if not bar.disable:  # the live progress only where it is drawn
-                bar.n = round(get_experiment(conn, exp_id)["progress"] * 100)
+                exp = with_live_progress(conn, get_experiment(conn, exp_id))
+                bar.n = round(exp["progress"] * 100)
                 bar.set_description_str(wait_description(
                     exp_id, state, **conn.execute(TRIALS_DONE, {"id": exp_id}).fetchone()))
             return state
@@ -357,7 +360,7 @@ def logs(
 def archive(exp_id: int = typer.Argument(..., metavar="ID")) -> None:
     """Hide an ended experiment from `det experiment list` (--all still shows it)."""
     with db() as conn:
-        conn.execute("SELECT det_experiment_archive(%s, true)", (exp_id,))
+        conn.execute(Q.experiment_archive, (exp_id,))
     typer.echo(f"Experiment {exp_id}: archived")
 
 
@@ -365,7 +368,7 @@ def archive(exp_id: int = typer.Argument(..., metavar="ID")) -> None:
 def unarchive(exp_id: int = typer.Argument(..., metavar="ID")) -> None:
     """Show an archived experiment in `det experiment list` again."""
     with db() as conn:
-        conn.execute("SELECT det_experiment_archive(%s, false)", (exp_id,))
+        conn.execute(Q.experiment_unarchive, (exp_id,))
     typer.echo(f"Experiment {exp_id}: unarchived")
 
 
@@ -378,8 +381,7 @@ def move(
     """Move an experiment, with its trials, checkpoints and logs, to another project (Editor
     where it is and where it goes)."""
     with db() as conn:
-        conn.execute("SELECT det_experiment_move(%s, %s, %s)",
-                     (exp_id, workspace_name, project_name))
+        conn.execute(Q.experiment_move, (exp_id, workspace_name, project_name))
     typer.echo(f"Experiment {exp_id}: moved to project {project_name} of workspace "
                f"{workspace_name}")
 
@@ -396,8 +398,7 @@ def delete(
         typer.confirm(f"Delete experiment {exp_id} with all its checkpoints, metrics and logs?",
                       abort=True)
     with db() as conn:
-        gone = conn.execute("SELECT det_experiment_delete(%s) AS gone",
-                            (exp_id,)).fetchone()["gone"]
+        gone = conn.execute(Q.experiment_delete, (exp_id,)).fetchone()["gone"]
     if gone:
         typer.echo(f"Experiment {exp_id}: deleted")
     else:
@@ -412,7 +413,7 @@ app.add_typer(set_app, name="set",
 def _set_job(exp_id: int, field: str, value: str) -> None:
     value = job_change(field, value)  # checked before the transaction: a bad value changes nothing
     with db() as conn, conn.transaction():
-        conn.execute("SELECT det_job_update(%s, %s, %s)", (job_of(conn, exp_id), field, value))
+        conn.execute(Q.job_update, (job_of(conn, exp_id), field, value))
     typer.echo(f"Experiment {exp_id}: {field} set to {value}")
 
 
@@ -433,10 +434,6 @@ def set_weight(exp_id: int = typer.Argument(..., metavar="ID"),
     _set_job(exp_id, "weight", weight)
 
 
-GC_PREVIEW = """
-SELECT uuid::text AS uuid, trial_id, steps_completed, size_bytes, metric
-  FROM det_checkpoints_to_delete(%(id)s, %(seb)s, %(stb)s, %(stl)s)
-"""
 
 
 @set_app.command("gc-policy")
@@ -460,7 +457,7 @@ def set_gc_policy(
     with db() as conn:
         exp = get_experiment(conn, exp_id)
         if not yes:
-            rows = conn.execute(GC_PREVIEW, params).fetchall()
+            rows = conn.execute(Q.gc_preview, params).fetchall()
             ended = exp["state"] in WAIT_EXIT
             when = ("now" if ended else
                     "at its next checkpoint or when the experiment ends (if it ended now)")
@@ -477,8 +474,7 @@ def set_gc_policy(
             typer.confirm("Apply the new policy?", abort=True)
             conn.rollback()  # the preview's snapshot ends; the change is its own transaction
         with conn.transaction():
-            n = conn.execute("SELECT det_set_gc_policy(%(id)s, %(seb)s, %(stb)s, %(stl)s) AS n",
-                             params).fetchone()["n"]
+            n = conn.execute(Q.set_gc_policy, params).fetchone()["n"]
     typer.echo(f"Experiment {exp_id}: GC policy set to save_experiment_best "
                f"{save_experiment_best}, save_trial_best {save_trial_best}, save_trial_latest "
                f"{save_trial_latest}; {n} checkpoint(s) DELETING")

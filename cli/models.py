@@ -19,14 +19,12 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.configs.limits import MAX_CONFIG_BYTES, json_value_problem
 from det.errors import DetError
-from det.queries.models import FIND, MODEL, MODELS, VERSIONS
+from det.queries.models import FIND, MODEL, MODELS, VERSIONS, version_checkpoint
+from det.sql import named
+
+Q = named("cli")
 
 app = typer.Typer(no_args_is_help=True)
-
-VERSION_CHECKPOINT = """
-SELECT v.version, v.checkpoint_uuid::text AS checkpoint_uuid, m.name
-  FROM det_model_version_find(%(model)s, %(version)s) v JOIN models m ON m.id = v.model_id
-"""
 
 _VERSION_COLUMNS = (["version", "name", "checkpoint_uuid", "trial_id", "steps_completed",
                      "size_bytes", "validation_metrics", "metadata"],
@@ -108,9 +106,7 @@ def create(
     label_list = _labels(labels)
     _check_storable(name=name, description=description, labels=label_list)
     with db() as conn:
-        row = conn.execute("SELECT id, name, description, labels, owner, creation_time "
-                           "FROM det_model_create(%s, %s, %s, %s)",
-                           (name, description, label_list, workspace)).fetchone()
+        row = conn.execute(Q.model_create, (name, description, label_list, workspace)).fetchone()
     if json_:
         print_json(row)
         return
@@ -144,7 +140,7 @@ def describe(
     with db() as conn:
         model_id = conn.execute(FIND, {"model": model}).fetchone()["id"]
         if version is not None:
-            conn.execute("SELECT det_model_version_find(%s, %s)", (model, version))
+            conn.execute(Q.model_version_find, (model, version))
         row = conn.execute(MODEL, {"id": model_id}).fetchone()
         versions = conn.execute(VERSIONS, {"id": model_id, "version": version}).fetchall()
     if json_:
@@ -191,8 +187,7 @@ def register_version(
     _check_storable(name=name, notes=text, metadata=meta, labels=label_list)
     with db() as conn:
         row = conn.execute(
-            "SELECT version, checkpoint_uuid::text AS checkpoint_uuid "
-            "FROM det_model_register_version(%s, %s, %s, %s, %s, %s)",
+            Q.model_register_version,
             (model, uuid, name, text, label_list,
              Jsonb(meta) if meta is not None else None)).fetchone()
     if json_:
@@ -229,18 +224,15 @@ def update(
             remove_metadata or None)
     with db() as conn:
         if version is None:
-            conn.execute("SELECT det_model_update(%s, %s, %s, %s, %s, %s, %s)",
-                         (model, name, description, *args[1:]))
+            conn.execute(Q.model_update, (model, name, description, *args[1:]))
         else:
-            conn.execute("SELECT det_model_version_update(%s, %s, %s, %s, %s, %s, %s)",
-                         (model, version, *args))
+            conn.execute(Q.model_version_update, (model, version, *args))
     typer.echo(f"Updated model {model}" + (f" version {version}" if version is not None else ""))
 
 
 def _set_archived(model: str, archived: bool) -> None:
     with db() as conn:
-        row = conn.execute("SELECT name FROM det_model_set_archived(%s, %s)",
-                           (model, archived)).fetchone()
+        row = conn.execute(Q.model_set_archived, (model, archived)).fetchone()
     typer.echo(f"Model {row['name']}: {'archived' if archived else 'unarchived'}")
 
 
@@ -265,7 +257,7 @@ def move(
 ) -> None:
     """Move a model, with its versions, to another workspace (Editor in both)."""
     with db() as conn:
-        conn.execute("SELECT det_model_move(%s, %s)", (model, workspace))
+        conn.execute(Q.model_move, (model, workspace))
     typer.echo(f"Model {model}: moved to workspace {workspace}")
 
 
@@ -279,7 +271,7 @@ def delete(
     if not yes:
         typer.confirm(f"Delete model {model} and all its versions?", abort=True)
     with db() as conn:
-        n = conn.execute("SELECT det_model_delete(%s) AS n", (model,)).fetchone()["n"]
+        n = conn.execute(Q.model_delete, (model,)).fetchone()["n"]
     typer.echo(f"Deleted model {model} and its {n} version(s)")
 
 
@@ -293,8 +285,7 @@ def delete_version(
     if not yes:
         typer.confirm(f"Delete version {version} of model {model}?", abort=True)
     with db() as conn:
-        uuid = conn.execute("SELECT det_model_version_delete(%s, %s)::text AS u",
-                            (model, version)).fetchone()["u"]
+        uuid = conn.execute(Q.model_version_delete, (model, version)).fetchone()["u"]
     typer.echo(f"Deleted version {version} of model {model} (checkpoint {uuid})")
 
 
@@ -307,7 +298,7 @@ def download(
     """Copy a model version's checkpoint files from its storage into a local directory (as
     `det checkpoint download` does)."""
     with db() as conn:
-        row = conn.execute(VERSION_CHECKPOINT, {"model": model, "version": version}).fetchone()
+        row = version_checkpoint(conn, model, version)
     typer.echo(f"Model {row['name']} version {row['version']}: checkpoint "
                f"{row['checkpoint_uuid']}")
     checkpoints.download(row["checkpoint_uuid"], output)

@@ -11,7 +11,10 @@ from det.cli.session import db
 from det.configs import read_config_file
 from det.configs.cluster import ClusterConfig, load_cluster_config
 from det.errors import DetError
-from det.queries.cluster import POOL_INSTANCES, POOLS, STORED
+from det.queries.cluster import POOL_INSTANCES, POOLS, STORED, pool_bindings
+from det.sql import named
+
+Q = named("cli")
 
 config_app = typer.Typer(no_args_is_help=True)
 pool_app = typer.Typer(no_args_is_help=True)
@@ -22,8 +25,7 @@ def apply(config_file: Path = typer.Argument(..., help="Cluster config (YAML).")
     text = read_config_file(config_file)
     cfg = load_cluster_config(text, str(config_file))
     with db() as conn:
-        conn.execute("SELECT det_apply_cluster_config(%s, %s)",
-                     (Jsonb(cfg.model_dump(mode="json")), text))
+        conn.execute(Q.apply_cluster_config, (Jsonb(cfg.model_dump(mode="json")), text))
     typer.echo(f"Applied cluster config with {len(cfg.resource_pools)} resource pool(s)")
 
 
@@ -110,17 +112,10 @@ bindings_app = typer.Typer(no_args_is_help=True)
 pool_app.add_typer(bindings_app, name="bindings",
                    help="Bind pools to workspaces: a bound pool serves only those workspaces.")
 
-BINDINGS = """
-SELECT b.resource_pool, w.name AS workspace FROM workspace_pools b
-  JOIN workspaces w ON w.id = b.workspace_id
- WHERE %(pool)s::text IS NULL OR b.resource_pool = %(pool)s ORDER BY 1, 2
-"""
-
-
 def _bind(pool_name: str, workspace_names: list[str], bound: bool) -> None:
     with db() as conn, conn.transaction():
         for w in workspace_names:
-            conn.execute("SELECT det_workspace_bind_pool(%s, %s, %s)", (w, pool_name, bound))
+            conn.execute(Q.workspace_bind_pool, (w, pool_name, bound))
     typer.echo(f"{'Bound' if bound else 'Unbound'} pool {pool_name} "
                f"{'to' if bound else 'from'} {', '.join(workspace_names)}")
 
@@ -150,7 +145,7 @@ def bindings_list(
 ) -> None:
     """The workspaces each pool is bound to (that you may view)."""
     with db() as conn:
-        rows = conn.execute(BINDINGS, {"pool": pool_name}).fetchall()
+        rows = pool_bindings(conn, pool_name)
     if json_:
         print_json(rows)
         return

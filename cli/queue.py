@@ -9,6 +9,9 @@ from det.configs.job import JOB_FIELDS, job_change, parse_job_id
 from det.errors import DetError, NotFoundError
 from det.queries.queue import JOB_STATE, QUEUE, explain_reasons
 from det.reconciler import leader
+from det.sql import named
+
+Q = named("cli")
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -51,7 +54,7 @@ app.command("ls", hidden=True)(list_jobs)
 
 def _update(conn, job_id: int, field: str, value: str) -> None:
     """Apply one checked change (``value`` is what ``job_change`` returned)."""
-    conn.execute("SELECT det_job_update(%s, %s, %s)", (job_id, field, value))
+    conn.execute(Q.job_update, (job_id, field, value))
 
 
 @app.command("update")

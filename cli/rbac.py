@@ -5,24 +5,12 @@ import typer
 
 from det.cli.output import print_json, print_table
 from det.cli.session import db
-from det.cli.users import USER_ROLES
+from det.queries import users as q
+from det.sql import named
+
+Q = named("cli")
 
 app = typer.Typer(no_args_is_help=True)
-
-ROLES = """
-SELECT name, permissions, CASE WHEN global_only THEN 'cluster' ELSE 'cluster or workspace'
-       END AS scope, description
-  FROM roles WHERE NOT (%(exclude_global)s AND global_only) ORDER BY cardinality(permissions), name
-"""
-
-MY_PERMISSIONS = """
-SELECT DISTINCT coalesce(w.name, '(all workspaces)') AS workspace, p.permission, g.workspace_id
-  FROM det_user_grants(det_caller()) g
-  LEFT JOIN workspaces w ON w.id = g.workspace_id
- CROSS JOIN unnest(g.permissions) AS p(permission)
- ORDER BY g.workspace_id NULLS FIRST, p.permission
-"""
-
 
 @app.command("list-roles")
 def list_roles(
@@ -32,7 +20,7 @@ def list_roles(
 ) -> None:
     """The roles, what each permits, and where each can be assigned."""
     with db() as conn:
-        rows = conn.execute(ROLES, {"exclude_global": exclude_global_roles}).fetchall()
+        rows = q.roles(conn, exclude_global_roles)
     if json_:
         print_json(rows)
         return
@@ -42,8 +30,7 @@ def list_roles(
 def _assign(role: str, user: str | None, group: str | None, workspace: str | None,
             assigned: bool) -> None:
     with db() as conn:
-        conn.execute("SELECT det_role_assign(%s, %s, %s, %s, %s)",
-                      (role, user, group, workspace, assigned))
+        conn.execute(Q.role_assign, (role, user, group, workspace, assigned))
     who = f"user {user}" if user is not None else f"group {group}"
     where = f"workspace {workspace}" if workspace is not None else "the cluster"
     typer.echo(f"{'Assigned' if assigned else 'Unassigned'} role {role} "
@@ -82,8 +69,8 @@ def unassign_role(
 def my_permissions(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """What you may do, and where."""
     with db() as conn:
-        me = conn.execute("SELECT det_caller() AS u").fetchone()["u"]
-        rows = conn.execute(MY_PERMISSIONS).fetchall()
+        me = conn.execute(Q.caller).fetchone()["u"]
+        rows = q.caller_permissions(conn)
     if json_:
         print_json({"user": me, "permissions": rows})
         return
@@ -98,7 +85,7 @@ def list_users_roles(
 ) -> None:
     """The roles a user holds, directly or through groups, and where."""
     with db() as conn:
-        rows = conn.execute(USER_ROLES, {"name": username}).fetchall()
+        rows = q.user_roles(conn, username)
     if json_:
         print_json(rows)
         return

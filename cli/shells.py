@@ -26,6 +26,9 @@ from det.configs.job import parse_job_id
 from det.db import det_home
 from det.errors import DetError
 from det.queries.tasks import get_task
+from det.sql import named
+
+Q = named("cli")
 
 SSH_OPTIONS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
                "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"]
@@ -55,7 +58,7 @@ def ssh_key(conn, job: int) -> str:
     Raises:
         NotFoundError / PermissionDeniedError: not a shell the caller may open (Editor).
     """
-    key = conn.execute("SELECT det_task_ssh_key(%s) AS k", (job,)).fetchone()["k"]
+    key = conn.execute(Q.task_ssh_key, (job,)).fetchone()["k"]
     return key if key.endswith("\n") else key + "\n"  # ssh refuses a key without it
 
 

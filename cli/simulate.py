@@ -15,11 +15,10 @@ from det.cli.session import db
 from det.configs import read_config_file
 from det.configs.cluster import SchedulerConfig
 from det.errors import ConfigError
+from det.queries.cluster import pool_schedulers
 from det.reconciler.placement import load_pool
 from det.reconciler.schedulers import Agent, Decision, Task, schedule
 from det.reconciler.schedulers.scenario import load_scenario
-
-POOLS = "SELECT name, det_pool_scheduler(name) AS scheduler FROM resource_pools ORDER BY name"
 
 
 def outcome_rows(pool: str, tasks: list[Task], d: Decision) -> list[dict]:
@@ -46,7 +45,7 @@ def _replay(pool: str | None, override: dict) -> list[tuple[str, SchedulerConfig
                                                             list[Agent], list[Task]]]:
     out = []
     with db() as conn:
-        for row in conn.execute(POOLS).fetchall():
+        for row in pool_schedulers(conn):
             if pool is not None and row["name"] != pool:
                 continue
             config = SchedulerConfig.model_validate({**row["scheduler"], **override})

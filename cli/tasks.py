@@ -30,6 +30,9 @@ from det.queries.tasks import (
     list_tasks,
     run_of,
 )
+from det.sql import named
+
+Q = named("cli")
 
 POLL_SECONDS = 0.25
 """How often a waiting command reads its task's run (a wake-up costs one indexed read)."""
@@ -203,7 +206,7 @@ def add_common(app: typer.Typer, kind: str) -> None:
         job = parse_job_id(job, "ID")
         with db() as conn, conn.transaction():
             get_task(conn, job, kind)
-            conn.execute("SELECT det_task_kill(%s)", (job,))
+            conn.execute(Q.task_kill, (job,))
         typer.echo(f"Killed {noun} {job}")
 
     set_app = typer.Typer(no_args_is_help=True)
@@ -219,7 +222,7 @@ def add_common(app: typer.Typer, kind: str) -> None:
         value = job_change("priority", priority, "N")  # checked before the transaction
         with db() as conn, conn.transaction():
             get_task(conn, job, kind)
-            conn.execute("SELECT det_job_update(%s, 'priority', %s)", (job, value))
+            conn.execute(Q.job_set_priority, (job, value))
         typer.echo(f"{noun} {job}: priority set to {value}")
 
 

@@ -17,47 +17,17 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.configs import read_config_file
 from det.configs.templates import load_template
-from det.errors import NotFoundError
+from det.queries.templates import get_template, list_templates
+from det.sql import named
+
+Q = named("cli")
 
 app = typer.Typer(no_args_is_help=True)
 
 DEFAULT_WORKSPACE = "Uncategorized"
 
-# What users may select of a template (schema.sql grants no more): its config with secrets
-# redacted, and its YAML only when it held none.
-LIST = """
-SELECT w.name AS workspace, t.name, t.owner, t.created_at, t.updated_at,
-       t.redacted_config AS config
-  FROM templates t JOIN workspaces w ON w.id = t.workspace_id
- WHERE %(workspace)s::text IS NULL OR w.name = %(workspace)s
- ORDER BY w.name, t.name
-"""
-
-ONE = """
-SELECT w.name AS workspace, t.name, t.owner, t.created_at, t.updated_at,
-       t.redacted_config AS config, t.redacted_original AS original
-  FROM templates t JOIN workspaces w ON w.id = t.workspace_id
- WHERE w.name = %(workspace)s AND t.name = %(name)s
-"""
-
-
 def _workspace_option(what: str) -> typer.Option:
     return typer.Option(DEFAULT_WORKSPACE, "--workspace", "-w", help=f"Workspace {what}.")
-
-
-def get_template(conn, name: str, workspace: str = DEFAULT_WORKSPACE) -> dict:
-    """Template ``name`` of ``workspace`` as the caller may read it: ``workspace``, ``name``,
-    ``owner``, times, ``config`` (its mapping, secrets as ``********``) and ``original`` (its
-    YAML, or None when it holds secrets).
-
-    Raises:
-        NotFoundError: no such template in a workspace the caller may view.
-    """
-    row = conn.execute(ONE, {"workspace": workspace, "name": name}).fetchone()
-    if row is None:
-        raise NotFoundError(f"template {name!r} not found in workspace {workspace!r} "
-                            "(det template list shows them)")
-    return row
 
 
 @app.command("set")
@@ -71,7 +41,7 @@ def set_(
     text = read_config_file(file)
     config = load_template(text, source=str(file))
     with db() as conn:
-        created = conn.execute("SELECT det_template_set(%s, %s, %s, %s) AS c",
+        created = conn.execute(Q.template_set,
                                (workspace, name, Jsonb(config), text)).fetchone()["c"]
     typer.echo(f"{'Created' if created else 'Updated'} template {name} in workspace "
                f"{workspace}")
@@ -88,7 +58,7 @@ def list_(
     """Templates: workspace, name, owner, last change (--details: the config, secrets
     shown as ********)."""
     with db() as conn:
-        rows = conn.execute(LIST, {"workspace": workspace}).fetchall()
+        rows = list_templates(conn, workspace)
     if json_:
         print_json(rows)
         return
@@ -124,5 +94,5 @@ def remove(
 ) -> None:
     """Remove a template; experiments created from it keep their merged configs."""
     with db() as conn:
-        conn.execute("SELECT det_template_remove(%s, %s)", (workspace, name))
+        conn.execute(Q.template_remove, (workspace, name))
     typer.echo(f"Removed template {name} from workspace {workspace}")

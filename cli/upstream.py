@@ -16,7 +16,10 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.errors import NotFoundError, one_line
 from det.harness.storage import storage_from_config
-from det.queries.checkpoints import best_per_trial, ranked_checkpoints
+from det.queries.checkpoints import best_per_trial, describe_checkpoint, ranked_checkpoints
+from det.queries.cluster import server_info
+from det.queries.experiments import require_experiment
+from det.queries.trials import require_trial
 
 
 def _redacted(url: str) -> str:
@@ -37,9 +40,7 @@ def _master() -> dict:
     from det.db.connect import database_url
 
     with db() as conn:
-        row = conn.execute("SELECT current_setting('server_version') AS server_version, "
-                           "current_database() AS database, current_user AS user_name, "
-                           "det_schema_version() AS schema_version").fetchone()
+        row = server_info(conn)
     return {"version": package_version("det"), "database_url": _redacted(database_url()),
             **row, "serve_url": serve_url()}
 
@@ -138,8 +139,7 @@ def experiment_download(
     ./checkpoints/UUID (Determined's `det experiment download`)."""
     metric, smaller = _sort(sort_by, smaller_is_better)
     with db() as conn:
-        if conn.execute("SELECT 1 FROM experiments WHERE id = %s", (exp_id,)).fetchone() is None:
-            raise NotFoundError(f"experiment {exp_id} not found")
+        require_experiment(conn, exp_id)
         rows = best_per_trial(ranked_checkpoints(conn, experiment=exp_id, metric=metric,
                                                  smaller_is_better=smaller), top_n)
     if not rows:
@@ -166,8 +166,7 @@ def trial_download(
         raise typer.BadParameter("give one of --best, --latest, --uuid", param_hint="--best")
     metric, smaller = _sort(sort_by, smaller_is_better)
     with db() as conn:
-        if conn.execute("SELECT 1 FROM trials WHERE id = %s", (trial_id,)).fetchone() is None:
-            raise NotFoundError(f"trial {trial_id} not found")
+        require_trial(conn, trial_id)
         rows = ranked_checkpoints(conn, trial=trial_id, metric=metric, smaller_is_better=smaller)
     if latest:
         rows = sorted(rows, key=lambda r: (r["steps_completed"], r["reported_at"]), reverse=True)
@@ -190,8 +189,7 @@ def list_checkpoints(
     """The experiment's completed checkpoints, best first by the searcher's metric as
     validated at each one's batch count (Determined's `det experiment list-checkpoints`)."""
     with db() as conn:
-        if conn.execute("SELECT 1 FROM experiments WHERE id = %s", (exp_id,)).fetchone() is None:
-            raise NotFoundError(f"experiment {exp_id} not found")
+        require_experiment(conn, exp_id)
         rows = ranked_checkpoints(conn, experiment=exp_id, validated=best is not None)
     rows = rows[:best] if best is not None else rows
     shown = [{"uuid": r["uuid"], "trial_id": r["trial_id"],
@@ -224,7 +222,7 @@ def checkpoint_describe(
 
     with db() as conn:
         uuid = find_checkpoint(conn, uuid)["uuid"]
-        row = conn.execute(DESCRIBE, {"uuid": uuid}).fetchone()
+        row = describe_checkpoint(conn, uuid)
     if json_:
         print_json(row)
         return
@@ -233,15 +231,3 @@ def checkpoint_describe(
         typer.echo(f"{key}: {row[key] if row[key] is not None else '-'}")
     typer.echo(f"files: {len(row['resources'])}, "
                f"{sum(int(v) for v in row['resources'].values())} bytes")
-
-
-DESCRIBE = """
-SELECT c.uuid::text AS uuid, t.experiment_id, c.trial_id, c.steps_completed, c.state,
-       c.reported_at, c.storage, c.metadata, c.resources,
-       (SELECT m."values" FROM metrics m
-         WHERE m.trial_id = c.trial_id AND m."group" = 'validation'
-           AND m.superseded_by IS NULL AND m.steps_completed = c.steps_completed
-         ORDER BY m.id DESC LIMIT 1) AS validation
-  FROM checkpoints c JOIN trials t ON t.id = c.trial_id
- WHERE c.uuid = %(uuid)s::uuid
-"""

@@ -14,41 +14,13 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.db import roles
 from det.errors import AuthError, DetError, NotFoundError
+from det.queries import users as q
+from det.sql import named
+
+Q = named("cli")
 
 app = typer.Typer(no_args_is_help=True)
 group_app = typer.Typer(no_args_is_help=True)
-
-USERS = """
-SELECT u.id, u.username, u.active, u.created_at, u.created_by,
-       EXISTS (SELECT 1 FROM role_assignments a WHERE a.user_id = u.id AND a.role = 'ClusterAdmin'
-                  AND a.workspace_id IS NULL) AS admin,
-       coalesce((SELECT array_agg(g.name ORDER BY g.name) FROM user_group_members m
-                  JOIN user_groups g ON g.id = m.group_id WHERE m.user_id = u.id), '{}') AS groups
-  FROM users u
- WHERE (%(all)s OR u.active) AND (%(name)s::text IS NULL OR u.username = %(name)s)
- ORDER BY u.id
-"""
-
-USER_ROLES = """
-SELECT a.role, coalesce(w.name, '(all workspaces)') AS workspace,
-       CASE WHEN a.user_id IS NULL THEN 'group ' || g.name ELSE 'directly' END AS via
-  FROM users u
-  JOIN role_assignments a
-    ON a.user_id = u.id
-    OR a.group_id IN (SELECT m.group_id FROM user_group_members m WHERE m.user_id = u.id)
-  LEFT JOIN user_groups g ON g.id = a.group_id
-  LEFT JOIN workspaces w ON w.id = a.workspace_id
- WHERE u.username = %(name)s
- ORDER BY a.workspace_id NULLS FIRST, a.role
-"""
-
-GROUPS = """
-SELECT g.id, g.name, g.created_at,
-       coalesce((SELECT array_agg(u.username ORDER BY u.username) FROM user_group_members m
-                  JOIN users u ON u.id = m.user_id WHERE m.group_id = g.id), '{}') AS members
-  FROM user_groups g WHERE %(name)s::text IS NULL OR g.name = %(name)s ORDER BY g.id
-"""
-
 
 def password_verifier(conn: psycopg.Connection, username: str, password: str) -> str:
     """The SCRAM-SHA-256 verifier of ``password`` (what PostgreSQL stores), made here.
@@ -83,7 +55,7 @@ def create(
     """Create a user (ClusterAdmin only). A new user is an Editor in Uncategorized."""
     with db() as conn:
         verifier = password_verifier(conn, username, password) if password is not None else None
-        uid = conn.execute("SELECT det_user_create(%s, %s, %s, %s, %s) AS id",
+        uid = conn.execute(Q.user_create,
                            (username, verifier, admin,
                             None if password is None else len(password), weak_ok)
                            ).fetchone()["id"]
@@ -98,7 +70,7 @@ def list_(
 ) -> None:
     """Users: name, active, ClusterAdmin, groups."""
     with db() as conn:
-        rows = conn.execute(USERS, {"all": all_, "name": None}).fetchall()
+        rows = q.users(conn, all_)
     if json_:
         print_json(rows)
         return
@@ -112,10 +84,10 @@ def describe(
 ) -> None:
     """A user: whether active, their groups, and every role they hold and where."""
     with db() as conn:
-        user = conn.execute(USERS, {"all": True, "name": username}).fetchone()
+        user = next(iter(q.users(conn, True, username)), None)
         if user is None:
             raise NotFoundError(f"user {username!r} not found")
-        user["roles"] = conn.execute(USER_ROLES, {"name": username}).fetchall()
+        user["roles"] = q.user_roles(conn, username)
     if json_:
         print_json(user)
         return
@@ -127,7 +99,7 @@ def describe(
 
 def _set_active(username: str, active: bool) -> None:
     with db() as conn:
-        conn.execute("SELECT det_user_set_active(%s, %s)", (username, active))
+        conn.execute(Q.user_set_active, (username, active))
     typer.echo(f"{'Activated' if active else 'Deactivated'} user {username}")
 
 
@@ -141,10 +113,6 @@ def deactivate(username: str = typer.Argument(..., help="The user.")) -> None:
 def activate(username: str = typer.Argument(..., help="The user.")) -> None:
     """Activate a deactivated user again (ClusterAdmin)."""
     _set_active(username, True)
-
-
-IS_ADMIN = ("SELECT det_is_owner_session() OR det_permitted(det_caller(), 'admin_cluster', "
-            "NULL) AS ok")
 
 
 @app.command("change-password")
@@ -163,9 +131,9 @@ def change_password(
     their current password first. Every det serve login of the user ends (its tokens are
     refused), and the change is audited (det_user_set_password)."""
     with db() as conn:
-        me = conn.execute("SELECT det_caller() AS u").fetchone()["u"]
+        me = conn.execute(Q.caller).fetchone()["u"]
         name = target_user or me
-        if name == me and not conn.execute(IS_ADMIN).fetchone()["ok"]:
+        if name == me and not q.is_cluster_admin(conn):
             if current_password is None:
                 current_password = typer.prompt(f"Current password for {name}",
                                                 hide_input=True)
@@ -176,8 +144,7 @@ def change_password(
                                 "wrong") from None
         new = _new_password(password, f"New password for {name}")
         verifier = password_verifier(conn, name, new)
-        conn.execute("SELECT det_user_set_password(%s, %s, %s, %s)",
-                     (name, verifier, len(new), weak_ok))
+        conn.execute(Q.user_set_password, (name, verifier, len(new), weak_ok))
     login.keep_password(name, new)
     typer.echo(f"Changed the password of {name}")
 
@@ -189,9 +156,9 @@ def group_create(
 ) -> None:
     """Create a user group (ClusterAdmin), with members if --add-user."""
     with db() as conn, conn.transaction():
-        gid = conn.execute("SELECT det_group_create(%s) AS id", (group_name,)).fetchone()["id"]
+        gid = conn.execute(Q.group_create, (group_name,)).fetchone()["id"]
         for u in add_user:
-            conn.execute("SELECT det_group_set_member(%s, %s, true)", (group_name, u))
+            conn.execute(Q.group_add_member, (group_name, u))
     typer.echo(f"Created group {gid}: {group_name}")
 
 
@@ -199,7 +166,7 @@ def group_create(
 def group_delete(group_name: str = typer.Argument(..., help="The group.")) -> None:
     """Delete a group (ClusterAdmin); its members lose the roles it held."""
     with db() as conn:
-        conn.execute("SELECT det_group_delete(%s)", (group_name,))
+        conn.execute(Q.group_delete, (group_name,))
     typer.echo(f"Deleted group {group_name}")
 
 
@@ -209,7 +176,7 @@ def _members(group_name: str, usernames: str, member: bool) -> None:
         raise DetError("usernames: expected a comma-separated list of users")
     with db() as conn, conn.transaction():
         for u in names:
-            conn.execute("SELECT det_group_set_member(%s, %s, %s)", (group_name, u, member))
+            conn.execute(Q.group_set_member, (group_name, u, member))
     typer.echo(f"{'Added' if member else 'Removed'} {', '.join(names)} "
                f"{'to' if member else 'from'} group {group_name}")
 
@@ -236,7 +203,7 @@ def remove_user(
 def group_list(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Groups and their members."""
     with db() as conn:
-        rows = conn.execute(GROUPS, {"name": None}).fetchall()
+        rows = q.groups(conn)
     if json_:
         print_json(rows)
         return
@@ -250,7 +217,7 @@ def group_describe(
 ) -> None:
     """A group and its members."""
     with db() as conn:
-        row = conn.execute(GROUPS, {"name": group_name}).fetchone()
+        row = next(iter(q.groups(conn, group_name)), None)
     if row is None:
         raise NotFoundError(f"group {group_name!r} not found")
     if json_:

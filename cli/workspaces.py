@@ -12,7 +12,16 @@ from det.cli.session import db
 from det.configs.experiment import CheckpointStorage
 from det.configs.load import parse_value, parse_yaml
 from det.errors import ConfigError, NotFoundError
-from det.queries.workspaces import LIST, MEMBERS, PROJECTS, get_workspace
+from det.queries.workspaces import (
+    LIST,
+    MEMBERS,
+    PROJECTS,
+    get_workspace,
+    project_experiments,
+)
+from det.sql import named
+
+Q = named("cli")
 
 app = typer.Typer(no_args_is_help=True)
 project_app = typer.Typer(no_args_is_help=True)
@@ -61,7 +70,7 @@ def create(
     """Create a workspace (WorkspaceCreator or ClusterAdmin); you become its WorkspaceAdmin."""
     storage = _storage(checkpoint_storage_config, checkpoint_storage_config_file)
     with db() as conn:
-        wid = conn.execute("SELECT det_workspace_create(%s, %s, %s, %s) AS id",
+        wid = conn.execute(Q.workspace_create,
                            (name, default_compute_pool, default_aux_pool,
                             Jsonb(storage) if storage is not None else None)).fetchone()["id"]
         row = get_workspace(conn, name) if json_ else None
@@ -140,7 +149,7 @@ def list_members(
 
 def _archive(name: str, archived: bool) -> None:
     with db() as conn:
-        conn.execute("SELECT det_workspace_set_archived(%s, %s)", (name, archived))
+        conn.execute(Q.workspace_set_archived, (name, archived))
     typer.echo(f"{'Archived' if archived else 'Unarchived'} workspace {name}")
 
 
@@ -166,7 +175,7 @@ def delete(
     if not yes:
         typer.confirm(f"Delete workspace {workspace_name!r}?", abort=True)
     with db() as conn:
-        conn.execute("SELECT det_workspace_delete(%s)", (workspace_name,))
+        conn.execute(Q.workspace_delete, (workspace_name,))
     typer.echo(f"Deleted workspace {workspace_name}")
 
 
@@ -178,8 +187,7 @@ def project_create(
 ) -> None:
     """Create a project (Editor of the workspace)."""
     with db() as conn:
-        pid = conn.execute("SELECT det_project_create(%s, %s, %s) AS id",
-                           (workspace_name, name, description)).fetchone()["id"]
+        pid = conn.execute(Q.project_create, (workspace_name, name, description)).fetchone()["id"]
     typer.echo(f"Created project {pid}: {name} in workspace {workspace_name}")
 
 
@@ -213,9 +221,7 @@ def project_describe(
         if row is None:
             raise NotFoundError(f"project {project_name!r} not found in workspace "
                                 f"{workspace_name!r}")
-        row["experiment_list"] = conn.execute(
-            "SELECT id, name, state::text AS state, owner, start_time FROM experiments "
-            "WHERE project_id = %s ORDER BY id", (row["id"],)).fetchall()
+        row["experiment_list"] = project_experiments(conn, row["id"])
     if json_:
         print_json(row)
         return
@@ -226,8 +232,7 @@ def project_describe(
 
 def _project_archive(workspace_name: str, name: str, archived: bool) -> None:
     with db() as conn:
-        conn.execute("SELECT det_project_set_archived(%s, %s, %s)",
-                     (workspace_name, name, archived))
+        conn.execute(Q.project_set_archived, (workspace_name, name, archived))
     typer.echo(f"{'Archived' if archived else 'Unarchived'} project {name}")
 
 
@@ -259,5 +264,5 @@ def project_delete(
     if not yes:
         typer.confirm(f"Delete project {name!r} of workspace {workspace_name!r}?", abort=True)
     with db() as conn:
-        conn.execute("SELECT det_project_delete(%s, %s)", (workspace_name, name))
+        conn.execute(Q.project_delete, (workspace_name, name))
     typer.echo(f"Deleted project {name}")

@@ -1,4 +1,6 @@
 """Named read queries shared by the CLI and the HTTP server (det serve), one module per
 concern, so that ``det experiment list`` and ``GET /api/v1/experiments`` read the same rows
-(named queries, not scattered strings: docs/architecture.md, "The parts"). Writes go through
-the ``det_*`` functions of ``schema.sql``; these only read."""
+(named queries, not scattered strings: docs/architecture.md, "The parts"). Their statements
+are the blocks of ``sql/queries.sql`` (det.sql). Writes go through the ``det_*`` functions of
+``schema.sql``; these only read, and run no searcher code (live progress and rungs are
+det.reconciler.searchers.live's, which readers call)."""

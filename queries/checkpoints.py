@@ -4,31 +4,9 @@ Determined 0.38's ``det experiment download`` / ``det trial download --best`` /
 
 import psycopg
 
-RANKED = """
-SELECT c.uuid::text AS uuid, c.trial_id, t.experiment_id, c.steps_completed, c.state,
-       c.reported_at, c.storage, c.metadata, c.resources, v.value AS metric_value
-  FROM checkpoints c
-  JOIN trials t ON t.id = c.trial_id
-  JOIN experiments e ON e.id = t.experiment_id
-  CROSS JOIN LATERAL (SELECT coalesce(%(metric)s, e.config #>> '{searcher,metric}') AS metric,
-                             coalesce(%(smaller)s, e.config #>> '{searcher,smaller_is_better}'
-                                                   <> 'false', true) AS smaller) s
-  -- the validation the trial reported at the checkpoint's batch count (its latest such row)
-  LEFT JOIN LATERAL (
-       SELECT CASE WHEN jsonb_typeof(m."values" -> s.metric) = 'number'
-                   THEN (m."values" ->> s.metric)::double precision END AS value
-         FROM metrics m
-        WHERE m.trial_id = c.trial_id AND m."group" = 'validation'
-          AND m.superseded_by IS NULL AND m.steps_completed = c.steps_completed
-        ORDER BY m.id DESC LIMIT 1) v ON true
- WHERE c.state = 'COMPLETED'
-   AND (%(experiment)s::integer IS NULL OR t.experiment_id = %(experiment)s::integer)
-   AND (%(trial)s::integer IS NULL OR c.trial_id = %(trial)s::integer)
-   AND (NOT %(validated)s OR v.value IS NOT NULL)
- ORDER BY CASE WHEN s.smaller THEN v.value END ASC NULLS LAST,
-          CASE WHEN NOT s.smaller THEN v.value END DESC NULLS LAST,
-          c.steps_completed DESC, c.reported_at DESC
-"""
+from det.sql import named
+
+Q = named("queries")
 
 
 def ranked_checkpoints(conn: psycopg.Connection, *, experiment: int | None = None,
@@ -42,9 +20,9 @@ def ranked_checkpoints(conn: psycopg.Connection, *, experiment: int | None = Non
     ``validated``: only those with the value (upstream's ``list-checkpoints --best``). Each
     row has ``metric_value`` (None where there is none). Rows the caller may not read
     (row security) are absent."""
-    return conn.execute(RANKED, {"experiment": experiment, "trial": trial, "metric": metric,
-                                 "smaller": smaller_is_better,
-                                 "validated": validated}).fetchall()
+    return conn.execute(Q.ranked_checkpoints,
+                        {"experiment": experiment, "trial": trial, "metric": metric,
+                         "smaller": smaller_is_better, "validated": validated}).fetchall()
 
 
 def best_per_trial(rows: list[dict], n: int) -> list[dict]:
@@ -57,3 +35,15 @@ def best_per_trial(rows: list[dict], n: int) -> list[dict]:
             seen.add(row["trial_id"])
             best.append(row)
     return best[:n]
+
+
+def checkpoint_sizes(conn: psycopg.Connection, exp_id: int) -> list[dict]:
+    """The checkpoints of experiment ``exp_id``'s trials in batch order, each with
+    ``size_bytes`` (its files', in bytes) and ``freed_bytes`` (what deleting it gave back)."""
+    return conn.execute(Q.checkpoint_sizes, {"id": exp_id}).fetchall()
+
+
+def describe_checkpoint(conn: psycopg.Connection, uuid: str) -> dict | None:
+    """Checkpoint ``uuid`` whole (storage, metadata, ``resources``: file -> bytes) with its
+    experiment and the ``validation`` metrics reported at its batch; None when absent."""
+    return conn.execute(Q.checkpoint_described, {"uuid": uuid}).fetchone()

@@ -1,35 +1,15 @@
 """Reading experiments: the list (filters, sort, paging), one experiment, its trials and
 checkpoints."""
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
 
-from det.errors import ConfigError, DetError, NotFoundError
-from det.states import TERMINAL, TERMINAL_SQL
+from det.errors import DetError, NotFoundError
+from det.sql import named
 
-_LIST_WHERE = """
- WHERE (%(all)s OR NOT archived)
-   AND (%(states)s::text[] IS NULL OR state::text = ANY (%(states)s::text[]))
-   AND (%(owner)s::text IS NULL OR owner = %(owner)s)
-   AND (%(name)s::text IS NULL OR strpos(lower(name), lower(%(name)s)) > 0)
-   AND (%(workspace)s::text IS NULL AND %(project)s::text IS NULL
-        OR project_id IN (SELECT p.id FROM projects p JOIN workspaces w ON w.id = p.workspace_id
-                           WHERE (%(workspace)s::text IS NULL OR w.name = %(workspace)s)
-                             AND (%(project)s::text IS NULL OR p.name = %(project)s)))
-"""
-
-LIST = """
-SELECT id, name, state::text AS state, round(progress * 100)::integer AS progress, trials,
-       owner, start_time AS started, end_time AS ended, best_validation, searcher, metric,
-       archived, resource_pool, priority, weight, workspace, project
-  FROM reporting.experiments""" + _LIST_WHERE + """
- ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s
-"""
-
-# The filters name only experiments' own columns, so the count needs no join.
-COUNT = "SELECT count(*) AS n FROM experiments" + _LIST_WHERE
+Q = named("queries")
 
 SORTS = {"id": "id", "name": "name", "state": "state", "progress": "progress",
          "started": "start_time", "ended": "end_time", "owner": "owner", "trials": "trials",
@@ -39,86 +19,11 @@ SORTS = {"id": "id", "name": "name", "state": "state", "progress": "progress",
 NULLABLE = {"ended", "best_validation"}
 """Sort keys that may be NULL: NULLs sort last either way."""
 
-EXPERIMENT = """
-SELECT e.id, e.name, e.description, e.state::text AS state, e.owner, e.progress, e.config,
-       e.start_time, e.end_time, j.resource_pool, j.priority, j.weight, j.id AS job_id,
-       e.archived, e.checkpoint_gc_error, e.delete_requested_at, e.original_config,
-       e.paused_reason
-  FROM experiments e JOIN jobs j ON j.id = e.job_id WHERE e.id = %(id)s
-"""
-
-# batches: what the trial has trained so far, from its latest training metrics (reported
-# with every batch of metrics), so progress shows before the first checkpoint;
-# steps_completed is the batches as of its latest checkpoint (its restart point);
-# validation: all the metrics of its best validation, which the trials tables show as columns.
-TRIALS = """
-SELECT t.id, t.request_id::text AS request_id, t.state::text AS state, t.hparams,
-       t.steps_completed, t.best_validation, t.restarts, t.latest_checkpoint, t.exit_reason,
-       t.start_time, t.end_time,
-       greatest(t.steps_completed,
-                (SELECT max(m.steps_completed) FROM metrics m
-                  WHERE m.trial_id = t.id AND m."group" = 'training'
-                    AND m.superseded_by IS NULL)) AS batches,
-       -- The metrics of the validation that gave best_validation (the latest such, on a tie):
-       -- det_trial_best_validation's rule picked it, so matching its value finds the row.
-       (SELECT det_json_shown(m."values") FROM metrics m, experiments e
-         WHERE e.id = t.experiment_id AND m.trial_id = t.id AND m."group" = 'validation'
-           AND m.superseded_by IS NULL
-           AND CASE WHEN jsonb_typeof(m."values" -> (e.config #>> '{searcher,metric}'))
-                         = 'number'
-                    THEN (m."values" ->> (e.config #>> '{searcher,metric}'))::double precision
-                    END = t.best_validation
-         ORDER BY m.steps_completed DESC LIMIT 1) AS validation,
-       -- its latest run as the job queue sees it (waiting, starting, running, preempting,
-       -- stopping, preempted, ended) and why; NULL before its first run
-       det_run_status(r.id) AS run_state, det_run_reason(r.id) AS run_reason
-  FROM trials t
-  LEFT JOIN LATERAL (SELECT a.id FROM allocations a
-                      WHERE a.trial_id = t.id ORDER BY a.run DESC LIMIT 1) r ON true
- WHERE t.experiment_id = %(id)s ORDER BY t.id
-"""
-
-# Read only for adaptive_asha, whose describe shows each trial's rung (it holds the RNG state,
-# so it stays out of EXPERIMENT).
-SEARCHER_STATE = "SELECT searcher_state FROM experiments WHERE id = %(id)s"
-
-CHECKPOINTS = """
-SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_at,
-       (SELECT det_json_shown(m."values") FROM metrics m
-         WHERE m.trial_id = c.trial_id AND m."group" = 'validation'
-           AND m.steps_completed = c.steps_completed AND m.superseded_by IS NULL
-         ORDER BY m.id DESC LIMIT 1) AS validation
-  FROM checkpoints c JOIN trials t ON t.id = c.trial_id
- WHERE t.experiment_id = %(id)s ORDER BY c.trial_id, c.steps_completed
-"""
-
-STATE = "SELECT state::text AS state FROM experiments WHERE id = %(id)s"
-
-# How many of an experiment's trials have ended, of those its searcher has made so far
-# (`det experiment wait`'s bar).
-TRIALS_DONE = f"""
-SELECT count(*) FILTER (WHERE state IN {TERMINAL_SQL}) AS done,
-       count(*) AS total
-  FROM trials WHERE experiment_id = %(id)s
-"""
-
-JOB_OF = "SELECT job_id FROM experiments WHERE id = %(id)s"
-
-# What live progress needs of experiments still running: the config, the searcher's state and
-# each trial's batches trained so far (its latest training metrics).
-LIVE = """
-SELECT e.id, e.config, e.searcher_state,
-       coalesce(jsonb_agg(jsonb_build_object(
-           'request_id', t.request_id::text, 'hparams', t.hparams,
-           'batches', greatest(t.steps_completed,
-                               (SELECT max(m.steps_completed) FROM metrics m
-                                 WHERE m.trial_id = t.id AND m."group" = 'training'
-                                   AND m.superseded_by IS NULL))))
-                FILTER (WHERE t.id IS NOT NULL), '[]') AS trials
-  FROM experiments e LEFT JOIN trials t ON t.experiment_id = e.id
- WHERE e.id = ANY (%(ids)s) AND e.searcher_state IS NOT NULL
- GROUP BY e.id
-"""
+# The statements det serve, the CLI and the SDK run as they are (sql/queries.sql).
+TRIALS = Q.experiment_trials
+CHECKPOINTS = Q.experiment_checkpoints
+STATE = Q.experiment_state
+TRIALS_DONE = Q.trials_done
 
 MAX_PAGE = 1000
 """Most experiments one list call returns."""
@@ -150,7 +55,9 @@ class ListFilter:
 
 
 def list_experiments(conn: psycopg.Connection, f: ListFilter) -> list[dict]:
-    """The experiments ``f`` selects, in its order (ties broken by id).
+    """The experiments ``f`` selects, in its order (ties broken by id), ``progress`` in whole
+    percent as stored (det.reconciler.searchers.live.page_with_live_progress adds what
+    running trials trained since).
 
     Raises:
         DetError: an unknown sort key, or a negative limit or offset (naming the field).
@@ -170,13 +77,8 @@ def list_experiments(conn: psycopg.Connection, f: ListFilter) -> list[dict]:
     order = sql.SQL("{}{}, id{}").format(
         sql.Identifier(SORTS[key]), sql.SQL((" DESC" if desc else " ASC") + nulls),
         sql.SQL(" DESC" if desc else " ASC"))
-    query = sql.SQL(LIST).format(order=order)
-    rows = conn.execute(query, f.params()).fetchall()
-    live = live_progress(conn, [r["id"] for r in rows if r["state"] not in TERMINAL])
-    for r in rows:
-        if r["id"] in live:
-            r["progress"] = max(r["progress"], round(live[r["id"]] * 100))
-    return rows
+    query = sql.SQL(Q.list_experiments).format(order=order)
+    return conn.execute(query, f.params()).fetchall()
 
 
 def searcher_of(config: object) -> dict:
@@ -189,81 +91,43 @@ def searcher_of(config: object) -> dict:
     return searcher if isinstance(searcher, dict) else {}
 
 
-def live_progress(conn: psycopg.Connection, ids: list[int]) -> dict[int, float]:
-    """Progress in [0, 1] of the experiments ``ids`` (those still running), counting the
-    batches their open trials have trained so far, not only the lengths they validated at:
-    the searcher's own progress rule (det.reconciler.searchers) over its saved state, each
-    open trial's length raised to its batches in the unit of ``searcher.max_length``. So a
-    single-trial experiment moves before its first validation or checkpoint."""
-    if not ids:
-        return {}
-    from det.harness.lengths import UnitConverter
-    from det.reconciler.searchers import searcher_progress
-
-    out = {}
-    for row in conn.execute(LIVE, {"ids": ids}).fetchall():
-        config, state = row["config"], dict(row["searcher_state"])
-        max_length = searcher_of(config).get("max_length")
-        if not isinstance(max_length, dict) or not max_length:
-            continue  # each trial's code decides its length: the saved progress stands
-        unit = next(iter(max_length))
-        trials = {t["request_id"]: t for t in row["trials"]}
-        records = []
-        for rec in state["trials"]:
-            t = trials.get(rec["request_id"])
-            if t is not None and t["batches"] and not rec["closed"] and rec["exit"] is None:
-                try:
-                    units = UnitConverter.from_config(config, t["hparams"]).from_batches(
-                        t["batches"], unit)
-                except ConfigError:  # no global_batch_size: the saved progress stands
-                    units = 0
-                rec = {**rec, "length": max(rec["length"], int(units))}
-            records.append(rec)
-        try:
-            out[row["id"]] = searcher_progress(config, {**state, "trials": records})
-        except (DetError, ValueError):
-            continue  # an old config the searcher no longer reads: the saved progress stands
-    return out
-
-
 def count_experiments(conn: psycopg.Connection, f: ListFilter) -> int:
     """How many experiments ``f`` selects, ignoring its paging."""
-    return conn.execute(COUNT, f.params()).fetchone()["n"]
+    return conn.execute(Q.count_experiments, f.params()).fetchone()["n"]
 
 
 def get_experiment(conn: psycopg.Connection, exp_id: int) -> dict:
-    """The experiment row (EXPERIMENT), its progress live (:func:`live_progress`) while it
-    runs. Raises NotFoundError."""
-    row = conn.execute(EXPERIMENT, {"id": exp_id}).fetchone()
+    """The experiment row (queries.sql: experiment), ``progress`` in [0, 1] as stored
+    (det.reconciler.searchers.live.with_live_progress adds what running trials trained
+    since). Raises NotFoundError."""
+    row = conn.execute(Q.experiment, {"id": exp_id}).fetchone()
     if row is None:
         raise NotFoundError(f"experiment {exp_id} not found")
-    if row["state"] not in TERMINAL:
-        row["progress"] = max(row["progress"], live_progress(conn, [exp_id]).get(exp_id, 0.0))
     return row
 
 
-def add_rungs(conn: psycopg.Connection, exp: dict, trials: list[dict]) -> bool:
-    """For adaptive_asha and tpe, set each of ``trials``' ``rung`` (bracket, rung, length,
-    its status in the search and the metric that decided it; None before its first rung)
-    from the searcher's state; returns whether the searcher has rungs."""
-    from det.reconciler.searchers import trial_rungs
+def live_inputs(conn: psycopg.Connection, ids: list[int]) -> list[dict]:
+    """What live progress (det.reconciler.searchers.live) needs of the experiments ``ids``
+    that have a searcher state: ``config``, ``searcher_state`` and ``trials`` (each one's
+    ``request_id``, ``hparams`` and ``batches`` trained so far)."""
+    return conn.execute(Q.live_progress, {"ids": ids}).fetchall()
 
-    if searcher_of(exp["config"]).get("name") not in ("adaptive_asha", "tpe"):
-        return False
-    state = conn.execute(SEARCHER_STATE, {"id": exp["id"]}).fetchone()["searcher_state"]
-    try:
-        rungs = trial_rungs(exp["config"], state)
-    except (DetError, ValueError):
-        return False  # an old config the searcher no longer reads: shown without rungs
-    for t in trials:
-        rung = rungs.get(t["request_id"])
-        t["rung"] = asdict(rung) if rung else None
-    return True
+
+def searcher_state(conn: psycopg.Connection, exp_id: int) -> dict | None:
+    """Experiment ``exp_id``'s saved searcher state (None before its search began)."""
+    return conn.execute(Q.searcher_state, {"id": exp_id}).fetchone()["searcher_state"]
 
 
 def job_of(conn: psycopg.Connection, exp_id: int) -> int:
     """The id of the experiment's job. Raises NotFoundError."""
-    row = conn.execute(JOB_OF, {"id": exp_id}).fetchone()
+    row = conn.execute(Q.experiment_job, {"id": exp_id}).fetchone()
     if row is None:
         raise NotFoundError(f"experiment {exp_id} not found")
     return row["job_id"]
+
+
+def require_experiment(conn: psycopg.Connection, exp_id: int) -> None:
+    """Raises NotFoundError when experiment ``exp_id`` does not exist or the caller may not
+    view it."""
+    if conn.execute(Q.experiment_exists, (exp_id,)).fetchone() is None:
+        raise NotFoundError(f"experiment {exp_id} not found")

@@ -1,26 +1,21 @@
 """Reads of the model registry (reporting.models, reporting.model_versions), shared by
 ``det model`` and ``/api/v1/models``."""
 
-MODELS = """
-SELECT id, name, description, labels, metadata, notes, owner, archived, creation_time,
-       last_updated_time, num_versions, latest_version
-  FROM reporting.models WHERE %(all)s OR NOT archived ORDER BY id
-"""
+import psycopg
 
-# The model a user named (by name or id); raises no_data_found.
-FIND = "SELECT id FROM det_model_find(%(model)s)"
+from det.sql import named
 
-MODEL = """
-SELECT id, name, description, labels, metadata, notes, owner, archived, creation_time,
-       last_updated_time, num_versions, latest_version
-  FROM reporting.models WHERE id = %(id)s
-"""
+Q = named("queries")
 
-VERSIONS = """
-SELECT version, name, checkpoint_uuid::text AS checkpoint_uuid, checkpoint_state, trial_id,
-       experiment_id, steps_completed, size_bytes, validation_metrics, labels, metadata, notes,
-       owner, creation_time, last_updated_time
-  FROM reporting.model_versions WHERE model_id = %(id)s
-   AND (%(version)s::integer IS NULL OR version = %(version)s::integer)
- ORDER BY version
-"""
+# The statements det serve, the CLI and the SDK run as they are (sql/queries.sql).
+MODELS = Q.models
+FIND = Q.find_model
+MODEL = Q.model
+VERSIONS = Q.model_versions
+
+
+def version_checkpoint(conn: psycopg.Connection, model: str, version: int | None) -> dict:
+    """Model ``model`` (name or id)'s ``version`` (None: the latest): ``name``, ``version``
+    and ``checkpoint_uuid``. Raises what det_model_version_find raises for an unknown model
+    or version (det.errors translates it)."""
+    return conn.execute(Q.version_checkpoint, {"model": model, "version": version}).fetchone()

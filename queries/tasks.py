@@ -8,6 +8,9 @@ import psycopg
 
 from det.errors import NotFoundError
 from det.reconciler.tasks import go_duration
+from det.sql import named
+
+Q = named("queries")
 
 KINDS = {"cmd": "COMMAND", "notebook": "NOTEBOOK", "shell": "SHELL",
          "tensorboard": "TENSORBOARD"}
@@ -17,49 +20,9 @@ NOUNS = {"COMMAND": "command", "NOTEBOOK": "notebook", "SHELL": "shell",
          "TENSORBOARD": "TensorBoard"}
 """How messages name a task of each kind."""
 
-# Live means the task's run has not ended; "mine" is the session's det user (det_caller), the
-# owner det_create_task recorded.
-TASKS = """
-SELECT id, kind, state, owner, workspace, project, description, resource_pool, priority,
-       slots, submitted_at, started, ended, idle_seconds, end_reason, exit_code, address
-  FROM reporting.tasks
- WHERE (%(kind)s::text IS NULL OR kind = %(kind)s)
-   AND (%(all)s OR (owner = det_caller() AND state <> 'TERMINATED'))
- ORDER BY id
-"""
-
-TASK = """
-SELECT id, kind, state, desired_state, owner, workspace, project, description, resource_pool,
-       priority, weight, slots, submitted_at, started, ended, last_activity, idle_seconds,
-       end_reason, exit_code, address, agent_id, pending_reason, experiment_ids, trial_ids,
-       allocation_id, config
-  FROM reporting.tasks WHERE id = %(id)s
-"""
-
-# The task's output in order, from every run of its job (a task has one), after a log id.
-LOGS_AFTER = """
-SELECT l.id, l.stream, l.line FROM task_logs l
- WHERE l.allocation_id IN (SELECT a.id FROM allocations a WHERE a.job_id = %(job)s)
-   AND l.id > %(after)s
- ORDER BY l.id LIMIT %(limit)s
-"""
-
-# The task's last line of stderr (or det's own note): why a server that exited early did.
-LAST_ERROR_LINE = """
-SELECT l.line FROM task_logs l
- WHERE l.allocation_id IN (SELECT a.id FROM allocations a WHERE a.job_id = %(job)s)
-   AND l.stream IN ('stderr', 'det')
- ORDER BY l.id DESC LIMIT 1
-"""
-
-# Where a task's run is: its state, the host:port its server answers on once it does, and
-# whether an agent ever took it (a run stopped before that "ends" with exit code 0).
-RUN = """
-SELECT a.state::text AS state, a.address, a.exit_code, a.started_at IS NOT NULL AS claimed,
-       coalesce(t.end_reason, a.storage_error, a.exit_reason) AS end_reason
-  FROM tasks t JOIN allocations a ON a.job_id = t.job_id
- WHERE t.job_id = %(id)s ORDER BY a.run DESC LIMIT 1
-"""
+# The statements det serve, the CLI and the SDK run as they are (sql/queries.sql).
+LOGS_AFTER = Q.task_logs_after
+LAST_ERROR_LINE = Q.task_last_error_line
 
 ENDED = "TERMINATED"
 """The state of a task whose run has ended (``allocation_state``)."""
@@ -73,7 +36,7 @@ def get_task(conn: psycopg.Connection, job_id: int, kind: str | None = None) -> 
         NotFoundError: no such task, or one the user may not view (row-level security hides
             it); a task of another kind is named with the command that reads it.
     """
-    row = conn.execute(TASK, {"id": job_id}).fetchone()
+    row = conn.execute(Q.task, {"id": job_id}).fetchone()
     noun = NOUNS.get(kind or "", "task")
     if row is None:
         raise NotFoundError(f"{noun} {job_id} not found")
@@ -85,9 +48,9 @@ def get_task(conn: psycopg.Connection, job_id: int, kind: str | None = None) -> 
 
 
 def list_tasks(conn: psycopg.Connection, kind: str | None, all_: bool) -> list[dict]:
-    """The tasks (TASKS) of ``kind`` (None: every kind): the caller's live ones, or with
-    ``all_`` every task they may view, ended ones included."""
-    return conn.execute(TASKS, {"kind": kind, "all": all_}).fetchall()
+    """The tasks (queries.sql: tasks) of ``kind`` (None: every kind): the caller's live ones,
+    or with ``all_`` every task they may view, ended ones included."""
+    return conn.execute(Q.tasks, {"kind": kind, "all": all_}).fetchall()
 
 
 def run_of(conn: psycopg.Connection, job_id: int) -> dict:
@@ -96,7 +59,7 @@ def run_of(conn: psycopg.Connection, job_id: int) -> dict:
     Raises:
         NotFoundError: no such task visible to the user.
     """
-    row = conn.execute(RUN, {"id": job_id}).fetchone()
+    row = conn.execute(Q.task_run, {"id": job_id}).fetchone()
     if row is None:
         raise NotFoundError(f"task {job_id} not found")
     return row

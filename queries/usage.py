@@ -11,6 +11,9 @@ from datetime import date, timedelta
 import psycopg
 
 from det.errors import DetError
+from det.sql import named
+
+Q = named("queries")
 
 GROUPS = ("workspace", "user", "label", "pool")
 """What usage can be grouped by (det_cluster_usage's p_group_by)."""
@@ -22,10 +25,6 @@ weeks)."""
 MAX_DAYS = 3660
 """The longest period asked at once, in days: ten years, far beyond any cluster's history,
 but a bound on the rows one request makes."""
-
-USAGE = """
-SELECT day, "group", slot_hours FROM det_cluster_usage(%(start)s, %(end)s, %(group_by)s)
-"""
 
 
 def period(start: date | None, end: date | None, today: date) -> tuple[date, date]:
@@ -53,7 +52,7 @@ def usage(conn: psycopg.Connection, start: date, end: date, group_by: str) -> li
     Raises:
         DetError: ``group_by`` is not one of :data:`GROUPS` (named by det_cluster_usage).
     """
-    return conn.execute(USAGE, {"start": start, "end": end, "group_by": group_by}).fetchall()
+    return conn.execute(Q.usage, {"start": start, "end": end, "group_by": group_by}).fetchall()
 
 
 def totals(rows: Iterable[Mapping]) -> dict[str | None, float]:

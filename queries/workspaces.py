@@ -5,42 +5,19 @@ import psycopg
 
 from det.configs.load import parse_yaml
 from det.errors import ConfigError, NotFoundError
+from det.sql import named
 
-LIST = """
-SELECT w.id, w.name, w.archived, w.created_by, w.created_at, w.default_compute_pool,
-       w.default_aux_pool, w.checkpoint_storage,
-       (SELECT count(*) FROM projects p WHERE p.workspace_id = w.id) AS projects,
-       (SELECT count(*) FROM jobs j WHERE j.workspace_id = w.id) AS experiments,
-       coalesce((SELECT array_agg(b.resource_pool ORDER BY b.resource_pool)
-                   FROM workspace_pools b WHERE b.workspace_id = w.id), '{}') AS bound_pools
-  FROM workspaces w
- WHERE (%(all)s OR NOT w.archived) AND (%(name)s::text IS NULL OR w.name = %(name)s)
- ORDER BY w.id
-"""
+Q = named("queries")
 
-PROJECTS = """
-SELECT p.id, p.name, p.description, p.archived, p.created_by, p.created_at,
-       (SELECT count(*) FROM experiments e WHERE e.project_id = p.id) AS experiments
-  FROM projects p JOIN workspaces w ON w.id = p.workspace_id
- WHERE w.name = %(workspace)s AND (%(all)s OR NOT p.archived)
-   AND (%(name)s::text IS NULL OR p.name = %(name)s)
- ORDER BY p.id
-"""
-
-MEMBERS = """
-SELECT coalesce(u.username, g.name) AS member, CASE WHEN u.id IS NULL THEN 'group' ELSE 'user'
-       END AS kind, a.role, coalesce(w.name, '(all workspaces)') AS workspace
-  FROM role_assignments a
-  LEFT JOIN users u ON u.id = a.user_id
-  LEFT JOIN user_groups g ON g.id = a.group_id
-  LEFT JOIN workspaces w ON w.id = a.workspace_id
- WHERE a.workspace_id IS NULL OR w.name = %(workspace)s
- ORDER BY a.workspace_id NULLS FIRST, kind DESC, member, a.role
-"""
+# The statements det serve, the CLI and the SDK run as they are (sql/queries.sql).
+LIST = Q.workspaces
+PROJECTS = Q.workspace_projects
+MEMBERS = Q.workspace_members
 
 
 def get_workspace(conn: psycopg.Connection, name: str) -> dict:
-    """The workspace named ``name`` (with its counts and bound pools), as :data:`LIST` rows.
+    """The workspace named ``name`` (with its counts and bound pools), as :data:`LIST` rows
+    (queries.sql: workspaces).
 
     Raises:
         NotFoundError: no such workspace the caller may view.
@@ -64,9 +41,7 @@ def placement(conn: psycopg.Connection, config_text: str, source: str, workspace
     if project_id is not None:
         if workspace is not None or project is not None:
             raise ConfigError("--project_id", "give it, or --workspace and --project, not both")
-        row = conn.execute("SELECT w.name AS workspace, p.name AS project FROM projects p "
-                           "JOIN workspaces w ON w.id = p.workspace_id WHERE p.id = %s",
-                           (project_id,)).fetchone()
+        row = conn.execute(Q.project_place, (project_id,)).fetchone()
         if row is None:
             raise NotFoundError(f"project {project_id} not found")
         return row["workspace"], row["project"]
@@ -92,8 +67,7 @@ def workspace_defaults(conn: psycopg.Connection, workspace: str | None) -> dict:
     experiments when their config is silent: ``resources.resource_pool`` (its default compute
     pool) and ``checkpoint_storage``. Empty when it sets neither or cannot be seen (the
     submission then fails naming the workspace)."""
-    row = conn.execute("SELECT default_compute_pool, checkpoint_storage FROM workspaces "
-                       "WHERE name = coalesce(%s, 'Uncategorized')", (workspace,)).fetchone()
+    row = conn.execute(Q.workspace_defaults, (workspace,)).fetchone()
     out: dict = {}
     if row is None:
         return out
@@ -104,16 +78,6 @@ def workspace_defaults(conn: psycopg.Connection, workspace: str | None) -> dict:
     return out
 
 
-PROJECT = """
-SELECT p.id, p.name, p.description, p.archived, p.created_by, p.created_at,
-       p.workspace_id, w.name AS workspace,
-       (SELECT count(*) FROM experiments e WHERE e.project_id = p.id) AS experiments
-  FROM projects p JOIN workspaces w ON w.id = p.workspace_id
- WHERE p.id = %(id)s
-"""
-"""One project by id, with its workspace's name (the WebUI's project page)."""
-
-
 def workspace_by_id(conn: psycopg.Connection, workspace_id: int) -> dict:
     """The workspace ``workspace_id`` as :func:`get_workspace` gives it, with its projects
     (:data:`PROJECTS`, archived ones included) under ``project_list``.
@@ -121,7 +85,7 @@ def workspace_by_id(conn: psycopg.Connection, workspace_id: int) -> dict:
     Raises:
         NotFoundError: no such workspace the caller may view.
     """
-    row = conn.execute("SELECT name FROM workspaces WHERE id = %s", (workspace_id,)).fetchone()
+    row = conn.execute(Q.workspace_name, (workspace_id,)).fetchone()
     if row is None:
         raise NotFoundError(f"workspace {workspace_id} not found")
     ws = get_workspace(conn, row["name"])
@@ -131,12 +95,18 @@ def workspace_by_id(conn: psycopg.Connection, workspace_id: int) -> dict:
 
 
 def project_by_id(conn: psycopg.Connection, project_id: int) -> dict:
-    """The project ``project_id`` (:data:`PROJECT`).
+    """The project ``project_id`` (queries.sql: project).
 
     Raises:
         NotFoundError: no such project in a workspace the caller may view.
     """
-    row = conn.execute(PROJECT, {"id": project_id}).fetchone()
+    row = conn.execute(Q.project, {"id": project_id}).fetchone()
     if row is None:
         raise NotFoundError(f"project {project_id} not found")
     return row
+
+
+def project_experiments(conn: psycopg.Connection, project_id: int) -> list[dict]:
+    """The experiments of project ``project_id`` (``id``, ``name``, ``state``, ``owner``,
+    ``start_time``), by id."""
+    return conn.execute(Q.project_experiments, (project_id,)).fetchall()

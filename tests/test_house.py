@@ -116,10 +116,10 @@ def channels_named_elsewhere(root: Path) -> list[str]:
             if CHANNEL_SQL.search(c.value)]
 
 
-def cli_imports_of_the_api(root: Path) -> list[str]:
-    """``file:line`` of each import of ``det.cli`` (or a module under it) under ``api/``."""
+def imports_of(root: Path, folder: str, package: str) -> list[str]:
+    """``file:line`` of each import of ``package`` (or a module under it) under ``folder``."""
     found = []
-    for path in sorted((root / "api").rglob("*.py")):
+    for path in sorted((root / folder).rglob("*.py")):
         for n in ast.walk(ast.parse(path.read_text())):
             if isinstance(n, ast.Import):
                 modules = [a.name for a in n.names]
@@ -127,7 +127,7 @@ def cli_imports_of_the_api(root: Path) -> list[str]:
                 modules = [n.module] + [f"{n.module}.{a.name}" for a in n.names]
             else:
                 continue
-            if any(m == "det.cli" or m.startswith("det.cli.") for m in modules):
+            if any(m == package or m.startswith(f"{package}.") for m in modules):
                 found.append(f"{path.relative_to(root)}:{n.lineno}")
     return found
 
@@ -149,7 +149,13 @@ def test_only_db_channels_names_a_channel() -> None:
 
 
 def test_the_api_imports_no_cli_module() -> None:
-    assert cli_imports_of_the_api(REPO) == []
+    assert imports_of(REPO, "api", "det.cli") == []
+
+
+def test_the_reads_run_no_searcher_code() -> None:
+    """det.queries only reads: live progress and rungs are the searcher room's, called by
+    the readers (det.reconciler.searchers.live)."""
+    assert imports_of(REPO, "queries", "det.reconciler.searchers") == []
 
 
 def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
@@ -187,5 +193,11 @@ def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
         "from det.cli.preview import search_preview\nimport det.cli.output\n"
         "from det import cli\nfrom det.client import x\nfrom det.queries import trials\n"
         "def f():\n    from det.cli import output\n")
-    assert cli_imports_of_the_api(tmp_path) == ["api/r.py:1", "api/r.py:2", "api/r.py:3",
-                                                "api/r.py:7"]
+    assert imports_of(tmp_path, "api", "det.cli") == ["api/r.py:1", "api/r.py:2", "api/r.py:3",
+                                                      "api/r.py:7"]
+    (tmp_path / "queries").mkdir()
+    (tmp_path / "queries" / "q.py").write_text(
+        "from det.reconciler import searchers\nfrom det.reconciler import leader\n"
+        "def f():\n    from det.reconciler.searchers import searcher_progress\n")
+    assert imports_of(tmp_path, "queries", "det.reconciler.searchers") == ["queries/q.py:1",
+                                                                           "queries/q.py:4"]

@@ -25,6 +25,7 @@ from det.queries import trials as qt
 from det.queries.cluster import AGENTS, POOLS, SLOTS
 from det.queries.queue import job_queue
 from det.queries.tasks import list_tasks
+from det.reconciler.searchers.live import add_rungs, page_with_live_progress, with_live_progress
 
 router = APIRouter(prefix="/api/v1/events", tags=["events"])
 
@@ -89,7 +90,7 @@ async def experiments(
     await _auth(request, lambda conn: qe.list_experiments(conn, f))
 
     def read(conn, st: Stream) -> list[str]:
-        page = {"experiments": qe.list_experiments(conn, f),
+        page = {"experiments": page_with_live_progress(conn, qe.list_experiments(conn, f)),
                 "pagination": {"offset": offset, "limit": limit,
                                "total": qe.count_experiments(conn, f)}}
         return [e for e in [st.changed("experiments", page)] if e]
@@ -104,9 +105,9 @@ async def experiment(request: Request, exp_id: IntId) -> StreamingResponse:
 
     def read(conn, st: Stream) -> list[str]:
         out: list[str] = []
-        exp = qe.get_experiment(conn, exp_id)
+        exp = with_live_progress(conn, qe.get_experiment(conn, exp_id))
         trials = conn.execute(qe.TRIALS, {"id": exp_id}).fetchall()
-        qe.add_rungs(conn, exp, trials)
+        add_rungs(conn, exp, trials)
         first = "metrics" not in st.cursors
         _metrics(conn, st, [t["id"] for t in trials], out)
         if first:

@@ -19,6 +19,7 @@ from det.errors import ContextError, DetError
 from det.queries import experiments as q
 from det.queries.trials import metric_series
 from det.queries.workspaces import placement, workspace_defaults
+from det.reconciler.searchers.live import add_rungs, page_with_live_progress, with_live_progress
 from det.reconciler.searchers.preview import search_preview
 from det.sql import named
 from det.submission import expand_config_text, refuse_unfit, template_for_submission
@@ -50,7 +51,7 @@ def list_experiments(
     f = q.ListFilter(archived=archived, states=tuple(state) if state else None, owner=owner,
                      name=name, workspace=workspace, project=project, sort=sort, limit=limit,
                      offset=offset)
-    rows = q.list_experiments(s.conn, f)
+    rows = page_with_live_progress(s.conn, q.list_experiments(s.conn, f))
     return {"experiments": rows,
             "pagination": {"offset": offset, "limit": limit,
                            "total": q.count_experiments(s.conn, f)}}
@@ -106,9 +107,9 @@ def get_experiment(exp_id: IntId, s: Session = session) -> dict:
     """The experiment (config included), its trials (hyperparameters, state, batches,
     best validation; ``rung`` for adaptive_asha and tpe; ``run_state`` and ``run_reason``:
     its latest run as the job queue sees it, e.g. ``waiting`` and why) and checkpoints."""
-    exp = q.get_experiment(s.conn, exp_id)
+    exp = with_live_progress(s.conn, q.get_experiment(s.conn, exp_id))
     trials = s.conn.execute(q.TRIALS, {"id": exp_id}).fetchall()
-    q.add_rungs(s.conn, exp, trials)
+    add_rungs(s.conn, exp, trials)
     ckpts = s.conn.execute(q.CHECKPOINTS, {"id": exp_id}).fetchall()
     return {**exp, "trials": trials, "checkpoints": ckpts}
 

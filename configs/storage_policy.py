@@ -31,6 +31,9 @@ from psycopg.rows import tuple_row
 from det.configs.cluster import ClusterConfig
 from det.configs.experiment import S3Storage
 from det.errors import PermissionDeniedError
+from det.sql import named
+
+Q = named("queries")
 
 
 def endpoint_key(url: str) -> str:
@@ -93,6 +96,5 @@ def _listed(values: list[str]) -> str:
 
 def stored_cluster_config(conn: psycopg.Connection) -> ClusterConfig:
     """The applied cluster config (``det cluster config apply``), else the default one."""
-    row = conn.cursor(row_factory=tuple_row).execute(
-        "SELECT config FROM cluster_config").fetchone()
+    row = conn.cursor(row_factory=tuple_row).execute(Q.applied_cluster_config).fetchone()
     return ClusterConfig.model_validate(row[0]) if row is not None else ClusterConfig()

@@ -584,3 +584,11 @@ SELECT current_setting('server_version') AS server_version, current_database() A
 -- name: project_experiments
 SELECT id, name, state::text AS state, owner, start_time FROM experiments
  WHERE project_id = %s ORDER BY id
+
+-- det.configs's read: the cluster config that applies (det serve's storage access, the
+-- reconciler's pass)
+
+-- name: applied_cluster_config
+-- The config of the last `det cluster config apply`; no row: none was applied (the caller
+-- takes the default one).
+SELECT config FROM cluster_config

@@ -484,9 +484,8 @@ def test_close_wakes_the_preemption_watcher_instead_of_waiting_out_its_poll(
     monkeypatch.setattr(transport, "PREEMPT_POLL_SECONDS", 60.0)
     alloc = claim_allocation(db_url, tmp_path / "ckpt")
     t = DbTransport(db_url, alloc.id, alloc.token)
-    # The statement's text opens with its comment from sql/harness.sql.
     wait_for(lambda: query(db_url, "SELECT 1 FROM pg_stat_activity WHERE state = 'idle' "
-                                   "AND query LIKE '%%SELECT det_should_preempt(%%'"),
+                                   "AND query LIKE 'SELECT det_should_preempt%%'"),
              10, "the watcher waiting for a NOTIFY", interval=0.02)
     monkeypatch.setattr(transport, "PREEMPT_POLL_SECONDS", 1.0)
     t.close()

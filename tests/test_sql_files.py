@@ -27,7 +27,6 @@ REMAINING: dict[str, int] = {
     "api/routes/queue.py": 2,
     "api/routes/tasks.py": 1,
     "api/routes/trials.py": 1,
-    "configs/storage_policy.py": 1,
 }
 
 

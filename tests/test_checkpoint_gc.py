@@ -138,15 +138,14 @@ def test_archive_hides_from_default_list(det, ended) -> None:
     assert " gc " in det("experiment", "list").stdout
 
 
-def gc_processes(db_url: str) -> list[int]:
-    """Pids of running GC tasks (python -m det.harness.checkpoint_gc) of the database at
-    ``db_url`` (its name is in the task's environment; other tests' tasks may run beside)."""
-    dbname = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"].encode()
+def gc_processes(agent_dir: Path) -> list[int]:
+    """Pids of running GC tasks (python -m det.harness.checkpoint_gc) of the agent whose work
+    directory is ``agent_dir`` (a task runs in it; other tests' tasks may run beside)."""
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if b"det.harness.checkpoint_gc" in Path(f"/proc/{pid}/cmdline").read_bytes() \
-                    and dbname in Path(f"/proc/{pid}/environ").read_bytes():
+                    and Path(os.readlink(f"/proc/{pid}/cwd")).is_relative_to(agent_dir):
                 out.append(int(pid))
         except OSError:
             pass
@@ -201,7 +200,7 @@ def test_gc_killed_half_way_finishes_on_the_next_run(det, ended, conn, db_url, t
         wait_for(lambda: not (ended.storage / uuids[0][199]).exists(), 60,
                  "the second batch's files to be removed")
         assert states(conn, eid)[uuids[0][150]] == "DELETING"
-        pids = wait_for(lambda: gc_processes(db_url), 10, "the GC task's process")
+        pids = wait_for(lambda: gc_processes(tmp_path / "agent"), 10, "the GC task's process")
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         assert list(states(conn, eid).values()).count("DELETED") == 100  # the first batch

@@ -40,3 +40,15 @@ def job_queue(conn, pool: str | None = None, job: int | None = None) -> list[dic
     for r in rows:
         r["reasons"] = explain_reasons(r, leading) if r["status"] == "STATE_QUEUED" else []
     return rows
+
+
+def head_other_than(conn, job: int) -> int:
+    """The job at the head of queued ``job``'s pool's queue, ``job`` itself left out
+    (queries.sql: queue_head_other_than): whom Move to Top puts it ahead of. For a job that
+    is not at the head, so another heads the queue."""
+    return conn.execute(Q.queue_head_other_than, {"job": job}).fetchone()["job_id"]
+
+
+def job_exists(conn, job: int) -> bool:
+    """Whether job ``job`` exists (ended or not) and the caller may see it."""
+    return conn.execute(Q.job_exists, (job,)).fetchone() is not None

@@ -72,3 +72,9 @@ def idle_for(seconds: float | None) -> str:
     if seconds is None:
         return ""
     return go_duration(max(0, math.floor(seconds)))
+
+
+def logs_tail(conn: psycopg.Connection, job_id: int, limit: int) -> list[dict]:
+    """The last ``limit`` lines of task ``job_id``'s output (every run of its job), oldest
+    first (queries.sql: task_logs_tail): ``id``, ``stream``, ``line``."""
+    return conn.execute(Q.task_logs_tail, {"job": job_id, "limit": limit}).fetchall()[::-1]

@@ -76,6 +76,12 @@ def metric_series(conn: psycopg.Connection, trial_id: int, group: str,
                                                       "n": max_points}).fetchall()
 
 
+def trial_checkpoints(conn: psycopg.Connection, trial_id: int) -> list[dict]:
+    """Trial ``trial_id``'s checkpoints in batch order (queries.sql: trial_checkpoints):
+    state, sizes in bytes, when reported and deleted, storage type."""
+    return conn.execute(Q.trial_checkpoints, {"id": trial_id}).fetchall()
+
+
 def require_trial(conn: psycopg.Connection, trial_id: int) -> None:
     """Raises NotFoundError when trial ``trial_id`` does not exist or the caller may not view
     it."""

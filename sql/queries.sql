@@ -387,6 +387,32 @@ SELECT count(*) FILTER (WHERE state IN ${TERMINAL}) AS done,
        count(*) AS total
   FROM trials WHERE experiment_id = %(id)s
 
+-- det serve's own reads (det.api): Move to Top, a task's log tail, a trial's checkpoints
+
+-- name: queue_head_other_than
+-- The job at the head of a pool's queue other than the given one (Move to Top goes ahead of
+-- it).
+SELECT job_id FROM reporting.job_queue
+ WHERE resource_pool = (SELECT resource_pool FROM jobs WHERE id = %(job)s) AND job_id <> %(job)s
+ ORDER BY queue_order LIMIT 1
+
+-- name: job_exists
+-- Whether a job the caller may see exists, ended or not.
+SELECT 1 FROM jobs WHERE id = %s
+
+-- name: task_logs_tail
+-- The last lines of a task's output, newest first (the caller reverses them): the Tasks
+-- page's log tail. Every run of its job (a task has one), as task_logs_after.
+SELECT l.id, l.stream, l.line FROM task_logs l
+ WHERE l.allocation_id IN (SELECT a.id FROM allocations a WHERE a.job_id = %(job)s)
+ ORDER BY l.id DESC LIMIT %(limit)s
+
+-- name: trial_checkpoints
+-- A trial's checkpoints in batch order: state, size in bytes, storage.
+SELECT uuid::text AS uuid, trial_id, steps_completed, state, size_bytes, freed_bytes,
+       reported_at, deleted_at, storage_type
+  FROM reporting.checkpoints WHERE trial_id = %(id)s ORDER BY steps_completed
+
 -- name: experiment
 SELECT e.id, e.name, e.description, e.state::text AS state, e.owner, e.progress, e.config,
        e.start_time, e.end_time, j.resource_pool, j.priority, j.weight, j.id AS job_id,

@@ -24,9 +24,6 @@ _SQL_START = re.compile(
 # Files that still send SQL literals of their own, and how many. The count may only fall:
 # a file leaves this list when its statements have moved to sql/<room>.sql.
 REMAINING: dict[str, int] = {
-    "api/routes/queue.py": 2,
-    "api/routes/tasks.py": 1,
-    "api/routes/trials.py": 1,
 }
 
 

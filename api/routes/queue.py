@@ -10,20 +10,12 @@ from det.api.params import BIGINT_MAX, BigId
 from det.api.session import Session, session
 from det.configs.job import job_change
 from det.errors import DetError, NotFoundError, StateError
-from det.queries.queue import job_queue
+from det.queries.queue import head_other_than, job_exists, job_queue
 from det.sql import named
 
 Q = named("api")
 
 router = APIRouter(prefix="/api/v1", tags=["job queue"])
-
-# The job at the head of a pool's queue other than the given one (Move to Top goes ahead of
-# it).
-HEAD = """
-SELECT job_id FROM reporting.job_queue
- WHERE resource_pool = (SELECT resource_pool FROM jobs WHERE id = %(job)s) AND job_id <> %(job)s
- ORDER BY queue_order LIMIT 1
-"""
 
 JobField = Literal["priority", "weight", "resource-pool", "ahead-of", "behind-of"]
 
@@ -88,10 +80,9 @@ def move_to_top(job_id: BigId, s: Session = session) -> dict:
     longer queued."""
     mine = job_queue(s.conn, None, job_id)
     if not mine:
-        if s.conn.execute("SELECT 1 FROM jobs WHERE id = %s", (job_id,)).fetchone() is None:
+        if not job_exists(s.conn, job_id):
             raise NotFoundError(f"job {job_id} not found")
         raise StateError(f"job {job_id} has ended: it is no longer queued")
     if mine[0]["queue_order"] > 0:
-        head = s.conn.execute(HEAD, {"job": job_id}).fetchone()["job_id"]
-        s.conn.execute(Q.job_move_ahead_of, (job_id, str(head)))
+        s.conn.execute(Q.job_move_ahead_of, (job_id, str(head_other_than(s.conn, job_id))))
     return {"job_id": job_id, "jobs": job_queue(s.conn, mine[0]["resource_pool"])}

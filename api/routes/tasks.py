@@ -31,13 +31,6 @@ router = APIRouter(prefix="/api/v1", tags=["tasks"])
 MAX_LOG_LINES = 5000
 """Most log lines one call returns."""
 
-# The last lines of a task's output, newest first (the caller reverses them): the Tasks
-# page's log tail. Every run of its job (a task has one), as queries.tasks.LOGS_AFTER.
-LOGS_TAIL = """
-SELECT l.id, l.stream, l.line FROM task_logs l
- WHERE l.allocation_id IN (SELECT a.id FROM allocations a WHERE a.job_id = %(job)s)
- ORDER BY l.id DESC LIMIT %(limit)s
-"""
 
 def with_url(task: dict) -> dict:
     """``task`` with ``url``: where det serve proxies its web server (None for a kind
@@ -84,7 +77,7 @@ def task_logs(
     """The task's output (stdout, stderr, det's notes on its run) by log id."""
     q.get_task(s.conn, task_id)
     if tail is not None:
-        rows = s.conn.execute(LOGS_TAIL, {"job": task_id, "limit": tail}).fetchall()[::-1]
+        rows = q.logs_tail(s.conn, task_id, tail)
     else:
         rows = s.conn.execute(q.LOGS_AFTER, {"job": task_id, "after": after,
                                              "limit": limit}).fetchall()

@@ -19,12 +19,6 @@ from det.queries.experiments import TRIALS, get_experiment
 
 router = APIRouter(prefix="/api/v1", tags=["trials"])
 
-CHECKPOINTS = """
-SELECT uuid::text AS uuid, trial_id, steps_completed, state, size_bytes, freed_bytes,
-       reported_at, deleted_at, storage_type
-  FROM reporting.checkpoints WHERE trial_id = %(id)s ORDER BY steps_completed
-"""
-
 MAX_LOG_LINES = 5000
 """Most log lines one call returns."""
 
@@ -91,7 +85,7 @@ def download_trial_logs(trial_id: IntId, s: Session = session) -> Response:
 def trial_checkpoints(trial_id: IntId, s: Session = session) -> dict:
     """The trial's checkpoints: batches, state, size in bytes."""
     q.get_trial(s.conn, trial_id)
-    return {"checkpoints": s.conn.execute(CHECKPOINTS, {"id": trial_id}).fetchall()}
+    return {"checkpoints": q.trial_checkpoints(s.conn, trial_id)}
 
 
 @router.get("/experiments/{exp_id}/trials")

@@ -21,11 +21,6 @@ _SQL_START = re.compile(
     r"\b(FROM|INTO|SET|TABLE|ROLE|DATABASE|SCHEMA|FUNCTION|NOTIFY|LISTEN|WHERE|\w+\()",
 )
 
-# Files that still send SQL literals of their own, and how many. The count may only fall:
-# a file leaves this list when its statements have moved to sql/<room>.sql.
-REMAINING: dict[str, int] = {
-}
-
 
 def sources() -> list[Path]:
     return sorted(p for p in REPO.rglob("*.py")
@@ -110,11 +105,7 @@ def test_no_sql_literal_outside_sql_files():
         lines = sql_literals(ast.parse(p.read_text()))
         if lines:
             found[str(p.relative_to(REPO))] = lines
-    over = {f: lines for f, lines in found.items() if len(lines) > REMAINING.get(f, 0)}
-    assert over == {}, "SQL literals outside sql/*.sql (move them to a named statement)"
-    stale = {f: (n, len(found.get(f, []))) for f, n in REMAINING.items()
-             if len(found.get(f, [])) < n}
-    assert stale == {}, "REMAINING counts higher than what is left: lower them"
+    assert found == {}, "SQL literals outside sql/*.sql (move them to a named statement)"
 
 
 def test_parse_rejects_a_name_defined_twice_and_an_unknown_fragment():

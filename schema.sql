@@ -549,8 +549,10 @@ CREATE TABLE searcher_events (
     id            bigserial PRIMARY KEY,
     experiment_id integer NOT NULL REFERENCES experiments (id),
     trial_id      integer NOT NULL REFERENCES trials (id),
-    kind          text NOT NULL CHECK (kind IN ('validation_completed', 'trial_exited',
-                                                'trial_exited_early')),
+    -- validation_completed: an op's completion (det_complete_op); validation_reported: a
+    -- validation row (det_validation_reported); what each means is the searcher's call
+    kind          text NOT NULL CHECK (kind IN ('validation_completed', 'validation_reported',
+                                                'trial_exited', 'trial_exited_early')),
     payload       jsonb NOT NULL DEFAULT '{}',
     consumed      boolean NOT NULL DEFAULT false,
     created_at    timestamptz NOT NULL DEFAULT now()
@@ -4375,10 +4377,10 @@ END $$;
 
 CREATE FUNCTION det_complete_op(p_token text, p_op_id bigint, p_metric double precision)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- The trial trained to the op's length and validated: record the searcher metric and queue a
--- validation_completed event for the searcher. Completing an op twice is a no-op. Under a
--- searcher with a time metric the validation row itself was the event
--- (det_timed_validation), so none is queued here.
+-- The trial trained to the op's length and validated: record the searcher metric and a
+-- validation_completed event, which the searcher reads as it decides (under adaptive ASHA's
+-- time_metric, as nothing: the trial's validation rows are its results). Completing an op
+-- twice is a no-op.
 DECLARE
     a allocations := det_auth(p_token);
     o searcher_ops;
@@ -4390,8 +4392,7 @@ BEGIN
         INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
         SELECT t.experiment_id, t.id, 'validation_completed',
                jsonb_build_object('length', o.length, 'metric', p_metric)
-        FROM trials t JOIN experiments e ON e.id = t.experiment_id
-        WHERE t.id = a.trial_id AND e.config #>> '{searcher,time_metric}' IS NULL;
+        FROM trials t WHERE t.id = a.trial_id;
         PERFORM pg_notify(det_channel('reconciler', ''), 'searcher');
     END IF;
 END $$;
@@ -5846,41 +5847,29 @@ END $$;
 REVOKE EXECUTE ON FUNCTION det_experiment_create_check(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION det_experiment_create_check(text, text) TO det_user;
 
--- adaptive_asha in Determined 0.38's form: validation rows carrying the time metric are the
--- searcher's events (Determined 0.38's ``adaptive_asha.go``).
+-- Validation rows are recorded for the searcher, which decides what each means
+-- (det.reconciler.searchers: under adaptive ASHA's time_metric, Determined 0.38's form, a
+-- result at the time metric's value; otherwise nothing).
 
-CREATE FUNCTION det_timed_validation() RETURNS trigger
+CREATE FUNCTION det_validation_reported() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- A validation row of a trial whose searcher has a time metric (adaptive_asha's max_time +
--- time_metric) is a validation_completed event at length floor(<time metric>), with the
--- searcher metric (null when not a number: it ranks worst). A row without a numeric time
--- metric is no event; the harness refuses to report one (TrainContext).
-DECLARE
-    v_searcher jsonb;
-    v_time jsonb;
-    v_metric jsonb;
+-- A validation row of a trial of a searched experiment (not an unmanaged one: it has no
+-- searcher) is a validation_reported event naming the row ({"metrics_id": id}): the pass
+-- reads the row's values with the event rather than a copy, as consumed events are kept and
+-- most searches read nothing of them.
 BEGIN
-    SELECT e.config -> 'searcher' INTO v_searcher
-      FROM trials t JOIN experiments e ON e.id = t.experiment_id WHERE t.id = NEW.trial_id;
-    IF v_searcher ->> 'time_metric' IS NULL THEN
-        RETURN NULL;
-    END IF;
-    v_time := NEW."values" -> (v_searcher ->> 'time_metric');
-    IF jsonb_typeof(v_time) IS DISTINCT FROM 'number' THEN
-        RETURN NULL;
-    END IF;
-    v_metric := NEW."values" -> (v_searcher ->> 'metric');
     INSERT INTO searcher_events (experiment_id, trial_id, kind, payload)
-    SELECT t.experiment_id, t.id, 'validation_completed', jsonb_build_object(
-               'length', greatest(least(floor(v_time::numeric), 9223372036854775807), 0)::bigint,
-               'metric', CASE WHEN jsonb_typeof(v_metric) = 'number' THEN v_metric END)
-      FROM trials t WHERE t.id = NEW.trial_id;
-    PERFORM pg_notify(det_channel('reconciler', ''), 'searcher');
+    SELECT t.experiment_id, t.id, 'validation_reported', jsonb_build_object('metrics_id', NEW.id)
+      FROM trials t JOIN experiments e ON e.id = t.experiment_id
+     WHERE t.id = NEW.trial_id AND NOT e.unmanaged;
+    IF FOUND THEN
+        PERFORM pg_notify(det_channel('reconciler', ''), 'searcher');
+    END IF;
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER metrics_timed_validation AFTER INSERT ON metrics
-    FOR EACH ROW WHEN (NEW."group" = 'validation') EXECUTE FUNCTION det_timed_validation();
+CREATE TRIGGER metrics_validation_reported AFTER INSERT ON metrics
+    FOR EACH ROW WHEN (NEW."group" = 'validation') EXECUTE FUNCTION det_validation_reported();
 
 -- Trial metadata (Determined 0.38's TrainContext.set_metadata / get_metadata).
 
@@ -5944,7 +5933,7 @@ $$;
 -- role which applied 0014 creates); the trial's metadata and the GC task's report are task
 -- functions.
 REVOKE ALL ON FUNCTION
-    det_timed_validation(), det_merge_metadata(jsonb, jsonb, text),
+    det_validation_reported(), det_merge_metadata(jsonb, jsonb, text),
     det_set_trial_metadata(text, jsonb), det_trial_metadata(text),
     det_gc_task_tensorboards_deleted(text)
 FROM PUBLIC;

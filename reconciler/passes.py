@@ -393,9 +393,11 @@ def _to_event(row: dict) -> searchers.Event:
     p = row["payload"]
     match row["kind"]:
         case "validation_completed":
-            # A metric that was not a number (det_timed_validation) ranks worst, as NaN does.
+            # An op completed without a metric (det_complete_op's NULL) ranks worst, as NaN does.
             metric = math.nan if p["metric"] is None else float(p["metric"])
             return searchers.ValidationCompleted(row["request_id"], p["length"], metric)
+        case "validation_reported":
+            return searchers.ValidationReported(row["request_id"], row["values"])
         case "trial_exited":
             return searchers.TrialExited(row["request_id"])
         case _:

@@ -293,6 +293,8 @@ RETURNING t.id AS trial_id, t.experiment_id, t.exit_reason
 -- experiment: a pass may search a thousand). The experiments are found from the unread events
 -- and the not yet searched (searcher_events_pending, experiments_unsearched), not by testing
 -- every live experiment. An unmanaged experiment (core_v2) has no searcher: its script decides.
+-- A validation_reported event comes with its metrics row's values (by primary key: the event
+-- names the row rather than copying it).
 WITH todo AS (
     SELECT id FROM experiments
      WHERE searcher_state IS NULL AND state IN ('ACTIVE', 'PAUSED') AND NOT unmanaged
@@ -303,9 +305,12 @@ SELECT e.id, e.config, e.searcher_state, e.searcher_rng, coalesce(v.events, '[]'
   FROM todo JOIN experiments e ON e.id = todo.id
   LEFT JOIN LATERAL (
         SELECT jsonb_agg(jsonb_build_object('id', v.id, 'kind', v.kind, 'payload', v.payload,
+                                            'values', m."values",
                                             'request_id', t.request_id::text)
                          ORDER BY v.id) AS events
           FROM searcher_events v JOIN trials t ON t.id = v.trial_id
+          LEFT JOIN metrics m ON v.kind = 'validation_reported'
+                             AND m.id = (v.payload ->> 'metrics_id')::bigint
          WHERE v.experiment_id = e.id AND NOT v.consumed) v ON true
  WHERE e.state IN ('ACTIVE', 'PAUSED')
  ORDER BY e.id

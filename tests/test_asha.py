@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from det.cli.preview import preview_search
 from det.configs import AdaptiveAshaSearcher, parse_experiment_config
 from det.configs.length import UNBOUNDED
+from det.configs.limits import INT64_MAX
 from det.reconciler.searchers import (
     Action,
     Close,
@@ -24,6 +25,7 @@ from det.reconciler.searchers import (
     TrialExitedEarly,
     ValidateAfter,
     ValidationCompleted,
+    ValidationReported,
     asha_preview,
     searcher_progress,
     searcher_step,
@@ -134,6 +136,38 @@ TIMED = {"max_trials": 4, "divisor": 2, "mode": "aggressive", "max_time": 4,
          "time_metric": "batches", "max_length": None}
 
 
+def reported(rid: str, time: Any, loss: Any) -> ValidationReported:
+    """A validation row of trial ``rid`` carrying the time metric and the searcher metric."""
+    return ValidationReported(rid, {"batches": time, "loss": loss})
+
+
+def test_max_time_reads_results_from_validation_reports() -> None:
+    """Under time_metric a trial's results are its validation reports at floor(time): an op's
+    completion is none, nor is a report without a number under the time metric (a JSON
+    boolean is none); a searcher metric that is not a number ranks worst; a time past int64
+    (1e400 reads as infinity) is int64's largest, a negative one 0."""
+    config = make_config(**TIMED)
+    state, actions = searcher_step(config, None, [])
+    a, b, c, d = created(actions)
+    nothing: list[Event] = [ValidationCompleted(a, 4, 0.1), ValidationReported(a, {"loss": 0.1}),
+                            *(reported(a, t, 0.1) for t in ("4", True, None, [4], {"v": 4}))]
+    assert searcher_step(config, state, nothing) == (state, [])
+
+    state, actions = searcher_step(config, state, [reported(a, 1.9, 5)])
+    assert actions == []
+    assert [t["length"] for t in state["trials"]] == [1, 0, 0, 0]
+    state, actions = searcher_step(config, state, [reported(b, 1, "NaN")])
+    assert actions == [Close(b)]  # ranked behind a's 5.0
+    assert [(e["id"], e["metric"]) for e in state["method_state"]["brackets"][0]["rungs"][0]
+            ] == [(a, 5.0), (b, None)]
+    state, actions = searcher_step(config, state, [reported(c, float("inf"), 1.0)])
+    assert actions == [Close(c)]  # past every rung: stopped at the top
+    state, actions = searcher_step(config, state, [reported(d, -3, 1.0)])
+    assert actions == []
+    assert [t["length"] for t in state["trials"]] == [1, 1, INT64_MAX, 0]
+    assert trial_rungs(config, state)[c].status == "done"
+
+
 def test_max_time_plans_rungs_in_the_time_metric() -> None:
     """The rungs are values of the time metric, planned from max_time as from max_length;
     each trial gets one operation: max_time in a unit det's trainer knows, else unbounded."""
@@ -153,7 +187,7 @@ def test_max_time_stops_trials_below_the_cut_as_the_reference() -> None:
 
     def report(rid: str, time: int, loss: float) -> list[Action]:
         nonlocal state
-        state, out = searcher_step(config, state, [ValidationCompleted(rid, time, loss)])
+        state, out = searcher_step(config, state, [reported(rid, time, loss)])
         return out
 
     assert report(a, 1, 5.0) == []  # alone in rung 0: it goes on toward rung 1
@@ -179,16 +213,15 @@ def test_max_time_refills_slots_and_ranks_only_early_exits() -> None:
     config = make_config(**{**TIMED, "max_concurrent_trials": 1})
     state, actions = searcher_step(config, None, [])
     (a,) = created(actions)
-    state, actions = searcher_step(config, state, [ValidationCompleted(a, 1, 1.0),
-                                                   TrialExited(a)])
+    state, actions = searcher_step(config, state, [reported(a, 1, 1.0), TrialExited(a)])
     (b,) = created(actions)
     assert state["method_state"]["brackets"][0]["rungs"][1] == []
     state, actions = searcher_step(config, state, [TrialExitedEarly(b, "errored")])
     (c,) = created(actions)
     worst = state["method_state"]["brackets"][0]["rungs"][0][-1]
     assert (worst["id"], worst["metric"]) == (b, None)
-    state, actions = searcher_step(config, state, [ValidationCompleted(c, 1, float("nan"))])
-    assert actions[0] == Close(c)  # NaN ranks worst: behind a's 1.0 and b's error
+    state, actions = searcher_step(config, state, [reported(c, 1, "NaN")])
+    assert actions[0] == Close(c)  # not a number: ranks worst, behind a's 1.0 and b's error
     assert len(created(actions)) == 1
 
 
@@ -242,7 +275,7 @@ def test_max_time_decisions_match_the_reference_rule(trials: int, divisor: float
         times[rid] += rng.randint(0, max_time // 2 + 1)
         report = (rid, times[rid], float(rng.randint(0, 5)))
         reports.append(report)
-        state, actions = searcher_step(config, state, [ValidationCompleted(*report)])
+        state, actions = searcher_step(config, state, [reported(*report)])
         closed |= {a.request_id for a in actions if isinstance(a, Close)}
         assert not created(actions)
     stopped, rung_of = reference_stops(bracket.rungs, divisor, reports)

@@ -117,6 +117,8 @@ def test_an_unmanaged_script_reports_resumes_and_errors(world, det, db_url, tmp_
     assert (trial["state"], trial["runs"], trial["steps_completed"], trial["best_validation"],
             trial["hparams"]) == ("COMPLETED", 1, 19, 0.05, {"lr": 0.1})
     assert exp["config"]["checkpoint_storage"]["host_path"] == str(tmp_path / "ckpts")
+    # it has no searcher: its validation rows are no searcher events
+    assert owner.execute("SELECT count(*) AS n FROM searcher_events").fetchone()["n"] == 0
 
     # det shows it as any experiment: list, describe, its checkpoints, the SDK client
     ann = {"DET_DB_URL": _url(db_url, "ann")}

@@ -24,6 +24,7 @@ from det.configs import parse_experiment_config
 from det.harness import core
 from det.harness.errors import MissingSearcherMetricError
 from det.harness.transport import LocalTransport
+from det.reconciler.passes import Settings, run_pass
 from det.reconciler.searchers.asha import asha_brackets, trial_rungs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,6 +35,21 @@ CORE = EXAMPLES / "core_api"
 # of the update that marked them, xmin), then by id as each pass reads them. Ids alone are not
 # it: an event whose insert commits after a later id's is read by a later pass.
 READ_ORDER = " ORDER BY v.xmin::text::bigint, v.id"
+
+
+def validation_events(conn: psycopg.Connection, experiment: int) -> list[dict]:
+    """The validation rows the searcher of ``experiment`` read, in its order: (rid, floor of
+    its time metric, its searcher metric)."""
+    return conn.execute(
+        "SELECT t.request_id::text AS rid, "
+        "       floor((m.\"values\" ->> s.time_metric)::numeric)::bigint AS time, "
+        "       (m.\"values\" ->> s.metric)::float8 AS metric "
+        "  FROM searcher_events v JOIN trials t ON t.id = v.trial_id "
+        "  JOIN metrics m ON m.id = (v.payload ->> 'metrics_id')::bigint "
+        "  JOIN experiments e ON e.id = v.experiment_id, "
+        "       jsonb_to_record(e.config -> 'searcher') AS s(time_metric text, metric text) "
+        " WHERE v.experiment_id = %s AND v.kind = 'validation_reported' AND v.consumed "
+        + READ_ORDER, (experiment,)).fetchall()
 
 
 def _python_first(env: dict[str, str]) -> dict[str, str]:
@@ -154,13 +170,7 @@ def test_core_api_asha_with_max_time_stops_trials_through_should_preempt(det, co
     assert all(t["state"] == "COMPLETED" and t["closed"] for t in trials)
 
     # Each validation row was one searcher event: (trial, batches, loss), in its order.
-    events = conn.execute(
-        "SELECT t.request_id::text AS rid, (v.payload ->> 'length')::int AS time, "
-        "       (v.payload ->> 'metric')::float8 AS metric "
-        "  FROM searcher_events v JOIN trials t ON t.id = v.trial_id "
-        " WHERE v.experiment_id = %s AND v.kind = 'validation_completed' "
-        + READ_ORDER,
-        (exp,)).fetchall()
+    events = validation_events(conn, exp)
     rows = conn.execute(
         "SELECT t.request_id::text AS rid, (m.\"values\" ->> 'batches')::int AS time, "
         "       (m.\"values\" ->> 'loss')::float8 AS metric "
@@ -230,25 +240,50 @@ def test_validation_metrics_without_the_time_metric_are_refused() -> None:
 
 
 def test_validation_rows_are_the_searchers_events_under_max_time(conn) -> None:
-    """det_timed_validation: a validation row with a numeric time metric is one
-    validation_completed event at floor(time) (a non-numeric metric: null, ranked worst);
-    training rows and rows without the time metric are none; det_complete_op queues none."""
-    trial, token = task_token(conn, asha_time_config())
-    op = conn.execute("INSERT INTO searcher_ops (trial_id, length) VALUES (%s, 8) RETURNING id",
-                      (trial,)).fetchone()["id"]
-    rows = [("training", 4, {"loss": 1.0, "batches": 4}),
-            ("validation", 4, {"loss": 1.0, "batches": 4.7}),
-            ("validation", 5, {"loss": "NaN", "batches": 5}),
-            ("validation", 6, {"loss": 0.5})]
-    conn.execute("SELECT det_report_metrics_batch(%s, NULL, NULL, %s, %s, %s::jsonb[])",
-                 (token, [r[0] for r in rows], [r[1] for r in rows],
-                  [Jsonb(r[2]) for r in rows]))
-    conn.execute("SELECT det_complete_op(%s, %s, 0.5)", (token, op))
-    events = conn.execute("SELECT kind, payload FROM searcher_events WHERE trial_id = %s "
-                          "ORDER BY id", (trial,)).fetchall()
-    assert [(e["kind"], e["payload"]) for e in events] == [
-        ("validation_completed", {"length": 4, "metric": 1.0}),
-        ("validation_completed", {"length": 5, "metric": None})]
+    """Under max_time + time_metric the searcher's results are the validation rows carrying
+    a number under the time metric, at floor(time), a metric that is not a number ranking
+    worst; training rows and the op's completion are none. Every row is recorded and the pass
+    that reads the events consumes them all; a second pass changes nothing."""
+    config = asha_time_config(divisor=2, mode="aggressive")  # rungs at 4 and 8 batches
+    conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(config),))
+    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+                 (Jsonb([{"slot_id": i, "type": "cpu"} for i in range(2)]),))
+    run_pass(conn, Settings(), "test")
+    runs = conn.execute(
+        "SELECT t.request_id::text AS rid, det_agent_claim('a1', a.id) AS token, o.id AS op "
+        "  FROM allocations a JOIN trials t ON t.id = a.trial_id "
+        "  JOIN searcher_ops o ON o.trial_id = t.id ORDER BY t.id").fetchall()
+    (a, a_token, a_op), (b, b_token, _) = (r.values() for r in runs)
+
+    def report(token: str, rows: list[tuple[str, int, dict]]) -> None:
+        conn.execute("SELECT det_report_metrics_batch(%s, NULL, NULL, %s, %s, %s::jsonb[])",
+                     (token, [r[0] for r in rows], [r[1] for r in rows],
+                      [Jsonb(r[2]) for r in rows]))
+
+    # a: at rung 4 alone, so it goes on; the training row and its op's completion (8, the
+    # top rung) would stop it if they were results
+    report(a_token, [("training", 8, {"loss": 0.1, "batches": 8}),
+                     ("validation", 4, {"loss": 1.0, "batches": 4.7}),
+                     ("validation", 6, {"loss": 0.5})])
+    conn.execute("SELECT det_complete_op(%s, %s, 0.5)", (a_token, a_op))
+    report(b_token, [("validation", 4, {"loss": "NaN", "batches": 4})])  # behind a: stopped
+    run_pass(conn, Settings(), "test")
+    state = conn.execute("SELECT config, searcher_state FROM experiments").fetchone()
+    rungs = trial_rungs(state["config"], state["searcher_state"])
+    assert {rid: (r.rung, r.status) for rid, r in rungs.items()} == {
+        a: (1, "promoted"), b: (0, "stopped")}
+    assert [(e["id"], e["metric"]) for e in
+            state["searcher_state"]["method_state"]["brackets"][0]["rungs"][0]] == [
+        (a, 1.0), (b, None)]
+    assert [(t["request_id"], t["length"]) for t in state["searcher_state"]["trials"]] == [
+        (a, 4), (b, 4)]
+    assert conn.execute("SELECT kind, count(*) AS n, bool_and(consumed) AS consumed "
+                        "FROM searcher_events GROUP BY kind ORDER BY kind").fetchall() == [
+        {"kind": "validation_completed", "n": 1, "consumed": True},
+        {"kind": "validation_reported", "n": 3, "consumed": True}]
+    run_pass(conn, Settings(), "test")
+    assert conn.execute("SELECT searcher_state FROM experiments").fetchone()[
+        "searcher_state"] == state["searcher_state"]
 
 
 METADATA_SCRIPT = """
@@ -328,13 +363,7 @@ def test_trainer_under_asha_with_max_time_reports_the_time_metric(det, conn, tmp
     config = conn.execute("SELECT config, searcher_state, state::text AS state "
                           "FROM experiments WHERE id = %s", (exp,)).fetchone()
     assert config["state"] == "COMPLETED"
-    events = conn.execute(
-        "SELECT t.request_id::text AS rid, (v.payload ->> 'length')::int AS time, "
-        "       (v.payload ->> 'metric')::float8 AS metric "
-        "  FROM searcher_events v JOIN trials t ON t.id = v.trial_id "
-        " WHERE v.experiment_id = %s AND v.kind = 'validation_completed' "
-        + READ_ORDER,
-        (exp,)).fetchall()
+    events = validation_events(conn, exp)
     assert {e["time"] for e in events} <= {16, 32, 48} and len(events) >= 4
     (bracket,) = asha_brackets(searcher_of(config["config"]))
     assert bracket.rungs == (16, 48)

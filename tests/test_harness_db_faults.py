@@ -76,7 +76,8 @@ def test_a_pass_holding_its_experiment_does_not_hold_up_its_tasks(db_url: str,
                                                                   tmp_path: Path) -> None:
     """While a pass holds the experiments it searches (until it commits), a task of one of
     them completes its op (a searcher event: a foreign-key check on the experiment and the
-    trial) and reports metrics (a key-share lock on its allocation) without waiting."""
+    trial) and reports validation metrics (a key-share lock on its allocation, and a searcher
+    event too) without waiting."""
     alloc = claim_allocation(db_url, tmp_path)
     op_id = query(db_url, "SELECT id FROM searcher_ops WHERE trial_id = %s",
                   alloc.trial_id)[0]["id"]
@@ -89,8 +90,9 @@ def test_a_pass_holding_its_experiment_does_not_hold_up_its_tasks(db_url: str,
             task.execute("SELECT det_report_metrics(%s, 'validation', 1, %s)",
                          (alloc.token, Jsonb({"loss": 0.5})))
         pass_conn.rollback()
-    assert query(db_url, "SELECT kind FROM searcher_events WHERE trial_id = %s",
-                 alloc.trial_id) == [{"kind": "validation_completed"}]
+    assert query(db_url, "SELECT kind FROM searcher_events WHERE trial_id = %s ORDER BY id",
+                 alloc.trial_id) == [{"kind": "validation_completed"},
+                                     {"kind": "validation_reported"}]
 
 
 def query(url: str, sql: str, *args: Any) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from det.reconciler.searchers import (
     TrialExitedEarly,
     ValidateAfter,
     ValidationCompleted,
+    ValidationReported,
     searcher_progress,
     searcher_step,
 )
@@ -480,3 +481,27 @@ def test_batched_events_equal_one_at_a_time() -> None:
         state, acts = searcher_step(config, state, [event])
         stepwise += acts
     assert batched == (state, stepwise)
+
+
+@pytest.mark.parametrize("searcher", [
+    {"name": "single"},
+    {"name": "random", "max_trials": 2},
+    {"name": "grid"},
+    {"name": "adaptive_asha", "max_trials": 4, "divisor": 2},
+    {"name": "tpe", "max_trials": 4},
+])
+def test_validation_reports_mean_nothing_without_a_time_metric(searcher: dict[str, Any]
+                                                               ) -> None:
+    """Every validation row is recorded (ValidationReported); without searcher.time_metric a
+    trial's result is its op's ValidationCompleted alone, so a report leaves the search as it
+    was, even one naming no trial of it."""
+    config = make_config(searcher, GRID_HPS if searcher["name"] == "grid" else RANDOM_HPS)
+    state, actions = searcher_step(config, None, [])
+    rid = creates(actions)[0].request_id
+    reports: list[Event] = [ValidationReported(rid, {"loss": 0.1, "batches": 100}),
+                            ValidationReported("no-such-trial", {"loss": 0.1})]
+    assert searcher_step(config, state, reports) == (state, [])
+    result = ValidationCompleted(rid, 100, 0.1)
+    after = searcher_step(config, state, [result])
+    assert after[0] != state
+    assert searcher_step(config, state, [*reports, result, *reports]) == after

@@ -22,6 +22,7 @@ from det.reconciler.searchers.actions import (
     TrialExitedEarly,
     ValidateAfter,
     ValidationCompleted,
+    ValidationReported,
 )
 from det.reconciler.searchers.asha import (
     BracketPreview,
@@ -55,6 +56,7 @@ __all__ = [
     "TrialRung",
     "ValidateAfter",
     "ValidationCompleted",
+    "ValidationReported",
     "asha_preview",
     "ended_progress",
     "searcher_progress",

@@ -3,9 +3,13 @@
 The reconciler applies actions (create a trial, tell a trial how far to train, stop asking a
 trial for work, end the search) and feeds back events from the trials. Mirrors the reference's
 ``Create``/``Stop``/``Shutdown`` actions and ``validationCompleted``/``trialExited``/
-``trialExitedEarly`` callbacks (Determined 0.38's ``searcher.go``).
+``trialExitedEarly`` callbacks (Determined 0.38's ``searcher.go``). The events are what the
+database recorded; what one means to a search is its method's call
+(``SearchMethod.interpret``): a ``ValidationReported`` is a result only under adaptive ASHA's
+``time_metric``, where an op's ``ValidationCompleted`` is none.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +61,15 @@ class ValidationCompleted:
 
 
 @dataclass(frozen=True)
+class ValidationReported:
+    """The trial reported validation metrics (a ``validation`` row of ``metrics``):
+    ``values`` as stored, JSON (any value may be any JSON type, or missing)."""
+
+    request_id: str
+    values: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class TrialExited:
     """The trial ended for good after finishing its work (completed or closed).
 
@@ -77,4 +90,4 @@ class TrialExitedEarly:
 
 
 Action = Create | ValidateAfter | Close | Shutdown
-Event = ValidationCompleted | TrialExited | TrialExitedEarly
+Event = ValidationCompleted | ValidationReported | TrialExited | TrialExitedEarly

@@ -38,8 +38,9 @@ and at most the bracket's share of ``max_concurrent_trials`` running (0 = no cap
   ``L`` is ``max_time`` and rungs are values of the metric named ``time_metric``. A trial is
   created with one operation (of ``max_length`` when the time metric is batches, records or
   epochs, else unbounded) and trains as its own code decides; each validation it reports
-  that carries the time metric ``t`` is an event at length ``int(t)`` (the SQL trigger
-  ``det_timed_validation``). From its current rung, while ``t`` reaches the rung's value,
+  that carries a number ``t`` under the time metric is a result at length ``floor(t)``
+  (``timed_result``; the database records every validation row), and its op's completion is
+  none. From its current rung, while ``t`` reaches the rung's value,
   the trial is ranked there (a new result ahead of equal ones, as the reference) and goes on
   only if it ranks in the top ``max(int(n / d), 1)``; otherwise it is closed, which its run
   sees as ``should_preempt()`` (the trial's runs are desired STOPPED). One report can pass
@@ -62,7 +63,16 @@ from typing import Any
 
 from det.configs import AdaptiveAshaSearcher, ExperimentConfig, TPESearcher
 from det.configs.length import UNBOUNDED
-from det.reconciler.searchers.actions import Action, Close, ExitReason, ValidateAfter
+from det.configs.limits import INT64_MAX
+from det.reconciler.searchers.actions import (
+    Action,
+    Close,
+    Event,
+    ExitReason,
+    ValidateAfter,
+    ValidationCompleted,
+    ValidationReported,
+)
 from det.reconciler.searchers.method import SearchMethod
 from det.reconciler.searchers.sampling import sample
 from det.reconciler.searchers.state import COMPLETED, SearchState, TrialRecord
@@ -252,6 +262,24 @@ def trial_rungs(config: dict[str, Any], state: dict[str, Any] | None) -> dict[st
     return out
 
 
+def timed_result(report: ValidationReported, time_metric: str,
+                 metric: str) -> ValidationCompleted | None:
+    """A validation report read as 0.38's adaptive ASHA reads it (``adaptive_asha.go``, per
+    validation report): a result at length ``floor(values[time_metric])``, kept within
+    ``[0, INT64_MAX]`` (the unit of ``max_time``), with ``values[metric]`` when a number, else
+    NaN (it ranks worst). None when the time metric is missing or not a number (a JSON
+    boolean is none): the harness refuses such a report (TrainContext), a raw row is no
+    result."""
+    time = report.values.get(time_metric)
+    if isinstance(time, bool) or not isinstance(time, int | float):
+        return None
+    # inf (1e400 in JSON) has no floor: clamp before taking it
+    length = INT64_MAX if time >= INT64_MAX else max(math.floor(time), 0)
+    value = report.values.get(metric)
+    number = not isinstance(value, bool) and isinstance(value, int | float)
+    return ValidationCompleted(report.request_id, length, float(value) if number else math.nan)
+
+
 def _rank_key(entry: dict[str, Any]) -> tuple[bool, float]:
     """Sort key of a rung entry: smaller is better, a missing metric (None) last."""
     return (entry["metric"] is None, entry["metric"] or 0.0)
@@ -316,6 +344,18 @@ class AdaptiveAsha(SearchMethod):
         ]
         state.method_state["trials"] = {}
         return [action for b in range(len(self.brackets)) for action in self._fill(state, b)]
+
+    def interpret(self, event: Event) -> Event | None:
+        """Under ``time_metric`` (0.38's form) a trial's results are its validation reports
+        (``timed_result``) and its op's completion is none; otherwise the default."""
+        time_metric = self.searcher.time_metric  # set exactly when max_time is (the config's rule)
+        if time_metric is None:
+            return super().interpret(event)
+        if isinstance(event, ValidationCompleted):
+            return None
+        if isinstance(event, ValidationReported):
+            return timed_result(event, time_metric, self.searcher.metric)
+        return event
 
     def on_validation(
         self, state: SearchState, trial: TrialRecord, length: int, metric: float

@@ -1,15 +1,22 @@
 """The interface each search method implements, and the behaviour most of them share.
 
 A method is a stateless strategy built from the parsed config; everything it remembers lives
-in ``SearchState.method_state`` (JSON). ``searcher_step`` calls ``initial`` once, then
-``on_validation`` / ``on_exit`` per event, and decides ``Shutdown`` itself.
+in ``SearchState.method_state`` (JSON). ``searcher_step`` calls ``initial`` once, then per
+event ``interpret`` and ``on_validation`` / ``on_exit`` on what it means, and decides
+``Shutdown`` itself.
 """
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 
 from det.configs import ExperimentConfig
-from det.reconciler.searchers.actions import Action, Close, ExitReason
+from det.reconciler.searchers.actions import (
+    Action,
+    Close,
+    Event,
+    ExitReason,
+    ValidationReported,
+)
 from det.reconciler.searchers.state import SearchState, TrialRecord
 
 
@@ -36,6 +43,13 @@ class SearchMethod(ABC):
     @abstractmethod
     def target_length(self) -> int:
         """The length every trial trains to, in the unit of ``searcher.max_length``."""
+
+    def interpret(self, event: Event) -> Event | None:
+        """What a recorded event means to this method; None: nothing (it is consumed all the
+        same). By default a trial's result is its op's ``ValidationCompleted``
+        (``det_complete_op``) and a validation report, which every validation row records, is
+        none."""
+        return None if isinstance(event, ValidationReported) else event
 
     def on_validation(
         self, state: SearchState, trial: TrialRecord, length: int, metric: float

@@ -78,8 +78,10 @@ def searcher_step(
     ``state`` None starts a new search and returns its initial actions (then the events, if
     any, are handled). The result depends only on the arguments; ``state`` is not modified
     and the returned state is JSON-serialisable. Every ``Create`` is followed by its
-    ``ValidateAfter``. Events for a trial that already exited, and all events after
-    ``Shutdown``, are ignored; an event naming a trial never created raises ``SearcherError``.
+    ``ValidateAfter``. Each event is what the method makes of it (``SearchMethod.interpret``:
+    a validation report or an op's completion may mean nothing to it). Events for a trial
+    that already exited, and all events after ``Shutdown``, are ignored; an event that means
+    something and names a trial never created raises ``SearcherError``.
     """
     method = _method(config)
     actions: list[Action] = []
@@ -93,9 +95,12 @@ def searcher_step(
         # from_json copies: the 624-word RNG key made a deepcopy of the whole state ~0.5 ms
         search = SearchState.from_json(state)
 
-    for event in events:
+    for recorded in events:
         if search.shutdown:
             break
+        event = method.interpret(recorded)
+        if event is None:
+            continue
         trial = search.trial(event.request_id)
         if trial is None:
             raise SearcherError(f"searcher event for unknown trial {event.request_id!r}")

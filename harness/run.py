@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         with core.init(transport=transport) as ctx:
             # The config's checkpoint_policy, as Determined's legacy harness reads it.
             trainer = Trainer(trial_class, ctx)
-            outcome = trainer.fit(checkpoint_policy=ctx.info.config.get("checkpoint_policy"))
+            outcome = trainer.fit(checkpoint_policy=ctx.task_info.config.get("checkpoint_policy"))
     except CheckpointStorageError:
         return 1  # its one line says it all (det.harness.core.CheckpointContext)
     except Exception:

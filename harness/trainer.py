@@ -123,7 +123,7 @@ class Trainer:
         device: torch.device | None = None,
     ) -> None:
         # Each worker draws its own dropout masks; DDP gives all the chief's initial weights.
-        seed_everything(core_context.info.trial_seed + core_context.distributed.rank)
+        seed_everything(core_context.task_info.trial_seed + core_context.distributed.rank)
         context = PyTorchTrialContext(core_context, device)
         invalid_hp: InvalidHP | None = None
         trial: PyTorchTrial | None
@@ -147,7 +147,7 @@ class Trainer:
         self.core = core_context
         self.dist = core_context.distributed
         self.is_chief = self.dist.rank == 0
-        self.config = core_context.info.config
+        self.config = core_context.task_info.config
         self.context = context
         self.trial = trial
         self._invalid_hp = invalid_hp
@@ -223,7 +223,7 @@ class Trainer:
             self._setup(self.trial, checkpoint_period, validation_period, reporting_period,
                         latest_checkpoint)
             if self.is_chief:
-                info = self.core.info
+                info = self.core.task_info
                 logs.training_started(info.trial_id, info.experiment_id,
                                       self.context.get_hparams(), self.batches_trained,
                                       self.latest_checkpoint_uuid)
@@ -265,7 +265,7 @@ class Trainer:
             else self._config_period("min_validation_period", per_epoch)
         if reporting_period is not None:
             self.scheduling_unit = reporting_period.to_batches(per_epoch)
-        latest = latest_checkpoint or self.core.info.latest_checkpoint
+        latest = latest_checkpoint or self.core.task_info.latest_checkpoint
         if latest:
             self._restore(latest)
         else:
@@ -440,7 +440,7 @@ class Trainer:
         together train on the very batches one worker would (each batch split N ways)."""
         if self.dist.size == 1 and not (training and _plainly_shuffled(loader)):
             return loader
-        return shard_loader(loader, self.dist.rank, self.dist.size, self.core.info.trial_seed,
+        return shard_loader(loader, self.dist.rank, self.dist.size, self.core.task_info.trial_seed,
                             training)
 
     def _new_epoch_iterator(self) -> None:
@@ -487,7 +487,7 @@ class Trainer:
     def _status(self, what: str) -> None:
         """Log what the trial turns to, off a cluster, as 0.38.1's dummy train context's
         ``set_status`` does (``status: training``); its cluster form only logs at debug."""
-        if self.is_chief and self.core.info.allocation_id == 0:
+        if self.is_chief and self.core.task_info.allocation_id == 0:
             logs.status(what)
 
     # validation
@@ -694,8 +694,8 @@ class Trainer:
             "steps_completed": self.batches_trained,
             "format": CHECKPOINT_FORMAT,
             "framework": f"torch-{torch.__version__}",
-            "trial_id": self.core.info.trial_id,
-            "experiment_id": self.core.info.experiment_id,
+            "trial_id": self.core.task_info.trial_id,
+            "experiment_id": self.core.task_info.experiment_id,
         }
         with self.core.checkpoint.store_path(metadata) as (path, uuid):
             torch.save(state, path / STATE_FILE)
@@ -721,7 +721,7 @@ class Trainer:
             "trial_cls_spec": f"{module_name}:{cls.__qualname__}",
             "is_trainer": True,
         }, default=str))
-        in_task = self.core.info.allocation_id != 0
+        in_task = self.core.task_info.allocation_id != 0
         root = pathlib.Path.cwd() if in_task or module_file is None \
             else pathlib.Path(module_file).parent
         try:

@@ -129,8 +129,8 @@ class PyTorchTrialContext:
         self.lr_schedulers: list[tuple[Any, LRScheduler.StepMode, int]] = []
         self.scalers: list[Any] = []
         self.reducers: list[tuple[MetricReducer, str | None]] = []
-        self._hparams = dict(core_context.info.hparams)
-        self._config = core_context.info.config
+        self._hparams = dict(core_context.task_info.hparams)
+        self._config = core_context.task_info.config
         self._stop_requested = False
         self._batches_trained = 0
         self._epoch_idx = 0
@@ -314,15 +314,15 @@ class PyTorchTrialContext:
 
     def get_trial_id(self) -> int:
         """This trial's id (0 in local runs)."""
-        return self.core.info.trial_id
+        return self.core.task_info.trial_id
 
     def get_experiment_id(self) -> int:
         """This trial's experiment id (0 in local runs)."""
-        return self.core.info.experiment_id
+        return self.core.task_info.experiment_id
 
     def get_trial_seed(self) -> int:
         """The trial's seed; the trainer seeds python, numpy and torch with it."""
-        return self.core.info.trial_seed
+        return self.core.task_info.trial_seed
 
     # progress and control
     def current_train_batch(self) -> int:

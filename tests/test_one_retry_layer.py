@@ -57,11 +57,12 @@ def test_the_scan_finds_a_bare_connect(tmp_path: Path) -> None:
 
 COMPAT_TASK = """
 import determined as det
-from determined import _info, core
+from determined import core
+from det.harness import cluster_info
 info = det.get_cluster_info()
-opened = _info._unclaimed
+opened = cluster_info._unclaimed
 with core.init() as ctx:  # takes over the transport get_cluster_info opened
-    assert ctx.info is info and ctx.det_context.transport is opened
+    assert ctx.info is info and ctx.transport is opened
     ctx.train.report_training_metrics(1, {"loss": 0.5})
 print("TRIAL", info.trial.trial_id, flush=True)
 """

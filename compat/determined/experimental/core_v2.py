@@ -46,7 +46,6 @@ from psycopg.types.json import Jsonb
 from det.db.reconnect import Reconnecting
 from det.db.sqlstate import translate
 from det.errors import DetError
-from det.harness import core as det_core
 from det.harness.transport import SearcherOp, TaskInfo, json_safe
 from det.sql import named
 from determined import core
@@ -352,19 +351,19 @@ def init(*, config: Config | None = None, defaults: DefaultConfig | None = None,
         storage = _storage(checkpoint_storage or cfg.checkpoint_storage)
         task = _start(cfg, storage)
         _transport = UnmanagedTransport(url(), task)
-        dist = distributed or core.DummyDistributedContext()
-        cm = det_core.init(transport=_transport, checkpoint_storage=storage, distributed=dist)
-        inner = cm.__enter__()
+        ctx = core.init(transport=_transport, checkpoint_storage=storage,
+                        distributed=distributed or core.DummyDistributedContext(),
+                        preempt_mode=preempt_mode)
         run_info = dataclasses.replace(ClusterInfo.from_task_info(task, {}),
                                        agent_id="unmanaged")
-        ctx = core.Context(inner, run_info, dist, preempt_mode,
-                           lambda: cm.__exit__(None, None, None))
-        ctx.train = _UnmanagedTrain(inner.train, ctx.searcher)
+        ctx.info = run_info
+        ctx.train = _UnmanagedTrain(_transport, ctx.tensorboard,
+                                    task.config.get("searcher"), ctx.searcher)
         _exit_watch = _ExitWatch()
     _context = ctx
     train, checkpoint, preempt = ctx.train, ctx.checkpoint, ctx.preempt
     globals()["distributed"] = ctx.distributed
-    searcher = ctx.searcher if (ctx.det_context.info.config.get("searcher") or {}).get(
+    searcher = ctx.searcher if (ctx.task_info.config.get("searcher") or {}).get(
         "max_length") else None
     info = run_info
     if not _atexit_registered:

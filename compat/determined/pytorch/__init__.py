@@ -85,10 +85,9 @@ def init(
     (``reproducibility.experiment_seed`` off-cluster). ``aggregation_frequency`` > 1 is
     ``wrap_optimizer(backward_passes_per_step=...)``'s job on det.
     """
-    with _core.init_for(distributed=distributed, hparams=hparams, config=exp_conf) as ctx:
-        inner = ctx.det_context
-        seed_everything(inner.info.trial_seed)
-        yield PyTorchTrialContext(inner)
+    with _core.init(distributed=distributed, hparams=hparams, config=exp_conf) as ctx:
+        seed_everything(ctx.task_info.trial_seed)
+        yield PyTorchTrialContext(ctx)
 
 
 class Trainer:

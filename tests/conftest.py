@@ -46,15 +46,18 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return 4 if not files or len(files) > 2 or any(Path(a).is_dir() for a in files) else 0
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``), hand each test module to one worker whole,
-    so module-scoped clusters start once, and the modules of a HOST_GROUPS group to the same
-    worker."""
-    for item in items:
-        module = item.path.stem
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(HOST_GROUPS.get(module, module)))
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist hands each test module to one worker whole, so module-scoped clusters
+    start once, and the modules of a HOST_GROUPS group to the same worker, one after another.
+    (xdist's own ``--dist loadgroup`` ignored its marks under pytest 9: modules were split.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return HOST_GROUPS.get(Path(path).stem, path)
+
+    return ModuleGroups(config, log)
 
 
 def _admin(url: str) -> psycopg.Connection:

@@ -39,14 +39,14 @@ HOST_GROUPS = {"test_docker": "docker", "test_image": "docker",
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (pyproject's addopts): four workers for the suite or a long list of test
+    """``-n auto`` (pyproject's addopts): three workers for the suite or a long list of test
     files — on two cores, most of a test's time is spent waiting on det's processes — and
     none (one plain process) for a file or two, or on a server named by ``DET_DB_URL``: the
     roles tests create are the server's, and workers sharing one would collide."""
     if os.environ.get("DET_DB_URL"):
         return 0
     files = [a for a in config.args if not a.startswith("-")]
-    return 4 if not files or len(files) > 2 or any(Path(a).is_dir() for a in files) else 0
+    return 3 if not files or len(files) > 2 or any(Path(a).is_dir() for a in files) else 0
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):

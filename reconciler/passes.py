@@ -368,6 +368,12 @@ def _search_one(writes: Writes, exp: dict, events: list[dict]) -> None:
         exp["config"], stored, [_to_event(v) for v in events])
     rng = state.pop("rng")
     eid = exp["id"]
+    if not actions and state == exp["searcher_state"] and rng == exp["searcher_rng"]:
+        # The events meant nothing to this searcher (a validation report where the op's
+        # completion is the result): consume them, and leave the experiment's row alone.
+        for v in events:
+            writes.add(Q.consume_events, id=v["id"])
+        return
     outcome = None
     for a in actions:
         match a:

@@ -586,3 +586,24 @@ def test_a_search_resumed_from_the_database_draws_as_one_kept_in_memory(conn) ->
     create = actions[0]
     assert (third["request_id"], third["seed"], third["hparams"]) == \
         (create.request_id, create.seed, create.hparams)
+
+
+def test_events_that_mean_nothing_are_consumed_without_rewriting_the_experiment(conn) -> None:
+    """A validation report to a searcher whose results are its ops' completions (every
+    validation row records one) is consumed, and the experiment's row is not written again."""
+    from psycopg.types.json import Jsonb
+
+    from det.configs import load_experiment_config
+    from det.reconciler.passes import Settings, run_pass
+
+    expanded = load_experiment_config(
+        "name: r\nentrypoint: 'true'\n"
+        "searcher: {name: single, metric: loss, max_length: {batches: 5}}\n").expanded()
+    conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(expanded),))
+    run_pass(conn, Settings(), "test")
+    version = conn.execute("SELECT xmin::text AS v FROM experiments").fetchone()["v"]
+    conn.execute("INSERT INTO searcher_events (experiment_id, trial_id, kind, payload) "
+                 "VALUES (1, 1, 'validation_reported', '{\"metrics_id\": 0}')")
+    run_pass(conn, Settings(), "test")
+    assert conn.execute("SELECT bool_and(consumed) AS c FROM searcher_events").fetchone()["c"]
+    assert conn.execute("SELECT xmin::text AS v FROM experiments").fetchone()["v"] == version

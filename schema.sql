@@ -191,7 +191,8 @@ CREATE TABLE instances (
     idle_since     timestamptz,
     terminating_at timestamptz,
     gone_at        timestamptz,
-    provider_state text NOT NULL DEFAULT ''
+    provider_state text NOT NULL DEFAULT '',
+    allocation_id  bigint
 );
 COMMENT ON TABLE instances IS
     'Machines (or local processes) the provisioner started for elastic pools. The row is '
@@ -208,8 +209,15 @@ COMMENT ON COLUMN instances.provider_state IS
     '(Resources)'', squeue''s state and reason); empty once it runs.';
 COMMENT ON COLUMN instances.idle_since IS
     'Since when its agent holds no run and no task; NULL while busy (max_idle_agent_period).';
+COMMENT ON COLUMN instances.allocation_id IS
+    'slurm pools: the one run this instance (one Slurm job) was submitted for; its agent '
+    'takes no other and exits when it ends. NULL for an elastic pool''s agents. No foreign '
+    'key: an instance''s history outlives a deleted experiment''s runs.';
 -- Each pass reads the live instances.
 CREATE INDEX instances_live ON instances (resource_pool) WHERE state <> 'GONE';
+-- A run has at most one live Slurm job: nothing is queued twice for it.
+CREATE UNIQUE INDEX instances_one_per_allocation ON instances (allocation_id)
+    WHERE state <> 'GONE';
 
 -- =============================================================================================
 -- Tables: users, workspaces, projects and access control
@@ -5353,14 +5361,20 @@ SELECT j.id AS job_id, j.type, j.resource_pool, j.priority, j.weight, j.owner, j
             ELSE coalesce(sum(a.slots_needed), 0) END AS slots_needed,
        CASE WHEN bool_or(a.state > 'PENDING') THEN 'STATE_SCHEDULED'
             ELSE 'STATE_QUEUED' END AS status,
-       -- the scheduler's reasons, then what the pool's provider says of the instances the
-       -- pool still waits for (slurm: the job's state and reason in Slurm's queue)
+       -- the scheduler's reasons, then what the pool's provider says of what the job still
+       -- waits for: the Slurm job of each of its waiting runs (state and reason in Slurm's
+       -- queue), or an elastic pool's instances not yet running
        nullif(concat_ws(' | ',
            string_agg(DISTINCT a.pending_reason, ' | ') FILTER (WHERE a.state = 'PENDING'),
            CASE WHEN bool_or(a.state = 'PENDING') THEN
                (SELECT string_agg(i.provider_state, ' | ' ORDER BY i.id) FROM instances i
                  WHERE i.resource_pool = j.resource_pool AND i.state < 'RUNNING'
-                   AND i.provider_state <> '') END), '') AS pending_reason,
+                   AND i.provider_state <> ''
+                   AND (i.allocation_id IS NULL
+                        OR i.allocation_id IN (SELECT x.id FROM allocations x
+                                                WHERE x.job_id = j.id
+                                                  AND x.state = 'PENDING'))) END),
+           '') AS pending_reason,
        row_number() OVER (PARTITION BY j.resource_pool
                           ORDER BY j.priority, j.queue_position, j.id) - 1 AS queue_order
 FROM jobs j

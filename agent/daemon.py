@@ -104,7 +104,9 @@ class AgentSettings:
     (:mod:`det.agent.pooler`; directly where PgBouncer is not installed);
     ``stop_is_failure``: a SIGTERM is another resource manager ending the agent under its runs
     (an agent in a Slurm job: scancel, time limit, node drain; det cancels only idle ones), so
-    its runs end as failed, counted against max_restarts, not as a planned stop."""
+    its runs end as failed, counted against max_restarts, not as a planned stop;
+    ``one_shot``: the agent serves one assignment and exits once it has none left (an agent
+    that is one Slurm job for one run: the job ends with the run)."""
 
     agent_id: str
     pool: str
@@ -116,6 +118,7 @@ class AgentSettings:
     task_url: str | None = None
     task_pooler: bool = True
     stop_is_failure: bool = False
+    one_shot: bool = False
 
 
 def check_agent_id(agent_id: str, field: str = "agent id") -> None:
@@ -174,6 +177,9 @@ class Agent:
         # cannot say)
         self.fenced_runs: dict[int, str] = {}
         self.last_launch = float("-inf")  # time.monotonic() of the latest launch
+        # one_shot: it has had an assignment, and (done) has none left: the loop ends
+        self.served = False
+        self.done = False
         self.conn: psycopg.Connection | None = None
         self.logs = LogShipper(url)
         self.task_url = settings.task_url or url
@@ -240,7 +246,7 @@ class Agent:
         try:
             self.adopt(self._with_db(self._start))
             self.heartbeat.start()
-            while end is None or time.monotonic() < end:
+            while (end is None or time.monotonic() < end) and not self.done:
                 self.heartbeat.check()
                 self._tend()
                 self._with_db(self._sync)
@@ -278,6 +284,10 @@ class Agent:
         """One pass over this agent's assignments (see the module rules)."""
         assigned = self._connect().execute(Q.assignments,
                                            {"agent": self.s.agent_id}).fetchall()
+        if self.s.one_shot:
+            self.served = self.served or bool(assigned)
+            self.done = (self.served and not assigned and not self.tasks and not self.ended
+                         and not self.claimed)
         to_launch: list[dict] = []
         for row in assigned:
             alloc_id = row["id"]

@@ -426,6 +426,9 @@ def agent_run(
     stop_is_failure: bool = typer.Option(False, "--stop-is-failure", hidden=True,
                                          help="SIGTERM ends its runs as failed (an agent in "
                                               "a Slurm job: det.reconciler.slurm_provider)."),
+    one_shot: bool = typer.Option(False, "--one-shot", hidden=True,
+                                  help="Serve one assignment, then exit (the agent of a "
+                                       "Slurm job run for one allocation)."),
 ) -> None:
     """Run an agent: register this host's slots and run the tasks assigned to it. What it
     and its tasks create is private to its user (det.host_user); it warns once if it runs as
@@ -462,7 +465,7 @@ def agent_run(
                              work_dir=work_dir or det_home() / "agent" / agent_id,
                              runtime=runtime, poll=poll, warm_start=warm_start,
                              task_url=task_db_url, task_pooler=task_pooler,
-                             stop_is_failure=stop_is_failure)
+                             stop_is_failure=stop_is_failure, one_shot=one_shot)
     _exit_on_sigterm()
     Agent(url, settings, discover(slots, slot_type)).run()
 

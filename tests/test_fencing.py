@@ -78,14 +78,17 @@ def test_an_agent_that_cannot_heartbeat_kills_its_tasks_before_its_timeout(
 # nothing else (a task that talks to the platform rarely: only its preemption watcher's poll
 # finds its token revoked), resuming from its latest checkpoint.
 SILENT = """
-import time
+import os, time
 from det.harness import core
+HOLD = globals().get("HOLD")  # a file the first run waits for after its first checkpoint
 with core.init() as ctx:
     step = ctx.info.steps_completed
     for op in ctx.searcher.operations():
         while step < op.length:
             time.sleep(0.05)
             step += 1
+            while step == 21 and HOLD and not os.path.exists(HOLD):
+                time.sleep(0.05)
             if step == 20 or step % 200 == 0:
                 with ctx.checkpoint.store_path({"steps_completed": step}) as (path, _):
                     (path / "weights").write_text("w" * 1000)
@@ -109,15 +112,26 @@ def trial_processes(dbname: str) -> list[psutil.Process]:
     return found
 
 
+def agent_of(p: psutil.Process) -> str | None:
+    """The agent id in a task process's environment (None once the process is gone)."""
+    try:
+        return p.environ().get("DET_AGENT_ID")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
 def test_a_frozen_agents_run_is_replaced_only_once_its_process_is_gone(
         det, conn, db_url, tmp_path) -> None:
     """Agent a1 is SIGSTOPped past the reconciler's agent timeout (4 s) with a2 beside it:
     sampled every ~100 ms, at no instant do two processes of the trial run; the trial
-    completes on a2, and every checkpoint directory has its row."""
+    completes on a2, and every checkpoint directory has its row. The first run holds after its
+    first checkpoint until a1 is frozen: on a loaded host (CI, three workers) a2's start took
+    longer than the whole training, and a1 was frozen with nothing running."""
     storage = tmp_path / "checkpoints"
     ctx = tmp_path / "ctx"
     ctx.mkdir()
-    (ctx / "train.py").write_text(SILENT)
+    hold = tmp_path / "go"  # run 1 waits after its first checkpoint until a1 is frozen
+    (ctx / "train.py").write_text(f"HOLD = {str(hold)!r}\n{SILENT}")
     cfg = tmp_path / "silent.yaml"
     cfg.write_text(f"""\
 name: silent
@@ -143,14 +157,14 @@ max_restarts: 1
     def sample() -> None:
         while not done.wait(0.1):
             seen = trial_processes(dbname)
-            names = [f"{p.pid} {p.environ().get('DET_AGENT_ID')}"
-                     for p in seen if p.is_running()]
+            names = [f"{p.pid} {agent_of(p)}" for p in seen]
             most.append((len(seen), names))
             if any(n.endswith(" a1") for n in names):
                 a1_seen.append(time.time())
 
     sampler = threading.Thread(target=sample, daemon=True)
     a1.send_signal(signal.SIGSTOP)
+    hold.touch()
     sampler.start()
     try:
         r = det("experiment", "wait", "1", check=False, timeout=240)
@@ -174,6 +188,7 @@ max_restarts: 1
     # The figure (not a bound): the pass that ends the lost agent's run wakes its task.
     (ended,) = conn.execute("SELECT extract(epoch FROM ended_at) FROM allocations "
                             "WHERE trial_id = 1 AND run = 1").fetchone().values()
+    assert a1_seen, "no sample saw a1's task running while a1 was frozen"
     print(f"a1's task exited {max(a1_seen) - float(ended):.2f} s after its run was ended "
           f"(fence {FENCE_SECONDS:.0f} s, watcher poll {PREEMPT_POLL_SECONDS:.0f} s)")
 

@@ -174,10 +174,15 @@ def test_a_task_reaches_only_its_own_functions_and_no_det_process_is_a_superuser
                     "user function": "42501", "agent function": "42501",
                     "copy to program": "42501", "task info": 1}
 
-    with _owner(home) as conn:
-        sessions = conn.execute(
-            "SELECT a.application_name, a.usename::text, r.rolsuper FROM pg_stat_activity a "
-            "JOIN pg_roles r ON r.oid = a.usesysid WHERE a.datname = 'det'").fetchall()
+    def sessions() -> list | None:
+        with _owner(home) as conn:
+            rows = conn.execute(
+                "SELECT a.application_name, a.usename::text, r.rolsuper FROM pg_stat_activity a "
+                "JOIN pg_roles r ON r.oid = a.usesysid WHERE a.datname = 'det'").fetchall()
+        # det serve opens its pool once its imports are done: on a loaded host, after the probe
+        return rows if any(name == "det-server" for name, _u, _s in rows) else None
+
+    sessions = wait_for(sessions, 60, "det serve's database sessions")
     supers = {name for name, _user, su in sessions if su}
     # the reconciler and its standby (det cluster up runs both)
     assert supers <= {"det-reconciler", "det-reconciler2", "det-test"}

@@ -454,6 +454,38 @@ CREATE TABLE experiments (
     paused_reason   text,
     unmanaged       boolean NOT NULL DEFAULT false,
     external_id     text,
+    -- The config's fields the control plane decides on, parsed once when the config is
+    -- written (submission, or an edit of it such as a new checkpoint policy) and never apart
+    -- from it. NULL where the config has no value: their defaults are det.configs' alone,
+    -- which fills every one of them in the configs it expands.
+    searcher_name   text GENERATED ALWAYS AS (config #>> '{searcher,name}') STORED,
+    searcher_metric text GENERATED ALWAYS AS (config #>> '{searcher,metric}') STORED,
+    smaller_is_better boolean
+        GENERATED ALWAYS AS ((config #>> '{searcher,smaller_is_better}')::boolean) STORED,
+    max_trials      integer
+        GENERATED ALWAYS AS ((config #>> '{searcher,max_trials}')::integer) STORED,
+    max_concurrent_trials bigint
+        GENERATED ALWAYS AS ((config #>> '{searcher,max_concurrent_trials}')::bigint) STORED,
+    source_trial_id bigint
+        GENERATED ALWAYS AS ((config #>> '{searcher,source_trial_id}')::bigint) STORED,
+    -- NULL unless a checkpoint UUID (det_experiment_config_problem refuses anything else)
+    source_checkpoint_uuid uuid GENERATED ALWAYS AS (
+        CASE WHEN config #>> '{searcher,source_checkpoint_uuid}'
+                  ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+             THEN (config #>> '{searcher,source_checkpoint_uuid}')::uuid END) STORED,
+    max_restarts    integer GENERATED ALWAYS AS ((config ->> 'max_restarts')::integer) STORED,
+    preemption_timeout integer
+        GENERATED ALWAYS AS ((config ->> 'preemption_timeout')::integer) STORED,
+    slots_per_trial integer
+        GENERATED ALWAYS AS ((config #>> '{resources,slots_per_trial}')::integer) STORED,
+    experiment_seed bigint
+        GENERATED ALWAYS AS ((config #>> '{reproducibility,experiment_seed}')::bigint) STORED,
+    save_experiment_best integer GENERATED ALWAYS AS
+        ((config #>> '{checkpoint_storage,save_experiment_best}')::integer) STORED,
+    save_trial_best integer GENERATED ALWAYS AS
+        ((config #>> '{checkpoint_storage,save_trial_best}')::integer) STORED,
+    save_trial_latest integer GENERATED ALWAYS AS
+        ((config #>> '{checkpoint_storage,save_trial_latest}')::integer) STORED,
     CHECK ((end_time IS NULL) = (state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')))
 );
 COMMENT ON COLUMN experiments.unmanaged IS
@@ -936,7 +968,10 @@ CREATE TABLE tasks (
     experiment_ids integer[] NOT NULL DEFAULT '{}',
     trial_ids      integer[] NOT NULL DEFAULT '{}',
     last_activity  timestamptz NOT NULL DEFAULT now(),
-    end_reason     text
+    end_reason     text,
+    -- seconds without activity before the pass ends the task; parsed once from its config
+    idle_timeout   double precision
+        GENERATED ALWAYS AS ((config ->> 'idle_timeout')::double precision) STORED
 );
 COMMENT ON TABLE tasks IS
     'One row per interactive task (command, notebook, shell, TensorBoard); its job row holds '
@@ -3810,17 +3845,17 @@ LANGUAGE sql STABLE AS $$
 -- The best searcher metric (searcher.smaller_is_better decides "best") of the trial's
 -- surviving validation rows; NULL without one. det_report_metrics_batch keeps
 -- trials.best_validation up to date row by row; this recomputes it when rows are superseded.
-    SELECT CASE WHEN (e.config #>> '{searcher,smaller_is_better}')::boolean
-                THEN min((m."values" ->> (e.config #>> '{searcher,metric}'))::double precision)
-                ELSE max((m."values" ->> (e.config #>> '{searcher,metric}'))::double precision)
+    SELECT CASE WHEN e.smaller_is_better
+                THEN min((m."values" ->> e.searcher_metric)::double precision)
+                ELSE max((m."values" ->> e.searcher_metric)::double precision)
                 END
       FROM trials t
       JOIN experiments e ON e.id = t.experiment_id
       JOIN metrics m ON m.trial_id = t.id AND m."group" = 'validation'
                     AND m.superseded_by IS NULL
      WHERE t.id = p_trial
-       AND jsonb_typeof(m."values" -> (e.config #>> '{searcher,metric}')) = 'number'
-     GROUP BY e.config;
+       AND jsonb_typeof(m."values" -> e.searcher_metric) = 'number'
+     GROUP BY e.id;
 $$;
 
 CREATE FUNCTION det_metrics_supersede(p_allocation bigint) RETURNS integer
@@ -4120,7 +4155,7 @@ BEGIN
     IF t.id IS NULL THEN
         INSERT INTO trials (experiment_id, request_id, hparams, seed, external_id)
         VALUES (e.id, gen_random_uuid(), coalesce(p_hparams, '{}'),
-                coalesce((e.config #>> '{reproducibility,experiment_seed}')::bigint, 0),
+                coalesce(e.experiment_seed, 0),
                 p_external_trial)
         RETURNING * INTO t;
     END IF;
@@ -4454,14 +4489,14 @@ END $$;
 
 CREATE FUNCTION det_experiment_best_validation(p_token text) RETURNS double precision
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    SELECT CASE WHEN (e.config #>> '{searcher,smaller_is_better}')::boolean
+    SELECT CASE WHEN e.smaller_is_better
                 THEN min(t.best_validation) ELSE max(t.best_validation) END
     FROM allocations a
     JOIN trials me ON me.id = a.trial_id
     JOIN experiments e ON e.id = me.experiment_id
     JOIN trials t ON t.experiment_id = e.id
     WHERE a.id = (det_auth(p_token)).id
-    GROUP BY e.config;
+    GROUP BY e.id;
 $$;
 
 -- =============================================================================================
@@ -4558,14 +4593,11 @@ CREATE VIEW checkpoint_pins WITH (security_invoker = true) AS
 -- checkpoint: GC runs during runs). It is the one home of "pinned".
 SELECT checkpoint_uuid FROM model_versions
 UNION
-SELECT (e.config #>> '{searcher,source_checkpoint_uuid}')::uuid AS checkpoint_uuid
-  FROM experiments e
- WHERE e.config #>> '{searcher,source_checkpoint_uuid}'
-       ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+SELECT e.source_checkpoint_uuid FROM experiments e WHERE e.source_checkpoint_uuid IS NOT NULL
 UNION
 SELECT t.latest_checkpoint
   FROM experiments e
-  JOIN trials t ON t.id = (e.config #>> '{searcher,source_trial_id}')::bigint
+  JOIN trials t ON t.id = e.source_trial_id
  WHERE t.latest_checkpoint IS NOT NULL
 UNION
 SELECT t.latest_checkpoint FROM trials t
@@ -4589,15 +4621,15 @@ LANGUAGE sql STABLE AS $$
 -- it has none, nothing is returned.
 WITH x AS (
     SELECT e.id,
-           CASE WHEN (e.config #>> '{searcher,smaller_is_better}')::boolean THEN 1 ELSE -1 END
+           CASE WHEN e.smaller_is_better THEN 1 ELSE -1 END
                AS sign,
-           e.config #>> '{searcher,metric}' AS metric,
+           e.searcher_metric AS metric,
            coalesce(p_save_experiment_best,
-                    (e.config #>> '{checkpoint_storage,save_experiment_best}')::integer) AS seb,
+                    e.save_experiment_best) AS seb,
            coalesce(p_save_trial_best,
-                    (e.config #>> '{checkpoint_storage,save_trial_best}')::integer) AS stb,
+                    e.save_trial_best) AS stb,
            coalesce(p_save_trial_latest,
-                    (e.config #>> '{checkpoint_storage,save_trial_latest}')::integer) AS stl
+                    e.save_trial_latest) AS stl
       FROM experiments e WHERE e.id = p_experiment
 ), scored AS (
     SELECT c.uuid, c.trial_id, c.steps_completed,
@@ -5327,10 +5359,10 @@ CREATE SCHEMA reporting;
 
 CREATE VIEW reporting.experiments WITH (security_invoker = true) AS
 SELECT e.id, e.name, e.state, e.owner, e.progress, e.start_time, e.end_time, e.archived,
-       e.config #>> '{searcher,name}' AS searcher,
-       e.config #>> '{searcher,metric}' AS metric,
+       e.searcher_name AS searcher,
+       e.searcher_metric AS metric,
        (SELECT count(*) FROM trials t WHERE t.experiment_id = e.id) AS trials,
-       (SELECT CASE WHEN (e.config #>> '{searcher,smaller_is_better}')::boolean
+       (SELECT CASE WHEN e.smaller_is_better
                     THEN min(t.best_validation) ELSE max(t.best_validation) END
           FROM trials t WHERE t.experiment_id = e.id) AS best_validation,
        j.resource_pool, j.priority, j.weight, e.project_id, p.name AS project,
@@ -5357,7 +5389,7 @@ SELECT j.id AS job_id, j.type, j.resource_pool, j.priority, j.weight, j.owner, j
        -- an active job with no run yet (the reconciler has not created one) still needs
        -- one trial's slots
        CASE WHEN count(a.id) = 0 AND e.state = 'ACTIVE'
-            THEN (e.config #>> '{resources,slots_per_trial}')::bigint
+            THEN e.slots_per_trial
             ELSE coalesce(sum(a.slots_needed), 0) END AS slots_needed,
        CASE WHEN bool_or(a.state > 'PENDING') THEN 'STATE_SCHEDULED'
             ELSE 'STATE_QUEUED' END AS status,

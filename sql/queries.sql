@@ -83,8 +83,7 @@ SELECT q.queue_order, q.job_id, 'TYPE_' || q.type AS type, q.name, q.priority, q
        q.experiment_id, q.experiment_state, q.pending_reason,
        det_pool_scheduler(q.resource_pool) ->> 'type' AS scheduler,
        tc.live_trials, tc.trials, coalesce(ag.n, 0) AS pool_agents,
-       e.config #> '{searcher,max_concurrent_trials}' AS max_concurrent_trials,
-       e.config #> '{searcher,max_trials}' AS max_trials
+       e.max_concurrent_trials, e.max_trials
   FROM reporting.job_queue q LEFT JOIN experiments e ON e.id = q.experiment_id
   CROSS JOIN LATERAL (
       SELECT count(*) AS trials,
@@ -112,9 +111,8 @@ SELECT c.uuid::text AS uuid, c.trial_id, t.experiment_id, c.steps_completed, c.s
   FROM checkpoints c
   JOIN trials t ON t.id = c.trial_id
   JOIN experiments e ON e.id = t.experiment_id
-  CROSS JOIN LATERAL (SELECT coalesce(%(metric)s, e.config #>> '{searcher,metric}') AS metric,
-                             coalesce(%(smaller)s, e.config #>> '{searcher,smaller_is_better}'
-                                                   <> 'false', true) AS smaller) s
+  CROSS JOIN LATERAL (SELECT coalesce(%(metric)s, e.searcher_metric) AS metric,
+                             coalesce(%(smaller)s, e.smaller_is_better, true) AS smaller) s
   -- the validation the trial reported at the checkpoint's batch count (its latest such row)
   LEFT JOIN LATERAL (
        SELECT CASE WHEN jsonb_typeof(m."values" -> s.metric) = 'number'
@@ -437,9 +435,9 @@ SELECT t.id, t.request_id::text AS request_id, t.state::text AS state, t.hparams
        (SELECT det_json_shown(m."values") FROM metrics m, experiments e
          WHERE e.id = t.experiment_id AND m.trial_id = t.id AND m."group" = 'validation'
            AND m.superseded_by IS NULL
-           AND CASE WHEN jsonb_typeof(m."values" -> (e.config #>> '{searcher,metric}'))
+           AND CASE WHEN jsonb_typeof(m."values" -> e.searcher_metric)
                          = 'number'
-                    THEN (m."values" ->> (e.config #>> '{searcher,metric}'))::double precision
+                    THEN (m."values" ->> e.searcher_metric)::double precision
                     END = t.best_validation
          ORDER BY m.steps_completed DESC LIMIT 1) AS validation,
        -- its latest run as the job queue sees it (waiting, starting, running, preempting,

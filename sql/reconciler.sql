@@ -80,7 +80,7 @@ SELECT a.id AS allocation_id, a.exit_code,
        a.out_of_work, a.planned_stop,
        EXISTS (SELECT 1 FROM searcher_ops o WHERE o.trial_id = t.id AND NOT o.completed)
            AS open_op,
-       (e.config ->> 'max_restarts')::integer AS max_restarts
+       e.max_restarts
   FROM allocations a
   JOIN trials t ON t.id = a.trial_id
   JOIN experiments e ON e.id = t.experiment_id
@@ -165,7 +165,7 @@ SELECT count(*) AS n FROM ended
 -- The running notebooks, shells and TensorBoards still wanted, with what det.reconciler.tasks
 -- decides their end from, and the transaction's time to measure against (the clock
 -- last_activity is written by). Found from the partial index allocations_tasks_running.
-SELECT a.id, k.type, (k.config ->> 'idle_timeout')::float8 AS idle_timeout, k.last_activity,
+SELECT a.id, k.type, k.idle_timeout, k.last_activity,
        a.running_at, a.address, now() AS now
   FROM allocations a JOIN tasks k ON k.job_id = a.job_id
  WHERE a.trial_id IS NULL AND a.state = 'RUNNING' AND a.desired_state = 'RUNNING'
@@ -269,12 +269,12 @@ UPDATE allocations SET state = 'TERMINATED', exit_code = 0,
 -- A task that ignores the stop request past preemption_timeout seconds is killed.
 UPDATE allocations a SET desired_state = 'KILLED',
        stop_reason = concat_ws('; ', a.stop_reason, 'killed: still running '
-                               || (e.config ->> 'preemption_timeout')
+                               || e.preemption_timeout
                                || ' s after it was asked to stop (preemption_timeout)')
   FROM trials t JOIN experiments e ON e.id = t.experiment_id
  WHERE t.id = a.trial_id AND a.desired_state = 'STOPPED' AND a.state <> 'TERMINATED'
    AND a.stop_requested_at < now() - make_interval(
-           secs => (e.config ->> 'preemption_timeout')::integer)
+           secs => e.preemption_timeout)
 RETURNING a.id, a.agent_id
 
 -- name: finish_closed_trials
@@ -521,7 +521,7 @@ WITH runnable AS (
 )
 INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec)
 SELECT e.job_id, b.id, b.runs, j.resource_pool,
-       (e.config #>> '{resources,slots_per_trial}')::integer,
+       e.slots_per_trial,
        jsonb_build_object('kind', 'trial', 'entrypoint', e.config -> 'entrypoint',
                           'environment', e.config -> 'environment',
                           'bind_mounts', e.config -> 'bind_mounts',

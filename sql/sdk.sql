@@ -86,10 +86,10 @@ SELECT det_unmanaged_progress(%s, %s)
 
 -- name: unmanaged_best_validation
 -- The best searcher metric among an experiment's trials, as far as the user may see them.
-SELECT CASE WHEN (e.config #>> '{searcher,smaller_is_better}')::boolean
+SELECT CASE WHEN e.smaller_is_better
             THEN min(t.best_validation) ELSE max(t.best_validation) END AS best
   FROM experiments e JOIN trials t ON t.experiment_id = e.id
- WHERE e.id = %s GROUP BY e.config
+ WHERE e.id = %s GROUP BY e.id
 
 -- name: unmanaged_trial_metadata
 -- A trial's metadata (an unmanaged trial's stays empty: its runs cannot set it).

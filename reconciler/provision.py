@@ -1,5 +1,5 @@
 """The provisioner's step of a pass (docs/architecture.md, "The reconciler pass"): elastic pools
-get and lose agents.
+get and lose agents, and a slurm pool's runs each get a Slurm job of their own.
 
 In one transaction it records what it sees (agents that registered, since when each is idle),
 asks :func:`det.reconciler.provisioner.decide` per pool, writes new instances as REQUESTED,
@@ -13,6 +13,12 @@ refuses ends the instance as a start failure, which the pool backs off from; sto
 ones and records GONE those whose process or machine has ended. Every step reads its work
 from the table, so a pass cut short anywhere leaves what the next one carries on from, and
 nothing is launched twice.
+
+A slurm pool has no agents of its own and no scheduler of det's: each run that waits in it
+gets an instance tied to it (:func:`det.reconciler.provisioner.decide_runs`, in det's queue
+order), submitted as one Slurm job whose script is a one-shot agent; once that agent
+registers, the run is placed on it (``take_runs``), and the job ends with the run. A job that
+leaves Slurm's queue before its run reported an end ends the run as failed (``job_gone``).
 """
 
 import json
@@ -27,7 +33,8 @@ import psycopg
 from det.reconciler.aws_provider import AwsProvider, ProviderError
 from det.reconciler.contract import Result
 from det.reconciler.local_provider import STOP_GRACE_SECONDS, LocalProvider
-from det.reconciler.provisioner import Demand, Instance, Provider, StartFailures, decide, list_due
+from det.reconciler.provisioner import (Demand, Instance, Provider, RunInstance, StartFailures,
+                                        decide, decide_runs, list_due)
 from det.reconciler.slurm_provider import SlurmProvider
 from det.sql import named
 
@@ -57,12 +64,19 @@ class Provisioner:
         stopping: list[int] = []
         with conn.transaction():
             changes = conn.execute(Q.arrived).rowcount + conn.execute(Q.idle).rowcount
+            changes += conn.execute(Q.take_runs).rowcount
             pools = conn.execute(Q.provider_pools).fetchall()
             live = conn.execute(Q.live_instances).fetchall()
+            waiting = (conn.execute(Q.runs_waiting).fetchall()
+                       if any(p["provider"]["type"] == "slurm" for p in pools) else [])
             for pool in pools:
-                changes += self._decide(conn, pool, [i for i in live
-                                                     if i["resource_pool"] == pool["name"]],
-                                        stopping)
+                rows = [i for i in live if i["resource_pool"] == pool["name"]]
+                if pool["provider"]["type"] == "slurm":
+                    changes += self._decide_runs(conn, pool, rows, [
+                        w["id"] for w in waiting if w["resource_pool"] == pool["name"]],
+                        stopping)
+                else:
+                    changes += self._decide(conn, pool, rows, stopping)
             if pools:
                 live = conn.execute(Q.live_instances).fetchall()
         return Result(changes + self._act(conn, live, set(stopping)))
@@ -88,6 +102,29 @@ class Provisioner:
                 changes += 1
                 log.info("instance %s of pool %s: terminating (%s)", id_, pool["name"], reason)
         # Not a change: a countdown in the status must not chain passes.
+        if d.status != pool["provider_status"]:
+            conn.execute(Q.set_status, {"status": d.status, "pool": pool["name"]})
+        return changes
+
+    def _decide_runs(self, conn: psycopg.Connection, pool: dict, rows: list[dict],
+                     waiting: list[int], stopping: list[int]) -> int:
+        """A slurm pool: a job for each waiting run (``waiting``, queue order), and the
+        jobs whose run no longer wants them cancelled."""
+        instances = [RunInstance(r["id"], r["state"], r["run_wanted"], r["run_taken"],
+                                 r["run_ended_for"], r["agent_lost"])
+                     for r in rows if r["state"] != "TERMINATING"]
+        d = decide_runs(pool["provider"]["max_instances"], waiting, instances,
+                        StartFailures(pool["failures"], pool["failure_age"] or 0.0,
+                                      pool["failure_reason"]))
+        changes = 0
+        if d.submit:
+            changes += conn.execute(Q.request_runs, {"allocs": d.submit,
+                                                     "pool": pool["name"]}).rowcount
+        for id_, reason in d.terminate:
+            if conn.execute(Q.terminate, {"id": id_, "reason": reason}).fetchone():
+                stopping.append(id_)
+                changes += 1
+                log.info("instance %s of pool %s: cancelling (%s)", id_, pool["name"], reason)
         if d.status != pool["provider_status"]:
             conn.execute(Q.set_status, {"status": d.status, "pool": pool["name"]})
         return changes
@@ -155,7 +192,8 @@ class Provisioner:
         if handle is None:
             # Its process or machine ended (stopped by us, or on its own).
             log.info("instance %s: gone", name)
-            return conn.execute(Q.gone, {"id": row["id"]}).rowcount
+            return conn.execute(Q.gone if row["allocation_id"] is None else Q.job_gone,
+                                {"id": row["id"]}).rowcount
         if row["state"] == "TERMINATING" and (stopping or row["stopping_for"]
                                               > STOP_GRACE_SECONDS):
             try:

@@ -1,8 +1,10 @@
-"""The provisioner's decisions for one elastic pool: a pure function of its queued demand, its
-live instances and its provider config.
+"""The provisioner's decisions for one pool with a provider: pure functions of what waits in
+it, its live instances and its provider config.
 
-:func:`decide` returns which instances to launch and which to terminate, and why the pool waits
-or refuses; :mod:`det.reconciler.provision` loads its input and applies the result.
+:func:`decide` (elastic pools: agents sized by demand) and :func:`decide_runs` (slurm pools:
+one Slurm job per run) return which instances to launch and which to terminate, and why the
+pool waits or refuses; :mod:`det.reconciler.provision` loads their input and applies the
+result.
 """
 
 import math
@@ -89,12 +91,72 @@ def list_due(last: tuple[float, tuple] | None, instances: tuple, now: float,
 
 @dataclass
 class Decision:
-    """``launch`` new instances; ``terminate`` (instance id, reason) pairs; ``status``: why the
-    pool waits or refuses, shown by ``det resource-pool list`` ('' when nothing to say)."""
+    """``launch`` new instances (:func:`decide`), or ``submit`` one for each of these runs
+    (allocation ids, :func:`decide_runs`); ``terminate`` (instance id, reason) pairs;
+    ``status``: why the pool waits or refuses, shown by ``det resource-pool list`` ('' when
+    nothing to say)."""
 
     launch: int = 0
     terminate: list[tuple[int, str]] = field(default_factory=list)
     status: str = ""
+    submit: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunInstance:
+    """A live instance of a slurm pool, tied to one run. ``state``, ``agent_lost``: as
+    :class:`Instance`; ``run_wanted``: its run still waits (PENDING, desired RUNNING) or
+    lives; ``run_taken``: its agent took the run; ``run_ended_for``: seconds since the run
+    ended (None while it lives)."""
+
+    id: int
+    state: str
+    run_wanted: bool
+    run_taken: bool = False
+    run_ended_for: float | None = None
+    agent_lost: bool = False
+
+
+ONE_SHOT_EXIT_SECONDS = 30.0
+"""How long a run's Slurm job may outlive the run its agent took (it reports the end, then
+exits, ending the job) before det cancels it."""
+
+
+def decide_runs(max_instances: int, waiting: list[int], instances: list[RunInstance],
+                failures: StartFailures = StartFailures()) -> Decision:
+    """The Slurm jobs to submit and to cancel now in a slurm pool: one job per run.
+
+    ``waiting``: the pool's waiting runs with no live job, in det's queue order; a job is
+    submitted for each in that order while fewer than ``max_instances`` jobs live (Slurm then
+    decides when and where each starts), none for :func:`backoff` seconds after a start
+    failure (a job refused, or ended before its agent registered). A job is cancelled when its
+    run no longer wants it: paused, killed or ended before its agent took it, or ended
+    :data:`ONE_SHOT_EXIT_SECONDS` ago and the job still lives; and when its agent was lost.
+    A job waiting in Slurm's queue is never timed out: Slurm decides when it runs.
+    """
+    d = Decision()
+    live = 0
+    for i in instances:
+        if i.state == "RUNNING" and i.agent_lost:
+            d.terminate.append((i.id, "agent lost"))
+        elif not i.run_wanted and not i.run_taken:
+            d.terminate.append((i.id, "its run no longer waits for it"))
+        elif (not i.run_wanted and i.run_ended_for is not None
+              and i.run_ended_for >= ONE_SHOT_EXIT_SECONDS):
+            d.terminate.append((i.id, f"its run ended {i.run_ended_for:.0f} s ago"))
+        else:
+            live += 1
+    d.submit = waiting[:max(0, max_instances - live)]
+    wait = backoff(failures.count) - failures.age
+    if d.submit and wait > 0:
+        d.submit = []
+        why = f" ({failures.reason})" if failures.reason else ""
+        d.status = (f"{failures.count} Slurm job(s) in a row failed to start{why}; next "
+                    f"submission in {math.ceil(wait)} s")
+    elif len(waiting) > len(d.submit):
+        d.status = (f"at max_instances {max_instances}: {len(waiting) - len(d.submit)} "
+                    f"run(s) wait for a Slurm job")
+    return d
 
 
 def decide(provider: Provider, demand: Demand, instances: list[Instance],

@@ -1,16 +1,18 @@
-"""The ``slurm`` provider: a pool's agents run inside Slurm jobs, so Slurm decides
-when and where they run and det schedules on what it is given.
+"""The ``slurm`` provider: each run of a slurm pool is one Slurm job, so Slurm decides when
+and where it runs.
 
-Each instance is one batch job named after its row (``det-instance-<id>``, ``sbatch -J``):
-a restarted reconciler finds the jobs an earlier one submitted by that name (``squeue``)
-before it submits, so nothing is queued twice. The job asks for one node with
-``slots_per_instance`` tasks (and as many ``gres`` devices) and its script is ``det agent
-run`` with that many slots: the task launcher on the node is the agent's own (claim with the
-run's token, task environment, harness, logs, metrics, checkpoints, preemption checks through
-the database), so nothing of it is copied. The job gets the environment a local agent would
+Each instance is one batch job for one run, named after its row (``det-instance-<id>``,
+``sbatch -J``): a restarted reconciler finds the jobs an earlier one submitted by that name
+(``squeue``) before it submits, so nothing is queued twice. The job asks for one node with one
+task per slot the run needs (``--ntasks-per-node``, and as many ``gres`` devices); its script
+is a one-shot ``det agent run`` with those slots: the run is placed on it once it registers,
+and the task launcher on the node is the agent's own (claim with the run's token, task
+environment, harness and all its ranks, logs, metrics, checkpoints, preemption checks through
+the database), so nothing of it is copied; the agent exits once the run ended, and the job
+with it. The job gets the environment a local agent would
 (:func:`det.reconciler.local_provider.agent_env`: det_agent's URL under ``det cluster up``).
-Slurm's state and reason of a job not yet running are kept on the instance's row for ``det
-resource-pool describe``.
+Slurm's state and reason of a job not yet running are kept on the instance's row, for ``det
+resource-pool describe`` and the job queue.
 """
 
 import shlex
@@ -46,8 +48,9 @@ def parse_squeue(text: str) -> dict[str, Job]:
 
 
 def sbatch_argv(config: dict, name: str, pool: str, slots: int, log_dir: Path) -> list[str]:
-    """The ``sbatch`` command that queues instance ``name`` of ``pool`` (its script on
-    stdin)."""
+    """The ``sbatch`` command that queues instance ``name`` of ``pool``, the job of a run of
+    ``slots`` slots (its script on stdin): one node, a task per slot (one for a zero-slot
+    task), as many ``gres`` devices, the pool's partition, account, qos and ``sbatch_args``."""
     argv = ["sbatch", "--parsable", "--job-name", name, "--nodes", "1",
             "--ntasks-per-node", str(max(slots, 1)),
             "--output", str(log_dir / f"{name}.log")]
@@ -61,14 +64,17 @@ def sbatch_argv(config: dict, name: str, pool: str, slots: int, log_dir: Path) -
 
 
 def job_script(name: str, pool: str, slots: int, gres: str | None) -> str:
-    """The batch script: the agent, in the foreground, so the job lives as long as it does.
-    det cancels only a drained, idle agent's job, so a SIGTERM under runs is Slurm's doing
-    (scancel from outside, time limit, node drain): ``--stop-is-failure`` ends them as failed,
-    restarted from their checkpoint per max_restarts."""
+    """The batch script: a one-shot agent of ``slots`` slots (the node's GPUs with ``gres``,
+    else CPU slots), in the foreground, so the job lives as long as its run. det's pause and
+    kill reach the run through the database as on any agent (the harness checkpoints and
+    exits), and det cancels a job only before its agent took the run or after the run ended,
+    so a SIGTERM under a run is Slurm's doing (scancel from outside, time limit, node drain):
+    ``--stop-is-failure`` ends it as failed, restarted from its checkpoint per
+    max_restarts."""
     slot_type = "none" if not slots else ("auto" if gres else "cpu")
     argv = [sys.executable, "-m", "det.cli.main", "agent", "run", "--id", name,
             "--resource-pool", pool, "--slots", str(slots), "--slot-type", slot_type,
-            "--stop-is-failure"]
+            "--stop-is-failure", "--one-shot"]
     return "#!/bin/sh\nexec " + shlex.join(argv) + "\n"
 
 
@@ -119,6 +125,6 @@ class SlurmProvider:
         return out.strip().split(";")[0]
 
     def stop(self, job_id: str, kill: bool = False) -> None:
-        """Cancel the job: SIGTERM to its processes first (the agent's planned stop, which
-        Slurm follows with SIGKILL after its KillWait), with ``kill`` SIGKILL at once."""
+        """Cancel the job: SIGTERM to its processes first (Slurm follows with SIGKILL after
+        its KillWait), with ``kill`` SIGKILL at once."""
         self._run(["scancel", *(["--signal", "KILL", "--full"] if kill else []), job_id])

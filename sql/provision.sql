@@ -34,30 +34,88 @@ SELECT r.name, r.provider, r.provider_status,
   FROM resource_pools r
   CROSS JOIN LATERAL (
     -- Start failures in a row: ended instances whose agent never registered, since the
-    -- latest instance whose agent did.
+    -- latest instance whose agent did; a run's Slurm job that det cancelled (its run no
+    -- longer waited) is none.
     SELECT count(*)::int AS failures,
            extract(epoch FROM now() - max(coalesce(i.terminating_at, i.gone_at)))::float
                AS failure_age,
            coalesce((array_agg(i.reason ORDER BY i.id DESC))[1], '') AS failure_reason
       FROM instances i
      WHERE i.resource_pool = r.name AND i.running_at IS NULL AND i.state >= 'TERMINATING'
+       AND (i.allocation_id IS NULL OR i.terminating_at IS NULL)
        AND i.id > coalesce((SELECT max(id) FROM instances
                              WHERE resource_pool = r.name AND running_at IS NOT NULL), 0)
   ) f
  WHERE r.provider IS NOT NULL ORDER BY r.name
 
 -- name: live_instances
--- Instances not GONE, with their pool's provider config and the ages the decisions read.
+-- Instances not GONE, with their pool's provider config and the ages the decisions read; an
+-- instance of a slurm pool with its run: whether the run still wants it (waiting, or live),
+-- whether its agent took the run and since when the run ended, and the run's slots.
 SELECT i.id, i.resource_pool, i.state::text AS state, i.agent_id, i.provider_id, i.provider,
-       r.provider AS config,
+       r.provider AS config, i.allocation_id,
        extract(epoch FROM now() - i.requested_at)::float AS age,
        coalesce(g.state = 'LOST', false) AS agent_lost,
        extract(epoch FROM now() - i.idle_since)::float AS idle_for,
        extract(epoch FROM now() - i.terminating_at)::float AS stopping_for,
-       coalesce((r.provider ->> 'slots_per_instance')::int, 1) AS slots
+       coalesce(a.state NOT IN ('PENDING', 'TERMINATED')
+                OR (a.state = 'PENDING' AND a.desired_state = 'RUNNING'), false) AS run_wanted,
+       coalesce(a.agent_id = i.agent_id, false) AS run_taken,
+       extract(epoch FROM now() - a.ended_at)::float AS run_ended_for,
+       CASE WHEN i.allocation_id IS NOT NULL THEN coalesce(a.slots_needed, 0)
+            ELSE coalesce((r.provider ->> 'slots_per_instance')::int, 1) END AS slots
   FROM instances i JOIN resource_pools r ON r.name = i.resource_pool
   LEFT JOIN agents g ON g.id = i.agent_id
+  LEFT JOIN allocations a ON a.id = i.allocation_id
  WHERE i.state <> 'GONE' ORDER BY i.id
+
+-- name: runs_waiting
+-- Runs waiting in slurm pools with no live Slurm job yet, in det's queue order (priority,
+-- then queue position): each is submitted as a job of its own, in this order.
+SELECT a.resource_pool, a.id
+  FROM allocations a
+  JOIN jobs j ON j.id = a.job_id
+  JOIN resource_pools r ON r.name = a.resource_pool
+ WHERE r.provider ->> 'type' = 'slurm' AND a.state = 'PENDING' AND a.desired_state = 'RUNNING'
+   AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.allocation_id = a.id AND i.state <> 'GONE')
+ ORDER BY j.priority, j.queue_position, a.id
+
+-- name: request_runs
+-- One instance (one Slurm job) per run: row ids first, so the job's name is written with the
+-- row; the unique index on live instances' allocation_id keeps a run from a second one.
+WITH n AS (SELECT nextval(pg_get_serial_sequence('instances', 'id')) AS id, x AS allocation_id
+             FROM unnest(%(allocs)s::bigint[]) AS x)
+INSERT INTO instances (id, resource_pool, provider, agent_id, allocation_id)
+OVERRIDING SYSTEM VALUE
+SELECT id, %(pool)s, 'slurm', 'det-instance-' || id, allocation_id FROM n
+
+-- name: take_runs
+-- The agent of a run's Slurm job registered: the run is placed on it, with as many of its
+-- slots as the run needs (det's scheduler places nothing in a slurm pool), and the agent is
+-- woken. Slurm chose the node; the agent takes no other run.
+WITH x AS (
+    SELECT a.id, i.agent_id, a.slots_needed
+      FROM instances i
+      JOIN allocations a ON a.id = i.allocation_id
+      JOIN agents g ON g.id = i.agent_id
+     WHERE i.state = 'RUNNING' AND a.state = 'PENDING' AND a.desired_state = 'RUNNING'
+       AND g.state = 'ACTIVE' AND NOT g.stopping
+       AND (SELECT count(*) FROM slots s WHERE s.agent_id = g.id AND s.enabled)
+           >= a.slots_needed
+), taken AS (
+    UPDATE allocations a SET state = 'ASSIGNED', agent_id = x.agent_id, assigned_at = now(),
+           pending_reason = NULL
+      FROM x WHERE a.id = x.id AND a.state = 'PENDING'
+    RETURNING a.id, a.agent_id, a.slots_needed
+), held AS (
+    INSERT INTO allocation_slots (allocation_id, agent_id, slot_id)
+    SELECT id, agent_id, slot_id
+      FROM (SELECT t.id, s.agent_id, s.slot_id, t.slots_needed,
+                   row_number() OVER (PARTITION BY t.id ORDER BY s.slot_id) AS n
+              FROM taken t JOIN slots s ON s.agent_id = t.agent_id AND s.enabled) h
+     WHERE n <= slots_needed
+)
+SELECT id, pg_notify(det_channel('agent', agent_id), '') FROM taken
 
 -- name: request
 -- New instances: row ids first, so the agent id (the instance's name) is written with the row.
@@ -105,6 +163,29 @@ UPDATE instances SET state = 'GONE', gone_at = now(), reason = %(reason)s
 -- name: provider_state
 -- What the provider says of an instance not yet running (slurm: the job's state and reason).
 UPDATE instances SET provider_state = %(said)s WHERE id = %(id)s AND provider_state <> %(said)s
+
+-- name: job_gone
+-- A run's Slurm job is no longer in Slurm's queue: the instance is GONE and its agent LOST
+-- (the job's processes ended with it); a run it took and never reported the end of (the job
+-- was killed, failed, or its node was lost) ends now with no exit code, a failure that
+-- restarts the trial per max_restarts. A run it never took waits for a job of its own again.
+WITH i AS (
+    UPDATE instances
+       SET state = 'GONE', gone_at = now(),
+           reason = CASE WHEN reason = '' THEN 'slurm job ended' ELSE reason END
+     WHERE id = %(id)s AND state <> 'GONE'
+    RETURNING agent_id, allocation_id, provider_id
+), lost AS (
+    UPDATE agents g SET state = 'LOST' FROM i WHERE g.id = i.agent_id AND g.state <> 'LOST'
+), ended AS (
+    UPDATE allocations a
+       SET state = 'TERMINATED', ended_at = now(),
+           exit_reason = 'slurm job ' || coalesce(i.provider_id, '?') || ' ended before its '
+                         || 'run reported an end (cancelled, failed or its node lost)'
+      FROM i WHERE a.id = i.allocation_id AND a.agent_id = i.agent_id
+       AND a.state <> 'TERMINATED'
+)
+SELECT 1 FROM i
 
 -- name: gone
 -- An instance whose process ended: GONE; a reason is kept, or the exit is the reason.

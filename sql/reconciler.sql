@@ -561,9 +561,12 @@ UPDATE allocations a SET resource_pool = c.pool, pending_reason = NULL
 -- function's result called it for every row: 8 ms a pass with 1,000 waiting); and each pool
 -- is asked whether it has a run waiting (allocations_pending: one index probe), rather than
 -- every waiting run read for its pool.
+-- A slurm pool has no scheduler of det's: each waiting run is a Slurm job of its own
+-- (det.reconciler.provision).
 SELECT p.name AS resource_pool, det_pool_scheduler(p.name) AS scheduler
   FROM resource_pools p
- WHERE EXISTS (SELECT 1 FROM allocations a
+ WHERE p.provider ->> 'type' IS DISTINCT FROM 'slurm'
+   AND EXISTS (SELECT 1 FROM allocations a
                 WHERE a.resource_pool = p.name AND a.state = 'PENDING'
                   AND a.desired_state = 'RUNNING')
  ORDER BY 1

@@ -1,5 +1,6 @@
-"""Slurm pools (issue 36): a pool whose provider is ``slurm`` gets its agents as Slurm jobs on a
-real single-host Slurm (deploy/slurm/slurm.sh: munged, slurmctld, slurmd; one per module)."""
+"""Slurm pools (issue 36): each run of a pool whose provider is ``slurm`` is one Slurm job on a
+real single-host Slurm (deploy/slurm/slurm.sh: munged, slurmctld, slurmd; one per module),
+whose script is a one-shot agent that runs that run alone."""
 
 import json
 import os
@@ -13,11 +14,15 @@ from test_e2e_digits import DIGITS, digits_config
 
 from det.configs.cluster import load_cluster_config
 from det.errors import ConfigError
-from det.reconciler.slurm_provider import Job, parse_squeue, sbatch_argv
+from det.reconciler.provisioner import ONE_SHOT_EXIT_SECONDS, RunInstance, StartFailures, decide_runs
+from det.reconciler.slurm_provider import Job, job_script, parse_squeue, sbatch_argv
 
 SLURM_SH = REPO / "deploy" / "slurm" / "slurm.sh"
-INSTANCES = ("SELECT id, agent_id, state::text AS state, reason, provider_id, provider_state "
-             "FROM instances ORDER BY id")
+INSTANCES = ("SELECT id, agent_id, state::text AS state, reason, provider_id, provider_state, "
+             "allocation_id FROM instances ORDER BY id")
+# the trials' runs (an ended experiment's checkpoint GC task is a run too, with no trial)
+RUNS = ("SELECT id, run, agent_id, slots_needed, exit_code, exit_reason FROM allocations "
+        "WHERE trial_id IS NOT NULL ORDER BY id")
 
 
 def test_slurm_provider_config_errors_name_the_field() -> None:
@@ -42,6 +47,50 @@ def test_sbatch_asks_one_node_with_a_task_per_slot_and_the_gres() -> None:
                     "--time=5"]
     assert parse_squeue("det-instance-3|12|PENDING|Resources\nother|13|RUNNING|None\n") == {
         "det-instance-3": Job("12", "PENDING", "Resources")}
+    # a zero-slot task still needs a task of Slurm's, and asks no device
+    assert sbatch_argv({"gres": "gpu"}, "det-instance-4", "hpc", 0, Path("/l"))[6:8] == [
+        "--ntasks-per-node", "1"]
+    assert "--gres" not in sbatch_argv({"gres": "gpu"}, "det-instance-4", "hpc", 0, Path("/l"))
+
+
+def test_the_job_script_is_a_one_shot_agent_of_the_runs_slots() -> None:
+    script = job_script("det-instance-3", "hpc", 2, None)
+    assert script.startswith("#!/bin/sh\nexec ")
+    argv = script.split("\n")[1].split()
+    assert argv[argv.index("--id") + 1] == "det-instance-3"
+    assert argv[argv.index("--resource-pool") + 1] == "hpc"
+    assert argv[argv.index("--slots") + 1] == "2"
+    assert argv[argv.index("--slot-type") + 1] == "cpu"
+    assert {"--one-shot", "--stop-is-failure"} <= set(argv)
+    assert "--slot-type auto" in job_script("det-instance-3", "hpc", 2, "gpu")
+    assert "--slot-type none" in job_script("det-instance-3", "hpc", 0, None)
+
+
+def test_each_waiting_run_gets_a_job_in_queue_order_up_to_max_instances() -> None:
+    live = [RunInstance(1, "STARTING", run_wanted=True)]
+    d = decide_runs(3, [7, 5, 9], live)
+    assert d.submit == [7, 5] and d.terminate == []
+    assert d.status == "at max_instances 3: 1 run(s) wait for a Slurm job"
+    assert decide_runs(3, [], live).status == ""
+    # after a start failure, nothing is submitted for the back-off
+    d = decide_runs(3, [7], [], StartFailures(1, 2.0, "launch failed: invalid partition"))
+    assert d.submit == [] and "next submission in 8 s" in d.status
+
+
+def test_a_job_whose_run_no_longer_wants_it_is_cancelled() -> None:
+    d = decide_runs(4, [8], [
+        # paused or killed before its agent took it: cancelled, and it frees its place
+        RunInstance(1, "STARTING", run_wanted=False),
+        RunInstance(2, "RUNNING", run_wanted=False),
+        # its agent took the run, which ended: the agent exits by itself, or is cancelled
+        RunInstance(3, "RUNNING", False, run_taken=True, run_ended_for=1.0),
+        RunInstance(4, "RUNNING", False, run_taken=True, run_ended_for=ONE_SHOT_EXIT_SECONDS),
+        RunInstance(5, "RUNNING", True, run_taken=True, agent_lost=True),
+        RunInstance(6, "RUNNING", True, run_taken=True)])
+    assert [i for i, _ in d.terminate] == [1, 2, 4, 5]
+    assert d.terminate[0][1] == "its run no longer waits for it"
+    assert d.terminate[3][1] == "agent lost"
+    assert d.submit == [8]
 
 
 # -- A real Slurm -------------------------------------------------------------------------------
@@ -89,28 +138,68 @@ def slurm_pool(det, tmp_path: Path, *more: dict, **provider) -> None:
     det("cluster", "config", "apply", str(tmp_path / "cluster.yaml"))
 
 
+def one_job_per_run(conn) -> list[dict]:
+    """Each run of the test's database ran in a Slurm job of its own: its instance, tied to
+    it, whose agent took it; returns the instances."""
+    runs = conn.execute(RUNS).fetchall()
+    all_rows = conn.execute(INSTANCES).fetchall()
+    by_run = {r["allocation_id"]: r for r in all_rows}
+    assert len(by_run) == len(all_rows), "no run was submitted twice"
+    for run in runs:
+        assert by_run[run["id"]]["agent_id"] == run["agent_id"], (runs, all_rows)
+    rows = [by_run[run["id"]] for run in runs]
+    jobs = [r["provider_id"] for r in rows]
+    assert all(j.isdigit() for j in jobs) and len(set(jobs)) == len(jobs), rows
+    return rows
+
+
 @pytest.mark.slow
-def test_a_digits_search_completes_on_agents_in_slurm_jobs(sdet, conn, tmp_path,
-                                                            slurm) -> None:
+def test_a_digits_search_completes_one_slurm_job_per_trial(sdet, conn, tmp_path,
+                                                           slurm) -> None:
     slurm_pool(sdet, tmp_path)
     cfg = digits_config(tmp_path, "random.yaml", **{
-        "searcher.max_trials": 2, "searcher.max_concurrent_trials": 2,
+        "searcher.max_trials": 3, "searcher.max_concurrent_trials": 3,
         "searcher.max_length": {"batches": 30}, "min_validation_period": {"batches": 30},
         "resources": {"resource_pool": "hpc"}})
     sdet("experiment", "create", str(cfg), str(DIGITS))
     sdet.start("reconciler", "reconcile", "--interval", "0.3")
+    # max_instances 2: two jobs in Slurm's queue at most, the third trial waits in det's
+    wait_for(lambda: len(squeue(slurm)) == 2, 60, "two Slurm jobs")
     r = sdet("experiment", "wait", "1", timeout=300, check=False)
     assert r.returncode == 0, r.stdout + r.stderr + sdet.log("reconciler")
     exp = json.loads(sdet("experiment", "describe", "1", "--json").stdout)
     assert exp["state"] == "COMPLETED"
-    assert [t["state"] for t in exp["trials"]] == ["COMPLETED"] * 2
-    ran = {r["agent_id"] for r in conn.execute("SELECT agent_id FROM allocations").fetchall()}
-    rows = conn.execute(INSTANCES).fetchall()
-    assert ran <= {r["agent_id"] for r in rows} and len(rows) == 2
-    assert all(r["provider_id"].isdigit() for r in rows), "each instance a Slurm job id"
+    assert [t["state"] for t in exp["trials"]] == ["COMPLETED"] * 3
+    assert len(one_job_per_run(conn)) == 3
+    # each job ended with its run: the one-shot agent exited, det cancelled nothing
     wait_for(lambda: all(r["state"] == "GONE" for r in conn.execute(INSTANCES).fetchall()),
-             60, "both Slurm jobs to end after the idle period")
+             60, "the three Slurm jobs to end")
     assert not squeue(slurm)
+    assert {r["reason"] for r in conn.execute(INSTANCES).fetchall()} == {"slurm job ended"}
+    assert all(r["exit_code"] == 0 for r in conn.execute(RUNS).fetchall())
+
+
+@pytest.mark.slow
+def test_two_slots_are_one_slurm_job_with_two_tasks_and_both_ranks_run(sdet, conn, tmp_path,
+                                                                      slurm) -> None:
+    slurm_pool(sdet, tmp_path)
+    cfg = digits_config(tmp_path, **{
+        "searcher.max_length": {"batches": 60}, "min_validation_period": {"batches": 60},
+        "resources": {"resource_pool": "hpc", "slots_per_trial": 2}})
+    sdet("experiment", "create", str(cfg), str(DIGITS))
+    sdet.start("reconciler", "reconcile", "--interval", "0.3")
+    [job] = wait_for(lambda: list(squeue(slurm).values()) or None, 60, "the Slurm job")
+    shown = subprocess.run(["scontrol", "show", "job", job.job_id], capture_output=True,
+                           text=True, env={**os.environ, **slurm}, timeout=60).stdout
+    assert "NumNodes=1" in shown and "NumTasks=2" in shown, shown
+    assert sdet("experiment", "wait", "1", timeout=300).returncode == 0
+    [row] = one_job_per_run(conn)
+    assert row["provider_id"] == job.job_id
+    [run] = conn.execute(RUNS).fetchall()
+    assert run["slots_needed"] == 2 and run["exit_code"] == 0
+    logs = sdet("trial", "logs", "1")
+    out = logs.stdout + logs.stderr
+    assert "[rank=0]" in out and "[rank=1]" in out
 
 
 def test_a_job_waiting_in_slurm_shows_its_state_and_reason_and_a_refusal_is_stored(
@@ -129,6 +218,7 @@ def test_a_job_waiting_in_slurm_shows_its_state_and_reason_and_a_refusal_is_stor
                                  if "BeginTime" in r["provider_state"]), None), 60,
                    "the instance to say Slurm holds its job for its begin time")
     assert row["provider_state"] == f"slurm job {row['provider_id']} PENDING (BeginTime)"
+    assert row["allocation_id"] == 1, "the job of experiment 1's run"
     assert "PENDING (BeginTime)" in sdet("resource-pool", "describe", "hpc").stdout
     # det's job queue gives Slurm's word for the job that waits on it.
     [job] = json.loads(sdet("job", "list", "--resource-pool", "hpc", "--json").stdout)
@@ -138,7 +228,12 @@ def test_a_job_waiting_in_slurm_shows_its_state_and_reason_and_a_refusal_is_stor
                                  if "launch failed" in r["reason"]), None), 60,
                    "the refused sbatch to be stored")
     assert "invalid partition" in row["reason"] and row["state"] == "GONE"
-    assert "next launch in" in sdet("resource-pool", "describe", "bad").stdout
+    assert "next submission in" in sdet("resource-pool", "describe", "bad").stdout
+    # Killing the waiting experiment cancels its job in Slurm's queue.
+    sdet("experiment", "kill", "1")
+    wait_for(lambda: not squeue(slurm), 60, "the waiting job to be cancelled")
+    [hpc] = [r for r in conn.execute(INSTANCES).fetchall() if r["allocation_id"] == 1]
+    assert hpc["reason"] == "its run no longer waits for it" and hpc["state"] == "GONE", hpc
 
 
 def long_digits(det, tmp_path: Path, batches: int = 800) -> None:
@@ -168,12 +263,10 @@ def test_pause_ends_the_slurm_job_and_activate_resumes_in_a_new_one(sdet, conn, 
     assert conn.execute("SELECT exit_code FROM allocations").fetchone()["exit_code"] == 0
     sdet("experiment", "activate", "1")
     assert sdet("experiment", "wait", "1", timeout=300).returncode == 0
-    runs = conn.execute("SELECT run, agent_id, exit_code, exit_reason FROM allocations ORDER BY run"
-                        ).fetchall()
-    assert [r["agent_id"] for r in runs][:2] == ["det-instance-1", "det-instance-2"], runs
+    runs = conn.execute(RUNS).fetchall()
+    assert len(runs) == 2 and all(r["exit_code"] == 0 for r in runs), runs
     assert conn.execute("SELECT restarts FROM trials").fetchone()["restarts"] == 0, runs
-    jobs = [r["provider_id"] for r in conn.execute(INSTANCES).fetchall()]
-    assert len(set(jobs)) == len(jobs) >= 2, "each instance its own Slurm job"
+    assert len(one_job_per_run(conn)) == 2, "the resumed run in a new Slurm job"
 
 
 @pytest.mark.slow
@@ -186,10 +279,10 @@ def test_an_scancel_from_outside_det_is_a_failure_and_the_trial_restarts(sdet, c
     [job] = squeue(slurm).values()
     subprocess.run(["scancel", job.job_id], env={**os.environ, **slurm}, check=True, timeout=60)
     r = sdet("experiment", "wait", "1", timeout=300, check=False)
-    runs = conn.execute("SELECT run, agent_id, exit_code, exit_reason FROM allocations ORDER BY run"
-                        ).fetchall()
+    runs = conn.execute(RUNS).fetchall()
     assert r.returncode == 0, (runs, sdet("trial", "logs", "1").stdout[-3000:])
     trial = conn.execute("SELECT state::text AS state, restarts FROM trials").fetchone()
     assert trial == {"state": "COMPLETED", "restarts": 1}
-    first = conn.execute("SELECT exit_code, exit_reason FROM allocations WHERE run = 1").fetchone()
-    assert first["exit_code"] != 0, first
+    assert runs[0]["exit_code"] != 0, runs
+    rows = one_job_per_run(conn)
+    assert len(rows) == 2 and rows[0]["provider_id"] == job.job_id, "the restart a new job"

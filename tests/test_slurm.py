@@ -4,6 +4,7 @@ whose script is a one-shot agent that runs that run alone."""
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -286,3 +287,59 @@ def test_an_scancel_from_outside_det_is_a_failure_and_the_trial_restarts(sdet, c
     assert runs[0]["exit_code"] != 0, runs
     rows = one_job_per_run(conn)
     assert len(rows) == 2 and rows[0]["provider_id"] == job.job_id, "the restart a new job"
+
+
+def one_shot_agent_pid(name: str) -> int:
+    """The pid of the one-shot agent ``name`` (a Slurm job's batch script)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--one-shot" in argv and name.encode() in argv:
+            return int(proc.name)
+    raise AssertionError(f"no process of agent {name}")
+
+
+@pytest.mark.slow
+def test_a_job_killed_under_its_run_ends_the_run_as_failed_and_the_trial_restarts(
+        sdet, conn, tmp_path, slurm) -> None:
+    slurm_pool(sdet, tmp_path, max_instances=1)
+    long_digits(sdet, tmp_path)
+    wait_for(lambda: conn.execute("SELECT 1 FROM trials WHERE latest_checkpoint IS NOT NULL"
+                                  ).fetchone(), 180, "a checkpoint in the Slurm job")
+    [job] = squeue(slurm).values()
+    # SIGKILL to the job's agent, its batch script: it cannot report, and Slurm ends the job
+    # and kills what is left of it (as a lost node would)
+    os.kill(one_shot_agent_pid("det-instance-1"), signal.SIGKILL)
+    r = sdet("experiment", "wait", "1", timeout=300, check=False)
+    runs = conn.execute(RUNS).fetchall()
+    assert r.returncode == 0, (runs, sdet.log("reconciler")[-3000:])
+    assert conn.execute("SELECT restarts FROM trials").fetchone()["restarts"] == 1
+    assert runs[0]["exit_code"] is None and runs[0]["exit_reason"] == (
+        f"slurm job {job.job_id} ended before its run reported an end (cancelled, failed or "
+        "its node lost)"), runs
+    assert len(one_job_per_run(conn)) == 2
+
+
+@pytest.mark.slow
+def test_a_reconciler_killed_between_sbatch_and_its_record_submits_nothing_twice(
+        sdet, conn, tmp_path, slurm) -> None:
+    slurm_pool(sdet, tmp_path)
+    marker = tmp_path / "killed"
+    sdet.env = {**sdet.env, "DET_TEST_KILL_AFTER_LAUNCH": str(marker)}
+    cfg = digits_config(tmp_path, **{
+        "searcher.max_length": {"batches": 30}, "min_validation_period": {"batches": 30},
+        "resources": {"resource_pool": "hpc"}})
+    sdet("experiment", "create", str(cfg), str(DIGITS))
+    first = sdet.start("reconciler", "reconcile", "--interval", "0.3")
+    assert first.wait(60) == -signal.SIGKILL and marker.exists()
+    [row] = conn.execute(INSTANCES).fetchall()
+    assert row["state"] == "REQUESTED" and row["provider_id"] is None
+    assert list(squeue(slurm)) == ["det-instance-1"]
+    sdet.start("reconciler2", "reconcile", "--interval", "0.3")
+    assert sdet("experiment", "wait", "1", timeout=300).returncode == 0
+    assert "det-instance-1: adopted its running agent" in sdet.log("reconciler2")
+    logs = sdet.log("reconciler") + sdet.log("reconciler2")
+    assert logs.count("launched agent process") == 1, "one sbatch, adopted after the kill"
+    assert len(one_job_per_run(conn)) == 1

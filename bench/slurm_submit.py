@@ -3,13 +3,13 @@ job script, on a single-host Slurm (deploy/slurm/slurm.sh; root, slurm-wlm insta
 
 Brings up a private cluster (embedded PostgreSQL, one reconciler) and a Slurm, then N times:
 
-- det: submits a one-trial experiment (entrypoint ``true``) to a slurm pool with
-  ``max_instances: 1`` and ``max_idle_agent_period: 1s`` and waits for its instance to be gone,
-  so each submission meets an empty pool; from the database's clock: queued -> sbatch
-  (instance launched), -> agent registered, -> trial RUNNING;
-- sbatch: submits the same script (:func:`det.reconciler.slurm_provider.job_script`) with
-  ``sbatch`` directly, under another agent id, and times sbatch's start -> that agent
-  registered; then cancels it.
+- det: submits a one-trial experiment (entrypoint ``true``) to a slurm pool, whose run is
+  one Slurm job, and waits for that job to be gone (it ends with its run); from the
+  database's clock: queued -> sbatch (instance launched), -> the job's agent registered,
+  -> trial RUNNING;
+- sbatch: submits the same script (:func:`det.reconciler.slurm_provider.job_script`, a
+  one-shot agent) with ``sbatch`` directly, under another agent id, and times sbatch's start
+  -> that agent registered; then cancels it.
 
 Prints p50 / p95 in milliseconds, taken in the same minutes, alternating. Figures only.
 
@@ -45,8 +45,7 @@ SELECT extract(epoch FROM i.launched_at - e.start_time) * 1000 AS sbatch,
 """
 CLUSTER = {"resource_pools": [
     {"name": "default"}, {"name": "direct"},
-    {"name": "hpc", "provider": {"type": "slurm", "max_instances": 1,
-                                 "max_idle_agent_period": "1s"}}]}
+    {"name": "hpc", "provider": {"type": "slurm", "max_instances": 1}}]}
 EXPERIMENT = {"name": "slurm", "entrypoint": "true", "max_restarts": 0,
               "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 1}},
               "resources": {"resource_pool": "hpc"}}
@@ -102,6 +101,7 @@ def main() -> None:
         subprocess.run([str(slurm_sh), "start", str(tmp / "slurm"), "4"], check=True)
         os.environ["SLURM_CONF"] = str(tmp / "slurm" / "slurm.conf")
         os.environ.pop("DET_DB_URL", None)  # agents and tasks connect as under det cluster up
+        os.environ["DET_AGENT_RUNTIME"] = "process"  # the jobs' agents: no task image needed
         (tmp / "cluster.yaml").write_text(yaml.safe_dump(CLUSTER))
         (tmp / "exp.yaml").write_text(yaml.safe_dump(EXPERIMENT))
         (tmp / "ctx").mkdir()
@@ -115,6 +115,8 @@ def main() -> None:
                     det("experiment", "create", str(tmp / "exp.yaml"), str(tmp / "ctx"))
                     eid = conn.execute("SELECT max(id) AS id FROM experiments").fetchone()["id"]
                     row = wait(conn, TIMES, (eid,), f"experiment {eid} and its instance")
+                    if row["running"] is None:
+                        raise SystemExit(f"experiment {eid}: its run never ran: {row}")
                     for key in ("sbatch", "agent", "running"):
                         samples[key].append(float(row[key]))
                     samples["direct"].append(direct(conn, i, tmp))

@@ -8,8 +8,10 @@ reconciler killed between the launch and its record; moto ignores ClientToken, s
 rely on the tag). Its user data enrolls the agent under that id with a one-time token made
 for that instance alone (``det agent enroll --master <master_url>``: the instance gets a login
 of its own, no shared password), then starts ``det agent run``; the image carries det, and
-``user_data``, run first, may add what else the host needs (e.g. det's CA certificate at the
-path ``master_url``'s ``sslrootcert`` names). The token expires after the pool's
+``user_data``, run first, may add what else the host needs. Where ``master_url`` verifies
+the server with a ``sslrootcert`` path, the user data first writes det's CA certificate (the
+reconciler's ``det cluster ca``: public, no key) at that path, so an instance of a stock
+image trusts det's TLS gateway. The token expires after the pool's
 ``agent_startup_timeout``, past which the instance is given up anyway.
 
 With ``spot: true`` an instance is asked for on the spot market; where EC2 has no spot
@@ -17,6 +19,8 @@ capacity for it (:data:`SPOT_CAPACITY_ERRORS`), the same instance is launched on
 """
 
 import shlex
+
+from psycopg.conninfo import conninfo_to_dict
 
 from det.db.reconnect import CALL_DEADLINE_SECONDS
 from det.errors import DetError
@@ -99,7 +103,7 @@ class AwsProvider:
         with connect(owner_url(), autocommit=True, deadline=CALL_DEADLINE_SECONDS) as conn:
             token = enrollment_token(conn, pool, seconds)
         script = user_data(c.get("user_data", ""), c["master_url"], token, agent_id, pool,
-                           slots)
+                           slots, _ca_pem())
         args = {"ImageId": c["image_id"], "InstanceType": c["instance_type"], "MinCount": 1,
                 "MaxCount": 1, "ClientToken": agent_id, "UserData": script,
                 "TagSpecifications": [{"ResourceType": "instance", "Tags": [
@@ -191,14 +195,30 @@ def enrollment_token(conn, pool: str, seconds: int) -> str:
     return f"{row['role_name']}.{secret}"
 
 
+def _ca_pem() -> str | None:
+    """det's CA certificate (PEM) where this det home has one (``det cluster up --listen``)."""
+    from det.db import det_home, tls
+
+    path = tls.ca_cert_path(det_home())
+    return path.read_text() if path.is_file() else None
+
+
 def user_data(extra: str, master_url: str, token: str, agent_id: str, pool: str,
-              slots: int) -> str:
-    """The instance's user data: a shell script that runs ``extra`` (the pool's
-    ``user_data``), enrolls the agent as ``agent_id`` at ``master_url`` with ``token`` (given
-    through the environment, as ``--token``'s DET_ENROLL_TOKEN, not on a command line other
-    users of the host see), then, once enrolled, runs it with ``slots`` slots in ``pool``."""
+              slots: int, ca_pem: str | None = None) -> str:
+    """The instance's user data: a shell script that writes ``ca_pem`` (det's CA certificate)
+    at the path ``master_url``'s ``sslrootcert`` names (where it names one), runs ``extra``
+    (the pool's ``user_data``), enrolls the agent as ``agent_id`` at ``master_url`` with
+    ``token`` (given through the environment, as ``--token``'s DET_ENROLL_TOKEN, not on a
+    command line other users of the host see), then, once enrolled, runs it with ``slots``
+    slots in ``pool``."""
     slot_args = f"--slots {slots} --slot-type {'auto' if slots else 'none'}"
-    return (f"#!/bin/sh\n{extra}\n"
+    root = conninfo_to_dict(master_url).get("sslrootcert")
+    ca = ""
+    if ca_pem and root:
+        path = shlex.quote(root)
+        ca = (f"mkdir -p \"$(dirname {path})\" && cat > {path} <<'DET_CA_PEM'\n"
+              f"{ca_pem.rstrip()}\nDET_CA_PEM\n")
+    return (f"#!/bin/sh\n{ca}{extra}\n"
             f"DET_ENROLL_TOKEN={shlex.quote(token)} det agent enroll "
             f"--master {shlex.quote(master_url)} --id {agent_id} &&\n"
             f"exec det agent run --id {agent_id} --resource-pool {pool} {slot_args}\n")

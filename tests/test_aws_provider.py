@@ -38,9 +38,9 @@ def aws(s3_server, db_url, conn, monkeypatch):  # noqa: F811 (the fixture)
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
 
     def provider(**extra) -> AwsProvider:
-        config = ProviderConfig(type="aws", endpoint_url=s3_server, image_id=ami,
-                                master_url=_master(db_url), agent_startup_timeout="3m",
-                                **extra)
+        config = ProviderConfig(**{"type": "aws", "endpoint_url": s3_server, "image_id": ami,
+                                   "master_url": _master(db_url),
+                                   "agent_startup_timeout": "3m", **extra})
         return AwsProvider("elastic", config.model_dump(mode="json"))
     return ec2, provider
 
@@ -96,6 +96,29 @@ def test_each_instance_enrolls_its_agent_with_a_token_of_its_own(aws, conn, det_
                           cwd=REPO, env={**env, "DET_HOME": str(tmp_path / "again")},
                           capture_output=True, text=True, timeout=120)
     assert used.returncode == 1 and "--token: already used" in used.stderr
+
+
+def test_an_instance_is_given_dets_ca_where_master_url_verifies_with_it(
+        aws, tmp_path, monkeypatch) -> None:
+    """With det's TLS gateway (a CA in the reconciler's det home) and a master_url whose
+    sslrootcert names a path, the user data writes the CA certificate there before anything
+    else runs; without sslrootcert it writes none."""
+    from det.db import tls
+
+    ec2, provider = aws
+    home = tmp_path / "reconciler-home"
+    monkeypatch.setenv("DET_HOME", str(home))
+    tls.tls_dir(home).mkdir(parents=True)
+    tls.ensure_ca(home)
+    root = tmp_path / "instance" / "etc" / "det ca.crt"  # a directory to make, a space to quote
+    p = provider(master_url=f"host=db.example dbname=det sslmode=verify-full sslrootcert='{root}'")
+    script = _user_data(ec2, p.launch("aws-instance-7", "elastic", 1))
+    head = script.split("DET_ENROLL_TOKEN=")[0]  # what runs before the enrollment
+    subprocess.run(["sh", "-c", head], check=True, timeout=30)
+    assert root.read_text().strip() == tls.ca_cert_path(home).read_text().strip()
+    assert "PRIVATE KEY" not in script
+    plain = provider().launch("aws-instance-8", "elastic", 1)
+    assert "BEGIN CERTIFICATE" not in _user_data(ec2, plain)
 
 
 def _refuse_spot(provider: AwsProvider, code: str) -> list[dict]:

@@ -107,7 +107,8 @@ def _endpoint_url(value: str) -> str:
 SBATCH_DERIVED = frozenset({"-J", "--job-name", "-N", "--nodes", "-n", "--ntasks",
                             "--ntasks-per-node", "--gres", "-o", "--output", "-e", "--error",
                             "-p", "--partition", "-A", "--account", "-q", "--qos"})
-"""sbatch options det sets itself for a slurm instance (from its name and the pool's config)."""
+"""sbatch options det sets itself for a run's Slurm job (from its name, the run's slots and the
+pool's config)."""
 
 
 class ProviderConfig(BaseModel):
@@ -121,11 +122,13 @@ class ProviderConfig(BaseModel):
     ``spot``, on the spot market, on demand where spot has no capacity (``endpoint_url``:
     another EC2 endpoint, e.g. moto's in the tests). Durations are seconds
     or text such as ``5m`` (defaults from the seed's provisioner: 5m idle, 10m startup).
-    ``slurm``: each instance is a Slurm job (:mod:`det.reconciler.slurm_provider`) in
-    ``partition`` (Slurm's default when unset), charged to ``account`` under ``qos``, asking
-    one node with ``slots_per_instance`` tasks (and as many ``gres`` devices, e.g. ``gpu``),
-    ``sbatch_args`` passed on; Slurm decides when it starts, so ``agent_startup_timeout`` also
-    bounds the time it may wait in Slurm's queue."""
+    ``slurm``: each run of the pool is one Slurm job (:mod:`det.reconciler.slurm_provider`)
+    in ``partition`` (Slurm's default when unset), charged to ``account`` under ``qos``,
+    asking one node with a task per slot of the run (and as many ``gres`` devices, e.g.
+    ``gpu``), ``sbatch_args`` passed on, at most ``max_instances`` jobs at once; Slurm decides
+    when and where each starts, and the job ends with its run, so the agent sizing and
+    lifetime fields (``min_instances``, ``slots_per_instance``, ``max_idle_agent_period``,
+    ``agent_startup_timeout``) are refused there."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     type: Literal["local", "aws", "slurm"]
@@ -200,6 +203,13 @@ class ProviderConfig(BaseModel):
                     raise PydanticCustomError(
                         "provider", "{key}: only for type aws, not {type}",
                         {"key": key, "type": self.type})
+        if self.type == "slurm":
+            for key in ("min_instances", "slots_per_instance", "max_idle_agent_period",
+                        "agent_startup_timeout"):
+                if key in self.model_fields_set:
+                    raise PydanticCustomError(
+                        "provider", "{key}: not for type slurm (each run is a Slurm job of "
+                        "its own, sized by the run and ending with it)", {"key": key})
         if self.type != "slurm":
             for key in ("partition", "account", "qos", "gres", "sbatch_args"):
                 if getattr(self, key):

@@ -33,6 +33,9 @@ def test_slurm_provider_config_errors_name_the_field() -> None:
     with pytest.raises(ConfigError, match="partition: only for type slurm, not local"):
         load_cluster_config("resource_pools: [{name: default, provider: "
                             "{type: local, partition: gpu}}]")
+    with pytest.raises(ConfigError, match="slots_per_instance: not for type slurm"):
+        load_cluster_config("resource_pools: [{name: default, provider: "
+                            "{type: slurm, slots_per_instance: 2}}]")
     with pytest.raises(ConfigError, match="sbatch_args: '--job-name=x' is set by det"):
         load_cluster_config("resource_pools: [{name: default, provider: "
                             "{type: slurm, sbatch_args: [--job-name=x]}}]")
@@ -133,8 +136,7 @@ def squeue(slurm: dict) -> dict[str, Job]:
 def slurm_pool(det, tmp_path: Path, *more: dict, **provider) -> None:
     cfg = {"resource_pools": [
         {"name": "default"},
-        {"name": "hpc", "provider": {"type": "slurm", "max_instances": 2,
-                                     "max_idle_agent_period": "2s", **provider}}, *more]}
+        {"name": "hpc", "provider": {"type": "slurm", "max_instances": 2, **provider}}, *more]}
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cfg))
     det("cluster", "config", "apply", str(tmp_path / "cluster.yaml"))
 

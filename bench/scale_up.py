@@ -69,6 +69,8 @@ def main() -> None:
     samples: dict[str, list[float]] = {"instance": [], "agent": [], "running": []}
     with private_database(embedded_only=True) as db, tempfile.TemporaryDirectory() as tmp:
         os.environ.pop("DET_DB_URL", None)  # agents and tasks connect as under det cluster up
+        # as `det cluster up --runtime process`: the figure is det's, not a container start's
+        os.environ["DET_AGENT_RUNTIME"] = "process"
         cluster, exp, ctx = Path(tmp) / "cluster.yaml", Path(tmp) / "exp.yaml", Path(tmp) / "c"
         cluster.write_text(yaml.safe_dump(CLUSTER))
         exp.write_text(yaml.safe_dump(EXPERIMENT))

@@ -243,7 +243,9 @@ def supervise(slots: int = typer.Option(None), runtime: str = typer.Option(None)
                                "DET_TASK_DB_URL": agent_urls["DET_TASK_DB_URL"]},
                 "server": {"DET_DB_URL": embedded.role_url(home, roles.WEB)},
                 "agent": agent_urls}
-    children = [Child(name, PROCESSES[name], env=urls["reconciler"])
+    # the agents the reconciler starts (elastic and Slurm pools) run tasks as this `up`'s do
+    runs_as = {"DET_AGENT_RUNTIME": runtime} if runtime is not None else {}
+    children = [Child(name, PROCESSES[name], env={**urls["reconciler"], **runs_as})
                 for name in ("reconciler", "reconciler2")]
     children.append(Child("agent", agent, env=urls["agent"]))
     (_run_dir() / "server.url").unlink(missing_ok=True)

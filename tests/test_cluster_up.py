@@ -47,6 +47,8 @@ def test_supervisor_restarts_what_dies(local, tmp_path) -> None:
     assert "already running" in local("cluster", "up").stdout
 
     reconciler = read_pid(run, "reconciler")
+    # the agents it starts for elastic and Slurm pools run tasks as `up --runtime` asked
+    assert psutil.Process(reconciler).environ().get("DET_AGENT_RUNTIME") == "process"
     os.kill(reconciler, signal.SIGKILL)
     wait_for(lambda: read_pid(run, "reconciler") not in (None, reconciler), 30,
              "the supervisor to start a new reconciler")

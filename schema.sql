@@ -91,7 +91,13 @@ CREATE TABLE cluster_config (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     config     jsonb NOT NULL,
     original   text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    -- what the control plane reads of it, parsed once when it is applied
+    scheduler  jsonb GENERATED ALWAYS AS (config #> '{resource_manager,scheduler}') STORED,
+    default_compute_pool text
+        GENERATED ALWAYS AS (config #>> '{resource_manager,default_compute_resource_pool}') STORED,
+    default_aux_pool text
+        GENERATED ALWAYS AS (config #>> '{resource_manager,default_aux_resource_pool}') STORED
 );
 COMMENT ON TABLE cluster_config IS
     'The applied cluster config (`det cluster config apply`), validated by det.configs.cluster: '
@@ -4514,7 +4520,7 @@ BEGIN
                               'fitting_policy', 'best', 'default_priority', 42,
                               'min_run_time', 60)
            || coalesce((SELECT nullif(scheduler, 'null') FROM resource_pools WHERE name = p_pool),
-                       (SELECT config #> '{resource_manager,scheduler}' FROM cluster_config),
+                       (SELECT scheduler FROM cluster_config),
                        '{}');
 END $$;
 

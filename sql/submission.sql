@@ -15,8 +15,7 @@ SELECT g.id, count(s.slot_id) AS slots FROM agents g LEFT JOIN slots s ON s.agen
 -- The default compute and auxiliary pools of a task's workspace (None: Uncategorized) and of
 -- the cluster config, for a task that names no pool.
 SELECT w.default_compute_pool, w.default_aux_pool,
-       c.config #>> '{resource_manager,default_compute_resource_pool}' AS cluster_compute,
-       c.config #>> '{resource_manager,default_aux_resource_pool}' AS cluster_aux
+       c.default_compute_pool AS cluster_compute, c.default_aux_pool AS cluster_aux
   FROM (SELECT 1) one
   LEFT JOIN workspaces w ON w.name = coalesce(%(workspace)s, 'Uncategorized')
   LEFT JOIN cluster_config c ON true

@@ -14,6 +14,8 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from det.configs import parse_experiment_config
+from det.configs.cluster import load_cluster_config
+from det.configs.task import parse_task_config
 from det.db.migrate import load_migrations, migrate, migrations_dir
 from det.submission import expand_task_config, submit_task
 
@@ -37,6 +39,11 @@ EXPERIMENT_COLUMNS = {
     "save_trial_latest": ("checkpoint_storage", "save_trial_latest"),
 }
 TASK_COLUMNS = {"idle_timeout": ("idle_timeout",)}
+CLUSTER_COLUMNS = {
+    "scheduler": ("resource_manager", "scheduler"),
+    "default_compute_pool": ("resource_manager", "default_compute_resource_pool"),
+    "default_aux_pool": ("resource_manager", "default_aux_resource_pool"),
+}
 
 RAW = {
     "name": "columns", "entrypoint": "model_def:Trial",
@@ -55,7 +62,8 @@ def _path_reads() -> re.Pattern:
     ``config #>> '{searcher,metric}'``, ``k.config -> 'idle_timeout'``, or the ``searcher``
     section taken whole to read on from it. A function's input (``p_config``) is not stored."""
     keys = [p[0] for p in {**EXPERIMENT_COLUMNS, **TASK_COLUMNS}.values() if len(p) == 1]
-    paths = ["{" + ",".join(p) + "}" for p in EXPERIMENT_COLUMNS.values() if len(p) == 2]
+    paths = ["{" + ",".join(p) + "}"
+             for p in {**EXPERIMENT_COLUMNS, **CLUSTER_COLUMNS}.values() if len(p) == 2]
     key_alt = "|".join(map(re.escape, keys + ["searcher", "reproducibility"]))
     path_alt = "|".join(map(re.escape, paths))
     return re.compile(rf"(?<![\w.])(?:\w+\.)?config\s*(?:->>?\s*'(?:{key_alt})'"
@@ -88,10 +96,11 @@ def test_the_pattern_finds_the_reads_it_forbids() -> None:
     pattern = _path_reads()
     for read in ["(e.config ->> 'max_restarts')::integer", "config #>> '{searcher,metric}'",
                  "e.config #> '{checkpoint_storage,save_trial_best}'",
-                 "k.config->>'idle_timeout'", "e.config -> 'searcher' ->> 'name'"]:
+                 "k.config->>'idle_timeout'", "e.config -> 'searcher' ->> 'name'",
+                 "c.config #>> '{resource_manager,default_aux_resource_pool}'"]:
         assert pattern.search(read), read
     for fine in ["p_config #>> '{searcher,metric}'", "e.config -> 'checkpoint_storage'",
-                 "c.config #>> '{resource_manager,default_aux_resource_pool}'"]:
+                 "p_config -> 'resource_pools'"]:
         assert not pattern.search(fine), fine
 
 
@@ -149,6 +158,18 @@ def test_a_task_s_idle_timeout_is_a_column(conn) -> None:
     assert got == want == {"idle_timeout": 20.0}
 
 
+def test_the_cluster_config_s_columns_are_its_values(conn) -> None:
+    config = load_cluster_config(
+        "resource_manager: {default_aux_resource_pool: default,\n"
+        "                   scheduler: {type: priority, default_priority: 30}}\n"
+        "resource_pools: [{pool_name: default}]\n")
+    conn.execute("SELECT det_apply_cluster_config(%s, '')",
+                 (Jsonb(config.model_dump(mode="json")),))
+    got, want = _columns(conn, "cluster_config", "singleton", True, CLUSTER_COLUMNS)
+    assert got == want and got["scheduler"]["default_priority"] == 30
+    assert got["default_aux_pool"] == "default"
+
+
 @pytest.fixture
 def empty_database(pg_server: str):
     """A URL of a new empty database, dropped after the test."""
@@ -171,7 +192,9 @@ def test_the_migration_fills_the_columns_of_existing_rows(empty_database, tmp_pa
     with psycopg.connect(empty_database, autocommit=True, row_factory=dict_row) as conn:
         migrate(conn, older)
         eid = _submit(conn, parse_experiment_config(RAW).expanded())
-        expanded = expand_task_config(conn, "NOTEBOOK", "idle_timeout: 30s\n", "notebook.yaml")
+        # expanded without expand_task_config: its pool query reads this version's columns
+        expanded = parse_task_config({"idle_timeout": "30s"}, "NOTEBOOK").expanded("NOTEBOOK")
+        expanded["resources"]["resource_pool"] = "default"
         job = submit_task(conn, "NOTEBOOK", expanded)
         assert added.version in migrate(conn)
         got, want = _columns(conn, "experiments", "id", eid, EXPERIMENT_COLUMNS)

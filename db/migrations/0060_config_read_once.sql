@@ -1,10 +1,11 @@
--- The config read once: the fields of an experiment's config that the control plane decides
--- on (searcher name, metric and smaller_is_better, max_trials and max_concurrent_trials, the
--- warm-start source, max_restarts, preemption_timeout, slots_per_trial, experiment_seed, the
--- checkpoint policy) and a task's idle_timeout become typed columns generated from the config:
--- parsed once when the row is written (ADD COLUMN fills them for every existing row), and
--- equal to the config after any edit of it. The functions and views that read those fields by
--- path read the columns; their results are unchanged.
+-- The config read once: the fields of a stored config that the control plane decides on
+-- become typed columns generated from it. An experiment's searcher name, metric and
+-- smaller_is_better, max_trials and max_concurrent_trials, warm-start source, max_restarts,
+-- preemption_timeout, slots_per_trial, experiment_seed and checkpoint policy; a task's
+-- idle_timeout; the cluster config's scheduler and default pools. Each is parsed once when
+-- the row is written (ADD COLUMN fills them for every existing row) and equals the config
+-- after any edit of it. The functions and views that read those fields by path read the
+-- columns; their results are unchanged.
 
 ALTER TABLE experiments
     ADD COLUMN searcher_name text GENERATED ALWAYS AS (config #>> '{searcher,name}') STORED,
@@ -38,6 +39,14 @@ ALTER TABLE experiments
 
 ALTER TABLE tasks ADD COLUMN idle_timeout double precision
     GENERATED ALWAYS AS ((config ->> 'idle_timeout')::double precision) STORED;
+
+ALTER TABLE cluster_config
+    ADD COLUMN scheduler jsonb
+        GENERATED ALWAYS AS (config #> '{resource_manager,scheduler}') STORED,
+    ADD COLUMN default_compute_pool text
+        GENERATED ALWAYS AS (config #>> '{resource_manager,default_compute_resource_pool}') STORED,
+    ADD COLUMN default_aux_pool text
+        GENERATED ALWAYS AS (config #>> '{resource_manager,default_aux_resource_pool}') STORED;
 
 CREATE OR REPLACE FUNCTION det_trial_best_validation(p_trial integer) RETURNS double precision
 LANGUAGE sql STABLE AS $$
@@ -282,3 +291,19 @@ LEFT JOIN allocations a ON a.job_id = j.id AND a.state <> 'TERMINATED'
 WHERE (e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR') AND NOT e.unmanaged)
    OR (t.job_id IS NOT NULL AND a.id IS NOT NULL)
 GROUP BY j.id, e.id, t.job_id;
+
+CREATE OR REPLACE FUNCTION det_pool_scheduler(p_pool text) RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+-- The scheduler a pool really uses, every default filled in: the pool's own, else the
+-- cluster's, else fair_share (the spec's default for a blank type: Resource Pools).
+-- min_run_time: seconds a run without a checkpoint is not preempted. The defaults are
+-- det.configs.cluster's (SchedulerConfig), the values a cluster config gets before it is
+-- stored; they are here for a cluster that has none applied yet.
+BEGIN
+    RETURN jsonb_build_object('type', 'fair_share', 'preemption', false,
+                              'fitting_policy', 'best', 'default_priority', 42,
+                              'min_run_time', 60)
+           || coalesce((SELECT nullif(scheduler, 'null') FROM resource_pools WHERE name = p_pool),
+                       (SELECT scheduler FROM cluster_config),
+                       '{}');
+END $$;

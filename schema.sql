@@ -104,6 +104,18 @@ COMMENT ON TABLE cluster_config IS
     '{resource_manager: {scheduler, default_compute_resource_pool, default_aux_resource_pool}, '
     'resource_pools: [...]}.';
 
+CREATE TABLE cluster_identity (
+    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    id         uuid NOT NULL DEFAULT gen_random_uuid(),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE cluster_identity IS
+    'This det cluster''s identity (one row, made with the schema): what tells its jobs in a '
+    'shared Slurm from another det cluster''s (their names carry the first 8 hex digits of '
+    'id). Per database, unlike the server''s system_identifier; a copy of the database (a '
+    'restored backup, CREATE DATABASE ... TEMPLATE) is the same cluster until id is changed.';
+INSERT INTO cluster_identity DEFAULT VALUES;
+
 CREATE TABLE resource_pools (
     name        text PRIMARY KEY,
     description text NOT NULL DEFAULT '',
@@ -133,13 +145,19 @@ CREATE TABLE agents (
     runtime        text NOT NULL CHECK (runtime IN ('process', 'docker')),
     registered_at  timestamptz NOT NULL DEFAULT now(),
     last_heartbeat timestamptz NOT NULL DEFAULT now(),
-    stopping       boolean NOT NULL DEFAULT false
+    stopping       boolean NOT NULL DEFAULT false,
+    gone_at        timestamptz
 );
 COMMENT ON TABLE agents IS
     'One row per host daemon. The reconciler marks an agent LOST when its heartbeat is older '
     'than the timeout, and ends its allocations.';
 COMMENT ON COLUMN agents.stopping IS
     'The agent is stopping (det_agent_stop_runs): nothing new is placed on it until it '
+    'registers again.';
+COMMENT ON COLUMN agents.gone_at IS
+    'When the agent ended for good (det_agent_retire: a one-shot agent whose run ended; its '
+    'instance''s process or Slurm job gone): agent and slot lists hide it. The row stays, '
+    'LOST, because the runs it ran name it (allocations.agent_id). NULL again if it '
     'registers again.';
 
 CREATE TABLE agent_logins (
@@ -3451,7 +3469,7 @@ CREATE FUNCTION det_agent_register(
 ) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- An agent (re)registers its slots: [{slot_id, type, device_uuid, device_name, memory_mb}].
 -- Slots it no longer has are removed; a LOST agent becomes ACTIVE again, a stopping one
--- (det_agent_stop_runs) takes work again.
+-- (det_agent_stop_runs) takes work again, a gone one (agents.gone_at) is listed again.
 BEGIN
     PERFORM det_agent_check_self(p_id);
     IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p_pool) THEN
@@ -3463,7 +3481,8 @@ BEGIN
     ON CONFLICT (id) DO UPDATE
         SET hostname = excluded.hostname, resource_pool = excluded.resource_pool,
             runtime = excluded.runtime, last_heartbeat = now(), stopping = false,
-            state = CASE WHEN agents.state = 'LOST' THEN 'ACTIVE' ELSE agents.state END;
+            state = CASE WHEN agents.state = 'LOST' THEN 'ACTIVE' ELSE agents.state END,
+            gone_at = NULL;
     DELETE FROM slots s WHERE s.agent_id = p_id
         AND s.slot_id NOT IN (SELECT (e ->> 'slot_id')::integer
                               FROM jsonb_array_elements(p_slots) e);
@@ -3543,6 +3562,17 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     PERFORM det_agent_check_self(p_agent);
     UPDATE agents SET stopping = true WHERE id = p_agent;
+END $$;
+
+CREATE FUNCTION det_agent_retire(p_agent text) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- Agent p_agent ends for good, its work done (a one-shot agent whose run ended and was
+-- reported, `det agent run --one-shot`): LOST and gone (agents.gone_at), so nothing is placed
+-- on it and agent lists hide it; a run it still held would end as on a lost agent.
+BEGIN
+    PERFORM det_agent_check_self(p_agent);
+    UPDATE agents SET state = 'LOST', stopping = true, gone_at = coalesce(gone_at, now())
+     WHERE id = p_agent;
 END $$;
 
 CREATE FUNCTION det_agent_claim_each(p_agent text, p_allocations bigint[])
@@ -5451,10 +5481,11 @@ LEFT JOIN LATERAL (
       FROM allocations x WHERE x.job_id = t.job_id ORDER BY x.run DESC LIMIT 1) a ON true;
 
 CREATE VIEW reporting.slot_usage WITH (security_invoker = true) AS
+-- The slots of agents not gone for good (agents.gone_at), each with the run holding it.
 SELECT s.agent_id, s.slot_id, s.type, s.device_name, s.enabled, ag.resource_pool,
        ag.state AS agent_state, hs.allocation_id, a.trial_id, s.device_uuid, s.memory_mb
 FROM slots s
-JOIN agents ag ON ag.id = s.agent_id
+JOIN agents ag ON ag.id = s.agent_id AND ag.gone_at IS NULL
 LEFT JOIN allocation_slots hs ON hs.agent_id = s.agent_id AND hs.slot_id = s.slot_id
                              AND NOT hs.released
 LEFT JOIN allocations a ON a.id = hs.allocation_id;
@@ -5616,7 +5647,7 @@ GRANT EXECUTE ON FUNCTION
     det_agent_set_rendezvous(text, bigint, text), det_agent_claim_node(text, bigint),
     det_agent_report_node(text, bigint, allocation_state, integer, text),
     det_append_logs(bigint, text[], text[], integer[], uuid, bigint[]), det_agent_timeout(),
-    det_agent_stop_runs(text), det_agent_leave(text),
+    det_agent_stop_runs(text), det_agent_leave(text), det_agent_retire(text),
     det_agent_mark_fenced(text, bigint[])
 TO det_agent;
 

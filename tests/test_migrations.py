@@ -113,10 +113,12 @@ _CATALOG: dict[str, str] = {
 }
 
 
-# Rows each database makes at random (the secret of its NOTIFY channel names, issue 32): their
-# shape is compared, not their value.
+# Rows each database makes at random (the secret of its NOTIFY channel names, issue 32; the
+# cluster's identity): their shape is compared, not their value.
 _RANDOM_ROWS = {"public.channel_key": "SELECT format('(%s,%s random bytes)', singleton, "
-                                      "octet_length(secret)) FROM public.channel_key"}
+                                      "octet_length(secret)) FROM public.channel_key",
+                "public.cluster_identity": "SELECT format('(%s,a uuid,%s)', singleton, "
+                                           "created_at IS NOT NULL) FROM public.cluster_identity"}
 
 
 def catalog(url: str) -> dict[str, str]:

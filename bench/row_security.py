@@ -6,9 +6,9 @@ trial and a validation metric (rows inserted directly). Three users: a Viewer of
 workspace, a ClusterAdmin (row-level security on, every row visible) and the schema's owner
 (which bypasses row-level security, as the reconciler does). Printed, medians of
 ``--repeats``:
-  * the list query of `det experiment list` (queries.experiments.LIST), as each user, for
-    the whole list and for one workspace's (the Viewer's own rows, which the owner selects
-    with the workspace filter instead of row security);
+  * the list query of `det experiment list` (queries.experiments.list_experiments), as each
+    user, for the whole list and for one workspace's (the Viewer's own rows, which the owner
+    selects with the workspace filter instead of row security);
   * `det experiment list` end to end (a CLI process) as the Viewer and as the ClusterAdmin;
   * one scheduling pass over the queue (read, decide, write) as the owner, which is what the
     reconciler runs, with the tables' row-level security on and (in a rolled-back

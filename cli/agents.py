@@ -10,10 +10,10 @@ import typer
 
 from det.cli.output import print_json, print_table
 from det.cli.session import db
-from det.queries.cluster import AGENTS, SLOTS
 from det.sql import named
 
 Q = named("cli")
+READ = named("queries")
 
 slot_app = typer.Typer(no_args_is_help=True)
 
@@ -22,7 +22,7 @@ slot_app = typer.Typer(no_args_is_help=True)
 def list_agents(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Agents: pool, state, runtime, slots and how many are in use."""
     with db() as conn:
-        rows = conn.execute(AGENTS).fetchall()
+        rows = conn.execute(READ.agents).fetchall()
     if json_:
         print_json(rows)
         return
@@ -65,7 +65,7 @@ def list_slots(
     """Slots: device (name, uuid, memory in MiB), enabled, and the allocation and trial
     holding each."""
     with db() as conn:
-        rows = conn.execute(SLOTS, {"agent": agent_id}).fetchall()
+        rows = conn.execute(READ.slots, {"agent": agent_id}).fetchall()
     if json_:
         print_json(rows)
         return

@@ -10,10 +10,10 @@ from det.errors import NotFoundError, StateError, one_line
 from det.harness.storage import storage_from_config
 from det.queries.checkpoints import checkpoint_sizes
 from det.queries.experiments import require_experiment
-from det.queries.trials import CHECKPOINTS_BY_PREFIX
 from det.sql import named
 
 Q = named("cli")
+READ = named("queries")
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -42,7 +42,7 @@ def find_checkpoint(conn, prefix: str) -> dict:
     Raises:
         NotFoundError: none, or more than one, starts so (the message names two).
     """
-    rows = conn.execute(CHECKPOINTS_BY_PREFIX, {"prefix": prefix.strip()}).fetchall() \
+    rows = conn.execute(READ.checkpoints_by_prefix, {"prefix": prefix.strip()}).fetchall() \
         if prefix.strip() else []
     if not rows:
         raise NotFoundError(f"checkpoint {prefix} not found")

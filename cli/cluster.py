@@ -24,9 +24,10 @@ from det.db import connect, database_url, det_home, embedded, migrate, owner_url
 from det.db.migrate import require_current
 from det.errors import DetError
 from det.host_user import AGENT_AS_ROOT, private_files, warn_if_root
-from det.queries.cluster import AGENTS
 from det.reconciler import leader
+from det.sql import named
 
+READ = named("queries")
 cluster_app = typer.Typer(no_args_is_help=True)
 db_app = typer.Typer(no_args_is_help=True)
 agent_app = typer.Typer(no_args_is_help=True)
@@ -300,7 +301,7 @@ def status(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
             failures[name] = {**f, "log": str(_run_dir() / f"{name}.log")}
     with db() as conn:
         leading = leader.current(conn)
-        agents = conn.execute(AGENTS).fetchall()
+        agents = conn.execute(READ.agents).fetchall()
     web = _web_url() if processes["server"] else None
     if json_:
         print_json({"database": url, "processes": processes, "failing": failures, "web": web,

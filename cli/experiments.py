@@ -21,10 +21,6 @@ from det.db.reconnect import Reconnecting
 from det.errors import DetError
 from det.figures import PROGRESS_KEYS
 from det.queries.experiments import (
-    CHECKPOINTS,
-    STATE,
-    TRIALS,
-    TRIALS_DONE,
     ListFilter,
     get_experiment,
     job_of,
@@ -37,6 +33,7 @@ from det.sql import named
 from det.submission import context_with, expanded_config, refuse_unfit, template_for_submission
 
 Q = named("cli")
+READ = named("queries")
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -131,7 +128,8 @@ def _follow_test(exp_id: int) -> None:
     with Reconnecting(database_url(), row_factory=dict_row) as session:
         while (state := session.run(
                 f"det experiment {exp_id}: state",
-                lambda c: c.execute(STATE, {"id": exp_id}).fetchone()["state"])) not in WAIT_EXIT:
+                lambda c: c.execute(READ.experiment_state,
+                                    {"id": exp_id}).fetchone()["state"])) not in WAIT_EXIT:
             time.sleep(0.5)
     with db() as conn:
         conn.execute(Q.experiment_archive, (exp_id,))
@@ -207,8 +205,8 @@ def describe(
     adaptive_asha, each trial's rung, its status in the search and the metric that decided it."""
     with db() as conn:
         exp = with_live_progress(conn, get_experiment(conn, exp_id))
-        trials = conn.execute(TRIALS, {"id": exp_id}).fetchall()
-        ckpts = conn.execute(CHECKPOINTS, {"id": exp_id}).fetchall()
+        trials = conn.execute(READ.experiment_trials, {"id": exp_id}).fetchall()
+        ckpts = conn.execute(READ.experiment_checkpoints, {"id": exp_id}).fetchall()
         asha = add_rungs(conn, exp, trials)
     if json_:
         print_json({**exp, "trials": trials, "checkpoints": ckpts})
@@ -325,12 +323,12 @@ def wait(
             tqdm(total=100, desc=f"Experiment {exp_id}", unit="%", disable=None,
                  file=sys.stderr, bar_format=WAIT_BAR) as bar:
         def read(conn) -> str:
-            state = conn.execute(STATE, {"id": exp_id}).fetchone()["state"]
+            state = conn.execute(READ.experiment_state, {"id": exp_id}).fetchone()["state"]
             if not bar.disable:  # the live progress only where it is drawn
                 exp = with_live_progress(conn, get_experiment(conn, exp_id))
                 bar.n = round(exp["progress"] * 100)
                 bar.set_description_str(wait_description(
-                    exp_id, state, **conn.execute(TRIALS_DONE, {"id": exp_id}).fetchone()))
+                    exp_id, state, **conn.execute(READ.trials_done, {"id": exp_id}).fetchone()))
             return state
 
         while (state := session.run(what, read)) not in WAIT_EXIT:

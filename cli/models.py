@@ -19,10 +19,11 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.configs.limits import MAX_CONFIG_BYTES, json_value_problem
 from det.errors import DetError
-from det.queries.models import FIND, MODEL, MODELS, VERSIONS, version_checkpoint
+from det.queries.models import version_checkpoint
 from det.sql import named
 
 Q = named("cli")
+READ = named("queries")
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -120,7 +121,7 @@ def list_(
 ) -> None:
     """Models: id, name, versions, labels, owner, last change."""
     with db() as conn:
-        rows = conn.execute(MODELS, {"all": all_}).fetchall()
+        rows = conn.execute(READ.models, {"all": all_}).fetchall()
     if json_:
         print_json(rows)
         return
@@ -138,11 +139,12 @@ def describe(
 ) -> None:
     """A model: description, labels, metadata, notes and its versions."""
     with db() as conn:
-        model_id = conn.execute(FIND, {"model": model}).fetchone()["id"]
+        model_id = conn.execute(READ.find_model, {"model": model}).fetchone()["id"]
         if version is not None:
             conn.execute(Q.model_version_find, (model, version))
-        row = conn.execute(MODEL, {"id": model_id}).fetchone()
-        versions = conn.execute(VERSIONS, {"id": model_id, "version": version}).fetchall()
+        row = conn.execute(READ.model, {"id": model_id}).fetchone()
+        versions = conn.execute(READ.model_versions,
+                                {"id": model_id, "version": version}).fetchall()
     if json_:
         print_json({**row, "versions": versions})
         return
@@ -161,8 +163,8 @@ def list_versions(
 ) -> None:
     """A model's versions: number, checkpoint, trial, batches, validation metrics."""
     with db() as conn:
-        model_id = conn.execute(FIND, {"model": model}).fetchone()["id"]
-        versions = conn.execute(VERSIONS, {"id": model_id, "version": None}).fetchall()
+        model_id = conn.execute(READ.find_model, {"model": model}).fetchone()["id"]
+        versions = conn.execute(READ.model_versions, {"id": model_id, "version": None}).fetchall()
     if json_:
         print_json(versions)
         return

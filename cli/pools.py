@@ -11,10 +11,11 @@ from det.cli.session import db
 from det.configs import read_config_file
 from det.configs.cluster import ClusterConfig, load_cluster_config
 from det.errors import DetError
-from det.queries.cluster import POOL_INSTANCES, POOLS, STORED, pool_bindings
+from det.queries.cluster import pool_bindings
 from det.sql import named
 
 Q = named("cli")
+READ = named("queries")
 
 config_app = typer.Typer(no_args_is_help=True)
 pool_app = typer.Typer(no_args_is_help=True)
@@ -37,7 +38,7 @@ def show(
 ) -> None:
     """The applied cluster config (the default one if none was applied)."""
     with db() as conn:
-        row = conn.execute(STORED).fetchone()
+        row = conn.execute(READ.stored_cluster_config).fetchone()
     cfg = ClusterConfig.model_validate(row["config"]) if row else ClusterConfig()
     data = cfg.model_dump(mode="json")
     if effective:
@@ -55,7 +56,7 @@ def show(
 def list_pools(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Pools with their schedulers, agents, slots used / total and queued jobs."""
     with db() as conn:
-        rows = conn.execute(POOLS).fetchall()
+        rows = conn.execute(READ.pools).fetchall()
     if json_:
         print_json(rows)
         return
@@ -86,10 +87,12 @@ def describe(
     """A pool, and for an elastic pool its provider, why the provisioner waits or refuses, and
     its instances (state, agent, why each was terminated)."""
     with db() as conn:
-        pool = next((r for r in conn.execute(POOLS).fetchall() if r["name"] == pool_name), None)
+        pool = next((r for r in conn.execute(READ.pools).fetchall() if r["name"] == pool_name),
+                    None)
         if pool is None:
             raise DetError(f"resource pool {pool_name!r} not found")
-        instances = conn.execute(POOL_INSTANCES, {"pool": pool_name, "limit": limit}).fetchall()
+        instances = conn.execute(READ.pool_instances,
+                                 {"pool": pool_name, "limit": limit}).fetchall()
     if json_:
         print_json({**pool, "instance_list": instances})
         return

@@ -7,11 +7,12 @@ from det.cli.output import print_json, print_table
 from det.cli.session import db
 from det.configs.job import JOB_FIELDS, job_change, parse_job_id
 from det.errors import DetError, NotFoundError
-from det.queries.queue import JOB_STATE, QUEUE, explain_reasons
+from det.queries.queue import explain_reasons
 from det.reconciler import leader
 from det.sql import named
 
 Q = named("cli")
+READ = named("queries")
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -23,7 +24,7 @@ def list_jobs(
 ) -> None:
     """Active jobs in scheduling order: queued (no resources yet) or scheduled."""
     with db() as conn:
-        rows = conn.execute(QUEUE, {"pool": resource_pool, "job": None}).fetchall()
+        rows = conn.execute(READ.job_queue, {"pool": resource_pool, "job": None}).fetchall()
         leading = leader.current(conn)
     for r in rows:
         r["reasons"] = explain_reasons(r, leading)
@@ -113,9 +114,9 @@ def explain(
 ) -> None:
     """Why is this job not (fully) running? The scheduler's own reasons from its last pass."""
     with db() as conn:
-        job = conn.execute(QUEUE, {"pool": None, "job": job_id}).fetchone()
+        job = conn.execute(READ.job_queue, {"pool": None, "job": job_id}).fetchone()
         leading = leader.current(conn)
-        ended = conn.execute(JOB_STATE, {"id": job_id}).fetchone() if job is None else None
+        ended = conn.execute(READ.job_state, {"id": job_id}).fetchone() if job is None else None
     if job is None and ended is not None:
         typer.echo(f"Job {job_id} ({ended['what']}) is {ended['state']}: "
                    "it is no longer queued")

@@ -22,8 +22,6 @@ from det.db.reconnect import Reconnecting
 from det.errors import DetError
 from det.queries.tasks import (
     ENDED,
-    LAST_ERROR_LINE,
-    LOGS_AFTER,
     NOUNS,
     get_task,
     idle_for,
@@ -33,6 +31,7 @@ from det.queries.tasks import (
 from det.sql import named
 
 Q = named("cli")
+READ = named("queries")
 
 POLL_SECONDS = 0.25
 """How often a waiting command reads its task's run (a wake-up costs one indexed read)."""
@@ -88,8 +87,8 @@ def follow_logs(job: int, follow: bool) -> dict:
     """Print task ``job``'s output, its stderr on stderr (:func:`det.cli.logs.stream_log_rows`);
     with ``follow``, until its run ends. Returns the run (:func:`run_of`)."""
     stream_log_rows(f"task {job}: logs",
-                    lambda c, after: c.execute(LOGS_AFTER, {"job": job, "after": after,
-                                                            "limit": 5000}).fetchall(),
+                    lambda c, after: c.execute(READ.task_logs_after, {"job": job, "after": after,
+                                                                      "limit": 5000}).fetchall(),
                     (lambda c: run_of(c, job)["state"] == ENDED) if follow else None,
                     POLL_SECONDS, split=True)
     with Reconnecting(database_url(), row_factory=dict_row) as session:
@@ -112,7 +111,7 @@ def wait_ready(job: int) -> dict:
             if run["state"] == ENDED:
                 why = run["end_reason"] or f"exit code {run['exit_code']}"
                 last = session.run(f"task {job}: logs", lambda c: c.execute(
-                    LAST_ERROR_LINE, {"job": job}).fetchone())
+                    READ.task_last_error_line, {"job": job}).fetchone())
                 said = f": {last['line']}" if last else ""
                 raise DetError(f"task {job} ended before its server answered: {why}{said} "
                                f"(det task logs {job})")

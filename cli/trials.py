@@ -12,19 +12,12 @@ from det.cli.session import db
 from det.db import database_url
 from det.db.reconnect import Reconnecting
 from det.errors import DetError
-from det.queries.experiments import STATE, get_experiment
-from det.queries.trials import (
-    EXPERIMENT_LOGS_AFTER,
-    EXPERIMENT_LOGS_TAIL,
-    FIRST_TRIAL,
-    LOGS_AFTER,
-    LOGS_TAIL,
-    METRICS,
-    RUNS,
-    get_trial,
-)
+from det.queries.experiments import get_experiment
+from det.queries.trials import get_trial
+from det.sql import named
 from det.states import TERMINAL
 
+READ = named("queries")
 app = typer.Typer(no_args_is_help=True)
 
 def stream_logs(trial_id: int, follow: bool, interval: float = 0.5, timestamps: bool = False,
@@ -39,11 +32,13 @@ def stream_logs(trial_id: int, follow: bool, interval: float = 0.5, timestamps: 
     with db() as conn:
         get_trial(conn, trial_id)
         if tail is not None:
-            last = conn.execute(LOGS_TAIL, {"trial": trial_id, "limit": tail + 1}).fetchall()
+            last = conn.execute(READ.trial_logs_tail,
+                                {"trial": trial_id, "limit": tail + 1}).fetchall()
             after = last[-1]["id"] if len(last) > tail else 0
     stream_log_rows(f"det trial logs {trial_id}",
-                    lambda c, after: c.execute(LOGS_AFTER, {"trial": trial_id, "after": after,
-                                                            "limit": 5000}).fetchall(),
+                    lambda c, after: c.execute(READ.trial_logs_after,
+                                               {"trial": trial_id, "after": after,
+                                                "limit": 5000}).fetchall(),
                     (lambda c: get_trial(c, trial_id)["state"] in TERMINAL) if follow else None,
                     interval, timestamps=timestamps, after=after, head=head)
 
@@ -59,14 +54,15 @@ def stream_experiment_logs(exp_id: int, follow: bool, interval: float = 0.5,
     with db() as conn:
         get_experiment(conn, exp_id)
         if tail is not None:
-            last = conn.execute(EXPERIMENT_LOGS_TAIL,
+            last = conn.execute(READ.experiment_logs_tail,
                                 {"experiment": exp_id, "limit": tail + 1}).fetchall()
             after = last[-1]["id"] if len(last) > tail else 0
     stream_log_rows(
         f"det experiment logs {exp_id}",
-        lambda c, after: c.execute(EXPERIMENT_LOGS_AFTER, {"experiment": exp_id, "after": after,
-                                                           "limit": 5000}).fetchall(),
-        (lambda c: c.execute(STATE, {"id": exp_id}).fetchone()["state"]
+        lambda c, after: c.execute(READ.experiment_logs_after,
+                                   {"experiment": exp_id, "after": after,
+                                    "limit": 5000}).fetchall(),
+        (lambda c: c.execute(READ.experiment_state, {"id": exp_id}).fetchone()["state"]
          in TERMINAL) if follow else None,
         interval, timestamps=timestamps, after=after)
 
@@ -77,7 +73,7 @@ def follow_experiment(exp_id: int) -> None:
     with Reconnecting(database_url(), row_factory=dict_row) as session:
         while (row := session.run(
                 f"det experiment {exp_id}: first trial",
-                lambda c: c.execute(FIRST_TRIAL, {"id": exp_id}).fetchone()))["id"] is None:
+                lambda c: c.execute(READ.first_trial, {"id": exp_id}).fetchone()))["id"] is None:
             time.sleep(0.5)
     stream_logs(row["id"], follow=True)
 
@@ -112,8 +108,9 @@ def describe(
     that trained it last reported it."""
     with db() as conn:
         trial = get_trial(conn, trial_id)
-        metrics = conn.execute(METRICS, {"id": trial_id, "superseded": superseded}).fetchall()
-        runs = conn.execute(RUNS, {"id": trial_id}).fetchall()
+        metrics = conn.execute(READ.trial_metrics,
+                               {"id": trial_id, "superseded": superseded}).fetchall()
+        runs = conn.execute(READ.trial_runs, {"id": trial_id}).fetchall()
     columns = ["group", "steps_completed", "values"]
     if superseded:
         columns.append("superseded_by_run")

@@ -12,16 +12,11 @@ from det.cli.session import db
 from det.configs.experiment import CheckpointStorage
 from det.configs.load import parse_value, parse_yaml
 from det.errors import ConfigError, NotFoundError
-from det.queries.workspaces import (
-    LIST,
-    MEMBERS,
-    PROJECTS,
-    get_workspace,
-    project_experiments,
-)
+from det.queries.workspaces import get_workspace, project_experiments
 from det.sql import named
 
 Q = named("cli")
+READ = named("queries")
 
 app = typer.Typer(no_args_is_help=True)
 project_app = typer.Typer(no_args_is_help=True)
@@ -87,7 +82,7 @@ def list_(
 ) -> None:
     """The workspaces you may view: projects, experiments, default pool, bound pools."""
     with db() as conn:
-        rows = conn.execute(LIST, {"all": all_, "name": None}).fetchall()
+        rows = conn.execute(READ.workspaces, {"all": all_, "name": None}).fetchall()
     if json_:
         print_json(rows)
         return
@@ -103,9 +98,11 @@ def describe(
     """A workspace: its settings, projects and members."""
     with db() as conn:
         ws = get_workspace(conn, workspace_name)
-        ws["project_list"] = conn.execute(PROJECTS, {"workspace": workspace_name, "all": True,
-                                                     "name": None}).fetchall()
-        ws["members"] = conn.execute(MEMBERS, {"workspace": workspace_name}).fetchall()
+        ws["project_list"] = conn.execute(READ.workspace_projects,
+                                          {"workspace": workspace_name, "all": True,
+                                           "name": None}).fetchall()
+        ws["members"] = conn.execute(READ.workspace_members,
+                                     {"workspace": workspace_name}).fetchall()
     if json_:
         print_json(ws)
         return
@@ -140,7 +137,7 @@ def list_members(
     """Who holds which role in a workspace (cluster-wide roles included)."""
     with db() as conn:
         get_workspace(conn, workspace_name)
-        rows = conn.execute(MEMBERS, {"workspace": workspace_name}).fetchall()
+        rows = conn.execute(READ.workspace_members, {"workspace": workspace_name}).fetchall()
     if json_:
         print_json(rows)
         return
@@ -200,8 +197,8 @@ def project_list(
     """A workspace's projects and how many experiments each holds."""
     with db() as conn:
         get_workspace(conn, workspace_name)
-        rows = conn.execute(PROJECTS, {"workspace": workspace_name, "all": all_,
-                                       "name": None}).fetchall()
+        rows = conn.execute(READ.workspace_projects, {"workspace": workspace_name, "all": all_,
+                                                      "name": None}).fetchall()
     if json_:
         print_json(rows)
         return
@@ -216,8 +213,8 @@ def project_describe(
 ) -> None:
     """A project and its experiments."""
     with db() as conn:
-        row = conn.execute(PROJECTS, {"workspace": workspace_name, "all": True,
-                                      "name": project_name}).fetchone()
+        row = conn.execute(READ.workspace_projects, {"workspace": workspace_name, "all": True,
+                                                     "name": project_name}).fetchone()
         if row is None:
             raise NotFoundError(f"project {project_name!r} not found in workspace "
                                 f"{workspace_name!r}")

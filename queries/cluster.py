@@ -7,13 +7,6 @@ from det.sql import named
 
 Q = named("queries")
 
-# The statements det serve, the CLI and the SDK run as they are (sql/queries.sql).
-AGENTS = Q.agents
-SLOTS = Q.slots
-STORED = Q.stored_cluster_config
-POOLS = Q.pools
-POOL_INSTANCES = Q.pool_instances
-
 
 def pool_bindings(conn: psycopg.Connection, pool: str | None) -> list[dict]:
     """(``resource_pool``, ``workspace``) of each binding of ``pool`` (None: every pool)."""

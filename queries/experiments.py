@@ -19,12 +19,6 @@ SORTS = {"id": "id", "name": "name", "state": "state", "progress": "progress",
 NULLABLE = {"ended", "best_validation"}
 """Sort keys that may be NULL: NULLs sort last either way."""
 
-# The statements det serve, the CLI and the SDK run as they are (sql/queries.sql).
-TRIALS = Q.experiment_trials
-CHECKPOINTS = Q.experiment_checkpoints
-STATE = Q.experiment_state
-TRIALS_DONE = Q.trials_done
-
 MAX_PAGE = 1000
 """Most experiments one list call returns."""
 

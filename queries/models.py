@@ -7,12 +7,6 @@ from det.sql import named
 
 Q = named("queries")
 
-# The statements det serve, the CLI and the SDK run as they are (sql/queries.sql).
-MODELS = Q.models
-FIND = Q.find_model
-MODEL = Q.model
-VERSIONS = Q.model_versions
-
 
 def version_checkpoint(conn: psycopg.Connection, model: str, version: int | None) -> dict:
     """Model ``model`` (name or id)'s ``version`` (None: the latest): ``name``, ``version``

@@ -4,10 +4,6 @@ from det.sql import named
 
 Q = named("queries")
 
-# The statements det serve, the CLI and the SDK run as they are (sql/queries.sql).
-QUEUE = Q.job_queue
-JOB_STATE = Q.job_state
-
 
 def explain_reasons(job: dict, leading: dict | None) -> list[str]:
     """Why a job waits: no reconciler leads (``leading``: :func:`leader.current`), the states
@@ -35,7 +31,7 @@ def job_queue(conn, pool: str | None = None, job: int | None = None) -> list[dic
     each queued job with ``reasons`` (:func:`explain_reasons`; empty for scheduled ones)."""
     from det.reconciler import leader
 
-    rows = conn.execute(QUEUE, {"pool": pool, "job": job}).fetchall()
+    rows = conn.execute(Q.job_queue, {"pool": pool, "job": job}).fetchall()
     leading = leader.current(conn)
     for r in rows:
         r["reasons"] = explain_reasons(r, leading) if r["status"] == "STATE_QUEUED" else []

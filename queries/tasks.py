@@ -20,10 +20,6 @@ NOUNS = {"COMMAND": "command", "NOTEBOOK": "notebook", "SHELL": "shell",
          "TENSORBOARD": "TensorBoard"}
 """How messages name a task of each kind."""
 
-# The statements det serve, the CLI and the SDK run as they are (sql/queries.sql).
-LOGS_AFTER = Q.task_logs_after
-LAST_ERROR_LINE = Q.task_last_error_line
-
 ENDED = "TERMINATED"
 """The state of a task whose run has ended (``allocation_state``)."""
 

@@ -9,20 +9,6 @@ from det.sql import named
 
 Q = named("queries")
 
-# The statements det serve, the CLI and the SDK run as they are (sql/queries.sql).
-LOGS_AFTER = Q.trial_logs_after
-LOGS_TAIL = Q.trial_logs_tail
-EXPERIMENT_LOGS_AFTER = Q.experiment_logs_after
-EXPERIMENT_LOGS_TAIL = Q.experiment_logs_tail
-RUNS = Q.trial_runs
-FIRST_TRIAL = Q.first_trial
-METRICS = Q.trial_metrics
-CHECKPOINT = Q.checkpoint
-CHECKPOINTS_BY_PREFIX = Q.checkpoints_by_prefix
-METRICS_SINCE = Q.metrics_since
-LAST_METRIC_ID = Q.last_metric_id
-LAST_LOG_ID = Q.last_trial_log_id
-
 
 def line_prefix(row: dict) -> str:
     """What a log row's text follows where det shows it (``det trial logs``, ``det experiment

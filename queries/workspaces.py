@@ -9,20 +9,15 @@ from det.sql import named
 
 Q = named("queries")
 
-# The statements det serve, the CLI and the SDK run as they are (sql/queries.sql).
-LIST = Q.workspaces
-PROJECTS = Q.workspace_projects
-MEMBERS = Q.workspace_members
-
 
 def get_workspace(conn: psycopg.Connection, name: str) -> dict:
-    """The workspace named ``name`` (with its counts and bound pools), as :data:`LIST` rows
-    (queries.sql: workspaces).
+    """The workspace named ``name`` (with its counts and bound pools), as the rows of
+    queries.sql's ``workspaces``.
 
     Raises:
         NotFoundError: no such workspace the caller may view.
     """
-    row = conn.execute(LIST, {"all": True, "name": name}).fetchone()
+    row = conn.execute(Q.workspaces, {"all": True, "name": name}).fetchone()
     if row is None:
         raise NotFoundError(f"workspace {name!r} not found")
     return row
@@ -80,7 +75,7 @@ def workspace_defaults(conn: psycopg.Connection, workspace: str | None) -> dict:
 
 def workspace_by_id(conn: psycopg.Connection, workspace_id: int) -> dict:
     """The workspace ``workspace_id`` as :func:`get_workspace` gives it, with its projects
-    (:data:`PROJECTS`, archived ones included) under ``project_list``.
+    (queries.sql's ``workspace_projects``, archived ones included) under ``project_list``.
 
     Raises:
         NotFoundError: no such workspace the caller may view.
@@ -89,8 +84,9 @@ def workspace_by_id(conn: psycopg.Connection, workspace_id: int) -> dict:
     if row is None:
         raise NotFoundError(f"workspace {workspace_id} not found")
     ws = get_workspace(conn, row["name"])
-    ws["project_list"] = conn.execute(PROJECTS, {"workspace": ws["name"], "all": True,
-                                                 "name": None}).fetchall()
+    ws["project_list"] = conn.execute(Q.workspace_projects,
+                                      {"workspace": ws["name"], "all": True,
+                                       "name": None}).fetchall()
     return ws
 
 

@@ -6,6 +6,8 @@
 -- cluster: agents, slots, resource pools, the cluster config
 
 -- name: agents
+-- Agents not gone for good (agents.gone_at: a one-shot agent whose run ended, an instance's
+-- agent whose process or Slurm job is gone), with their slots and the slots in use.
 SELECT g.id, g.hostname, g.resource_pool, g.state::text AS state, g.runtime, g.last_heartbeat,
        count(s.slot_id) AS slots,
        count(h.slot_id) AS used
@@ -13,6 +15,7 @@ SELECT g.id, g.hostname, g.resource_pool, g.state::text AS state, g.runtime, g.l
   LEFT JOIN slots s ON s.agent_id = g.id
   LEFT JOIN allocation_slots h ON h.agent_id = s.agent_id AND h.slot_id = s.slot_id
                               AND NOT h.released
+ WHERE g.gone_at IS NULL
  GROUP BY g.id ORDER BY g.id
 
 -- name: slots
@@ -160,8 +163,8 @@ SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, det_log_level(l.stream, l.li
  WHERE l.trial_id = %(trial)s ORDER BY l.id DESC LIMIT %(limit)s
 
 -- name: experiment_logs_after
--- An experiment's log lines after a log id (every trial's, in the order written), as LOGS_AFTER
--- with the trial of each.
+-- An experiment's log lines after a log id (every trial's, in the order written), as
+-- trial_logs_after with the trial of each.
 SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, l.trial_id,
        det_log_level(l.stream, l.line) AS level
   FROM task_logs l JOIN allocations a ON a.id = l.allocation_id

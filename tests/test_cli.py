@@ -162,10 +162,10 @@ def test_the_wait_bar_names_state_trials_progress_and_time(conn, ended) -> None:
     from tqdm import tqdm
 
     from det.cli.experiments import WAIT_BAR, wait_description
-    from det.queries.experiments import TRIALS_DONE
+    from det.sql import named
 
     eid, _ = ended.make([[(10, 0.5)], [(10, 0.4)]])
-    counts = conn.execute(TRIALS_DONE, {"id": eid}).fetchone()
+    counts = conn.execute(named("queries").trials_done, {"id": eid}).fetchone()
     assert counts == {"done": 2, "total": 2}
     out = io.StringIO()
     with tqdm(total=100, file=out, bar_format=WAIT_BAR, ncols=100) as bar:

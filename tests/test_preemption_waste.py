@@ -192,8 +192,8 @@ def test_every_way_a_run_ends_leaves_a_reason(conn, db_url) -> None:
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as leader:
         run_pass(leader, Settings(), "test")
         # the experiment's trials (GET /api/v1/experiments/ID) read as the queue does
-        from det.queries.experiments import TRIALS
-        waiting = conn.execute(TRIALS, {"id": exps["unstarted"]}).fetchone()
+        waiting = conn.execute(named("queries").experiment_trials,
+                               {"id": exps["unstarted"]}).fetchone()
         assert (waiting["run_state"], waiting["run_reason"]) == (
             "waiting", "needs 32 slots but the pool has 16")
         for name in names[:-2]:

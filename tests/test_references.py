@@ -309,8 +309,9 @@ def test_describe_shows_an_old_config(det, conn) -> None:
     owner's connection: no searcher, a partial one, one that is not a mapping, a bare
     max_length; running and ended) are described, as text and JSON, and listed without a
     traceback: before the fix `det experiment describe` raised KeyError for every viewer."""
-    from det.queries.experiments import TRIALS, get_experiment
+    from det.queries.experiments import get_experiment
     from det.reconciler.searchers.live import add_rungs, with_live_progress
+    from det.sql import named
 
     ids = []
     for config, state in OLD_CONFIGS:
@@ -330,7 +331,8 @@ def test_describe_shows_an_old_config(det, conn) -> None:
         assert f"Experiment {eid}: warm" in out.stdout and "metric -" in out.stdout
         # what GET /api/v1/experiments/{id} serves
         exp = with_live_progress(conn, get_experiment(conn, eid))
-        assert add_rungs(conn, exp, conn.execute(TRIALS, {"id": eid}).fetchall()) is False
+        assert add_rungs(conn, exp, conn.execute(named("queries").experiment_trials,
+                                              {"id": eid}).fetchall()) is False
     for args in (("experiment", "describe", "--json", str(ids[2])), ("experiment", "list")):
         out = det(*args, check=False)
         assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr

@@ -8,11 +8,11 @@ from fastapi import APIRouter, Query
 from det.api.params import IntId
 from det.api.session import Session, session
 from det.configs.cluster import ClusterConfig
-from det.queries.cluster import AGENTS, POOLS, SLOTS, STORED
 from det.reconciler import leader
 from det.sql import named
 
 Q = named("api")
+READ = named("queries")
 
 router = APIRouter(prefix="/api/v1", tags=["cluster"])
 
@@ -20,7 +20,7 @@ router = APIRouter(prefix="/api/v1", tags=["cluster"])
 @router.get("/agents")
 def agents(s: Session = session) -> dict:
     """Agents: pool, state, runtime, slots and how many are in use."""
-    return {"agents": s.conn.execute(AGENTS).fetchall()}
+    return {"agents": s.conn.execute(READ.agents).fetchall()}
 
 
 Toggle = Literal["enable", "disable"]
@@ -38,7 +38,7 @@ def set_agent(agent_id: str, action: Toggle, s: Session = session) -> dict:
 def slots(s: Session = session,
           agent_id: str | None = Query(None, max_length=63)) -> dict:
     """Slots: device, enabled, and the allocation and trial holding each."""
-    return {"slots": s.conn.execute(SLOTS, {"agent": agent_id}).fetchall()}
+    return {"slots": s.conn.execute(READ.slots, {"agent": agent_id}).fetchall()}
 
 
 @router.post("/agents/{agent_id}/slots/{slot_id}/{action}")
@@ -52,14 +52,14 @@ def set_slot(agent_id: str, slot_id: IntId, action: Toggle, s: Session = session
 @router.get("/resource-pools")
 def pools(s: Session = session) -> dict:
     """Pools with their schedulers, agents, slots used / total and queued jobs."""
-    return {"resource_pools": s.conn.execute(POOLS).fetchall()}
+    return {"resource_pools": s.conn.execute(READ.pools).fetchall()}
 
 
 @router.get("/cluster")
 def cluster(s: Session = session) -> dict:
     """The cluster config as applied (the default one if none was), the effective scheduler
     of each pool, and the leading reconciler."""
-    row = s.conn.execute(STORED).fetchone()
+    row = s.conn.execute(READ.stored_cluster_config).fetchone()
     cfg = ClusterConfig.model_validate(row["config"]) if row else ClusterConfig()
     return {"config": cfg.model_dump(mode="json"),
             "effective": {p.name: cfg.effective_scheduler(p.name).model_dump(mode="json")

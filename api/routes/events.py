@@ -22,11 +22,12 @@ from det.api.session import act_as, request_token
 from det.db import channels
 from det.queries import experiments as qe
 from det.queries import trials as qt
-from det.queries.cluster import AGENTS, POOLS, SLOTS
 from det.queries.queue import job_queue
 from det.queries.tasks import list_tasks
 from det.reconciler.searchers.live import add_rungs, page_with_live_progress, with_live_progress
+from det.sql import named
 
+READ = named("queries")
 router = APIRouter(prefix="/api/v1/events", tags=["events"])
 
 SUMMARY = ("id", "name", "state", "progress", "owner", "start_time", "end_time", "archived",
@@ -63,10 +64,10 @@ def _response(request: Request, topics: list[str], read) -> StreamingResponse:
 def _metrics(conn, st: Stream, trials: list[int], out: list[str]) -> None:
     """New metrics rows of ``trials`` after the stream's cursor (``ready`` on first call)."""
     if "metrics" not in st.cursors:
-        st.cursors["metrics"] = conn.execute(qt.LAST_METRIC_ID).fetchone()["id"]
+        st.cursors["metrics"] = conn.execute(READ.last_metric_id).fetchone()["id"]
         return
-    rows = conn.execute(qt.METRICS_SINCE, {"after": st.cursors["metrics"],
-                                           "trials": trials}).fetchall()
+    rows = conn.execute(READ.metrics_since, {"after": st.cursors["metrics"],
+                                             "trials": trials}).fetchall()
     if rows:
         st.cursors["metrics"] = rows[-1]["id"]
         out.append(sse("metrics", rows))
@@ -106,7 +107,7 @@ async def experiment(request: Request, exp_id: IntId) -> StreamingResponse:
     def read(conn, st: Stream) -> list[str]:
         out: list[str] = []
         exp = with_live_progress(conn, qe.get_experiment(conn, exp_id))
-        trials = conn.execute(qe.TRIALS, {"id": exp_id}).fetchall()
+        trials = conn.execute(READ.experiment_trials, {"id": exp_id}).fetchall()
         add_rungs(conn, exp, trials)
         first = "metrics" not in st.cursors
         _metrics(conn, st, [t["id"] for t in trials], out)
@@ -127,16 +128,18 @@ async def trial(request: Request, trial_id: IntId) -> StreamingResponse:
     def read(conn, st: Stream) -> list[str]:
         out: list[str] = []
         t = {**qt.get_trial(conn, trial_id),
-             "run_history": conn.execute(qt.RUNS, {"id": trial_id}).fetchall()}
+             "run_history": conn.execute(READ.trial_runs, {"id": trial_id}).fetchall()}
         first = "metrics" not in st.cursors
         _metrics(conn, st, [trial_id], out)
         if first:
-            st.cursors["logs"] = conn.execute(qt.LAST_LOG_ID, {"trial": trial_id}).fetchone()["id"]
+            st.cursors["logs"] = conn.execute(READ.last_trial_log_id,
+                                              {"trial": trial_id}).fetchone()["id"]
             out.append(sse("ready", {"metrics_after": st.cursors["metrics"],
                                      "logs_after": st.cursors["logs"]}))
         else:
-            lines = conn.execute(qt.LOGS_AFTER, {"trial": trial_id, "after": st.cursors["logs"],
-                                                 "limit": 5000}).fetchall()
+            lines = conn.execute(READ.trial_logs_after,
+                                 {"trial": trial_id, "after": st.cursors["logs"],
+                                  "limit": 5000}).fetchall()
             if lines:
                 st.cursors["logs"] = lines[-1]["id"]
                 out.append(sse("logs", lines))
@@ -164,9 +167,9 @@ async def cluster(request: Request) -> StreamingResponse:
     await _auth(request)
 
     def read(conn, st: Stream) -> list[str]:
-        snap = {"resource_pools": conn.execute(POOLS).fetchall(),
-                "agents": conn.execute(AGENTS).fetchall(),
-                "slots": conn.execute(SLOTS, {"agent": None}).fetchall()}
+        snap = {"resource_pools": conn.execute(READ.pools).fetchall(),
+                "agents": conn.execute(READ.agents).fetchall(),
+                "slots": conn.execute(READ.slots, {"agent": None}).fetchall()}
         return [e for e in [st.changed("cluster", snap)] if e]
 
     return _response(request, [channels.CLUSTER], read)

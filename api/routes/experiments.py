@@ -25,6 +25,7 @@ from det.sql import named
 from det.submission import expand_config_text, refuse_unfit, template_for_submission
 
 Q = named("api")
+READ = named("queries")
 
 router = APIRouter(prefix="/api/v1", tags=["experiments"])
 
@@ -108,9 +109,9 @@ def get_experiment(exp_id: IntId, s: Session = session) -> dict:
     best validation; ``rung`` for adaptive_asha and tpe; ``run_state`` and ``run_reason``:
     its latest run as the job queue sees it, e.g. ``waiting`` and why) and checkpoints."""
     exp = with_live_progress(s.conn, q.get_experiment(s.conn, exp_id))
-    trials = s.conn.execute(q.TRIALS, {"id": exp_id}).fetchall()
+    trials = s.conn.execute(READ.experiment_trials, {"id": exp_id}).fetchall()
     add_rungs(s.conn, exp, trials)
-    ckpts = s.conn.execute(q.CHECKPOINTS, {"id": exp_id}).fetchall()
+    ckpts = s.conn.execute(READ.experiment_checkpoints, {"id": exp_id}).fetchall()
     return {**exp, "trials": trials, "checkpoints": ckpts}
 
 
@@ -161,7 +162,7 @@ def experiment_metrics(
 ) -> dict:
     """Learning curves: each trial's metrics of ``group``, downsampled in SQL."""
     q.get_experiment(s.conn, exp_id)
-    trials = s.conn.execute(q.TRIALS, {"id": exp_id}).fetchall()
+    trials = s.conn.execute(READ.experiment_trials, {"id": exp_id}).fetchall()
     return {"group": group, "trials": [
         {"trial_id": t["id"], "hparams": t["hparams"],
          "rows": metric_series(s.conn, t["id"], group, max_points)} for t in trials]}
@@ -171,7 +172,7 @@ def experiment_metrics(
 def experiment_checkpoints(exp_id: IntId, s: Session = session) -> dict:
     """The checkpoints of its trials, with the validation metrics at each one's step."""
     q.get_experiment(s.conn, exp_id)
-    return {"checkpoints": s.conn.execute(q.CHECKPOINTS, {"id": exp_id}).fetchall()}
+    return {"checkpoints": s.conn.execute(READ.experiment_checkpoints, {"id": exp_id}).fetchall()}
 
 
 class Preview(BaseModel):

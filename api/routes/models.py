@@ -10,10 +10,10 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field
 
 from det.api.session import Session, session
-from det.queries.models import FIND, MODEL, MODELS, VERSIONS
 from det.sql import named
 
 Q = named("api")
+READ = named("queries")
 
 router = APIRouter(prefix="/api/v1", tags=["models"])
 
@@ -24,7 +24,7 @@ ModelName = Annotated[str, Path(max_length=255, description="Model name (any cas
 def list_models(s: Session = session,
                 archived: bool = Query(False, description="Include archived models.")) -> dict:
     """The models the user may view: name, description, labels, owner, versions, times."""
-    return {"models": s.conn.execute(MODELS, {"all": archived}).fetchall()}
+    return {"models": s.conn.execute(READ.models, {"all": archived}).fetchall()}
 
 
 class CreateModel(BaseModel):
@@ -42,16 +42,17 @@ def create_model(body: CreateModel, s: Session = session) -> dict:
     Editor (403); 409 for a name taken, 400 naming a bad field."""
     row = s.conn.execute(Q.model_create, (body.name, body.description, body.labels,
                                           body.workspace)).fetchone()
-    return s.conn.execute(MODEL, {"id": row["id"]}).fetchone()
+    return s.conn.execute(READ.model, {"id": row["id"]}).fetchone()
 
 
 @router.get("/models/{model}")
 def get_model(model: ModelName, s: Session = session) -> dict:
     """A model and its versions (checkpoint, trial, experiment, batches, size, validation
     metrics); 404 for one the caller cannot view."""
-    model_id = s.conn.execute(FIND, {"model": model}).fetchone()["id"]
-    return {**s.conn.execute(MODEL, {"id": model_id}).fetchone(),
-            "versions": s.conn.execute(VERSIONS, {"id": model_id, "version": None}).fetchall()}
+    model_id = s.conn.execute(READ.find_model, {"model": model}).fetchone()["id"]
+    return {**s.conn.execute(READ.model, {"id": model_id}).fetchone(),
+            "versions": s.conn.execute(READ.model_versions,
+                                       {"id": model_id, "version": None}).fetchall()}
 
 
 class RegisterVersion(BaseModel):
@@ -72,5 +73,5 @@ def register_version(model: ModelName, body: RegisterVersion, s: Session = sessi
         Q.model_register_version,
         (model, body.checkpoint, body.name, body.notes, body.labels,
          Jsonb(body.metadata) if body.metadata is not None else None)).fetchone()
-    return s.conn.execute(VERSIONS, {"id": row["model_id"], "version": row["version"]}
+    return s.conn.execute(READ.model_versions, {"id": row["model_id"], "version": row["version"]}
                           ).fetchone()

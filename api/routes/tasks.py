@@ -25,6 +25,7 @@ from det.submission import (
 )
 
 Q = named("api")
+READ = named("queries")
 
 router = APIRouter(prefix="/api/v1", tags=["tasks"])
 
@@ -79,8 +80,8 @@ def task_logs(
     if tail is not None:
         rows = q.logs_tail(s.conn, task_id, tail)
     else:
-        rows = s.conn.execute(q.LOGS_AFTER, {"job": task_id, "after": after,
-                                             "limit": limit}).fetchall()
+        rows = s.conn.execute(READ.task_logs_after, {"job": task_id, "after": after,
+                                                     "limit": limit}).fetchall()
     return {"task_id": task_id, "logs": rows}
 
 

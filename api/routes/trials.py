@@ -15,8 +15,10 @@ from det.configs.storage_policy import storage_access, stored_cluster_config
 from det.errors import NotFoundError, StateError
 from det.harness.storage import storage_from_config
 from det.queries import trials as q
-from det.queries.experiments import TRIALS, get_experiment
+from det.queries.experiments import get_experiment
+from det.sql import named
 
+READ = named("queries")
 router = APIRouter(prefix="/api/v1", tags=["trials"])
 
 MAX_LOG_LINES = 5000
@@ -29,7 +31,7 @@ def get_trial(trial_id: IntId, s: Session = session) -> dict:
     latest checkpoint, ``steps_completed``), restarts, and its runs: where each ran, how
     it ended and why (``run_history``)."""
     trial = q.get_trial(s.conn, trial_id)
-    return {**trial, "run_history": s.conn.execute(q.RUNS, {"id": trial_id}).fetchall()}
+    return {**trial, "run_history": s.conn.execute(READ.trial_runs, {"id": trial_id}).fetchall()}
 
 
 @router.get("/trials/{trial_id}/metrics")
@@ -59,10 +61,11 @@ def trial_logs(
     (error, warning, info or debug: det_log_level)."""
     q.get_trial(s.conn, trial_id)
     if tail is not None:
-        rows = s.conn.execute(q.LOGS_TAIL, {"trial": trial_id, "limit": tail}).fetchall()[::-1]
+        rows = s.conn.execute(READ.trial_logs_tail,
+                              {"trial": trial_id, "limit": tail}).fetchall()[::-1]
     else:
-        rows = s.conn.execute(q.LOGS_AFTER, {"trial": trial_id, "after": after,
-                                             "limit": limit}).fetchall()
+        rows = s.conn.execute(READ.trial_logs_after, {"trial": trial_id, "after": after,
+                                                      "limit": limit}).fetchall()
     return {"trial_id": trial_id, "logs": rows}
 
 
@@ -73,8 +76,8 @@ def download_trial_logs(trial_id: IntId, s: Session = session) -> Response:
     q.get_trial(s.conn, trial_id)
     lines: list[str] = []
     after = 0
-    while rows := s.conn.execute(q.LOGS_AFTER, {"trial": trial_id, "after": after,
-                                                "limit": MAX_LOG_LINES}).fetchall():
+    while rows := s.conn.execute(READ.trial_logs_after, {"trial": trial_id, "after": after,
+                                                         "limit": MAX_LOG_LINES}).fetchall():
         lines.extend(q.log_text(r, timestamps=True) + "\n" for r in rows)
         after = rows[-1]["id"]
     return Response("".join(lines), media_type="text/plain; charset=utf-8", headers={
@@ -92,7 +95,7 @@ def trial_checkpoints(trial_id: IntId, s: Session = session) -> dict:
 def experiment_trials(exp_id: IntId, s: Session = session) -> dict:
     """The experiment's trials (as in ``GET /experiments/{id}``)."""
     get_experiment(s.conn, exp_id)
-    return {"trials": s.conn.execute(TRIALS, {"id": exp_id}).fetchall()}
+    return {"trials": s.conn.execute(READ.experiment_trials, {"id": exp_id}).fetchall()}
 
 
 @router.get("/checkpoints/{uuid}/download")
@@ -102,7 +105,7 @@ def download_checkpoint(uuid: str, s: Session = session) -> FileResponse:
     does not let det serve read (det.configs.storage_policy), 409 for one being deleted or
     deleted, 502 when the storage fails. Links in the checkpoint are left out, never followed
     (``FsspecStorage.download``: a task's link to a host file must not serve that file)."""
-    row = s.conn.execute(q.CHECKPOINT, {"uuid": uuid}).fetchone()
+    row = s.conn.execute(READ.checkpoint, {"uuid": uuid}).fetchone()
     if row is None:
         raise NotFoundError(f"checkpoint {uuid} not found")
     ambient = storage_access(row["storage"], stored_cluster_config(s.conn))  # or 403

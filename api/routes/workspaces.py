@@ -6,7 +6,9 @@ from fastapi import APIRouter
 from det.api.params import IntId
 from det.api.session import Session, session
 from det.queries import workspaces as q
+from det.sql import named
 
+READ = named("queries")
 router = APIRouter(prefix="/api/v1", tags=["workspaces"])
 
 
@@ -14,7 +16,7 @@ router = APIRouter(prefix="/api/v1", tags=["workspaces"])
 def list_workspaces(s: Session = session) -> dict:
     """The workspaces the user may view, archived ones included, with their numbers of
     projects and experiments and their bound pools."""
-    return {"workspaces": s.conn.execute(q.LIST, {"all": True, "name": None}).fetchall()}
+    return {"workspaces": s.conn.execute(READ.workspaces, {"all": True, "name": None}).fetchall()}
 
 
 @router.get("/workspaces/{workspace_id}")

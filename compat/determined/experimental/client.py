@@ -28,7 +28,6 @@ from det import context
 from det.errors import NotFoundError, StateError
 from det.harness.storage import storage_from_config
 from det.queries import experiments as exp_queries
-from det.queries import models as model_queries
 from det.queries import trials as trial_queries
 from det.queries.checkpoints import ranked_checkpoints
 from det.queries.workspaces import get_workspace as _workspace_row
@@ -51,6 +50,7 @@ __all__ = ["Checkpoint", "CheckpointSortBy", "CheckpointState", "DownloadMode", 
            "login"]
 
 Q = named("sdk")
+READ = named("queries")
 
 
 class ExperimentState(enum.Enum):
@@ -349,9 +349,9 @@ class Trial:
         after, left = 0, head
         if tail is not None:
             with db() as conn:
-                rows = conn.execute(trial_queries.LOGS_TAIL,
+                rows = conn.execute(READ.trial_logs_tail,
                                     {"trial": self.id, "limit": tail}).fetchall()
-                after = conn.execute(trial_queries.LAST_LOG_ID,
+                after = conn.execute(READ.last_trial_log_id,
                                      {"trial": self.id}).fetchone()["id"]
             yield from (r["line"] for r in reversed(rows))
             if not follow:
@@ -359,7 +359,7 @@ class Trial:
         while left is None or left > 0:
             with db() as conn:
                 ended = trial_queries.get_trial(conn, self.id)["state"] in TERMINAL
-                rows = conn.execute(trial_queries.LOGS_AFTER, {
+                rows = conn.execute(READ.trial_logs_after, {
                     "trial": self.id, "after": after,
                     "limit": METRICS_PAGE if left is None else min(left, METRICS_PAGE)}).fetchall()
             for r in rows:
@@ -563,8 +563,8 @@ class Model:
 
     def _versions(self, version: int | None) -> list[ModelVersion]:
         with db() as conn:
-            model_id = conn.execute(model_queries.FIND, {"model": self.name}).fetchone()["id"]
-            rows = conn.execute(model_queries.VERSIONS,
+            model_id = conn.execute(READ.find_model, {"model": self.name}).fetchone()["id"]
+            rows = conn.execute(READ.model_versions,
                                 {"id": model_id, "version": version}).fetchall()
             checkpoints = {r["checkpoint_uuid"]: _checkpoint_row(conn, r["checkpoint_uuid"])
                            for r in rows}
@@ -668,8 +668,8 @@ def create_model(name: str, description: str | None = "",
 def get_model(identifier: str | int) -> Model:
     """The model of this name (any case) or id. Raises NotFoundError."""
     with db() as conn:
-        model_id = conn.execute(model_queries.FIND, {"model": str(identifier)}).fetchone()["id"]
-        row = conn.execute(model_queries.MODEL, {"id": model_id}).fetchone()
+        model_id = conn.execute(READ.find_model, {"model": str(identifier)}).fetchone()["id"]
+        row = conn.execute(READ.model, {"id": model_id}).fetchone()
     model = Model(row["name"])
     model._hydrate(row)
     return model

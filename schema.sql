@@ -481,35 +481,36 @@ CREATE TABLE experiments (
     -- The config's fields the control plane decides on, parsed once when the config is
     -- written (submission, or an edit of it such as a new checkpoint policy) and never apart
     -- from it. NULL where the config has no value: their defaults are det.configs' alone,
-    -- which fills every one of them in the configs it expands.
-    searcher_name   text GENERATED ALWAYS AS (config #>> '{searcher,name}') STORED,
+    -- which fills every one of them in the configs it expands. Whole numbers are cast through
+    -- numeric, as det_experiment_config_problem accepts 2.0 for 2.
+    searcher_name text GENERATED ALWAYS AS (config #>> '{searcher,name}') STORED,
     searcher_metric text GENERATED ALWAYS AS (config #>> '{searcher,metric}') STORED,
     smaller_is_better boolean
         GENERATED ALWAYS AS ((config #>> '{searcher,smaller_is_better}')::boolean) STORED,
-    max_trials      integer
-        GENERATED ALWAYS AS ((config #>> '{searcher,max_trials}')::integer) STORED,
-    max_concurrent_trials bigint
-        GENERATED ALWAYS AS ((config #>> '{searcher,max_concurrent_trials}')::bigint) STORED,
+    max_trials integer
+        GENERATED ALWAYS AS ((config #>> '{searcher,max_trials}')::numeric::integer) STORED,
+    max_concurrent_trials bigint GENERATED ALWAYS AS
+        ((config #>> '{searcher,max_concurrent_trials}')::numeric::bigint) STORED,
     source_trial_id bigint
-        GENERATED ALWAYS AS ((config #>> '{searcher,source_trial_id}')::bigint) STORED,
+        GENERATED ALWAYS AS ((config #>> '{searcher,source_trial_id}')::numeric::bigint) STORED,
     -- NULL unless a checkpoint UUID (det_experiment_config_problem refuses anything else)
     source_checkpoint_uuid uuid GENERATED ALWAYS AS (
         CASE WHEN config #>> '{searcher,source_checkpoint_uuid}'
                   ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
              THEN (config #>> '{searcher,source_checkpoint_uuid}')::uuid END) STORED,
-    max_restarts    integer GENERATED ALWAYS AS ((config ->> 'max_restarts')::integer) STORED,
+    max_restarts integer GENERATED ALWAYS AS ((config ->> 'max_restarts')::numeric::integer) STORED,
     preemption_timeout integer
-        GENERATED ALWAYS AS ((config ->> 'preemption_timeout')::integer) STORED,
+        GENERATED ALWAYS AS ((config ->> 'preemption_timeout')::numeric::integer) STORED,
     slots_per_trial integer
-        GENERATED ALWAYS AS ((config #>> '{resources,slots_per_trial}')::integer) STORED,
-    experiment_seed bigint
-        GENERATED ALWAYS AS ((config #>> '{reproducibility,experiment_seed}')::bigint) STORED,
+        GENERATED ALWAYS AS ((config #>> '{resources,slots_per_trial}')::numeric::integer) STORED,
+    experiment_seed bigint GENERATED ALWAYS AS
+        ((config #>> '{reproducibility,experiment_seed}')::numeric::bigint) STORED,
     save_experiment_best integer GENERATED ALWAYS AS
-        ((config #>> '{checkpoint_storage,save_experiment_best}')::integer) STORED,
+        ((config #>> '{checkpoint_storage,save_experiment_best}')::numeric::integer) STORED,
     save_trial_best integer GENERATED ALWAYS AS
-        ((config #>> '{checkpoint_storage,save_trial_best}')::integer) STORED,
+        ((config #>> '{checkpoint_storage,save_trial_best}')::numeric::integer) STORED,
     save_trial_latest integer GENERATED ALWAYS AS
-        ((config #>> '{checkpoint_storage,save_trial_latest}')::integer) STORED,
+        ((config #>> '{checkpoint_storage,save_trial_latest}')::numeric::integer) STORED,
     CHECK ((end_time IS NULL) = (state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')))
 );
 COMMENT ON COLUMN experiments.unmanaged IS

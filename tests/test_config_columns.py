@@ -140,6 +140,17 @@ def test_the_columns_follow_an_edit_of_the_config(conn) -> None:
             got["max_restarts"]) == (4, 5, 6, 9)
 
 
+def test_a_whole_number_written_as_2_0_is_accepted_as_2(conn) -> None:
+    """det_experiment_config_problem accepts 2.0 where a whole number is expected (a config
+    stored from psql): its column is 2, not a failed cast."""
+    config = parse_experiment_config(RAW).expanded()
+    config["max_restarts"] = 2.0
+    config["checkpoint_storage"]["save_trial_best"] = 4.0
+    row = conn.execute("SELECT max_restarts, save_trial_best FROM experiments WHERE id = %s",
+                       (_submit(conn, config),)).fetchone()
+    assert row == {"max_restarts": 2, "save_trial_best": 4}
+
+
 def test_a_warm_start_source_is_a_column(conn) -> None:
     eid = _submit(conn, parse_experiment_config(RAW).expanded())
     conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "

@@ -13,29 +13,29 @@ ALTER TABLE experiments
     ADD COLUMN smaller_is_better boolean
         GENERATED ALWAYS AS ((config #>> '{searcher,smaller_is_better}')::boolean) STORED,
     ADD COLUMN max_trials integer
-        GENERATED ALWAYS AS ((config #>> '{searcher,max_trials}')::integer) STORED,
-    ADD COLUMN max_concurrent_trials bigint
-        GENERATED ALWAYS AS ((config #>> '{searcher,max_concurrent_trials}')::bigint) STORED,
+        GENERATED ALWAYS AS ((config #>> '{searcher,max_trials}')::numeric::integer) STORED,
+    ADD COLUMN max_concurrent_trials bigint GENERATED ALWAYS AS
+        ((config #>> '{searcher,max_concurrent_trials}')::numeric::bigint) STORED,
     ADD COLUMN source_trial_id bigint
-        GENERATED ALWAYS AS ((config #>> '{searcher,source_trial_id}')::bigint) STORED,
+        GENERATED ALWAYS AS ((config #>> '{searcher,source_trial_id}')::numeric::bigint) STORED,
     ADD COLUMN source_checkpoint_uuid uuid GENERATED ALWAYS AS (
         CASE WHEN config #>> '{searcher,source_checkpoint_uuid}'
                   ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
              THEN (config #>> '{searcher,source_checkpoint_uuid}')::uuid END) STORED,
     ADD COLUMN max_restarts integer
-        GENERATED ALWAYS AS ((config ->> 'max_restarts')::integer) STORED,
+        GENERATED ALWAYS AS ((config ->> 'max_restarts')::numeric::integer) STORED,
     ADD COLUMN preemption_timeout integer
-        GENERATED ALWAYS AS ((config ->> 'preemption_timeout')::integer) STORED,
+        GENERATED ALWAYS AS ((config ->> 'preemption_timeout')::numeric::integer) STORED,
     ADD COLUMN slots_per_trial integer
-        GENERATED ALWAYS AS ((config #>> '{resources,slots_per_trial}')::integer) STORED,
-    ADD COLUMN experiment_seed bigint
-        GENERATED ALWAYS AS ((config #>> '{reproducibility,experiment_seed}')::bigint) STORED,
+        GENERATED ALWAYS AS ((config #>> '{resources,slots_per_trial}')::numeric::integer) STORED,
+    ADD COLUMN experiment_seed bigint GENERATED ALWAYS AS
+        ((config #>> '{reproducibility,experiment_seed}')::numeric::bigint) STORED,
     ADD COLUMN save_experiment_best integer GENERATED ALWAYS AS
-        ((config #>> '{checkpoint_storage,save_experiment_best}')::integer) STORED,
+        ((config #>> '{checkpoint_storage,save_experiment_best}')::numeric::integer) STORED,
     ADD COLUMN save_trial_best integer GENERATED ALWAYS AS
-        ((config #>> '{checkpoint_storage,save_trial_best}')::integer) STORED,
+        ((config #>> '{checkpoint_storage,save_trial_best}')::numeric::integer) STORED,
     ADD COLUMN save_trial_latest integer GENERATED ALWAYS AS
-        ((config #>> '{checkpoint_storage,save_trial_latest}')::integer) STORED;
+        ((config #>> '{checkpoint_storage,save_trial_latest}')::numeric::integer) STORED;
 
 ALTER TABLE tasks ADD COLUMN idle_timeout double precision
     GENERATED ALWAYS AS ((config ->> 'idle_timeout')::double precision) STORED;

@@ -106,7 +106,8 @@ class AgentSettings:
     (an agent in a Slurm job: scancel, time limit, node drain; det cancels only idle ones), so
     its runs end as failed, counted against max_restarts, not as a planned stop;
     ``one_shot``: the agent serves one assignment and exits once it has none left (an agent
-    that is one Slurm job for one run: the job ends with the run)."""
+    that is one Slurm job for one run: the job ends with the run), retiring its row
+    (``det_agent_retire``: agent lists hide it)."""
 
     agent_id: str
     pool: str
@@ -643,9 +644,23 @@ class Agent:
             log.error("could not report the end of allocation(s) %s: %s; they are settled "
                       "when this agent is declared lost", sorted(self.ended), e)
         self.heartbeat.stop()
+        if self.done:
+            self._retire()
         self.logs.close()
         if self.conn is not None:
             self.conn.close()
+
+    def _retire(self) -> None:
+        """A one-shot agent that served its run and reported its end is gone for good
+        (``det_agent_retire``), after its last heartbeat (one answered LOST would register it
+        again). Where the database stays away for ``SHUTDOWN_RETRY_SECONDS`` the row is left
+        as it is: the provisioner marks it gone once the agent's job has ended."""
+        try:
+            retry.call("agent retire", lambda: self._closing_if_lost(
+                lambda: self._connect().execute(Q.retire, (self.s.agent_id,))),
+                give_up_after=SHUTDOWN_RETRY_SECONDS)
+        except psycopg.Error as e:
+            log.error("could not retire agent %s: %s", self.s.agent_id, e)
 
     def _stop_end(self, alloc_id: int, planned: bool, overdue: bool) -> Exit:
         """The end to report for a task the agent's stop ended (``overdue``: killed at the

@@ -19,6 +19,9 @@ gets an instance tied to it (:func:`det.reconciler.provisioner.decide_runs`, in 
 order), submitted as one Slurm job whose script is a one-shot agent; once that agent
 registers, the run is placed on it (``take_runs``), and the job ends with the run. A job that
 leaves Slurm's queue before its run reported an end ends the run as failed (``job_gone``).
+The jobs' names carry the det cluster's id (``cluster_identity``), so two det clusters on one
+Slurm never see each other's jobs. The agent of an instance that is GONE is gone too (agent
+lists hide it).
 """
 
 import json
@@ -26,6 +29,7 @@ import logging
 import os
 import signal
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -57,6 +61,8 @@ class Provisioner:
         self._slurm_logs = home / "slurm"
         # Per pool: (time.monotonic(), its live instances) when its provider was last asked.
         self._listed: dict[str, tuple[float, tuple]] = {}
+        # The det cluster's id (its Slurm job names carry it), read once.
+        self._cluster: uuid.UUID | None = None
 
     def step(self, conn: psycopg.Connection) -> Result:
         """Run the step on the leader's ``conn`` (autocommit: its own transactions); returns
@@ -145,7 +151,7 @@ class Provisioner:
             # A listing that fails is tried again after the interval, not at every pass.
             self._listed[pool] = (now, seen)
             try:
-                provider = self._provider(rows[0])
+                provider = self._provider(conn, rows[0])
                 running = provider.running()
             except (ProviderError, KeyError) as e:
                 log.error("pool %s: cannot list its instances: %s", pool, e)
@@ -155,11 +161,15 @@ class Provisioner:
                                          row["id"] in stopping)
         return changes
 
-    def _provider(self, row: dict) -> "LocalProvider | AwsProvider | SlurmProvider":
+    def _provider(self, conn: psycopg.Connection,
+                  row: dict) -> "LocalProvider | AwsProvider | SlurmProvider":
         if row["provider"] == "local":
             return self.local
         if row["provider"] == "slurm":
-            return SlurmProvider(row["resource_pool"], row["config"], self._slurm_logs)
+            if self._cluster is None:
+                self._cluster = conn.execute(Q.cluster_id).fetchone()["id"]
+            return SlurmProvider(row["resource_pool"], row["config"], self._slurm_logs,
+                                 self._cluster)
         key = (row["resource_pool"], json.dumps(row["config"], sort_keys=True))
         if key not in self._aws:
             self._aws[key] = AwsProvider(row["resource_pool"], row["config"])

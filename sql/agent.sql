@@ -81,6 +81,10 @@ SELECT det_agent_stop_runs(%s)
 -- Ended under its runs by another resource manager: drained, the runs left to fail.
 SELECT det_agent_leave(%s)
 
+-- name: retire
+-- A one-shot agent whose run ended and was reported exits for good: gone from agent lists.
+SELECT det_agent_retire(%s)
+
 -- name: server_reset_query
 -- What PgBouncer runs on a server process when a task's session ends: DISCARD ALL but for
 -- DISCARD PLANS (det.agent.pooler.RESET_QUERY). One line: it is a value of PgBouncer's ini.

@@ -48,14 +48,19 @@ SELECT r.name, r.provider, r.provider_status,
   ) f
  WHERE r.provider IS NOT NULL ORDER BY r.name
 
+-- name: cluster_id
+-- This det cluster's id, which its Slurm jobs' names carry (slurm_provider.job_name).
+SELECT id FROM cluster_identity
+
 -- name: live_instances
 -- Instances not GONE, with their pool's provider config and the ages the decisions read; an
 -- instance of a slurm pool with its run: whether the run still wants it (waiting, or live),
--- whether its agent took the run and since when the run ended, and the run's slots.
+-- whether its agent took the run and since when the run ended, and the run's slots. An agent
+-- that retired (det_agent_retire: its run ended, it exits) is not lost.
 SELECT i.id, i.resource_pool, i.state::text AS state, i.agent_id, i.provider_id, i.provider,
        r.provider AS config, i.allocation_id,
        extract(epoch FROM now() - i.requested_at)::float AS age,
-       coalesce(g.state = 'LOST', false) AS agent_lost,
+       coalesce(g.state = 'LOST' AND g.gone_at IS NULL, false) AS agent_lost,
        extract(epoch FROM now() - i.idle_since)::float AS idle_for,
        extract(epoch FROM now() - i.terminating_at)::float AS stopping_for,
        coalesce(a.state NOT IN ('PENDING', 'TERMINATED')
@@ -165,10 +170,11 @@ UPDATE instances SET state = 'GONE', gone_at = now(), reason = %(reason)s
 UPDATE instances SET provider_state = %(said)s WHERE id = %(id)s AND provider_state <> %(said)s
 
 -- name: job_gone
--- A run's Slurm job is no longer in Slurm's queue: the instance is GONE and its agent LOST
--- (the job's processes ended with it); a run it took and never reported the end of (the job
--- was killed, failed, or its node was lost) ends now with no exit code, a failure that
--- restarts the trial per max_restarts. A run it never took waits for a job of its own again.
+-- A run's Slurm job is no longer in Slurm's queue: the instance is GONE and its agent LOST and
+-- gone (the job's processes ended with it; agent lists hide it); a run it took and never
+-- reported the end of (the job was killed, failed, or its node was lost) ends now with no
+-- exit code, a failure that restarts the trial per max_restarts. A run it never took waits
+-- for a job of its own again.
 WITH i AS (
     UPDATE instances
        SET state = 'GONE', gone_at = now(),
@@ -176,7 +182,8 @@ WITH i AS (
      WHERE id = %(id)s AND state <> 'GONE'
     RETURNING agent_id, allocation_id, provider_id
 ), lost AS (
-    UPDATE agents g SET state = 'LOST' FROM i WHERE g.id = i.agent_id AND g.state <> 'LOST'
+    UPDATE agents g SET state = 'LOST', gone_at = coalesce(g.gone_at, now())
+      FROM i WHERE g.id = i.agent_id AND g.gone_at IS NULL
 ), ended AS (
     UPDATE allocations a
        SET state = 'TERMINATED', ended_at = now(),
@@ -188,8 +195,17 @@ WITH i AS (
 SELECT 1 FROM i
 
 -- name: gone
--- An instance whose process ended: GONE; a reason is kept, or the exit is the reason.
-UPDATE instances
-   SET state = 'GONE', gone_at = now(),
-       reason = CASE WHEN reason = '' THEN 'agent process exited' ELSE reason END
- WHERE id = %(id)s AND state <> 'GONE'
+-- An instance whose process or machine ended: GONE, a reason kept or the exit the reason; its
+-- agent, which ended with it, LOST (its runs, if any, end as a lost agent's) and gone (agent
+-- lists hide it).
+WITH i AS (
+    UPDATE instances
+       SET state = 'GONE', gone_at = now(),
+           reason = CASE WHEN reason = '' THEN 'agent process exited' ELSE reason END
+     WHERE id = %(id)s AND state <> 'GONE'
+    RETURNING agent_id
+), lost AS (
+    UPDATE agents g SET state = 'LOST', gone_at = now()
+      FROM i WHERE g.id = i.agent_id AND g.gone_at IS NULL
+)
+SELECT 1 FROM i

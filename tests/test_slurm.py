@@ -6,21 +6,35 @@ import json
 import os
 import signal
 import subprocess
+import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 import yaml
-from conftest import REPO, wait_for
+from conftest import REPO, Det, drop_database, task_url, wait_for
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import dict_row
 from test_e2e_digits import DIGITS, digits_config
 
 from det.configs.cluster import load_cluster_config
 from det.errors import ConfigError
-from det.reconciler.provisioner import ONE_SHOT_EXIT_SECONDS, RunInstance, StartFailures, decide_runs
-from det.reconciler.slurm_provider import Job, job_script, parse_squeue, sbatch_argv
+from det.reconciler.provisioner import (
+    ONE_SHOT_EXIT_SECONDS,
+    RunInstance,
+    StartFailures,
+    decide_runs,
+)
+from det.reconciler.slurm_provider import Job, job_name, job_script, parse_squeue, sbatch_argv
+from det.sql import named
 
 SLURM_SH = REPO / "deploy" / "slurm" / "slurm.sh"
 INSTANCES = ("SELECT id, agent_id, state::text AS state, reason, provider_id, provider_state, "
              "allocation_id FROM instances ORDER BY id")
+# each instance's agent: when it and its instance were marked gone
+AGENTS_GONE = ("SELECT i.agent_id, g.state::text AS state, g.gone_at, i.gone_at AS job_gone_at "
+               "FROM instances i JOIN agents g ON g.id = i.agent_id ORDER BY i.id")
 # the trials' runs (an ended experiment's checkpoint GC task is a run too, with no trial)
 RUNS = ("SELECT id, run, agent_id, slots_needed, exit_code, exit_reason FROM allocations "
         "WHERE trial_id IS NOT NULL ORDER BY id")
@@ -49,12 +63,42 @@ def test_sbatch_asks_one_node_with_a_task_per_slot_and_the_gres() -> None:
                     "--ntasks-per-node", "2", "--output", "/logs/det-instance-3.log",
                     "--partition", "p", "--account", "a", "--qos", "q", "--gres", "gpu:2",
                     "--time=5"]
-    assert parse_squeue("det-instance-3|12|PENDING|Resources\nother|13|RUNNING|None\n") == {
-        "det-instance-3": Job("12", "PENDING", "Resources")}
     # a zero-slot task still needs a task of Slurm's, and asks no device
     assert sbatch_argv({"gres": "gpu"}, "det-instance-4", "hpc", 0, Path("/l"))[6:8] == [
         "--ntasks-per-node", "1"]
     assert "--gres" not in sbatch_argv({"gres": "gpu"}, "det-instance-4", "hpc", 0, Path("/l"))
+
+
+def test_job_names_carry_the_det_cluster_so_two_clusters_never_see_each_others_jobs() -> None:
+    """Two det clusters (databases) on one Slurm both have an instance 3: each names its job
+    after its own cluster id and finds only its own in squeue's output."""
+    a, b = uuid.UUID(int=0xA1B2C3D4 << 96), uuid.UUID(int=0xE5F60718 << 96)
+    assert job_name(a, "det-instance-3") == "det-a1b2c3d4-instance-3"
+    out = "\n".join([f"{job_name(a, 'det-instance-3')}|12|PENDING|Resources",
+                     f"{job_name(b, 'det-instance-3')}|13|RUNNING|None",
+                     "det-instance-3|14|RUNNING|None", "other|15|RUNNING|None",
+                     f"{job_name(a, 'det-instance-x')}|16|RUNNING|None", ""])
+    assert parse_squeue(out, a) == {"det-instance-3": Job("12", "PENDING", "Resources")}
+    assert parse_squeue(out, b) == {"det-instance-3": Job("13", "RUNNING", "None")}
+
+
+def test_a_retired_or_gone_agent_leaves_the_lists_and_its_runs_keep_its_name(conn) -> None:
+    """A one-shot agent that retired (det_agent_retire) is LOST and gone: `det agent list`
+    (and det serve's list), `det slot list` hide it, nothing is placed on it, its runs still
+    name it; registering again lists it again."""
+    read = named("queries")
+    for agent in ("det-instance-1", "static"):
+        conn.execute("SELECT det_agent_register(%s, 'h', 'default', 'process', "
+                     "'[{\"slot_id\": 0, \"type\": \"cpu\"}]')", (agent,))
+    conn.execute("SELECT det_agent_retire('det-instance-1')")
+    row = conn.execute("SELECT state::text AS state, stopping, gone_at FROM agents "
+                       "WHERE id = 'det-instance-1'").fetchone()
+    assert row["state"] == "LOST" and row["stopping"] and row["gone_at"] is not None
+    assert [r["id"] for r in conn.execute(read.agents).fetchall()] == ["static"]
+    assert [r["agent_id"] for r in conn.execute(read.slots, {"agent": None})] == ["static"]
+    conn.execute("SELECT det_agent_register('det-instance-1', 'h', 'default', 'process', "
+                 "'[{\"slot_id\": 0, \"type\": \"cpu\"}]')")
+    assert [r["id"] for r in conn.execute(read.agents).fetchall()] == ["det-instance-1", "static"]
 
 
 def test_the_job_script_is_a_one_shot_agent_of_the_runs_slots() -> None:
@@ -128,9 +172,19 @@ def sdet(det, slurm, tmp_path):
 
 
 def squeue(slurm: dict) -> dict[str, Job]:
+    """Every job in the module's Slurm (only det's run there), by job name."""
     r = subprocess.run(["squeue", "-h", "-o", "%j|%i|%T|%r"], capture_output=True, text=True,
                        env={**os.environ, **slurm}, timeout=60, check=True)
-    return parse_squeue(r.stdout)
+    return {name: Job(*rest) for name, *rest in (line.split("|")
+                                                 for line in r.stdout.splitlines())}
+
+
+def cluster_id(conn) -> uuid.UUID:
+    return conn.execute("SELECT id FROM cluster_identity").fetchone()["id"]
+
+
+def agents_listed(det) -> list[str]:
+    return [a["id"] for a in json.loads(det("agent", "list", "--json").stdout)]
 
 
 def slurm_pool(det, tmp_path: Path, *more: dict, **provider) -> None:
@@ -180,6 +234,10 @@ def test_a_digits_search_completes_one_slurm_job_per_trial(sdet, conn, tmp_path,
     assert not squeue(slurm)
     assert {r["reason"] for r in conn.execute(INSTANCES).fetchall()} == {"slurm job ended"}
     assert all(r["exit_code"] == 0 for r in conn.execute(RUNS).fetchall())
+    # each one-shot agent retired itself before its job ended, and is no longer listed
+    gone = conn.execute(AGENTS_GONE).fetchall()
+    assert all(g["state"] == "LOST" and g["gone_at"] < g["job_gone_at"] for g in gone), gone
+    assert agents_listed(sdet) == []
 
 
 @pytest.mark.slow
@@ -322,6 +380,10 @@ def test_a_job_killed_under_its_run_ends_the_run_as_failed_and_the_trial_restart
         f"slurm job {job.job_id} ended before its run reported an end (cancelled, failed or "
         "its node lost)"), runs
     assert len(one_job_per_run(conn)) == 2
+    # the killed agent could not retire: the provisioner marked it gone with its job
+    killed = conn.execute(AGENTS_GONE).fetchone()
+    assert killed["state"] == "LOST" and killed["gone_at"] == killed["job_gone_at"], killed
+    assert "det-instance-1" not in agents_listed(sdet)
 
 
 @pytest.mark.slow
@@ -338,10 +400,57 @@ def test_a_reconciler_killed_between_sbatch_and_its_record_submits_nothing_twice
     assert first.wait(60) == -signal.SIGKILL and marker.exists()
     [row] = conn.execute(INSTANCES).fetchall()
     assert row["state"] == "REQUESTED" and row["provider_id"] is None
-    assert list(squeue(slurm)) == ["det-instance-1"]
+    assert list(squeue(slurm)) == [job_name(cluster_id(conn), "det-instance-1")]
     sdet.start("reconciler2", "reconcile", "--interval", "0.3")
     assert sdet("experiment", "wait", "1", timeout=300).returncode == 0
     assert "det-instance-1: adopted its running agent" in sdet.log("reconciler2")
     logs = sdet.log("reconciler") + sdet.log("reconciler2")
     assert logs.count("launched agent process") == 1, "one sbatch, adopted after the kill"
     assert len(one_job_per_run(conn)) == 1
+
+
+def test_two_det_clusters_on_one_slurm_never_take_each_others_jobs(
+        sdet, conn, tmp_path, slurm, pg_server, template_db) -> None:
+    """Two det clusters (databases A and B) on one Slurm: each one's experiment waits as its
+    instance 1, a job Slurm holds. B's reconciler, started once A's job is queued, submits its
+    own job (it does not adopt A's by name), and cancelling B's leaves A's waiting."""
+    name_b = f"det_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(make_conninfo(pg_server, dbname="postgres"), autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name_b), sql.Identifier(template_db)))
+    url_b = make_conninfo(pg_server, dbname=name_b)
+    det_b = Det({**sdet.env, "DET_DB_URL": url_b, "DET_TASK_DB_URL": task_url(url_b),
+                 "DET_HOME": str(tmp_path / "home_b")}, tmp_path)
+    try:
+        with psycopg.connect(url_b, autocommit=True, row_factory=dict_row) as conn_b:
+            # Both databases are copies of the tests' template: B becomes a cluster of its own,
+            # as a database det creates is.
+            conn_b.execute("UPDATE cluster_identity SET id = gen_random_uuid()")
+            jobs = {}
+            for d, c, name in ((sdet, conn, "a"), (det_b, conn_b, "b")):
+                (tmp_path / name).mkdir()
+                slurm_pool(d, tmp_path / name, max_instances=1,
+                           sbatch_args=["--begin=now+1hour"])
+                (tmp_path / name / "exp.yaml").write_text(yaml.safe_dump({
+                    "name": name, "entrypoint": "sleep 1", "resources": {"resource_pool": "hpc"},
+                    "searcher": {"name": "single", "metric": "loss",
+                                 "max_length": {"batches": 1}}}))
+                d("experiment", "create", str(tmp_path / name / "exp.yaml"), str(tmp_path / name))
+                d.start(f"reconciler_{name}", "reconcile", "--interval", "0.3")
+                jobs[name] = wait_for(
+                    lambda c=c: (c.execute(INSTANCES).fetchone() or {}).get("provider_id"), 60,
+                    f"cluster {name}'s job")
+            logs = sdet.log("reconciler_a") + det_b.log("reconciler_b")
+            assert jobs["a"] != jobs["b"] and "adopted" not in logs, (jobs, logs)
+            names = {"a": job_name(cluster_id(conn), "det-instance-1"),
+                     "b": job_name(cluster_id(conn_b), "det-instance-1")}
+            assert {n: j.job_id for n, j in squeue(slurm).items()} == {
+                names["a"]: jobs["a"], names["b"]: jobs["b"]}
+            # B's experiment killed: B cancels its own job, and A's still waits in Slurm
+            det_b("experiment", "kill", "1")
+            wait_for(lambda: list(squeue(slurm)) == [names["a"]], 60, "B's job to be cancelled")
+            [a] = conn.execute(INSTANCES).fetchall()
+            assert a["state"] == "STARTING" and a["provider_id"] == jobs["a"], a
+    finally:
+        det_b.stop_all()
+        drop_database(pg_server, url_b)

@@ -99,6 +99,7 @@ def _calls(me: str, other: str, alloc: int) -> dict[str, tuple[str, tuple]]:
                         (other, alloc)),
         "stop_runs": ("SELECT det_agent_stop_runs(%s)", (other,)),
         "leave": ("SELECT det_agent_leave(%s)", (other,)),
+        "retire": ("SELECT det_agent_retire(%s)", (other,)),
         "mark_fenced": ("SELECT det_agent_mark_fenced(%s, %s)", (other, [alloc])),
         # names the allocation, not its agent: refused as acting for its chief
         "append_logs": ("SELECT det_append_logs(%s, '{stdout}', '{x}')", (alloc,)),

@@ -206,6 +206,7 @@ CREATE TABLE instances (
     provider       text NOT NULL CHECK (provider IN ('local', 'aws', 'slurm')),
     state          instance_state NOT NULL DEFAULT 'REQUESTED',
     -- det-instance-<id>: the agent's id and the name the provider finds the instance by
+    -- (a Slurm job's name carries the cluster's id too: slurm_provider.job_name)
     agent_id       text NOT NULL UNIQUE CHECK (agent_id ~ '^det-instance-[0-9]+$'),
     provider_id    text,
     reason         text NOT NULL DEFAULT '',

@@ -161,9 +161,10 @@ def slurm(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture
 def sdet(det, slurm, tmp_path):
-    """``det`` whose processes reach the module's Slurm. Each test's database names its
-    instances from 1 again, so the jobs a test leaves are cancelled, and gone, before the
-    next (it would adopt them by name)."""
+    """``det`` whose processes reach the module's Slurm. Each test's database is a copy of
+    one template, so one det cluster (one cluster_identity) naming its instances from 1 again:
+    the jobs a test leaves are cancelled, and gone, before the next (it would adopt them by
+    name)."""
     det.env = {**det.env, **slurm}
     yield det
     det.stop_all()

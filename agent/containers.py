@@ -4,7 +4,9 @@ A task container (spec: experiment-lifecycle, Trial Setup; system-architecture, 
 the unpacked context as its working directory, the agent's own det package mounted read-only
 and first on ``PYTHONPATH`` (so the harness always speaks the schema's version of the SQL
 API, whatever det the image holds), the task's environment, the user's ``bind_mounts``, the
-checkpoint storage and the database's socket directory at their host paths, host networking
+checkpoint storage and the database's socket directory at their host paths, the TLS files
+the database URL names (``sslrootcert``, ``sslcert``, ``sslkey``, ``sslcrl``: an agent of
+another host verifies det's gateway with its CA) read-only at theirs, host networking
 (so the database URL the agent uses works unchanged, as Determined's default
 ``network_mode: host``), ``shm_size`` (default 4 GiB, as in
 Determined 0.38's ``resources.json`` schema), an optional memory limit, its
@@ -76,6 +78,7 @@ def container_config(launch: Launch, *, agent_id: str, image: str, db_url: str,
     if (storage := shared_fs_path(spec)) is not None:
         shared.append(storage)
     mounts += [Mount(p, p, type="bind") for p in dict.fromkeys(shared)]
+    mounts += [Mount(p, p, type="bind", read_only=True) for p in _tls_files(db_url)]
     for m in spec.bind_mounts:
         target = PurePosixPath(WORKDIR, m.container_path)  # an absolute path stays as is
         mounts.append(Mount(str(target), m.host_path, type="bind", read_only=m.read_only))
@@ -111,6 +114,14 @@ def _socket_dirs(db_url: str) -> list[str]:
     """The Unix-socket directories a database URL names (host=/dir), to mount as they are."""
     hosts = conninfo_to_dict(db_url).get("host") or ""
     return [h for h in str(hosts).split(",") if h.startswith("/")]
+
+
+def _tls_files(db_url: str) -> list[str]:
+    """The certificate and key files a database URL names (absolute paths), to mount as
+    they are: without its CA file a task cannot verify the server (sslmode=verify-full)."""
+    params = conninfo_to_dict(db_url)
+    return [str(params[k]) for k in ("sslrootcert", "sslcert", "sslkey", "sslcrl")
+            if str(params.get(k) or "").startswith("/")]
 
 
 def end_reason(state: dict[str, Any], killed: bool) -> str | None:

@@ -125,6 +125,21 @@ def test_cpu_slots_get_a_cpu_share_and_the_defaults() -> None:
     assert config["command"][-3:] == ["python3", "-m", "det.harness.run"]
 
 
+def test_the_tls_files_of_the_database_url_are_mounted_read_only() -> None:
+    """A remote agent's tasks verify det's gateway with its CA: the file the URL names must be
+    there in the container, at the same path."""
+    url = ("postgresql://det_task:pw@10.0.0.1:5433/det?sslmode=verify-full"
+           "&sslrootcert=/home/a/ca.crt&sslcert=/home/a/c.crt&sslkey=/home/a/c.key")
+    m = mounts(config_for([Slot(0, "cpu")], url=url))
+    assert {k: v for k, v in m.items() if k.startswith("/home/a")} == {
+        "/home/a/ca.crt": ("/home/a/ca.crt", True), "/home/a/c.crt": ("/home/a/c.crt", True),
+        "/home/a/c.key": ("/home/a/c.key", True)}
+    # a URL over the socket names none; "system" (the OS store) is no path
+    assert not any(k.endswith(".crt") for k in mounts(config_for([Slot(0, "cpu")])))
+    url = "postgresql://u@db/det?sslmode=verify-full&sslrootcert=system"
+    assert "system" not in mounts(config_for([Slot(0, "cpu")], url=url))
+
+
 def test_mounts_context_harness_socket_storage_and_the_users_bind_mounts() -> None:
     spec = {
         "bind_mounts": [{"host_path": "/data", "container_path": "/mnt/data", "read_only": True},

@@ -13,6 +13,9 @@ import uuid
 import pytest
 from conftest import wait_for
 from test_e2e_digits import DIGITS, digits_config
+from test_hosts import _completes, _experiment, _owner, _start_agent, _where_trials_ran
+from test_hosts import cluster as hosts_cluster  # noqa: F401 (a fixture, by its name)
+from test_hosts import hosts  # noqa: F401 (a fixture)
 
 from det.agent.containers import LABEL_AGENT
 
@@ -179,3 +182,28 @@ def _no_leftovers(docker_client):
     for c in docker_client.containers.list(all=True, filters={"label": LABEL_AGENT}):
         if c.labels[LABEL_AGENT].startswith("dock-"):
             c.remove(force=True)
+
+
+def test_a_container_task_on_an_agent_of_another_host(hosts_cluster, hosts,  # noqa: F811
+                                                      docker_client, task_image,
+                                                      tmp_path) -> None:
+    """An enrolled agent in another network namespace (another host: its own address, the
+    database only through det's TLS gateway) runs a digits trial in a container to COMPLETED:
+    the container reaches the gateway over TLS as det_task, verifying it with det's CA, whose
+    file the task URL names and the container has at the same path (read-only)."""
+    cluster = hosts_cluster
+    agent = "remote-dock"
+    _start_agent(cluster, hosts[0], agent, slots=1, runtime="docker")
+    with _owner(cluster) as c:
+        wait_for(lambda: c.execute("SELECT runtime FROM agents WHERE id = %s AND state = "
+                                   "'ACTIVE'", (agent,)).fetchone(), 120,
+                 "the other host's agent to register")
+        assert c.execute("SELECT runtime FROM agents WHERE id = %s", (agent,)).fetchone() == (
+            "docker",)
+    eid = _experiment(cluster, tmp_path)
+    r = cluster("experiment", "wait", str(eid), check=False, timeout=240)
+    log = (cluster.logdir / f"{agent}.log").read_text()
+    assert r.returncode == 0, cluster("trial", "logs", "1", check=False).stdout + log
+    _completes(cluster, eid, 40)
+    assert _where_trials_ran(cluster, eid) == [agent]
+    assert containers_of(docker_client, agent) == []  # removed once it ended

@@ -103,10 +103,11 @@ def _reaches(url: str) -> bool:
         return False
 
 
-def _start_agent(cluster: Det, ns: str, agent_id: str, slots: int) -> subprocess.Popen:
+def _start_agent(cluster: Det, ns: str, agent_id: str, slots: int,
+                 runtime: str = "process") -> subprocess.Popen:
     """An agent enrolled from namespace ``ns`` (a one-time token, det's CA certificate as
     `det cluster ca` prints it, det home of its own), then `det agent run` there with its own
-    login over TLS; its tasks as det_task through its pooler."""
+    login over TLS, tasks under ``runtime``; its tasks as det_task through its pooler."""
     home = Path(cluster.logdir) / f"home-{agent_id}"
     home.mkdir()
     (home / "ca.crt").write_text(cluster("cluster", "ca").stdout)
@@ -120,7 +121,7 @@ def _start_agent(cluster: Det, ns: str, agent_id: str, slots: int) -> subprocess
                    capture_output=True, timeout=120)
     log = open(Path(cluster.logdir) / f"{agent_id}.log", "ab")  # noqa: SIM115 (with the process)
     p = subprocess.Popen(["ip", "netns", "exec", ns, *det, "agent", "run", "--id", agent_id,
-                          "--runtime", "process", "--slot-type", "cpu", "--slots", str(slots)],
+                          "--runtime", runtime, "--slot-type", "cpu", "--slots", str(slots)],
                          cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     cluster.procs.append(p)
     return p

@@ -37,8 +37,16 @@ import psycopg
 from det.reconciler.aws_provider import AwsProvider, ProviderError
 from det.reconciler.contract import Result
 from det.reconciler.local_provider import STOP_GRACE_SECONDS, LocalProvider
-from det.reconciler.provisioner import (Demand, Instance, Provider, RunInstance, StartFailures,
-                                        decide, decide_runs, list_due)
+from det.reconciler.provisioner import (
+    Demand,
+    Instance,
+    Provider,
+    RunInstance,
+    StartFailures,
+    decide,
+    decide_runs,
+    list_due,
+)
 from det.reconciler.slurm_provider import SlurmProvider
 from det.sql import named
 
@@ -102,15 +110,8 @@ class Provisioner:
         if d.launch:
             changes += conn.execute(Q.request, {"n": d.launch, "pool": pool["name"],
                                               "provider": cfg["type"]}).rowcount
-        for id_, reason in d.terminate:
-            if conn.execute(Q.terminate, {"id": id_, "reason": reason}).fetchone():
-                stopping.append(id_)
-                changes += 1
-                log.info("instance %s of pool %s: terminating (%s)", id_, pool["name"], reason)
-        # Not a change: a countdown in the status must not chain passes.
-        if d.status != pool["provider_status"]:
-            conn.execute(Q.set_status, {"status": d.status, "pool": pool["name"]})
-        return changes
+        return changes + _stop_and_say(conn, pool, d.terminate, d.status, stopping,
+                                       "terminating")
 
     def _decide_runs(self, conn: psycopg.Connection, pool: dict, rows: list[dict],
                      waiting: list[int], stopping: list[int]) -> int:
@@ -126,14 +127,8 @@ class Provisioner:
         if d.submit:
             changes += conn.execute(Q.request_runs, {"allocs": d.submit,
                                                      "pool": pool["name"]}).rowcount
-        for id_, reason in d.terminate:
-            if conn.execute(Q.terminate, {"id": id_, "reason": reason}).fetchone():
-                stopping.append(id_)
-                changes += 1
-                log.info("instance %s of pool %s: cancelling (%s)", id_, pool["name"], reason)
-        if d.status != pool["provider_status"]:
-            conn.execute(Q.set_status, {"status": d.status, "pool": pool["name"]})
-        return changes
+        return changes + _stop_and_say(conn, pool, d.terminate, d.status, stopping,
+                                       "cancelling")
 
     def _act(self, conn: psycopg.Connection, live: list[dict], stopping: set[int]) -> int:
         """Talk to the providers about ``live`` instances (outside a transaction), one pool
@@ -221,3 +216,20 @@ class Provisioner:
             Path(marker).touch()
             os.kill(os.getpid(), signal.SIGKILL)
         return handle
+
+
+def _stop_and_say(conn: psycopg.Connection, pool: dict, terminate: list[tuple[int, str]],
+                  status: str, stopping: list[int], verb: str) -> int:
+    """Mark ``terminate``'s instances (id, reason) TERMINATING, adding those it marked to
+    ``stopping``, and write the pool's provider ``status`` where it changed; returns the
+    instances marked. A changed status is no change: a countdown in it must not chain
+    passes."""
+    changes = 0
+    for id_, reason in terminate:
+        if conn.execute(Q.terminate, {"id": id_, "reason": reason}).fetchone():
+            stopping.append(id_)
+            changes += 1
+            log.info("instance %s of pool %s: %s (%s)", id_, pool["name"], verb, reason)
+    if status != pool["provider_status"]:
+        conn.execute(Q.set_status, {"status": status, "pool": pool["name"]})
+    return changes

@@ -13,9 +13,15 @@ import uuid
 import pytest
 from conftest import wait_for
 from test_e2e_digits import DIGITS, digits_config
-from test_hosts import _completes, _experiment, _owner, _start_agent, _where_trials_ran
+from test_hosts import (
+    _completes,
+    _experiment,
+    _owner,
+    _start_agent,
+    _where_trials_ran,
+    hosts,  # noqa: F401 (a fixture)
+)
 from test_hosts import cluster as hosts_cluster  # noqa: F401 (a fixture, by its name)
-from test_hosts import hosts  # noqa: F401 (a fixture)
 
 from det.agent.containers import LABEL_AGENT
 

@@ -36,15 +36,17 @@ _CATALOG: dict[str, str] = {
                          c.relrowsecurity, c.relacl::text)
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE {_USER_NS}""",
     # Columns in order (ADD COLUMN appends, so a folded column must come last), with their type,
-    # NOT NULL, default, identity, generation and collation. atthasmissing is left out: an ADD
-    # COLUMN with a default sets it even on an empty table; it is storage, not schema.
+    # NOT NULL, default, identity, generation, collation and column grants (GRANT SELECT (col)).
+    # atthasmissing is left out: an ADD COLUMN with a default sets it even on an empty table; it
+    # is storage, not schema.
     "column": f"""
         SELECT n.nspname || '.' || c.relname || '.' || a.attname,
                concat_ws(' | ', row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum),
                          format_type(a.atttypid, a.atttypmod),
                          CASE WHEN a.attnotnull THEN 'NOT NULL' END,
                          pg_get_expr(d.adbin, d.adrelid), nullif(a.attidentity, ''),
-                         nullif(a.attgenerated, ''), nullif(a.attcollation, 0)::regcollation)
+                         nullif(a.attgenerated, ''), nullif(a.attcollation, 0)::regcollation,
+                         a.attacl::text)
         FROM pg_attribute a
         JOIN pg_class c ON c.oid = a.attrelid
         JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -88,6 +90,11 @@ _CATALOG: dict[str, str] = {
         LEFT JOIN pg_class c ON c.oid = t.typrelid
         WHERE {_USER_NS} AND t.typtype IN ('e', 'd', 'r', 'm', 'c')
           AND (t.typtype <> 'c' OR c.relkind = 'c')""",
+    # Privileges of objects yet to be created (ALTER DEFAULT PRIVILEGES), per creating role.
+    "default privileges": """
+        SELECT concat_ws(' ', d.defaclrole::regrole, n.nspname, d.defaclobjtype),
+               d.defaclacl::text
+        FROM pg_default_acl d LEFT JOIN pg_namespace n ON n.oid = d.defaclnamespace""",
     "function": f"""
         SELECT p.oid::regprocedure::text,
                CASE WHEN p.prokind IN ('f', 'p') THEN pg_get_functiondef(p.oid)

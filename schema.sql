@@ -10,8 +10,11 @@
 --     stored here only as a SHA-256 hash);
 --   * the `reporting` schema holds stable views for users' own SQL.
 --
--- Order: types; tables (each with its comments and indexes); the transition trigger; functions
--- by actor (user actions, agents, tasks, reconciler helpers); reporting views.
+-- Order: roles and default privileges; types; tables (each with its comments, indexes and
+-- grants); the transition trigger; functions by actor (user actions, agents, tasks, reconciler
+-- helpers); reporting views; row-level security. Grants sit beside their definitions: each
+-- table's, view's and schema's after it, each function's after it (and its COMMENT), one
+-- GRANT EXECUTE per function naming every role that may call it.
 --
 -- How databases get here. This file is not executed by det: databases are built and upgraded
 -- by the migrations in db/migrations/ (NNNN_name.sql, applied in order, each in its own
@@ -20,6 +23,44 @@
 -- identical. To change the schema: add the next migration file, then fold the change in here
 -- where the object is defined (a new column goes last in its CREATE TABLE; a replaced function
 -- or view replaces its definition, verbatim), so that each object is still defined once.
+
+-- =============================================================================================
+-- Roles and privileges
+--
+-- Nobody but the schema's owner may do anything not granted: a user (det_user) reads through
+-- row-level security and changes state only through the user-action functions (SECURITY
+-- DEFINER, each checks its caller's permission; its readers run as the caller, under
+-- row-level security); an agent (det_agent) and a task (det_task) may only EXECUTE their own
+-- functions, and det serve (det_web) its login functions (then it acts as the request's user,
+-- SET LOCAL ROLE). Each object's grants follow its definition; tables granted to nobody
+-- (tokens, sessions, the searcher's event queue, the reconciler's bookkeeping) are the
+-- owner's alone.
+
+DO $$
+BEGIN
+    -- Roles belong to the server: several det databases on one server share them.
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_user') THEN
+        CREATE ROLE det_user NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_agent') THEN
+        CREATE ROLE det_agent LOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_task') THEN
+        CREATE ROLE det_task LOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_web') THEN
+        CREATE ROLE det_web LOGIN NOINHERIT;
+    END IF;
+    -- the one-time logins of enrollment tokens (det_agent_token_create) are its members
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_enroll') THEN
+        CREATE ROLE det_enroll NOLOGIN;
+    END IF;
+END $$;
+
+-- No function is executable by PUBLIC: each function's grant names the roles that may call
+-- it. This is the global default of the role that runs this file or the migrations (a
+-- per-schema one cannot take a privilege away), so it covers every function added later.
+ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 
 -- =============================================================================================
 -- Types
@@ -86,6 +127,7 @@ COMMENT ON COLUMN reconciler_leader.agent_timeout IS
     'Seconds without a heartbeat after which the leader declares an agent lost (`det reconcile '
     '--agent-timeout`), recorded by each pass; agents read it (det_agent_timeout) to kill '
     'their own tasks before it expires (self-fencing, det.agent.heartbeat).';
+GRANT SELECT ON reconciler_leader TO det_user;
 
 CREATE TABLE cluster_config (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -103,6 +145,7 @@ COMMENT ON TABLE cluster_config IS
     'The applied cluster config (`det cluster config apply`), validated by det.configs.cluster: '
     '{resource_manager: {scheduler, default_compute_resource_pool, default_aux_resource_pool}, '
     'resource_pools: [...]}.';
+GRANT SELECT ON cluster_config TO det_user;
 
 CREATE TABLE cluster_identity (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -134,6 +177,7 @@ COMMENT ON COLUMN resource_pools.provider IS
 COMMENT ON COLUMN resource_pools.provider_status IS
     'Why the provisioner waits or refuses (e.g. ''at max_instances 2: 3 slots queued''), '
     'written by each pass; empty when it has nothing to say.';
+GRANT SELECT ON resource_pools TO det_user;
 INSERT INTO resource_pools (name, description) VALUES ('default', 'The default compute pool');
 
 CREATE TABLE agents (
@@ -159,6 +203,7 @@ COMMENT ON COLUMN agents.gone_at IS
     'instance''s process or Slurm job gone): agent and slot lists hide it. The row stays, '
     'LOST, because the runs it ran name it (allocations.agent_id). NULL again if it '
     'registers again.';
+GRANT SELECT ON agents TO det_user;
 
 CREATE TABLE agent_logins (
     agent_id      text PRIMARY KEY CHECK (agent_id ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,52}$'),
@@ -199,6 +244,7 @@ CREATE TABLE slots (
     PRIMARY KEY (agent_id, slot_id)
 );
 COMMENT ON TABLE slots IS 'Schedulable devices of an agent: CUDA GPUs, else CPU slots.';
+GRANT SELECT ON slots TO det_user;
 
 CREATE TABLE instances (
     id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -243,6 +289,7 @@ CREATE INDEX instances_live ON instances (resource_pool) WHERE state <> 'GONE';
 -- A run has at most one live Slurm job: nothing is queued twice for it.
 CREATE UNIQUE INDEX instances_one_per_allocation ON instances (allocation_id)
     WHERE state <> 'GONE';
+GRANT SELECT ON instances TO det_user;
 
 -- =============================================================================================
 -- Tables: users, workspaces, projects and access control
@@ -266,6 +313,7 @@ SELECT CASE
         THEN format('expected at most %s bytes, got %s', p_max_bytes, octet_length(p_name))
     WHEN p_name ~ '[[:cntrl:]]' THEN 'must not contain control characters'
 END $$;
+GRANT EXECUTE ON FUNCTION det_name_problem(text, integer) TO det_user;
 
 CREATE TABLE users (
     id           serial PRIMARY KEY,
@@ -277,6 +325,7 @@ CREATE TABLE users (
 COMMENT ON TABLE users IS
     'det users: each is the PostgreSQL role named username (LOGIN while active, member of '
     'det_user). det stores no password: PostgreSQL keeps a SCRAM-SHA-256 verifier of it.';
+GRANT SELECT ON users TO det_user;
 
 CREATE TABLE user_groups (
     id         serial PRIMARY KEY,
@@ -284,6 +333,7 @@ CREATE TABLE user_groups (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE user_groups IS 'Groups of users: a role assigned to a group holds for each member.';
+GRANT SELECT ON user_groups TO det_user;
 
 CREATE TABLE user_group_members (
     group_id integer NOT NULL REFERENCES user_groups (id) ON DELETE CASCADE,
@@ -291,6 +341,7 @@ CREATE TABLE user_group_members (
     PRIMARY KEY (group_id, user_id)
 );
 CREATE INDEX user_group_members_user ON user_group_members (user_id);
+GRANT SELECT ON user_group_members TO det_user;
 
 CREATE TABLE workspaces (
     id                   serial PRIMARY KEY,
@@ -311,6 +362,7 @@ COMMENT ON COLUMN workspaces.default_compute_pool IS
 COMMENT ON COLUMN workspaces.checkpoint_storage IS
     'The checkpoint_storage its experiments use when their config has none (then det''s '
     'default).';
+GRANT SELECT ON workspaces TO det_user;
 -- (a fixed creation time: the release of this schema, the same in every database)
 INSERT INTO workspaces (name, created_by, created_at)  -- id 1
 VALUES ('Uncategorized', 'det', '2026-11-25 00:00:00+00');
@@ -323,6 +375,7 @@ CREATE TABLE workspace_pools (
 COMMENT ON TABLE workspace_pools IS
     'Pools bound to workspaces: a bound pool serves only the jobs of the workspaces bound to '
     'it; a pool bound to none serves every workspace (Determined: resource pool bindings).';
+GRANT SELECT ON workspace_pools TO det_user;
 
 CREATE TABLE projects (
     id           serial PRIMARY KEY,
@@ -337,6 +390,7 @@ CREATE TABLE projects (
 COMMENT ON TABLE projects IS
     'Projects of a workspace; project 1, "Uncategorized" of workspace 1, holds experiments '
     'submitted without one.';
+GRANT SELECT ON projects TO det_user;
 INSERT INTO projects (workspace_id, name, created_by, created_at)  -- id 1
 VALUES (1, 'Uncategorized', 'det', '2026-11-25 00:00:00+00');
 
@@ -351,6 +405,7 @@ COMMENT ON TABLE roles IS
     'and logs), edit (create, pause, kill, reprioritise, move, delete them; projects and '
     'models), admin_workspace (the workspace itself and who may use it), create_workspace, '
     'admin_cluster (users, groups, pools, agents, cluster config, every workspace).';
+GRANT SELECT ON roles TO det_user;
 INSERT INTO roles (name, permissions, global_only, description) VALUES
     ('Viewer', '{view}', false, 'reads a workspace''s experiments, models and logs'),
     ('Editor', '{view,edit}', false,
@@ -376,6 +431,7 @@ COMMENT ON TABLE role_assignments IS
 CREATE UNIQUE INDEX role_assignments_once ON role_assignments
     (role, coalesce(user_id, 0), coalesce(group_id, 0), coalesce(workspace_id, 0));
 CREATE INDEX role_assignments_user ON role_assignments (user_id);
+GRANT SELECT ON role_assignments TO det_user;
 
 CREATE TABLE audit_log (
     id          bigserial PRIMARY KEY,
@@ -390,6 +446,7 @@ COMMENT ON TABLE audit_log IS
     'Who did what to which object, written by the user-action functions in the transaction of '
     'the change (so an action that fails leaves no entry). ClusterAdmins read it.';
 CREATE INDEX audit_log_object ON audit_log (object_type, object_id);
+GRANT SELECT ON audit_log TO det_user;
 
 -- =============================================================================================
 -- Tables: experiments, trials and the searcher
@@ -426,6 +483,7 @@ CREATE TABLE context_blobs (
 COMMENT ON TABLE context_blobs IS
     'Packed model-definition directories (tar.gz), deduplicated by hash. The spec caps a context '
     'at 95 MiB.';
+GRANT SELECT ON context_blobs TO det_user;
 
 CREATE TABLE jobs (
     id             bigint PRIMARY KEY DEFAULT det_next_id('jobs'),
@@ -453,6 +511,7 @@ COMMENT ON COLUMN jobs.workspace_id IS
     'The workspace of the job''s experiment (its project''s): what row-level security keys '
     'jobs, runs and their logs on.';
 CREATE INDEX jobs_workspace ON jobs (workspace_id);
+GRANT SELECT ON jobs TO det_user;
 
 -- One row per submitted experiment: its expanded config, its state (experiment_state), and
 -- the searcher's saved state. end_time is set exactly when the state is terminal.
@@ -554,6 +613,7 @@ COMMENT ON COLUMN experiments.searcher_state IS
 COMMENT ON COLUMN experiments.searcher_rng IS
     'The searcher''s random generator (det.reconciler.searchers.rng), written with '
     'searcher_state at the steps that drew from it. NULL until the searcher has begun.';
+GRANT SELECT ON experiments TO det_user;
 
 -- One row per trial the searcher created: its hyperparameters and seed, its state
 -- (trial_state), how many runs and restarts it has had, and its restart point (the latest
@@ -595,6 +655,7 @@ CREATE INDEX trials_experiment ON trials (experiment_id);
 CREATE INDEX trials_live ON trials (state) WHERE state < 'COMPLETED';
 -- Trials the searcher closed while they still live (their runs are told to stop).
 CREATE INDEX trials_closed_live ON trials (id) WHERE closed AND state < 'COMPLETED';
+GRANT SELECT ON trials TO det_user;
 
 CREATE TABLE searcher_ops (
     id         bigserial PRIMARY KEY,
@@ -610,6 +671,7 @@ COMMENT ON TABLE searcher_ops IS
     'absolute, in the unit of searcher.max_length. A trial works on its oldest open op.';
 -- A trial's open ops in order: det_current_op reads the first.
 CREATE INDEX searcher_ops_open ON searcher_ops (trial_id, id) WHERE NOT completed;
+GRANT SELECT ON searcher_ops TO det_user;
 
 CREATE TABLE searcher_events (
     id            bigserial PRIMARY KEY,
@@ -740,6 +802,13 @@ CREATE UNIQUE INDEX allocations_one_live_per_trial ON allocations (trial_id)
     WHERE state <> 'TERMINATED';
 -- det_auth: a task's token (its hash) to its allocation.
 CREATE INDEX allocations_token ON allocations (token_hash) WHERE token_hash IS NOT NULL;
+-- allocations without token_hash
+GRANT SELECT (id, job_id, trial_id, run, resource_pool, slots_needed, spec, desired_state,
+              state, agent_id, exit_code, exit_reason, stop_requested_at, preempt_acked,
+              settled, created_at, assigned_at, started_at, ended_at, preemptible,
+              pending_reason, out_of_work, running_at, rendezvous, storage_error, planned_stop,
+              fenced_until, address, stop_reason)
+    ON allocations TO det_user;
 
 CREATE TABLE allocation_slots (
     allocation_id bigint NOT NULL REFERENCES allocations (id),
@@ -754,6 +823,7 @@ COMMENT ON TABLE allocation_slots IS
 CREATE UNIQUE INDEX allocation_slots_one_holder ON allocation_slots (agent_id, slot_id)
     WHERE NOT released;
 CREATE INDEX allocation_slots_allocation ON allocation_slots (allocation_id);
+GRANT SELECT ON allocation_slots TO det_user;
 
 CREATE TABLE allocation_nodes (
     allocation_id bigint NOT NULL REFERENCES allocations (id),
@@ -793,6 +863,7 @@ COMMENT ON COLUMN metrics.superseded_by IS
     'part of the trial''s history (det_metrics_supersede); NULL for the surviving rows. Kept '
     'for audit; readers show and count only rows where it is NULL.';
 CREATE INDEX metrics_trial_group_steps ON metrics (trial_id, "group", steps_completed);
+GRANT SELECT ON metrics TO det_user;
 
 -- metrics' references are checked once per statement, not per row as foreign keys would
 -- (two thirds of a row's cost, migration 0020): a task's batch names one allocation.
@@ -938,6 +1009,7 @@ CREATE INDEX checkpoints_gc_pending ON checkpoints (trial_id) WHERE gc_pending;
 -- Whether a live run has checkpointed yet (the scheduler's POOL_TASKS: a run that has not is
 -- protected from preemption for scheduler.min_run_time): one probe per running run.
 CREATE INDEX checkpoints_allocation ON checkpoints (allocation_id);
+GRANT SELECT ON checkpoints TO det_user;
 
 CREATE FUNCTION det_checkpoint_input_check() RETURNS trigger LANGUAGE plpgsql AS $$
 -- BEFORE INSERT ON checkpoints: what a task records of a checkpoint (det_report_checkpoint)
@@ -1014,6 +1086,7 @@ COMMENT ON COLUMN tasks.end_reason IS
     '"the task''s server did not answer within 2m0s"), else its run''s end as the pass settled '
     'it ("exited with code 3", "agent lost"). NULL while it runs.';
 CREATE INDEX tasks_project ON tasks (project_id);
+GRANT SELECT ON tasks TO det_user;
 
 CREATE TABLE task_secrets (
     job_id          bigint PRIMARY KEY REFERENCES tasks (job_id),
@@ -1043,6 +1116,7 @@ COMMENT ON COLUMN task_logs.rank IS
     'slot; NULL for det''s own notes and lines of no worker (a launcher, a command).';
 CREATE INDEX task_logs_trial ON task_logs (trial_id, id);
 CREATE INDEX task_logs_allocation ON task_logs (allocation_id, id);
+GRANT SELECT ON task_logs TO det_user;
 
 -- =============================================================================================
 -- Tables: the model registry and configuration templates
@@ -1061,6 +1135,7 @@ CREATE FUNCTION det_model_name_problem(p_name text) RETURNS text LANGUAGE sql IM
         WHEN p_name ~ '^[0-9]+$' THEN 'cannot be only numbers (a number names a model by id)'
     END;
 $$;
+GRANT EXECUTE ON FUNCTION det_model_name_problem(text) TO det_user;
 
 CREATE FUNCTION det_label_problem(p_labels text[]) RETURNS text LANGUAGE sql IMMUTABLE AS $$
 -- Why a list of labels (of a model or a model version) is not acceptable, or NULL: each label
@@ -1073,6 +1148,7 @@ CREATE FUNCTION det_label_problem(p_labels text[]) RETURNS text LANGUAGE sql IMM
      WHERE l IS NULL OR btrim(l) = '' OR length(l) > 255 OR l ~ '[[:cntrl:]]'
      LIMIT 1;
 $$;
+GRANT EXECUTE ON FUNCTION det_label_problem(text[]) TO det_user;
 
 CREATE TABLE models (
     id                serial PRIMARY KEY,
@@ -1094,6 +1170,7 @@ COMMENT ON TABLE models IS
 -- Invariant: model names are unique regardless of case (Determined: "avoid names equal to
 -- other models (case-insensitive)"); det_model_find looks names up the same way.
 CREATE UNIQUE INDEX models_name_lower ON models (lower(name));
+GRANT SELECT ON models TO det_user;
 
 CREATE TABLE model_versions (
     id                serial PRIMARY KEY,
@@ -1116,6 +1193,7 @@ COMMENT ON TABLE model_versions IS
     'GC keeps it.';
 -- The pin's lookup when a checkpoint row is deleted, and GC's keep rule.
 CREATE INDEX model_versions_checkpoint ON model_versions (checkpoint_uuid);
+GRANT SELECT ON model_versions TO det_user;
 
 CREATE FUNCTION det_keep_pinned_checkpoint() RETURNS trigger LANGUAGE plpgsql AS $$
 -- A checkpoint that a model version names stays COMPLETED: GC and deletion may not move it to
@@ -1149,6 +1227,7 @@ CREATE FUNCTION det_template_name_problem(p_name text) RETURNS text LANGUAGE sql
         WHEN p_name ~ '[[:cntrl:]]' THEN 'cannot contain line breaks or control characters'
     END;
 $$;
+GRANT EXECUTE ON FUNCTION det_template_name_problem(text) TO det_user;
 
 CREATE FUNCTION det_secret_name(p_name text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
 -- Whether a config key (or an environment variable's name) holds a secret: S3's access_key
@@ -1158,6 +1237,7 @@ CREATE FUNCTION det_secret_name(p_name text) RETURNS boolean LANGUAGE sql IMMUTA
 SELECT p_name ~* '^(auth|identitytoken|registrytoken|connection_string)$'
     OR p_name ~* '(^|[_-])(secrets?|passwords?|passwd|token|credentials?|access_key|private_key|api_key)([_-]|$)'
 $$;
+GRANT EXECUTE ON FUNCTION det_secret_name(text) TO det_user;
 
 CREATE FUNCTION det_redact_secrets(p_value jsonb) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
 -- p_value with every secret replaced by '********': the value of each key that
@@ -1181,6 +1261,7 @@ BEGIN
         RETURN p_value;
     END CASE;
 END $$;
+GRANT EXECUTE ON FUNCTION det_redact_secrets(jsonb) TO det_user;
 
 CREATE TABLE templates (
     name              text NOT NULL CHECK (det_template_name_problem(name) IS NULL),
@@ -1208,6 +1289,12 @@ COMMENT ON COLUMN templates.redacted_config IS
     'config with its secrets replaced by ''********'' (det_redact_secrets): what users read.';
 COMMENT ON COLUMN templates.redacted_original IS
     'The YAML as set when it holds no secret, else NULL (its text cannot be redacted).';
+-- templates without their secrets: config and original are read only through
+-- det_template_expand, at submission
+REVOKE ALL ON templates FROM PUBLIC;
+GRANT SELECT (workspace_id, name, owner, created_at, updated_at, redacted_config,
+              redacted_original)
+    ON templates TO det_user;
 
 -- =============================================================================================
 -- Tables: det serve, the HTTP server
@@ -1324,6 +1411,8 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- det serve's event listener (det_web) LISTENs on the web channel (det_web_event).
     SELECT det_listen('web', '');
 $$;
+-- each of det's roles LISTENs on its own NOTIFY channel, never learning another's
+GRANT EXECUTE ON FUNCTION det_web_listen() TO det_web;
 
 CREATE FUNCTION det_agent_check_self(p_agent text) RETURNS void LANGUAGE plpgsql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -1382,6 +1471,8 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
 SELECT det_agent_check_self(p_agent);
     SELECT det_listen('agent', p_agent);
 $$;
+-- each of det's roles LISTENs on its own NOTIFY channel, never learning another's
+GRANT EXECUTE ON FUNCTION det_agent_listen(text) TO det_agent;
 
 CREATE FUNCTION det_task_listen(p_token text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -1392,6 +1483,8 @@ DECLARE
 BEGIN
     PERFORM det_listen('alloc', a.id::text);
 END $$;
+-- each of det's roles LISTENs on its own NOTIFY channel, never learning another's
+GRANT EXECUTE ON FUNCTION det_task_listen(text) TO det_task;
 
 -- =============================================================================================
 -- Transition rules
@@ -1403,6 +1496,7 @@ CREATE FUNCTION det_stopped_state(p_state text) RETURNS text LANGUAGE sql IMMUTA
     SELECT CASE WHEN p_state LIKE 'STOPPING\_%'
                 THEN replace(substr(p_state, 10), 'KILLED', 'CANCELED') ELSE p_state END;
 $$;
+GRANT EXECUTE ON FUNCTION det_stopped_state(text) TO det_user;
 
 CREATE FUNCTION det_check_transition() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Experiments and trials: terminal states are final (but an unmanaged one's, resumed), and a
@@ -1478,6 +1572,7 @@ SELECT coalesce(CASE WHEN pg_has_role(session_user, 'det_web', 'MEMBER')
                      THEN nullif(current_setting('det.web_user', true), '') END,
                 session_user::text)
 $$;
+GRANT EXECUTE ON FUNCTION det_caller() TO det_user;
 
 CREATE FUNCTION det_is_owner_session() RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 -- Whether the session is the cluster's own (the role owning det's tables, a member of it, or
@@ -1488,6 +1583,7 @@ BEGIN
        AND pg_has_role(session_user, (SELECT relowner FROM pg_class
                                        WHERE oid = 'experiments'::regclass), 'MEMBER');
 END $$;
+GRANT EXECUTE ON FUNCTION det_is_owner_session() TO det_user;
 
 CREATE FUNCTION det_user_grants(p_user text)
 RETURNS TABLE (workspace_id integer, permissions text[]) LANGUAGE sql STABLE AS $$
@@ -1502,6 +1598,7 @@ SELECT a.workspace_id, r.permissions
   JOIN roles r ON r.name = a.role
  WHERE u.username = p_user AND u.active
 $$;
+GRANT EXECUTE ON FUNCTION det_user_grants(text) TO det_user;
 
 CREATE FUNCTION det_permitted(p_user text, p_permission text, p_workspace integer)
 RETURNS boolean LANGUAGE sql STABLE AS $$
@@ -1512,6 +1609,7 @@ SELECT EXISTS (
      WHERE p_permission = ANY (g.permissions)
        AND (g.workspace_id IS NULL OR g.workspace_id = p_workspace))
 $$;
+GRANT EXECUTE ON FUNCTION det_permitted(text, text, integer) TO det_user;
 
 CREATE FUNCTION det_visible_workspaces() RETURNS integer[] LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -1524,6 +1622,7 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM viewable WHERE workspace_id IS NULL)
             THEN (SELECT coalesce(array_agg(id), '{}') FROM workspaces)
             ELSE (SELECT coalesce(array_agg(DISTINCT workspace_id), '{}') FROM viewable) END
 $$;
+GRANT EXECUTE ON FUNCTION det_visible_workspaces() TO det_user;
 
 CREATE FUNCTION det_visible_projects() RETURNS integer[] LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -1532,12 +1631,14 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
 SELECT coalesce(array_agg(id), '{}') FROM projects
  WHERE workspace_id = ANY (det_visible_workspaces())
 $$;
+GRANT EXECUTE ON FUNCTION det_visible_projects() TO det_user;
 
 CREATE FUNCTION det_role_needed(p_permission text) RETURNS text LANGUAGE sql STABLE AS $$
 -- The least role that grants p_permission, to name in a refusal.
 SELECT name FROM roles WHERE p_permission = ANY (permissions)
  ORDER BY cardinality(permissions), name LIMIT 1
 $$;
+GRANT EXECUTE ON FUNCTION det_role_needed(text) TO det_user;
 
 CREATE FUNCTION det_require(p_permission text, p_workspace integer, p_action text)
 RETURNS text LANGUAGE plpgsql STABLE AS $$
@@ -1592,6 +1693,7 @@ BEGIN
     END IF;
     RETURN v_ws;
 END $$;
+GRANT EXECUTE ON FUNCTION det_experiment_workspace(integer) TO det_user;
 
 CREATE FUNCTION det_check_experiment_project() RETURNS trigger LANGUAGE plpgsql AS $$
 -- An experiment's project is in its job's workspace: row-level security reads the one on
@@ -1621,6 +1723,7 @@ BEGIN
     END IF;
     RETURN w;
 END $$;
+GRANT EXECUTE ON FUNCTION det_workspace_find(text) TO det_user;
 
 CREATE FUNCTION det_project_find(p_workspace text, p_project text) RETURNS projects
 LANGUAGE plpgsql STABLE AS $$
@@ -1636,6 +1739,7 @@ BEGIN
     END IF;
     RETURN p;
 END $$;
+GRANT EXECUTE ON FUNCTION det_project_find(text, text) TO det_user;
 
 CREATE FUNCTION det_user_find(p_username text) RETURNS users LANGUAGE plpgsql STABLE AS $$
 -- The user named p_username. Raises no_data_found.
@@ -1648,6 +1752,7 @@ BEGIN
     END IF;
     RETURN u;
 END $$;
+GRANT EXECUTE ON FUNCTION det_user_find(text) TO det_user;
 
 CREATE FUNCTION det_check_verifier(p_password_verifier text) RETURNS void LANGUAGE plpgsql
 IMMUTABLE AS $$
@@ -1752,6 +1857,7 @@ BEGIN
                       jsonb_build_object('admin', p_admin, 'weak_ok', coalesce(p_weak_ok, false)));
     RETURN v_id;
 END $$;
+GRANT EXECUTE ON FUNCTION det_user_create(text, text, boolean, integer, boolean) TO det_user;
 
 CREATE FUNCTION det_user_set_password(p_username text, p_password_verifier text,
                                       p_password_length integer DEFAULT NULL,
@@ -1785,6 +1891,7 @@ BEGIN
                       jsonb_build_object('logins_ended', v_ended,
                                          'weak_ok', coalesce(p_weak_ok, false)));
 END $$;
+GRANT EXECUTE ON FUNCTION det_user_set_password(text, text, integer, boolean) TO det_user;
 
 CREATE FUNCTION det_user_set_active(p_username text, p_active boolean) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -1808,6 +1915,7 @@ BEGIN
     PERFORM det_audit(CASE WHEN p_active THEN 'activate' ELSE 'deactivate' END, 'user',
                       u.username);
 END $$;
+GRANT EXECUTE ON FUNCTION det_user_set_active(text, boolean) TO det_user;
 
 CREATE FUNCTION det_group_create(p_name text) RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -1828,6 +1936,7 @@ EXCEPTION WHEN unique_violation THEN
     RAISE EXCEPTION 'group name %: a group of that name exists', to_jsonb(p_name)
         USING ERRCODE = 'unique_violation';
 END $$;
+GRANT EXECUTE ON FUNCTION det_group_create(text) TO det_user;
 
 CREATE FUNCTION det_group_delete(p_name text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -1840,6 +1949,7 @@ BEGIN
     END IF;
     PERFORM det_audit('delete', 'group', p_name);
 END $$;
+GRANT EXECUTE ON FUNCTION det_group_delete(text) TO det_user;
 
 CREATE FUNCTION det_group_set_member(p_group text, p_username text, p_member boolean)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -1865,6 +1975,7 @@ BEGIN
     PERFORM det_audit(CASE WHEN p_member THEN 'add_member' ELSE 'remove_member' END, 'group',
                       p_group, jsonb_build_object('user', u.username));
 END $$;
+GRANT EXECUTE ON FUNCTION det_group_set_member(text, text, boolean) TO det_user;
 
 CREATE FUNCTION det_workspace_create(
     p_name text, p_default_compute_pool text, p_default_aux_pool text,
@@ -1899,6 +2010,7 @@ EXCEPTION WHEN foreign_key_violation THEN
         to_jsonb(p_default_compute_pool), to_jsonb(p_default_aux_pool)
         USING ERRCODE = 'foreign_key_violation';
 END $$;
+GRANT EXECUTE ON FUNCTION det_workspace_create(text, text, text, jsonb) TO det_user;
 
 CREATE FUNCTION det_workspace_set_archived(p_name text, p_archived boolean) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -1918,6 +2030,7 @@ BEGIN
     PERFORM det_audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'workspace',
                       w.id::text, jsonb_build_object('name', w.name));
 END $$;
+GRANT EXECUTE ON FUNCTION det_workspace_set_archived(text, boolean) TO det_user;
 
 CREATE FUNCTION det_workspace_delete(p_name text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -1946,6 +2059,7 @@ BEGIN
     DELETE FROM workspaces WHERE id = w.id;
     PERFORM det_audit('delete', 'workspace', w.id::text, jsonb_build_object('name', w.name));
 END $$;
+GRANT EXECUTE ON FUNCTION det_workspace_delete(text) TO det_user;
 
 CREATE FUNCTION det_workspace_bind_pool(p_workspace text, p_pool text, p_bound boolean)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -1968,6 +2082,7 @@ BEGIN
     PERFORM det_audit(CASE WHEN p_bound THEN 'bind_pool' ELSE 'unbind_pool' END, 'workspace',
                       w.id::text, jsonb_build_object('name', w.name, 'pool', p_pool));
 END $$;
+GRANT EXECUTE ON FUNCTION det_workspace_bind_pool(text, text, boolean) TO det_user;
 
 CREATE FUNCTION det_check_pools(p_workspace integer, p_pools text[], p_what text)
 RETURNS void LANGUAGE plpgsql STABLE AS $$
@@ -2020,6 +2135,7 @@ BEGIN
                       jsonb_build_object('name', p_name, 'workspace', w.name));
     RETURN v_id;
 END $$;
+GRANT EXECUTE ON FUNCTION det_project_create(text, text, text) TO det_user;
 
 CREATE FUNCTION det_project_set_archived(p_workspace text, p_name text, p_archived boolean)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -2038,6 +2154,7 @@ BEGIN
     PERFORM det_audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'project',
                       p.id::text, jsonb_build_object('name', p.name));
 END $$;
+GRANT EXECUTE ON FUNCTION det_project_set_archived(text, text, boolean) TO det_user;
 
 CREATE FUNCTION det_project_delete(p_workspace text, p_name text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -2059,6 +2176,7 @@ BEGIN
     DELETE FROM projects WHERE id = p.id;
     PERFORM det_audit('delete', 'project', p.id::text, jsonb_build_object('name', p.name));
 END $$;
+GRANT EXECUTE ON FUNCTION det_project_delete(text, text) TO det_user;
 
 CREATE FUNCTION det_experiment_move(p_id integer, p_workspace text, p_project text)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -2082,6 +2200,7 @@ BEGIN
     PERFORM det_audit('move', 'experiment', p_id::text,
                       jsonb_build_object('project', p.id, 'workspace', p.workspace_id));
 END $$;
+GRANT EXECUTE ON FUNCTION det_experiment_move(integer, text, text) TO det_user;
 
 CREATE FUNCTION det_role_assign(
     p_role text, p_username text, p_group text, p_workspace text, p_assigned boolean
@@ -2137,6 +2256,7 @@ BEGIN
                       p_role, jsonb_build_object('user', p_username, 'group', p_group,
                                                  'workspace', w.name));
 END $$;
+GRANT EXECUTE ON FUNCTION det_role_assign(text, text, text, text, boolean) TO det_user;
 
 CREATE FUNCTION det_model_move(p_model text, p_workspace text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -2151,6 +2271,7 @@ BEGIN
     UPDATE models SET workspace_id = w.id, last_updated_time = now() WHERE id = m.id;
     PERFORM det_audit('move', 'model', m.id::text, jsonb_build_object('workspace', w.name));
 END $$;
+GRANT EXECUTE ON FUNCTION det_model_move(text, text) TO det_user;
 
 -- =============================================================================================
 -- User actions (the CLI). Each is one transaction; each wakes the reconciler.
@@ -2444,6 +2565,7 @@ BEGIN
     PERFORM pg_notify(det_channel('reconciler', ''), 'experiment');
     RETURN v_id;
 END $$;
+GRANT EXECUTE ON FUNCTION det_create_experiment(jsonb, text, bytea, text, text) TO det_user;
 
 -- Experiments made from an existing experiment (det experiment fork) or trial
 -- (det trial continue); spec: run-training-code.rst, "Create an Experiment".
@@ -2500,6 +2622,7 @@ BEGIN
     PERFORM det_audit('fork', 'experiment', v_id::text, jsonb_build_object('source', p_source));
     RETURN v_id;
 END $$;
+GRANT EXECUTE ON FUNCTION det_experiment_fork(integer, jsonb, text, text, text) TO det_user;
 
 CREATE FUNCTION det_trial_continue(
     p_trial integer, p_config jsonb, p_original_config text, p_workspace text, p_project text
@@ -2570,12 +2693,7 @@ BEGIN
                       jsonb_build_object('trial', p_trial, 'checkpoint', c.uuid));
     RETURN v_id;
 END $$;
-
-REVOKE ALL ON FUNCTION det_trials_continue(),
-    det_experiment_fork(integer, jsonb, text, text, text),
-    det_trial_continue(integer, jsonb, text, text, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION det_experiment_fork(integer, jsonb, text, text, text),
-    det_trial_continue(integer, jsonb, text, text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_trial_continue(integer, jsonb, text, text, text) TO det_user;
 
 CREATE FUNCTION det_experiment_action(p_id integer, p_action text) RETURNS experiment_state
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -2614,6 +2732,7 @@ BEGIN
     PERFORM pg_notify(det_channel('reconciler', ''), 'experiment');
     RETURN v_new;
 END $$;
+GRANT EXECUTE ON FUNCTION det_experiment_action(integer, text) TO det_user;
 
 CREATE FUNCTION det_create_task(
     p_type text, p_config jsonb, p_context bytea, p_workspace text, p_project text,
@@ -2711,6 +2830,9 @@ BEGIN
     PERFORM pg_notify(det_channel('reconciler', ''), 'task');
     RETURN v_job;
 END $$;
+GRANT EXECUTE ON FUNCTION
+    det_create_task(text, jsonb, bytea, text, text, integer[], integer[], jsonb)
+    TO det_user;
 
 CREATE FUNCTION det_task_find(p_job bigint, p_permission text, p_action text) RETURNS tasks
 LANGUAGE plpgsql STABLE AS $$
@@ -2755,6 +2877,7 @@ BEGIN
         PERFORM pg_notify(det_channel('reconciler', ''), 'task');
     END IF;
 END $$;
+GRANT EXECUTE ON FUNCTION det_task_kill(bigint) TO det_user;
 
 CREATE FUNCTION det_job_update(p_job bigint, p_field text, p_value text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -2865,6 +2988,7 @@ EXCEPTION
         RAISE EXCEPTION 'job %: % expects a number, not "%"', p_job, p_field, p_value
             USING ERRCODE = 'invalid_parameter_value';
 END $$;
+GRANT EXECUTE ON FUNCTION det_job_update(bigint, text, text) TO det_user;
 
 CREATE FUNCTION det_apply_cluster_config(p_config jsonb, p_original text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -2909,6 +3033,7 @@ BEGIN
     PERFORM det_audit('apply', 'cluster_config', 'cluster', p_config);
     PERFORM pg_notify(det_channel('reconciler', ''), 'cluster');
 END $$;
+GRANT EXECUTE ON FUNCTION det_apply_cluster_config(jsonb, text) TO det_user;
 
 CREATE FUNCTION det_agent_set_enabled(p_id text, p_enabled boolean) RETURNS agent_state
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -2932,6 +3057,7 @@ BEGIN
     PERFORM pg_notify(det_channel('reconciler', ''), 'agent');
     RETURN v_state;
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_set_enabled(text, boolean) TO det_user;
 
 CREATE FUNCTION det_agent_drain(p_id text) RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -2944,6 +3070,7 @@ BEGIN
     PERFORM det_agent_set_enabled(p_id, false);
     RETURN cardinality(det_stop_runs_of(p_id));
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_drain(text) TO det_user;
 
 CREATE FUNCTION det_agent_mark_fenced(p_agent text, p_ids bigint[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -2961,6 +3088,7 @@ BEGIN
             OR EXISTS (SELECT 1 FROM allocation_slots h
                         WHERE h.allocation_id = a.id AND h.agent_id = p_agent));
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_mark_fenced(text, bigint[]) TO det_agent;
 
 CREATE FUNCTION det_slot_set_enabled(p_agent text, p_slot integer, p_enabled boolean)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -2978,6 +3106,7 @@ BEGIN
                       p_agent || '/' || p_slot);
     PERFORM pg_notify(det_channel('reconciler', ''), 'agent');
 END $$;
+GRANT EXECUTE ON FUNCTION det_slot_set_enabled(text, integer, boolean) TO det_user;
 
 -- =============================================================================================
 -- User actions: the model registry and configuration templates. Each is one
@@ -2999,6 +3128,7 @@ BEGIN
     END IF;
     RETURN m;
 END $$;
+GRANT EXECUTE ON FUNCTION det_model_find(text) TO det_user;
 
 CREATE FUNCTION det_model_check(
     p_name text, p_description text, p_labels text[], p_metadata jsonb, p_except integer
@@ -3050,6 +3180,7 @@ BEGIN
     PERFORM det_audit('create', 'model', m.id::text, jsonb_build_object('name', m.name));
     RETURN m;
 END $$;
+GRANT EXECUTE ON FUNCTION det_model_create(text, text, text[], text) TO det_user;
 
 CREATE FUNCTION det_model_update(
     p_model text, p_name text, p_description text, p_notes text, p_labels text[],
@@ -3078,6 +3209,8 @@ BEGIN
     PERFORM det_audit('update', 'model', m.id::text);
     RETURN m;
 END $$;
+GRANT EXECUTE ON FUNCTION det_model_update(text, text, text, text, text[], jsonb, text[])
+    TO det_user;
 
 CREATE FUNCTION det_model_set_archived(p_model text, p_archived boolean) RETURNS models
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3095,6 +3228,7 @@ BEGIN
                       m.id::text);
     RETURN m;
 END $$;
+GRANT EXECUTE ON FUNCTION det_model_set_archived(text, boolean) TO det_user;
 
 CREATE FUNCTION det_model_delete(p_model text) RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3110,6 +3244,7 @@ BEGIN
     PERFORM det_audit('delete', 'model', m.id::text, jsonb_build_object('name', m.name));
     RETURN v_versions;
 END $$;
+GRANT EXECUTE ON FUNCTION det_model_delete(text) TO det_user;
 
 CREATE FUNCTION det_model_register_version(
     p_model text, p_checkpoint text, p_name text, p_notes text, p_labels text[],
@@ -3178,6 +3313,8 @@ BEGIN
                       jsonb_build_object('version', r.version, 'checkpoint', v_uuid));
     RETURN r;
 END $$;
+GRANT EXECUTE ON FUNCTION det_model_register_version(text, text, text, text, text[], jsonb)
+    TO det_user;
 
 CREATE FUNCTION det_model_version_find(p_model text, p_version integer) RETURNS model_versions
 LANGUAGE plpgsql STABLE AS $$
@@ -3200,6 +3337,7 @@ BEGIN
     END IF;
     RETURN r;
 END $$;
+GRANT EXECUTE ON FUNCTION det_model_version_find(text, integer) TO det_user;
 
 CREATE FUNCTION det_model_version_update(
     p_model text, p_version integer, p_name text, p_notes text, p_labels text[],
@@ -3241,6 +3379,8 @@ BEGIN
                       jsonb_build_object('version', r.version));
     RETURN r;
 END $$;
+GRANT EXECUTE ON FUNCTION det_model_version_update(text, integer, text, text, text[], jsonb, text[])
+    TO det_user;
 
 CREATE FUNCTION det_model_version_delete(p_model text, p_version integer) RETURNS uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3257,6 +3397,7 @@ BEGIN
                       jsonb_build_object('version', r.version));
     RETURN r.checkpoint_uuid;
 END $$;
+GRANT EXECUTE ON FUNCTION det_model_version_delete(text, integer) TO det_user;
 
 CREATE FUNCTION det_template_workspace(p_workspace text, p_permission text, p_action text)
 RETURNS integer LANGUAGE plpgsql STABLE AS $$
@@ -3304,6 +3445,7 @@ BEGIN
                       jsonb_build_object('workspace_id', v_ws));
     RETURN v_created;
 END $$;
+GRANT EXECUTE ON FUNCTION det_template_set(text, text, jsonb, text) TO det_user;
 
 CREATE FUNCTION det_template_remove(p_workspace text, p_name text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3321,6 +3463,7 @@ BEGIN
     END IF;
     PERFORM det_audit('delete', 'template', p_name, jsonb_build_object('workspace_id', v_ws));
 END $$;
+GRANT EXECUTE ON FUNCTION det_template_remove(text, text) TO det_user;
 
 CREATE FUNCTION det_template_expand(p_workspace text, p_name text) RETURNS jsonb
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3341,6 +3484,7 @@ BEGIN
     END IF;
     RETURN v_config;
 END $$;
+GRANT EXECUTE ON FUNCTION det_template_expand(text, text) TO det_user;
 
 -- =============================================================================================
 -- Agents
@@ -3380,6 +3524,7 @@ BEGIN
                       jsonb_build_object('pool', p_pool, 'expires_at', v_expires));
     RETURN QUERY SELECT v_role, v_expires;
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_token_create(text, text, interval) TO det_user;
 
 CREATE FUNCTION det_agent_enroll(p_agent text, p_verifier text) RETURNS text LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3435,6 +3580,7 @@ BEGIN
     PERFORM det_audit('enroll', 'agent', p_agent, jsonb_build_object('token', t.role_name));
     RETURN t.resource_pool;
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_enroll(text, text) TO det_enroll;
 
 CREATE FUNCTION det_agent_revoke(p_agent text) RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3465,6 +3611,7 @@ BEGIN
     PERFORM det_audit('revoke', 'agent', p_agent, jsonb_build_object('sessions', v_ended));
     RETURN v_ended;
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_revoke(text) TO det_user;
 
 CREATE FUNCTION det_agent_register(
     p_id text, p_hostname text, p_pool text, p_runtime text, p_slots jsonb
@@ -3497,6 +3644,7 @@ BEGIN
             device_name = excluded.device_name, memory_mb = excluded.memory_mb;
     PERFORM pg_notify(det_channel('reconciler', ''), 'agent');
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_register(text, text, text, text, jsonb) TO det_agent;
 
 CREATE FUNCTION det_agent_heartbeat(p_id text) RETURNS agent_state LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3509,6 +3657,7 @@ BEGIN
     RETURNING state INTO v_state;
     RETURN coalesce(v_state, 'LOST');
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_heartbeat(text) TO det_agent;
 
 CREATE FUNCTION det_agent_timeout() RETURNS double precision LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3516,6 +3665,7 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- reconciler has run a pass: an agent kills its tasks before it passes (self-fencing).
 SELECT agent_timeout FROM reconciler_leader;
 $$;
+GRANT EXECUTE ON FUNCTION det_agent_timeout() TO det_agent;
 
 CREATE FUNCTION det_stop_runs_of(p_agent text) RETURNS bigint[] LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3555,6 +3705,7 @@ BEGIN
     UPDATE agents SET stopping = true WHERE id = p_agent;
     RETURN det_stop_runs_of(p_agent);
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_stop_runs(text) TO det_agent;
 
 CREATE FUNCTION det_agent_leave(p_agent text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3565,6 +3716,7 @@ BEGIN
     PERFORM det_agent_check_self(p_agent);
     UPDATE agents SET stopping = true WHERE id = p_agent;
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_leave(text) TO det_agent;
 
 CREATE FUNCTION det_agent_retire(p_agent text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3576,6 +3728,7 @@ BEGIN
     UPDATE agents SET state = 'LOST', stopping = true, gone_at = coalesce(gone_at, now())
      WHERE id = p_agent;
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_retire(text) TO det_agent;
 
 CREATE FUNCTION det_agent_claim_each(p_agent text, p_allocations bigint[])
 RETURNS TABLE (allocation_id bigint, token text)
@@ -3602,12 +3755,14 @@ BEGIN
        AND a.state IN ('ASSIGNED', 'PULLING', 'STARTING') AND a.desired_state = 'RUNNING'
     RETURNING a.id, m.token;
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_claim_each(text, bigint[]) TO det_agent;
 
 CREATE FUNCTION det_agent_claim(p_agent text, p_allocation bigint) RETURNS text
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- det_agent_claim_each for one allocation: its token, or NULL when it is not to start.
 SELECT token FROM det_agent_claim_each(p_agent, ARRAY[p_allocation]);
 $$;
+GRANT EXECUTE ON FUNCTION det_agent_claim(text, bigint) TO det_agent;
 
 CREATE FUNCTION det_agent_report_each(
     p_agent text, p_allocations bigint[], p_state allocation_state,
@@ -3642,6 +3797,8 @@ BEGIN
         PERFORM pg_notify(det_channel('reconciler', ''), 'allocation');
     END IF;
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_report_each(text, bigint[], allocation_state, integer[], text[])
+    TO det_agent;
 
 CREATE FUNCTION det_agent_report(
     p_agent text, p_allocation bigint, p_state allocation_state,
@@ -3651,6 +3808,8 @@ CREATE FUNCTION det_agent_report(
 SELECT det_agent_report_each(p_agent, ARRAY[p_allocation], p_state, ARRAY[p_exit_code],
                              ARRAY[p_reason]);
 $$;
+GRANT EXECUTE ON FUNCTION det_agent_report(text, bigint, allocation_state, integer, text)
+    TO det_agent;
 
 CREATE FUNCTION det_gang_agents(p_allocation bigint) RETURNS text[] LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3661,6 +3820,7 @@ SELECT array_agg(h.agent_id ORDER BY h.agent_id <> a.agent_id, h.agent_id)
        allocations a
  WHERE a.id = p_allocation;
 $$;
+GRANT EXECUTE ON FUNCTION det_gang_agents(bigint) TO det_agent;
 
 CREATE FUNCTION det_gang_started(p_allocation bigint) RETURNS boolean LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3673,6 +3833,7 @@ SELECT NOT EXISTS (
                         WHERE n.allocation_id = p_allocation AND n.agent_id = g.agent_id
                           AND n.state >= 'RUNNING'));
 $$;
+GRANT EXECUTE ON FUNCTION det_gang_started(bigint) TO det_agent;
 
 CREATE FUNCTION det_agent_set_rendezvous(
     p_agent text, p_allocation bigint, p_endpoint text
@@ -3683,6 +3844,7 @@ SELECT det_agent_check_self(p_agent);
 UPDATE allocations SET rendezvous = p_endpoint
  WHERE id = p_allocation AND agent_id = p_agent AND state <> 'TERMINATED';
 $$;
+GRANT EXECUTE ON FUNCTION det_agent_set_rendezvous(text, bigint, text) TO det_agent;
 
 CREATE FUNCTION det_agent_claim_node(p_agent text, p_allocation bigint) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3721,6 +3883,7 @@ BEGIN
     RETURN jsonb_build_object('token', v_token, 'node_rank', v_rank, 'nodes', v_nodes,
                               'rendezvous', a.rendezvous);
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_claim_node(text, bigint) TO det_agent;
 
 CREATE FUNCTION det_agent_report_node(
     p_agent text, p_allocation bigint, p_state allocation_state,
@@ -3761,6 +3924,8 @@ BEGIN
         PERFORM pg_notify(det_channel('reconciler', ''), 'allocation');
     END IF;
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_report_node(text, bigint, allocation_state, integer, text)
+    TO det_agent;
 
 CREATE FUNCTION det_append_logs(
     p_allocation bigint, p_streams text[], p_lines text[], p_ranks integer[] DEFAULT NULL,
@@ -3809,6 +3974,8 @@ BEGIN
     WHERE a.id = p_allocation AND (p_writer IS NULL OR u.n > v_last)
     ORDER BY u.i;
 END $$;
+GRANT EXECUTE ON FUNCTION det_append_logs(bigint, text[], text[], integer[], uuid, bigint[])
+    TO det_agent;
 
 CREATE FUNCTION det_log_level(p_stream text, p_line text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -3826,6 +3993,7 @@ SELECT CASE
     ELSE 'info'
 END
 $$;
+GRANT EXECUTE ON FUNCTION det_log_level(text, text) TO det_user;
 
 -- =============================================================================================
 -- The task's API (the harness). Every call names its allocation by token.
@@ -3877,6 +4045,8 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                 THEN to_jsonb('(not shown: nested deeper than 32 levels)'::text)
                 ELSE p_value END;
 $$;
+-- readers show stored JSON through it
+GRANT EXECUTE ON FUNCTION det_json_shown(jsonb) TO det_user;
 
 CREATE FUNCTION det_trial_best_validation(p_trial integer) RETURNS double precision
 LANGUAGE sql STABLE AS $$
@@ -3958,6 +4128,7 @@ BEGIN
         FROM trials t JOIN experiments e ON e.id = t.experiment_id
         WHERE t.id = a.trial_id);
 END $$;
+GRANT EXECUTE ON FUNCTION det_task_info(text) TO det_task;
 
 CREATE FUNCTION det_append_metrics(
     a allocations, p_groups text[], p_steps bigint[], p_values jsonb[]
@@ -4063,6 +4234,8 @@ BEGIN
     END IF;
     RETURN det_append_metrics(a, p_groups, p_steps, p_values);
 END $$;
+GRANT EXECUTE ON FUNCTION det_report_metrics_batch(text, uuid, bigint, text[], bigint[], jsonb[])
+    TO det_task;
 
 CREATE FUNCTION det_report_metrics(
     p_token text, p_group text, p_steps_completed bigint, p_metrics jsonb
@@ -4071,6 +4244,7 @@ CREATE FUNCTION det_report_metrics(
     SELECT FROM det_report_metrics_batch(p_token, NULL, NULL, ARRAY[p_group],
                                          ARRAY[p_steps_completed], ARRAY[p_metrics]);
 $$;
+GRANT EXECUTE ON FUNCTION det_report_metrics(text, text, bigint, jsonb) TO det_task;
 
 CREATE FUNCTION det_report_checkpoint(
     p_token text, p_uuid uuid, p_steps_completed bigint, p_resources jsonb, p_metadata jsonb
@@ -4087,6 +4261,7 @@ BEGIN
     UPDATE trials SET latest_checkpoint = p_uuid, steps_completed = p_steps_completed
      WHERE id = a.trial_id AND steps_completed <= p_steps_completed;
 END $$;
+GRANT EXECUTE ON FUNCTION det_report_checkpoint(text, uuid, bigint, jsonb, jsonb) TO det_task;
 
 -- Unmanaged runs (Determined 0.38's determined.experimental.core_v2): a script run
 -- outside det, as a det user, reports into an experiment with one trial that det never
@@ -4213,6 +4388,8 @@ BEGIN
         'trial_seed', t.seed, 'latest_checkpoint', t.latest_checkpoint,
         'steps_completed', t.steps_completed, 'slots', 1);
 END $$;
+GRANT EXECUTE ON FUNCTION det_unmanaged_start(jsonb, text, text, text, text, text, jsonb)
+    TO det_user;
 
 CREATE FUNCTION det_unmanaged_report_metrics(
     p_allocation bigint, p_group text, p_steps_completed bigint, p_metrics jsonb
@@ -4222,6 +4399,7 @@ CREATE FUNCTION det_unmanaged_report_metrics(
     SELECT FROM det_append_metrics(det_unmanaged_run(p_allocation), ARRAY[p_group],
                                    ARRAY[p_steps_completed], ARRAY[p_metrics]);
 $$;
+GRANT EXECUTE ON FUNCTION det_unmanaged_report_metrics(bigint, text, bigint, jsonb) TO det_user;
 
 CREATE FUNCTION det_unmanaged_report_checkpoint(
     p_allocation bigint, p_uuid uuid, p_steps_completed bigint, p_resources jsonb,
@@ -4242,6 +4420,8 @@ BEGIN
     UPDATE trials SET latest_checkpoint = p_uuid, steps_completed = p_steps_completed
      WHERE id = a.trial_id AND steps_completed <= p_steps_completed;
 END $$;
+GRANT EXECUTE ON FUNCTION det_unmanaged_report_checkpoint(bigint, uuid, bigint, jsonb, jsonb)
+    TO det_user;
 
 CREATE FUNCTION det_unmanaged_progress(p_allocation bigint, p_progress double precision)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4257,6 +4437,7 @@ BEGIN
     UPDATE experiments SET progress = p_progress
      WHERE id = (SELECT experiment_id FROM trials WHERE id = a.trial_id);
 END $$;
+GRANT EXECUTE ON FUNCTION det_unmanaged_progress(bigint, double precision) TO det_user;
 
 CREATE FUNCTION det_unmanaged_end(p_allocation bigint, p_error text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4284,6 +4465,7 @@ BEGIN
      WHERE e.id = v_exp
        AND NOT EXISTS (SELECT 1 FROM trials t WHERE t.experiment_id = e.id AND t.state < 'COMPLETED');
 END $$;
+GRANT EXECUTE ON FUNCTION det_unmanaged_end(bigint, text) TO det_user;
 
 CREATE FUNCTION det_checkpoint_begin(p_token text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4293,6 +4475,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     PERFORM det_auth(p_token);
 END $$;
+GRANT EXECUTE ON FUNCTION det_checkpoint_begin(text) TO det_task;
 
 CREATE FUNCTION det_report_storage_error(p_token text, p_message text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4310,6 +4493,7 @@ BEGIN
     END IF;
     UPDATE allocations SET storage_error = left(v_line, 1000) WHERE id = a.id;
 END $$;
+GRANT EXECUTE ON FUNCTION det_report_storage_error(text, text) TO det_task;
 
 CREATE FUNCTION det_task_secrets(p_token text) RETURNS jsonb
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4322,6 +4506,7 @@ BEGIN
                                       'ssh_public_key', s.ssh_public_key)
               FROM task_secrets s WHERE s.job_id = a.job_id);
 END $$;
+GRANT EXECUTE ON FUNCTION det_task_secrets(text) TO det_task;
 
 CREATE FUNCTION det_task_ready(p_token text, p_address text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4340,6 +4525,7 @@ BEGIN
     UPDATE allocations SET address = p_address WHERE id = a.id;
     UPDATE tasks SET last_activity = now() WHERE job_id = a.job_id;
 END $$;
+GRANT EXECUTE ON FUNCTION det_task_ready(text, text) TO det_task;
 
 CREATE FUNCTION det_task_activity(p_token text, p_at timestamptz) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4351,6 +4537,7 @@ BEGIN
     UPDATE tasks SET last_activity = least(now(), p_at)
      WHERE job_id = a.job_id AND last_activity < least(now(), p_at);
 END $$;
+GRANT EXECUTE ON FUNCTION det_task_activity(text, timestamptz) TO det_task;
 
 CREATE FUNCTION det_task_tensorboard_sources(p_token text)
 RETURNS TABLE (experiment_id integer, trial_id integer, storage jsonb)
@@ -4378,6 +4565,8 @@ BEGIN
              WHERE k.job_id = a.job_id AND k.type = 'TENSORBOARD') s
      ORDER BY s.experiment_id, s.trial_id NULLS FIRST;
 END $$;
+-- a TensorBoard's agent mounts its event files' directories in its container
+GRANT EXECUTE ON FUNCTION det_task_tensorboard_sources(text) TO det_task, det_agent;
 
 CREATE FUNCTION det_task_open(p_job bigint)
 RETURNS TABLE (type text, state text, address text, jupyter_token text, end_reason text)
@@ -4401,6 +4590,7 @@ BEGIN
       FROM allocations a JOIN task_secrets s ON s.job_id = a.job_id
      WHERE a.job_id = p_job ORDER BY a.run DESC LIMIT 1;
 END $$;
+GRANT EXECUTE ON FUNCTION det_task_open(bigint) TO det_user;
 
 CREATE FUNCTION det_task_ssh_key(p_job bigint) RETURNS text
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4414,6 +4604,7 @@ BEGIN
     END IF;
     RETURN (SELECT ssh_private_key FROM task_secrets WHERE job_id = p_job);
 END $$;
+GRANT EXECUTE ON FUNCTION det_task_ssh_key(bigint) TO det_user;
 
 CREATE FUNCTION det_current_op(p_token text) RETURNS jsonb LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4438,6 +4629,7 @@ BEGIN
     UPDATE allocations SET out_of_work = true WHERE id = a.id;
     RETURN NULL;
 END $$;
+GRANT EXECUTE ON FUNCTION det_current_op(text) TO det_task;
 
 CREATE FUNCTION det_report_progress(p_token text, p_op_id bigint, p_units double precision)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4455,6 +4647,7 @@ BEGIN
     UPDATE searcher_ops SET progress = least(p_units, length)
      WHERE id = p_op_id AND trial_id = a.trial_id;
 END $$;
+GRANT EXECUTE ON FUNCTION det_report_progress(text, bigint, double precision) TO det_task;
 
 CREATE FUNCTION det_complete_op(p_token text, p_op_id bigint, p_metric double precision)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4477,12 +4670,14 @@ BEGIN
         PERFORM pg_notify(det_channel('reconciler', ''), 'searcher');
     END IF;
 END $$;
+GRANT EXECUTE ON FUNCTION det_complete_op(text, bigint, double precision) TO det_task;
 
 CREATE FUNCTION det_should_preempt(p_token text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     RETURN (det_auth(p_token)).desired_state <> 'RUNNING';
 END $$;
+GRANT EXECUTE ON FUNCTION det_should_preempt(text) TO det_task;
 
 CREATE FUNCTION det_stop_reason(p_token text) RETURNS text
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4498,6 +4693,7 @@ BEGIN
     END IF;
     RETURN coalesce(a.stop_reason, 'det asked the run to stop');
 END $$;
+GRANT EXECUTE ON FUNCTION det_stop_reason(text) TO det_task;
 
 CREATE FUNCTION det_ack_preemption(p_token text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4506,6 +4702,7 @@ DECLARE
 BEGIN
     UPDATE allocations SET preempt_acked = true WHERE id = a.id;
 END $$;
+GRANT EXECUTE ON FUNCTION det_ack_preemption(text) TO det_task;
 
 CREATE FUNCTION det_report_early_exit(p_token text, p_reason text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4524,6 +4721,7 @@ BEGIN
     UPDATE trials SET closed = true, exit_reason = v_reason::text WHERE id = a.trial_id;
     UPDATE searcher_ops SET completed = true WHERE trial_id = a.trial_id AND NOT completed;
 END $$;
+GRANT EXECUTE ON FUNCTION det_report_early_exit(text, text) TO det_task;
 
 CREATE FUNCTION det_experiment_best_validation(p_token text) RETURNS double precision
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4536,6 +4734,7 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     WHERE a.id = (det_auth(p_token)).id
     GROUP BY e.id;
 $$;
+GRANT EXECUTE ON FUNCTION det_experiment_best_validation(text) TO det_task;
 
 -- =============================================================================================
 -- Reconciler helpers (also read by user actions: a job's default priority, `det job update`)
@@ -4555,6 +4754,7 @@ BEGIN
                        (SELECT scheduler FROM cluster_config),
                        '{}');
 END $$;
+GRANT EXECUTE ON FUNCTION det_pool_scheduler(text) TO det_user;
 
 CREATE FUNCTION det_job_label(p_job bigint) RETURNS text
 LANGUAGE sql STABLE AS $$
@@ -4591,6 +4791,8 @@ SELECT CASE WHEN a.state = 'TERMINATED' THEN concat_ws('; ', a.stop_reason, coal
          ELSE 'exit code ' || a.exit_code END)) END
   FROM allocations a WHERE a.id = p_allocation;
 $$;
+-- users' queries (a trial's runs, an experiment's trials) show it
+GRANT EXECUTE ON FUNCTION det_run_end_reason(bigint) TO det_user;
 
 CREATE FUNCTION det_run_status(p_allocation bigint) RETURNS text
 LANGUAGE sql STABLE STRICT AS $$
@@ -4608,6 +4810,8 @@ SELECT CASE WHEN a.state = 'PENDING' AND a.desired_state = 'RUNNING' THEN 'waiti
             ELSE 'starting' END
   FROM allocations a WHERE a.id = p_allocation;
 $$;
+-- users' queries (a trial's runs, an experiment's trials) show it
+GRANT EXECUTE ON FUNCTION det_run_status(bigint) TO det_user;
 
 CREATE FUNCTION det_run_reason(p_allocation bigint) RETURNS text
 LANGUAGE sql STABLE STRICT AS $$
@@ -4618,6 +4822,8 @@ SELECT CASE WHEN a.state = 'PENDING' AND a.desired_state = 'RUNNING' THEN a.pend
             WHEN a.desired_state <> 'RUNNING' THEN a.stop_reason END
   FROM allocations a WHERE a.id = p_allocation;
 $$;
+-- users' queries (a trial's runs, an experiment's trials) show it
+GRANT EXECUTE ON FUNCTION det_run_reason(bigint) TO det_user;
 
 -- =============================================================================================
 -- Checkpoint GC, archive and delete. The keep rule is one statement
@@ -4640,6 +4846,7 @@ SELECT t.latest_checkpoint
 UNION
 SELECT t.latest_checkpoint FROM trials t
  WHERE t.state < 'COMPLETED' AND t.latest_checkpoint IS NOT NULL;
+GRANT SELECT ON checkpoint_pins TO det_user;
 
 CREATE FUNCTION det_checkpoints_to_delete(
     p_experiment integer, p_save_experiment_best integer DEFAULT NULL,
@@ -4702,6 +4909,7 @@ SELECT r.uuid, r.trial_id, r.steps_completed, r.size_bytes, r.metric
    AND NOT EXISTS (SELECT 1 FROM checkpoint_pins p WHERE p.checkpoint_uuid = r.uuid)
  ORDER BY r.trial_id, r.steps_completed;
 $$;
+GRANT EXECUTE ON FUNCTION det_checkpoints_to_delete(integer, integer, integer, integer) TO det_user;
 
 CREATE FUNCTION det_unpin_deleting() RETURNS integer LANGUAGE plpgsql AS $$
 -- A pinned checkpoint is never deleted: one that became pinned while a GC marked it DELETING
@@ -4772,6 +4980,7 @@ BEGIN
     PERFORM pg_notify(det_channel('reconciler', ''), 'checkpoint_gc');
     RETURN det_checkpoint_gc(p_experiment);
 END $$;
+GRANT EXECUTE ON FUNCTION det_set_gc_policy(integer, integer, integer, integer) TO det_user;
 
 CREATE FUNCTION det_delete_checkpoints(p_uuids uuid[]) RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4816,6 +5025,7 @@ BEGIN
     PERFORM pg_notify(det_channel('reconciler', ''), 'checkpoint_gc');
     RETURN v_n - det_unpin_deleting();  -- pinned since the check above
 END $$;
+GRANT EXECUTE ON FUNCTION det_delete_checkpoints(uuid[]) TO det_user;
 
 CREATE FUNCTION det_checkpoint_add_metadata(p_uuid uuid, p_metadata jsonb) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4843,6 +5053,7 @@ BEGIN
     RETURNING metadata INTO v_metadata;
     RETURN v_metadata;
 END $$;
+GRANT EXECUTE ON FUNCTION det_checkpoint_add_metadata(uuid, jsonb) TO det_user;
 
 CREATE FUNCTION det_experiment_archive(p_id integer, p_archived boolean) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4864,6 +5075,7 @@ BEGIN
     PERFORM det_audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'experiment',
                       p_id::text);
 END $$;
+GRANT EXECUTE ON FUNCTION det_experiment_archive(integer, boolean) TO det_user;
 
 CREATE FUNCTION det_purge_experiment(p_id integer) RETURNS boolean LANGUAGE plpgsql AS $$
 -- Remove an experiment whose deletion was asked for, with its trials, runs, metrics, logs,
@@ -4936,6 +5148,7 @@ BEGIN
     PERFORM pg_notify(det_channel('reconciler', ''), 'checkpoint_gc');
     RETURN det_purge_experiment(p_id);
 END $$;
+GRANT EXECUTE ON FUNCTION det_experiment_delete(integer) TO det_user;
 
 -- The GC task's API (det.harness.checkpoint_gc); it names its allocation by token.
 
@@ -4971,6 +5184,7 @@ BEGIN
      ORDER BY c.trial_id, c.steps_completed, c.uuid
      LIMIT p_limit;
 END $$;
+GRANT EXECUTE ON FUNCTION det_gc_task_checkpoints(text, integer) TO det_task;
 
 CREATE FUNCTION det_gc_task_tensorboards(p_token text)
 RETURNS TABLE (experiment_id integer, storage jsonb) LANGUAGE plpgsql STABLE
@@ -4985,6 +5199,7 @@ BEGIN
       FROM experiments e
      WHERE e.job_id = a.job_id AND e.delete_requested_at IS NOT NULL;
 END $$;
+GRANT EXECUTE ON FUNCTION det_gc_task_tensorboards(text) TO det_task;
 
 CREATE FUNCTION det_gc_task_tensorboards_deleted(p_token text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4996,6 +5211,7 @@ BEGIN
     UPDATE experiments SET tensorboards_deleted_at = now()
      WHERE job_id = a.job_id AND delete_requested_at IS NOT NULL;
 END $$;
+GRANT EXECUTE ON FUNCTION det_gc_task_tensorboards_deleted(text) TO det_task;
 
 CREATE FUNCTION det_gc_task_deleted(p_token text, p_uuids uuid[]) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -5022,6 +5238,7 @@ BEGIN
                         WHERE t.experiment_id = v_exp AND c.state = 'DELETING');
     RETURN v_n;
 END $$;
+GRANT EXECUTE ON FUNCTION det_gc_task_deleted(text, uuid[]) TO det_task;
 
 CREATE FUNCTION det_gc_task_failed(p_token text, p_message text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -5032,6 +5249,7 @@ DECLARE
 BEGIN
     UPDATE experiments SET checkpoint_gc_error = p_message WHERE job_id = a.job_id;
 END $$;
+GRANT EXECUTE ON FUNCTION det_gc_task_failed(text, text) TO det_task;
 
 CREATE FUNCTION det_gc_task_unrecorded(p_token text, p_uuids uuid[]) RETURNS SETOF uuid
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -5045,6 +5263,7 @@ BEGIN
     SELECT u FROM unnest(p_uuids) AS u
      WHERE NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.uuid = u);
 END $$;
+GRANT EXECUTE ON FUNCTION det_gc_task_unrecorded(text, uuid[]) TO det_task;
 
 -- =============================================================================================
 -- det serve: login tokens and the events its streams wake on
@@ -5112,6 +5331,7 @@ BEGIN
             jsonb_build_object('outcome', 'success', 'address', v_address));
     RETURN v_expires;
 END $$;
+GRANT EXECUTE ON FUNCTION det_web_login(text, text, double precision, text) TO det_web;
 
 CREATE FUNCTION det_web_auth(p_token text) RETURNS text LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -5139,12 +5359,15 @@ BEGIN
     PERFORM set_config('det.web_user', v_user, true);
     RETURN v_user;
 END $$;
+GRANT EXECUTE ON FUNCTION det_web_auth(text) TO det_web;
 
 CREATE FUNCTION det_web_logout(p_token text) RETURNS void LANGUAGE sql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- End a login: its token is good no more.
     DELETE FROM web_sessions WHERE token_hash = sha256(convert_to(p_token, 'UTF8'));
 $$;
+-- a request logs out after det serve took its user's role: ending a login takes its token
+GRANT EXECUTE ON FUNCTION det_web_logout(text) TO det_web, det_user;
 
 CREATE FUNCTION det_login_begin(p_user text, p_address text) RETURNS double precision
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -5195,6 +5418,7 @@ BEGIN
      WHERE t.kind = l.kind AND t.key = l.key;
     RETURN 0;
 END $$;
+GRANT EXECUTE ON FUNCTION det_login_begin(text, text) TO det_web;
 
 CREATE FUNCTION det_login_failed(p_user text, p_address text) RETURNS void LANGUAGE sql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -5205,6 +5429,7 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
     VALUES (det_caller(), 'login', 'user', p_user,
             jsonb_build_object('outcome', 'failure', 'address', coalesce(p_address, 'unknown')));
 $$;
+GRANT EXECUTE ON FUNCTION det_login_failed(text, text) TO det_web;
 
 CREATE FUNCTION det_web_event(p_topics text[]) RETURNS void LANGUAGE sql AS $$
 -- Wake det serve's event streams with one NOTIFY on the web channel (det_channel) whose
@@ -5247,6 +5472,7 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     VALUES (p_server, now() + make_interval(secs => p_seconds))
     ON CONFLICT (server) DO UPDATE SET until = excluded.until;
 $$;
+GRANT EXECUTE ON FUNCTION det_web_watch(text, double precision) TO det_web;
 
 -- The triggers below fire once per statement (never per row: docs/architecture.md,
 -- "The HTTP server") and send at most
@@ -5394,6 +5620,8 @@ CREATE TRIGGER task_logs_web_insert AFTER INSERT ON task_logs
 -- Reporting views: a stable read model for users' own SQL.
 
 CREATE SCHEMA reporting;
+REVOKE ALL ON SCHEMA reporting FROM PUBLIC;
+GRANT USAGE ON SCHEMA reporting TO det_user;
 
 CREATE VIEW reporting.experiments WITH (security_invoker = true) AS
 SELECT e.id, e.name, e.state, e.owner, e.progress, e.start_time, e.end_time, e.archived,
@@ -5407,6 +5635,7 @@ SELECT e.id, e.name, e.state, e.owner, e.progress, e.start_time, e.end_time, e.a
        p.workspace_id, w.name AS workspace
 FROM experiments e JOIN jobs j ON j.id = e.job_id
 JOIN projects p ON p.id = e.project_id JOIN workspaces w ON w.id = p.workspace_id;
+GRANT SELECT ON reporting.experiments TO det_user;
 
 CREATE VIEW reporting.trials WITH (security_invoker = true) AS
 SELECT t.id, t.experiment_id, t.state, t.hparams, t.restarts, t.steps_completed,
@@ -5415,6 +5644,7 @@ SELECT t.id, t.experiment_id, t.state, t.hparams, t.restarts, t.steps_completed,
          WHERE m.trial_id = t.id AND m."group" = 'validation' AND m.superseded_by IS NULL
          ORDER BY m.steps_completed DESC, m.id DESC LIMIT 1) AS latest_validation
 FROM trials t;
+GRANT SELECT ON reporting.trials TO det_user;
 
 CREATE VIEW reporting.job_queue WITH (security_invoker = true) AS
 -- Active jobs in scheduling order per pool, with slots acquired / needed and the scheduler's
@@ -5454,6 +5684,7 @@ LEFT JOIN allocations a ON a.job_id = j.id AND a.state <> 'TERMINATED'
 WHERE (e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR') AND NOT e.unmanaged)
    OR (t.job_id IS NOT NULL AND a.id IS NOT NULL)
 GROUP BY j.id, e.id, t.job_id;
+GRANT SELECT ON reporting.job_queue TO det_user;
 
 CREATE VIEW reporting.tasks WITH (security_invoker = true) AS
 -- Every interactive task (command, notebook, shell, TensorBoard) with its one run: its state
@@ -5481,6 +5712,7 @@ LEFT JOIN LATERAL (
            x.storage_error, x.exit_reason, x.exit_code, x.address, x.agent_id,
            x.pending_reason
       FROM allocations x WHERE x.job_id = t.job_id ORDER BY x.run DESC LIMIT 1) a ON true;
+GRANT SELECT ON reporting.tasks TO det_user;
 
 CREATE VIEW reporting.slot_usage WITH (security_invoker = true) AS
 -- The slots of agents not gone for good (agents.gone_at), each with the run holding it.
@@ -5491,6 +5723,7 @@ JOIN agents ag ON ag.id = s.agent_id AND ag.gone_at IS NULL
 LEFT JOIN allocation_slots hs ON hs.agent_id = s.agent_id AND hs.slot_id = s.slot_id
                              AND NOT hs.released
 LEFT JOIN allocations a ON a.id = hs.allocation_id;
+GRANT SELECT ON reporting.slot_usage TO det_user;
 
 CREATE VIEW reporting.checkpoints WITH (security_invoker = true) AS
 -- Every checkpoint with its state (COMPLETED, DELETING, DELETED), size and the bytes its
@@ -5499,6 +5732,7 @@ SELECT c.uuid, t.experiment_id, c.trial_id, c.steps_completed, c.state,
        (SELECT sum(r.value::bigint) FROM jsonb_each_text(c.resources) r)::bigint AS size_bytes,
        c.freed_bytes, c.reported_at, c.deleted_at, c.storage ->> 'type' AS storage_type
 FROM checkpoints c JOIN trials t ON t.id = c.trial_id;
+GRANT SELECT ON reporting.checkpoints TO det_user;
 
 CREATE VIEW reporting.models WITH (security_invoker = true) AS
 -- The model registry: each model with its number of versions and its latest version.
@@ -5507,6 +5741,7 @@ SELECT m.id, m.name, m.description, m.labels, m.metadata, m.notes, m.owner, m.ar
        count(v.id) AS num_versions, max(v.version) AS latest_version
 FROM models m LEFT JOIN model_versions v ON v.model_id = m.id
 GROUP BY m.id;
+GRANT SELECT ON reporting.models TO det_user;
 
 CREATE VIEW reporting.model_versions WITH (security_invoker = true) AS
 -- Every model version with the checkpoint it pins: where it came from (trial, experiment,
@@ -5523,6 +5758,7 @@ FROM model_versions v
 JOIN models m ON m.id = v.model_id
 JOIN checkpoints c ON c.uuid = v.checkpoint_uuid
 JOIN trials t ON t.id = c.trial_id;
+GRANT SELECT ON reporting.model_versions TO det_user;
 
 CREATE VIEW reporting.templates WITH (security_invoker = true) AS
 -- Configuration templates with their secrets replaced by '********', and their
@@ -5530,6 +5766,7 @@ CREATE VIEW reporting.templates WITH (security_invoker = true) AS
 SELECT t.workspace_id, w.name AS workspace, t.name, t.owner, t.created_at, t.updated_at,
        t.redacted_config AS config, t.redacted_original AS original
 FROM templates t JOIN workspaces w ON w.id = t.workspace_id;
+GRANT SELECT ON reporting.templates TO det_user;
 
 -- Cluster historical usage.
 CREATE VIEW reporting.slot_hours WITH (security_invoker = true) AS
@@ -5560,6 +5797,7 @@ FROM (
                                        interval '1 day') d (day)
     WHERE a.assigned_at IS NOT NULL
 ) s;
+GRANT SELECT ON reporting.slot_hours TO det_user;
 
 CREATE FUNCTION det_cluster_usage(p_start date, p_end date, p_group_by text)
 RETURNS TABLE (day date, "group" text, slot_hours double precision)
@@ -5603,169 +5841,13 @@ BEGIN
      GROUP BY u.day, g.name
      ORDER BY u.day, g.name NULLS LAST;
 END $$;
+GRANT EXECUTE ON FUNCTION det_cluster_usage(date, date, text) TO det_user;
 
 -- =============================================================================================
--- Privileges and row-level security
+-- Row-level security
 --
--- Nobody but the schema's owner may do anything not granted here: a user (det_user) reads
--- through row-level security and changes state only through the user-action functions; an
--- agent (det_agent) and a task (det_task) may only EXECUTE their own functions, and det serve
--- (det_web) its login functions (then it acts as the request's user, SET LOCAL ROLE).
-
-DO $$
-BEGIN
-    -- Roles belong to the server: several det databases on one server share them.
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_user') THEN
-        CREATE ROLE det_user NOLOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_agent') THEN
-        CREATE ROLE det_agent LOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_task') THEN
-        CREATE ROLE det_task LOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_web') THEN
-        CREATE ROLE det_web LOGIN NOINHERIT;
-    END IF;
-    -- the one-time logins of enrollment tokens (det_agent_token_create) are its members
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_enroll') THEN
-        CREATE ROLE det_enroll NOLOGIN;
-    END IF;
-END $$;
-
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA public FROM PUBLIC;
--- and from the functions later migrations add (the global default of the role that runs
--- them: a per-schema one cannot take a privilege away): each grants its own
-ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
-REVOKE ALL ON SCHEMA reporting FROM PUBLIC;
-GRANT USAGE ON SCHEMA reporting TO det_user;
-
-GRANT EXECUTE ON FUNCTION
-    det_agent_register(text, text, text, text, jsonb), det_agent_heartbeat(text),
-    det_agent_claim(text, bigint), det_agent_report(text, bigint, allocation_state, integer, text),
-    det_agent_claim_each(text, bigint[]),
-    det_agent_report_each(text, bigint[], allocation_state, integer[], text[]),
-    det_gang_agents(bigint), det_gang_started(bigint),
-    det_agent_set_rendezvous(text, bigint, text), det_agent_claim_node(text, bigint),
-    det_agent_report_node(text, bigint, allocation_state, integer, text),
-    det_append_logs(bigint, text[], text[], integer[], uuid, bigint[]), det_agent_timeout(),
-    det_agent_stop_runs(text), det_agent_leave(text), det_agent_retire(text),
-    det_agent_mark_fenced(text, bigint[])
-TO det_agent;
-
-GRANT EXECUTE ON FUNCTION
-    det_task_info(text), det_report_metrics_batch(text, uuid, bigint, text[], bigint[], jsonb[]),
-    det_report_metrics(text, text, bigint, jsonb),
-    det_report_checkpoint(text, uuid, bigint, jsonb, jsonb), det_current_op(text),
-    det_report_progress(text, bigint, double precision),
-    det_complete_op(text, bigint, double precision), det_should_preempt(text),
-    det_stop_reason(text),
-    det_ack_preemption(text), det_report_early_exit(text, text),
-    det_experiment_best_validation(text), det_gc_task_checkpoints(text, integer),
-    det_gc_task_tensorboards(text), det_gc_task_deleted(text, uuid[]),
-    det_gc_task_failed(text, text), det_checkpoint_begin(text),
-    det_report_storage_error(text, text), det_gc_task_unrecorded(text, uuid[]),
-    det_task_secrets(text), det_task_ready(text, text), det_task_activity(text, timestamptz),
-    det_task_tensorboard_sources(text)
-TO det_task;
--- a TensorBoard's agent mounts its event files' directories in its container
-GRANT EXECUTE ON FUNCTION det_task_tensorboard_sources(text) TO det_agent;
-
-GRANT EXECUTE ON FUNCTION
-    det_web_login(text, text, double precision, text), det_web_auth(text),
-    det_web_logout(text), det_web_watch(text, double precision),
-    det_login_begin(text, text), det_login_failed(text, text)
-TO det_web;
--- a request logs out after det serve took its user's role: ending a login takes its token
-GRANT EXECUTE ON FUNCTION det_web_logout(text) TO det_user;
--- each of det's roles LISTENs on its own NOTIFY channel, never learning another's
-GRANT EXECUTE ON FUNCTION det_web_listen() TO det_web;
-GRANT EXECUTE ON FUNCTION det_agent_listen(text) TO det_agent;
-GRANT EXECUTE ON FUNCTION det_agent_enroll(text, text) TO det_enroll;
-GRANT EXECUTE ON FUNCTION det_task_listen(text) TO det_task;
-
-GRANT EXECUTE ON FUNCTION
-    -- user actions (SECURITY DEFINER, each checks its caller's permission)
-    det_create_experiment(jsonb, text, bytea, text, text),
-    det_create_task(text, jsonb, bytea, text, text, integer[], integer[], jsonb),
-    det_task_kill(bigint), det_task_open(bigint), det_task_ssh_key(bigint),
-    det_experiment_action(integer, text), det_job_update(bigint, text, text),
-    det_apply_cluster_config(jsonb, text), det_agent_set_enabled(text, boolean),
-    det_agent_drain(text), det_slot_set_enabled(text, integer, boolean),
-    det_agent_token_create(text, text, interval), det_agent_revoke(text),
-    det_model_create(text, text, text[], text),
-    det_model_update(text, text, text, text, text[], jsonb, text[]),
-    det_model_set_archived(text, boolean), det_model_delete(text),
-    det_model_register_version(text, text, text, text, text[], jsonb),
-    det_model_version_update(text, integer, text, text, text[], jsonb, text[]),
-    det_model_version_delete(text, integer), det_model_move(text, text),
-    det_template_set(text, text, jsonb, text), det_template_remove(text, text),
-    det_template_expand(text, text),
-    det_set_gc_policy(integer, integer, integer, integer), det_delete_checkpoints(uuid[]),
-    det_checkpoint_add_metadata(uuid, jsonb),
-    det_experiment_archive(integer, boolean), det_experiment_delete(integer),
-    det_experiment_move(integer, text, text),
-    det_user_create(text, text, boolean, integer, boolean),
-    det_user_set_password(text, text, integer, boolean),
-    det_user_set_active(text, boolean), det_group_create(text), det_group_delete(text),
-    det_group_set_member(text, text, boolean),
-    det_workspace_create(text, text, text, jsonb), det_workspace_set_archived(text, boolean),
-    det_workspace_delete(text), det_workspace_bind_pool(text, text, boolean),
-    det_project_create(text, text, text), det_project_set_archived(text, text, boolean),
-    det_project_delete(text, text),
-    det_role_assign(text, text, text, text, boolean),
-    -- readers: they run as the caller, under row-level security
-    det_model_find(text), det_model_version_find(text, integer),
-    det_checkpoints_to_delete(integer, integer, integer, integer),
-    det_pool_scheduler(text), det_stopped_state(text), det_caller(),
-    det_is_owner_session(), det_user_grants(text), det_permitted(text, text, integer),
-    det_visible_workspaces(),
-    det_visible_projects(),
-    det_role_needed(text), det_workspace_find(text), det_project_find(text, text),
-    det_user_find(text), det_experiment_workspace(integer),
-    det_model_name_problem(text), det_label_problem(text[]), det_template_name_problem(text),
-    det_secret_name(text), det_redact_secrets(jsonb),
-    det_name_problem(text, integer)
-TO det_user;
-
--- What a user may read. Tables not named here (tokens, sessions, the searcher's event queue,
--- the reconciler's bookkeeping) are the owner's alone.
-GRANT SELECT ON
-    users, user_groups, user_group_members, roles, role_assignments, workspaces,
-    workspace_pools, projects, audit_log, resource_pools, agents, slots, cluster_config,
-    reconciler_leader, jobs, experiments, context_blobs, trials,
-    searcher_ops, allocation_slots, metrics, checkpoints, task_logs, models, model_versions,
-    checkpoint_pins, tasks, reporting.experiments, reporting.trials, reporting.job_queue,
-    reporting.slot_usage, reporting.checkpoints, reporting.models, reporting.model_versions,
-    reporting.tasks
-TO det_user;
--- allocations without token_hash
-GRANT SELECT (id, job_id, trial_id, run, resource_pool, slots_needed, spec, desired_state,
-              state, agent_id, exit_code, exit_reason, stop_requested_at, preempt_acked,
-              settled, created_at, assigned_at, started_at, ended_at, preemptible,
-              pending_reason, out_of_work, running_at, rendezvous, storage_error, planned_stop,
-              fenced_until, address, stop_reason)
-    ON allocations TO det_user;
--- templates without their secrets: config and original are read only through
--- det_template_expand, at submission
-REVOKE ALL ON templates FROM PUBLIC;
-GRANT SELECT (workspace_id, name, owner, created_at, updated_at, redacted_config,
-              redacted_original)
-    ON templates TO det_user;
-GRANT SELECT ON reporting.templates TO det_user;
--- cluster historical usage
-GRANT SELECT ON reporting.slot_hours TO det_user;
--- elastic agents' instances
-GRANT SELECT ON instances TO det_user;
-GRANT EXECUTE ON FUNCTION det_cluster_usage(date, date, text) TO det_user;
-GRANT EXECUTE ON FUNCTION det_unmanaged_start(jsonb, text, text, text, text, text, jsonb),
-    det_unmanaged_report_metrics(bigint, text, bigint, jsonb),
-    det_unmanaged_report_checkpoint(bigint, uuid, bigint, jsonb, jsonb),
-    det_unmanaged_progress(bigint, double precision),
-    det_unmanaged_end(bigint, text) TO det_user;
-
--- Row-level security: a user sees a workspace's rows when a role of theirs (or of a group of
--- theirs) lets them view it. The workspace is read from the row's job (jobs, allocations and
+-- A user sees a workspace's rows when a role of theirs (or of a group of theirs) lets
+-- them view it. The workspace is read from the row's job (jobs, allocations and
 -- what hangs off them) or project (experiments and what hangs off them); a constraint
 -- trigger keeps the two in agreement. `(SELECT det_visible_workspaces())` (and
 -- det_visible_projects) is computed once per query.
@@ -5856,6 +5938,7 @@ BEGIN
                      WHERE h.agent_id = p_agent AND NOT h.released)
      ORDER BY 1;
 END $$;
+GRANT EXECUTE ON FUNCTION det_agent_assignments(text) TO det_agent;
 
 CREATE FUNCTION det_agent_live_allocations(p_agent text)
 RETURNS TABLE (id bigint, last_log timestamptz)
@@ -5868,6 +5951,7 @@ SELECT a.id, (SELECT l.ts FROM task_logs l WHERE l.allocation_id = a.id
   FROM allocations a
  WHERE a.agent_id = p_agent AND a.state <> 'TERMINATED';
 $$;
+GRANT EXECUTE ON FUNCTION det_agent_live_allocations(text) TO det_agent;
 
 CREATE FUNCTION det_agent_context(p_agent text, p_context bigint) RETURNS bytea
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -5883,6 +5967,7 @@ SELECT b.data
                        OR a.id IN (SELECT h.allocation_id FROM allocation_slots h
                                     WHERE h.agent_id = p_agent AND NOT h.released)));
 $$;
+GRANT EXECUTE ON FUNCTION det_agent_context(text, bigint) TO det_agent;
 
 CREATE FUNCTION det_schema_version() RETURNS integer
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -5891,11 +5976,6 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     RETURN (SELECT max(version) FROM det_migrations);
 END $$;
-
-REVOKE EXECUTE ON FUNCTION det_agent_assignments(text), det_agent_live_allocations(text),
-    det_agent_context(text, bigint), det_schema_version() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION det_agent_assignments(text), det_agent_live_allocations(text),
-    det_agent_context(text, bigint) TO det_agent;
 GRANT EXECUTE ON FUNCTION det_schema_version() TO det_user, det_agent, det_web;
 
 -- Permission to create an experiment, checked before its context is unpacked.
@@ -5928,8 +6008,6 @@ BEGIN
     END IF;
     RETURN p.id;
 END $$;
-
-REVOKE EXECUTE ON FUNCTION det_experiment_create_check(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION det_experiment_create_check(text, text) TO det_user;
 
 -- Validation rows are recorded for the searcher, which decides what each means
@@ -6007,31 +6085,11 @@ BEGIN
     END IF;
     RETURN v_merged;
 END $$;
+GRANT EXECUTE ON FUNCTION det_set_trial_metadata(text, jsonb) TO det_task;
 
 CREATE FUNCTION det_trial_metadata(p_token text) RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The calling trial's metadata.
     SELECT metadata FROM trials WHERE id = (det_auth(p_token)).trial_id;
 $$;
-
--- Revoked from PUBLIC here too (0014's default privileges cover only functions that the
--- role which applied 0014 creates); the trial's metadata and the GC task's report are task
--- functions.
-REVOKE ALL ON FUNCTION
-    det_validation_reported(), det_merge_metadata(jsonb, jsonb, text),
-    det_set_trial_metadata(text, jsonb), det_trial_metadata(text),
-    det_gc_task_tensorboards_deleted(text)
-FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION
-    det_set_trial_metadata(text, jsonb), det_trial_metadata(text),
-    det_gc_task_tensorboards_deleted(text)
-TO det_task;
--- readers show stored JSON through it
-GRANT EXECUTE ON FUNCTION det_json_shown(jsonb) TO det_user;
-REVOKE ALL ON FUNCTION det_job_label(bigint), det_preempted_reason(bigint, text),
-    det_run_end_reason(bigint), det_run_status(bigint), det_run_reason(bigint)
-FROM PUBLIC;
--- readers: users' queries (a trial's runs, an experiment's trials) show them
-GRANT EXECUTE ON FUNCTION det_run_end_reason(bigint), det_run_status(bigint),
-    det_run_reason(bigint) TO det_user;
-GRANT EXECUTE ON FUNCTION det_log_level(text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_trial_metadata(text) TO det_task;

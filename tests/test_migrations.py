@@ -12,7 +12,7 @@ import pglast
 import psycopg
 import pytest
 from pglast import ast
-from pglast.enums import AlterTableType, FunctionParameterMode
+from pglast.enums import AlterTableType, FunctionParameterMode, GrantTargetType, ObjectType
 from pglast.stream import RawStream
 from psycopg.conninfo import make_conninfo
 
@@ -242,6 +242,39 @@ def test_schema_sql_defines_each_object_once() -> None:
         if obj is not None:
             seen.add(obj)
     assert ("function", "det_create_experiment(jsonb, text, bytea, text, text)") in seen
+
+
+def _granted_objects(stmt: ast.GrantStmt) -> list[str]:
+    """Names of the objects a GRANT or REVOKE of schema.sql is about, as ``_defined_object``
+    names them ("name(argtypes)" for a function)."""
+    if stmt.targtype != GrantTargetType.ACL_TARGET_OBJECT:
+        raise AssertionError(f"schema.sql: {RawStream()(stmt)[:80]}...: grant each object "
+                             "beside its definition, not all of a schema's at once")
+    if stmt.objtype == ObjectType.OBJECT_FUNCTION:
+        return [f"{'.'.join(n.sval for n in o.objname)}"
+                f"({', '.join(RawStream()(a) for a in o.objargs or ())})" for o in stmt.objects]
+    if stmt.objtype == ObjectType.OBJECT_SCHEMA:
+        return [o.sval for o in stmt.objects]
+    return [RawStream()(o) for o in stmt.objects]
+
+
+def test_schema_sql_grants_each_object_beside_its_definition() -> None:
+    """A grant follows the definition of its one object (and that object's comments and
+    indexes), so who may call a function or read a table is read where it is defined."""
+    current = None  # the name of the object the last definition defined
+    grants = 0
+    for raw in pglast.parse_sql(SCHEMA_SQL.read_text()):
+        stmt = raw.stmt
+        obj = _defined_object(stmt)
+        if obj is not None and obj[0] in ("function", "table", "view", "schema"):
+            current = obj[1]
+        if isinstance(stmt, ast.GrantStmt):
+            objects = _granted_objects(stmt)
+            assert objects == [current], (
+                f"schema.sql: {RawStream()(stmt)[:80]}...: grant {', '.join(objects)} "
+                f"alone, right after its definition (it follows {current})")
+            grants += 1
+    assert grants > 100
 
 
 def _write(directory: Path, files: dict[str, str]) -> Path:

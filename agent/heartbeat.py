@@ -36,13 +36,19 @@ FENCE_FRACTION = 2 / 3
 10 s (at least 5 s beyond one pass interval of 2 s and the kill) before the reconciler can
 declare it lost."""
 
+UNKNOWN_TIMEOUT_BEAT_SECONDS = 1.0
+"""How often the agent beats while no reconciler has recorded its agent timeout (a fresh
+cluster whose reconciler has not finished its first pass): that timeout may be shorter than
+the agent's interval, and the agent learns it only at its next beat."""
+
 FENCE_CHECK_SECONDS = 0.2
 """How often the fence thread compares the time since the last beat with the lease."""
 
 
 class Heartbeat:
     """Calls ``det_agent_heartbeat(agent_id)`` every ``interval`` seconds (more often where
-    the reconciler's agent timeout asks: a third of it at most) on its own connection to
+    the reconciler's agent timeout asks: a third of it at most; every
+    ``UNKNOWN_TIMEOUT_BEAT_SECONDS`` until a reconciler has recorded it) on its own connection to
     ``url``. When the answer is LOST (the reconciler gave up on the agent meanwhile) it calls
     ``on_lost(conn)`` on that connection, which registers the agent again. When no beat has
     succeeded for the lease (see the module) it calls ``on_fenced(seconds silent)`` once, from
@@ -56,6 +62,7 @@ class Heartbeat:
         self.agent_id = agent_id
         self.interval = interval
         self.agent_timeout = DEFAULT_AGENT_TIMEOUT
+        self.timeout_known = False  # a reconciler's timeout has been read
         self.fenced = False
         self._on_lost = on_lost
         self._on_fenced = on_fenced
@@ -98,7 +105,9 @@ class Heartbeat:
                 for attempt in retrying:
                     with attempt:
                         self._beat()
-                self._stop.wait(min(self.interval, self.agent_timeout / 3))
+                self._stop.wait(min(self.interval, self.agent_timeout / 3)
+                                if self.timeout_known else
+                                min(self.interval, UNKNOWN_TIMEOUT_BEAT_SECONDS))
         except BaseException as e:  # handed to the main loop by check()
             self._failure = e
 
@@ -111,7 +120,7 @@ class Heartbeat:
                 self._conn = open_connection(self.url)
             state, timeout = self._conn.execute(Q.beat, (self.agent_id,)).fetchone()
             if timeout is not None:
-                self.agent_timeout = timeout
+                self.agent_timeout, self.timeout_known = timeout, True
             if state == "LOST":
                 log.warning("the reconciler declared this agent lost; registering again")
                 self._on_lost(self._conn)

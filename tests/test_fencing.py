@@ -194,6 +194,23 @@ max_restarts: 1
 
 
 
+def test_an_agent_started_before_the_reconciler_learns_a_short_timeout_in_time(
+        det, conn) -> None:
+    """An agent that beat before any reconciler recorded its agent timeout beats every second
+    until one has: with its 5 s interval it learnt a reconciler's 3 s timeout only at its next
+    beat, and was declared lost first (as a1 was in a CI run of the frozen-agent test)."""
+    det.start("a1", "agent", "run", "--id", "a1", "--slots", "0")
+    wait_for(lambda: conn.execute("SELECT 1 FROM agents WHERE id = 'a1'").fetchone(), 60,
+             "a1 to register")
+    det.start("reconciler", "reconcile", "--interval", "0.3", "--agent-timeout", "3")
+    wait_for(lambda: conn.execute("SELECT 1 FROM reconciler_leader WHERE agent_timeout = 3"
+                                  ).fetchone(), 60, "the reconciler's first pass")
+    time.sleep(7)  # past two timeouts of 3 s
+    assert "lost" not in det.log("reconciler")
+    assert conn.execute("SELECT state::text FROM agents WHERE id = 'a1'").fetchone() == {
+        "state": "ACTIVE"}
+
+
 def test_after_a_database_restart_agents_get_the_timeout_to_heartbeat_again(
         private_pg, det_env, tmp_path) -> None:
     """A long outage leaves every heartbeat old: the first pass after the server's restart

@@ -14,6 +14,7 @@ the run with :class:`RendezvousTimeout` naming its rank and agent, instead of th
 waiting on it for torch's default half hour.
 """
 
+import atexit
 import datetime
 import os
 import time
@@ -92,6 +93,10 @@ class DistributedContext:
                     world_size=size, timeout=datetime.timedelta(seconds=timeout))
                 owns_process_group = True
                 group, local_group = _subgroups(local_size, cross_size, cross_rank)
+                # A hand-built context is the user's to close, and 0.38 code never does: a
+                # gloo group left to the interpreter's teardown may abort the process
+                # ("terminate called without an active exception") once its peer has gone.
+                atexit.register(self.close)
         self.rank, self.size = rank, size
         self.local_rank, self.local_size = local_rank, local_size
         self.cross_rank, self.cross_size = cross_rank, cross_size

@@ -163,6 +163,9 @@ max_restarts: 1
                 a1_seen.append(time.time())
 
     sampler = threading.Thread(target=sample, daemon=True)
+    # the premise: a1's task runs (it holds until the freeze) when a1 is frozen
+    wait_for(lambda: any(agent_of(p) == "a1" for p in trial_processes(dbname)), 60,
+             "a1's task to be found by its environment")
     a1.send_signal(signal.SIGSTOP)
     hold.touch()
     sampler.start()
@@ -188,9 +191,9 @@ max_restarts: 1
     # The figure (not a bound): the pass that ends the lost agent's run wakes its task.
     (ended,) = conn.execute("SELECT extract(epoch FROM ended_at) FROM allocations "
                             "WHERE trial_id = 1 AND run = 1").fetchone().values()
-    assert a1_seen, "no sample saw a1's task running while a1 was frozen"
-    print(f"a1's task exited {max(a1_seen) - float(ended):.2f} s after its run was ended "
-          f"(fence {FENCE_SECONDS:.0f} s, watcher poll {PREEMPT_POLL_SECONDS:.0f} s)")
+    if a1_seen:  # a sweep of every process's environment takes seconds on a loaded host
+        print(f"a1's task exited {max(a1_seen) - float(ended):.2f} s after its run was ended "
+              f"(fence {FENCE_SECONDS:.0f} s, watcher poll {PREEMPT_POLL_SECONDS:.0f} s)")
 
 
 

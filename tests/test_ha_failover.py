@@ -164,7 +164,7 @@ FROZEN_SECONDS = 60
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "2 of 8 runs: when the frozen primary wakes, Patroni demotes the promoted replica and the "
+    "3 of 9 runs: when the frozen primary wakes, Patroni demotes the promoted replica and the "
     "woken node leads again with its old data; what the replica committed alone is lost "
     "(docs/architecture.md, 'A known failure')"))
 def test_a_trial_completes_through_a_frozen_primary_with_nothing_lost_or_doubled(

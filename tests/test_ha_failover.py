@@ -67,7 +67,10 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def ha() -> Iterator[Cluster]:
+def ha(tmp_path_factory) -> Iterator[Cluster]:
+    """The cluster of deploy/ha/ha.sh (two nodes, etcd); its Patroni, PostgreSQL and etcd
+    logs are kept under the test run's temporary directory (``ha-logs*``), for the failure
+    the frozen-primary test is marked xfail for."""
     dir = Path(tempfile.mkdtemp(prefix="det-ha-"))
     base = 20000 + (os.getpid() % 1000) * 40
     env = {**os.environ, "BASE_PORT": str(base), "PG_BIN": str(PG_BIN)}
@@ -78,6 +81,8 @@ def ha() -> Iterator[Cluster]:
         yield Cluster(dir, base, up.stdout.strip().splitlines()[-1])
     finally:
         subprocess.run([str(HA), "down", str(dir)], env=env, timeout=120)
+        shutil.copytree(dir, tmp_path_factory.mktemp("ha-logs"), dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("data", "etcd", "*.pid", "*.yml"))
         shutil.rmtree(dir, ignore_errors=True)
 
 
@@ -164,9 +169,9 @@ FROZEN_SECONDS = 60
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "3 of 9 runs: when the frozen primary wakes, Patroni demotes the promoted replica and the "
-    "woken node leads again with its old data; what the replica committed alone is lost "
-    "(docs/architecture.md, 'A known failure')"))
+    "2 of 7 runs since the freeze stops every process of the node: the trial completes on the "
+    "promoted node, but det serve (logged in before the freeze) still answers the experiment "
+    "ACTIVE, its state at the freeze; cause not found (docs/architecture.md, 'A known failure')"))
 def test_a_trial_completes_through_a_frozen_primary_with_nothing_lost_or_doubled(
         ha: Cluster, hdet: Det, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """The whole primary (Patroni, the postmaster and its backends) SIGSTOPped for 60 s: its
@@ -180,11 +185,17 @@ def test_a_trial_completes_through_a_frozen_primary_with_nothing_lost_or_doubled
     past the default lease of 20 s."""
     def freeze(node: int) -> None:
         pids = [int((ha.dir / f"node{node}" / "patroni.pid").read_text()), ha.postmaster(node)]
-        children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pids[1])],
-                                  capture_output=True, text=True).stdout.split()
-        pids += [int(p) for p in children]
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
+        # Its backends only once the postmaster is stopped: one it forked between a listing
+        # and its stop (a det process reconnecting) ran on, serving the frozen node's old
+        # state and committing locally while waiting for the replica: a host half frozen.
+        children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pids[1])],
+                                  capture_output=True, text=True).stdout.split()
+        for pid in (int(p) for p in children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+            pids.append(pid)
         def resume() -> None:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):  # demoted: restarted

@@ -18,7 +18,7 @@ A slurm pool has no agents of its own and no scheduler of det's: each run that w
 gets an instance tied to it (:func:`det.reconciler.provisioner.decide_runs`, in det's queue
 order), submitted as one Slurm job whose script is a one-shot agent; once that agent
 registers, the run is placed on it (``take_runs``), and the job ends with the run. A job that
-leaves Slurm's queue before its run reported an end ends the run as failed (``job_gone``).
+leaves Slurm's queue before its run reported an end ends the run as failed (``gone``).
 The jobs' names carry the det cluster's id (``cluster_identity``), so two det clusters on one
 Slurm never see each other's jobs. The agent of an instance that is GONE is gone too (agent
 lists hide it).
@@ -197,8 +197,7 @@ class Provisioner:
         if handle is None:
             # Its process or machine ended (stopped by us, or on its own).
             log.info("instance %s: gone", name)
-            return conn.execute(Q.gone if row["allocation_id"] is None else Q.job_gone,
-                                {"id": row["id"]}).rowcount
+            return conn.execute(Q.gone, {"id": row["id"]}).rowcount
         if row["state"] == "TERMINATING" and (stopping or row["stopping_for"]
                                               > STOP_GRACE_SECONDS):
             try:

@@ -169,20 +169,23 @@ UPDATE instances SET state = 'GONE', gone_at = now(), reason = %(reason)s
 -- What the provider says of an instance not yet running (slurm: the job's state and reason).
 UPDATE instances SET provider_state = %(said)s WHERE id = %(id)s AND provider_state <> %(said)s
 
--- name: job_gone
--- A run's Slurm job is no longer in Slurm's queue: the instance is GONE and its agent LOST and
--- gone (the job's processes ended with it; agent lists hide it); a run it took and never
--- reported the end of (the job was killed, failed, or its node was lost) ends now with no
--- exit code, a failure that restarts the trial per max_restarts. A run it never took waits
--- for a job of its own again.
+-- name: gone
+-- An instance whose process, machine or Slurm job ended: GONE, a reason kept or the end the
+-- reason; its agent, which ended with it, LOST (its runs, if any, end as a lost agent's) and
+-- gone (agent lists hide it). A run's Slurm job ending before the run it took reported an end
+-- (the job killed or failed, its node lost) ends that run now with no exit code, the job
+-- named: a failure that restarts the trial per max_restarts. A run it never took waits for a
+-- job of its own again.
 WITH i AS (
     UPDATE instances
        SET state = 'GONE', gone_at = now(),
-           reason = CASE WHEN reason = '' THEN 'slurm job ended' ELSE reason END
+           reason = CASE WHEN reason <> '' THEN reason
+                         WHEN allocation_id IS NULL THEN 'agent process exited'
+                         ELSE 'slurm job ended' END
      WHERE id = %(id)s AND state <> 'GONE'
     RETURNING agent_id, allocation_id, provider_id
 ), lost AS (
-    UPDATE agents g SET state = 'LOST', gone_at = coalesce(g.gone_at, now())
+    UPDATE agents g SET state = 'LOST', gone_at = now()
       FROM i WHERE g.id = i.agent_id AND g.gone_at IS NULL
 ), ended AS (
     UPDATE allocations a
@@ -191,21 +194,5 @@ WITH i AS (
                          || 'run reported an end (cancelled, failed or its node lost)'
       FROM i WHERE a.id = i.allocation_id AND a.agent_id = i.agent_id
        AND a.state <> 'TERMINATED'
-)
-SELECT 1 FROM i
-
--- name: gone
--- An instance whose process or machine ended: GONE, a reason kept or the exit the reason; its
--- agent, which ended with it, LOST (its runs, if any, end as a lost agent's) and gone (agent
--- lists hide it).
-WITH i AS (
-    UPDATE instances
-       SET state = 'GONE', gone_at = now(),
-           reason = CASE WHEN reason = '' THEN 'agent process exited' ELSE reason END
-     WHERE id = %(id)s AND state <> 'GONE'
-    RETURNING agent_id
-), lost AS (
-    UPDATE agents g SET state = 'LOST', gone_at = now()
-      FROM i WHERE g.id = i.agent_id AND g.gone_at IS NULL
 )
 SELECT 1 FROM i

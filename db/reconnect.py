@@ -22,11 +22,14 @@ from psycopg.rows import RowFactory, tuple_row
 
 from det.db import retry
 from det.errors import DatabaseError
+from det.sql import named
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
 T = TypeVar("T")
+
+Q = named("db")
 
 CONNECT_TIMEOUT_SECONDS = 10
 """libpq ``connect_timeout`` unless the URL sets one: an unreachable host (a failover in
@@ -128,7 +131,9 @@ def open_connection(url: str, row_factory: RowFactory[Any] = tuple_row, *,
     ``CONNECT_TIMEOUT_SECONDS`` unless either sets ``connect_timeout``, and
     ``target_session_attrs=read-write`` when the URL names several hosts (a replicated cluster:
     libpq tries each and keeps the primary) unless it says otherwise; a host that left a call
-    unanswered lately is tried last, with ``UNANSWERED_CONNECT_TIMEOUT_SECONDS``. Each call
+    unanswered lately is tried last, with ``UNANSWERED_CONNECT_TIMEOUT_SECONDS``. On a
+    replicated cluster the connection is returned only once :func:`confirm_primary` has
+    proved its server the primary. Each call
     on it waits ``deadline`` seconds for the server's answer at most (None: for ever;
     ``CALL_DEADLINE_SECONDS``), then raises :class:`NoAnswer`. One attempt: callers
     that must ride out a loss retry it (:class:`Reconnecting`, ``det.db.retry.call``); a check
@@ -141,17 +146,29 @@ def open_connection(url: str, row_factory: RowFactory[Any] = tuple_row, *,
     Raises psycopg's ``OperationalError`` when the server cannot be reached or refuses the
     login (``det.db.retry.is_connection_lost`` is true for the former only).
     """
-    conn = _DeadlineConnection.connect(_conninfo(url, params), autocommit=autocommit,
-                                       row_factory=row_factory)
+    info = _conninfo(url, params)
+    conn = _DeadlineConnection.connect(info, autocommit=autocommit, row_factory=row_factory)
     conn.deadline = deadline
+    if replicated(info):
+        try:
+            confirm_primary(conn)
+        except BaseException:
+            conn.close()
+            raise
     return conn
 
 
 async def open_async_connection(url: str) -> psycopg.AsyncConnection[Any]:
     """:func:`open_connection` for asyncio (det serve's listener): autocommit, tuple rows,
-    ``CALL_DEADLINE_SECONDS``."""
+    ``CALL_DEADLINE_SECONDS``, its primary confirmed on a replicated cluster."""
     conn = await _AsyncDeadlineConnection.connect(_conninfo(url, {}), autocommit=True)
     conn.deadline = CALL_DEADLINE_SECONDS
+    if replicated(url):
+        try:
+            await conn.execute(Q.confirm_primary)
+        except BaseException:
+            await conn.close()
+            raise
     return conn
 
 
@@ -160,16 +177,48 @@ def open_pool(url: str, min_size: int, max_size: int,
     """A pool of ``min_size`` to ``max_size`` connections to ``url`` (det serve's requests),
     each opened as :func:`open_connection` opens one (each connect reads the hosts' order
     afresh), its calls bounded by ``CALL_DEADLINE_SECONDS``, and checked before a request
-    gets it: one that a restart dropped, or whose server froze, is replaced."""
+    gets it: one that a restart dropped, or whose server froze, is replaced. On a replicated
+    cluster the check is :func:`confirm_primary`, so a request never reads from a deposed
+    primary: a connection that waited out a freeze answers nothing stale."""
     from psycopg_pool import ConnectionPool
 
-    def bounded(conn: _DeadlineConnection) -> None:
+    confirm = replicated(url)
+
+    def configure(conn: _DeadlineConnection) -> None:
         conn.deadline = CALL_DEADLINE_SECONDS
+        if confirm:
+            confirm_primary(conn)
 
     return ConnectionPool(lambda: _conninfo(url, {}), connection_class=_DeadlineConnection,
                           min_size=min_size, max_size=max_size, open=True,
-                          kwargs={"row_factory": row_factory}, configure=bounded,
-                          check=ConnectionPool.check_connection)
+                          kwargs={"row_factory": row_factory}, configure=configure,
+                          check=confirm_primary if confirm else ConnectionPool.check_connection)
+
+
+def replicated(url: str) -> bool:
+    """Whether ``url`` names several hosts: a replicated cluster (Patroni), where libpq keeps
+    whichever host says it is the primary."""
+    return "," in str(conninfo_to_dict(url).get("host", ""))
+
+
+def confirm_primary(conn: psycopg.Connection[Any]) -> None:
+    """Prove that ``conn``'s server is still the primary its synchronous replica follows: a
+    commit that waits for the replica (``sql/db.sql``, ``confirm_primary``), on an idle
+    connection (committed here where it is not autocommit).
+
+    A primary frozen past a failover still says read-write when it wakes, until its Patroni
+    demotes it (a fraction of a second; Patroni's watchdog would have rebooted the host):
+    a connection that waited out the freeze would be answered from its old state, and libpq's
+    ``target_session_attrs`` accepts it for a new one. Its commits never return (the replica
+    follows the new primary), so the call fails at the connection's deadline, or at the
+    demotion, as a lost connection (``det.db.retry.is_connection_lost``), and the caller
+    reconnects to the new primary. Costs one replicated commit (milliseconds on a LAN; with
+    asynchronous replication, only a local WAL flush, and no proof).
+
+    Raises psycopg's ``OperationalError`` (:class:`NoAnswer` past the deadline)."""
+    conn.execute(Q.confirm_primary)
+    if not conn.autocommit:
+        conn.commit()
 
 
 def _conninfo(url: str, params: dict[str, Any]) -> str:

@@ -30,6 +30,13 @@ SELECT det_task_listen(%s)
 -- det serve's listener LISTENs on the web channel (det_web).
 SELECT det_web_listen()
 
+-- name: confirm_primary
+-- A connection to a replicated cluster proves its server is still the primary its synchronous
+-- replica follows (det.db.reconnect): a transactional message writes WAL, so its commit waits
+-- for that replica; on a deposed primary (one woken from a freeze after a failover, before
+-- Patroni demotes it) it never returns. Writes nothing any table holds; any role may.
+SELECT pg_logical_emit_message(true, 'det.confirm_primary', '')
+
 -- name: lock_migrations
 -- Serializes migrating sessions (det cluster up, an agent, a test) until the transaction ends,
 -- so each version is applied once.

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
+import psycopg_pool
 import pytest
 
 from det.db import reconnect, retry
@@ -94,3 +95,49 @@ def test_a_host_that_left_a_call_unanswered_is_tried_last_and_briefly(
     params = psycopg.conninfo.conninfo_to_dict(reconnect._conninfo("host=db1,db2", {}))
     assert (params["host"], params["connect_timeout"]) == (
         "db1,db2", str(reconnect.CONNECT_TIMEOUT_SECONDS))
+
+
+def twice(url: str) -> str:
+    """``url`` naming its one server twice: a replicated cluster's URL to det."""
+    params = psycopg.conninfo.conninfo_to_dict(url)
+    host, port = params["host"], str(params.get("port", "5432"))
+    return psycopg.conninfo.make_conninfo(**{**params, "host": f"{host},{host}",
+                                             "port": f"{port},{port}"})
+
+
+def test_a_deposed_primary_answers_no_connection_of_a_replicated_url(
+        private_pg, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A primary frozen past a failover says read-write when it wakes, until Patroni demotes
+    it; a connection that waited out the freeze was answered from its old state (det serve
+    answered a completed experiment ACTIVE). Here a deposed primary is a server whose
+    synchronous replica is gone (``synchronous_standby_names`` no replica answers to): on a
+    URL of several hosts no connection, new or pooled, is handed out before its commit has
+    reached the replica; a one-server URL is not confirmed."""
+    monkeypatch.setattr(reconnect, "CALL_DEADLINE_SECONDS", DEADLINE)
+    url = twice(private_pg.url)
+    with open_connection(url, deadline=DEADLINE) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    with open_connection(url, autocommit=False, deadline=DEADLINE) as conn:
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    pool = reconnect.open_pool(url, min_size=1, max_size=2)
+    try:
+        with pool.connection(timeout=10) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        with psycopg.connect(private_pg.url, autocommit=True) as admin:
+            admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'replica_gone'")
+            admin.execute("SELECT pg_reload_conf()")
+            try:
+                time.sleep(0.5)  # the reload reaches the backends
+                with pytest.raises(NoAnswer):
+                    open_connection(url, deadline=DEADLINE)
+                with pytest.raises(psycopg_pool.PoolTimeout), pool.connection(timeout=3):
+                    pass
+                with open_connection(private_pg.url, deadline=DEADLINE) as conn:
+                    assert conn.execute("SELECT 1").fetchone() == (1,)
+            finally:
+                admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
+                admin.execute("SELECT pg_reload_conf()")
+        with pool.connection(timeout=10) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        pool.close()

@@ -28,6 +28,22 @@ run_as=()
 [ "$(id -u)" = 0 ] && run_as=(setpriv --reuid=postgres --regid=postgres --init-groups --)
 
 node_port() { echo $((base + $1)); }
+
+# Which etcd API Patroni keeps its leader key in. Patroni before 3.1 (Debian bookworm ships
+# 3.0.2) renews the key through etcd's v3 API with an unconditional put once its lease has
+# expired, trusting its cached view of who leads: a primary frozen past the ttl wakes, takes
+# the key back from the replica promoted meanwhile, and that replica is rewound, losing what
+# it had committed (upstream made the renewal a compare-and-set). Through the v2 API the
+# renewal is a compare-and-swap on its own name, which fails once another node leads.
+dcs_api() {
+    local version
+    version=$(patroni --version | awk '{print $2}')
+    if [ "$(printf '%s\n3.1\n' "$version" | sort -V | head -1)" = 3.1 ]; then
+        echo etcd3
+    else
+        echo etcd
+    fi
+}
 rest_port() { echo $((base + 20 + $1)); }
 
 url() {  # the owner's multi-host URL: libpq tries each host and keeps the primary
@@ -55,7 +71,7 @@ name: node$i
 restapi:
   listen: 127.0.0.1:$(rest_port "$i")
   connect_address: 127.0.0.1:$(rest_port "$i")
-etcd3:
+$(dcs_api):
   hosts: 127.0.0.1:$etcd_port
 bootstrap:
   dcs:
@@ -119,6 +135,7 @@ up() {
             --listen-peer-urls "http://127.0.0.1:$((etcd_port + 1))" \
             --initial-advertise-peer-urls "http://127.0.0.1:$((etcd_port + 1))" \
             --initial-cluster "etcd1=http://127.0.0.1:$((etcd_port + 1))" \
+            --enable-v2=true \
             >"$dir/etcd.log" 2>&1 &
         echo $! >"$dir/etcd.pid"
     fi

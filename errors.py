@@ -57,7 +57,8 @@ class AuthError(DetError):
 
 class PermissionDeniedError(DetError):
     """The caller's roles do not permit the action; the message names the role and scope
-    needed (SQLSTATE 42501, raised by det_require or by PostgreSQL's own privilege checks)."""
+    needed (SQLSTATE 42501, raised by det_internal.require or by PostgreSQL's own privilege
+    checks)."""
 
 
 class DatabaseError(DetError):

@@ -91,7 +91,7 @@ def flatten(values: Mapping | None, prefix: str = "") -> dict[str, Any]:
     """A nested mapping (hyperparameters, metrics) as one level, nested keys joined by dots:
     ``{"optimizer": {"lr": 0.1}}`` is ``{"optimizer.lr": 0.1}`` (as charts.js's
     ``flatHparams`` does for the WebUI's columns).
-    Anything but a mapping (None; det_json_shown's note on a document too deep) is ``{}``."""
+    Anything but a mapping (None; det_user.json_shown's note on a document too deep) is ``{}``."""
     out: dict[str, Any] = {}
     if not isinstance(values, Mapping):
         return out

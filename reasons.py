@@ -1,6 +1,6 @@
 """The vocabulary of why a trial ended early: one enum, shared by SQL and Python.
 
-The task reports it (``det_report_early_exit``, Core API ``report_early_exit``), the trial
+The task reports it (``det_task.report_early_exit``, Core API ``report_early_exit``), the trial
 records it (``trials.exit_reason``) and the searcher is told it (``TrialExitedEarly``). The
 database holds the same labels as the enum type ``early_exit_reason`` (``schema.sql``); a test
 keeps the two equal. Names follow Determined's Core API ``EarlyExitReason``.

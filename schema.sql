@@ -2,17 +2,19 @@
 -- against. Read this file to learn det's states and rules.
 --
 -- Rules live here, next to the data:
---   * states are enums and every transition is checked by a trigger (det_check_transition);
+--   * states are enums and every transition is checked by a trigger
+--     (det_internal.check_transition);
 --   * a slot is held by at most one live allocation, a trial has at most one live allocation
 --     (partial unique indexes);
---   * writes that carry rules go through det_* functions, called alike by the CLI, the
---     reconciler, agents and the harness (the harness authenticates with an allocation token,
---     stored here only as a SHA-256 hash);
+--   * writes that carry rules go through the actors' functions (det_user.*, det_agent.*, ...),
+--     called alike by the CLI, the reconciler, agents and the harness (the harness
+--     authenticates with an allocation token, stored here only as a SHA-256 hash);
 --   * the `reporting` schema holds stable views for users' own SQL.
 --
--- Order: roles and default privileges; types; tables (each with its comments, indexes and
--- grants); the transition trigger; functions by actor (user actions, agents, tasks, reconciler
--- helpers); reporting views; row-level security. Grants sit beside their definitions: each
+-- Order: roles and default privileges; the schemas of the actors' functions; types; tables (each
+-- with its comments, indexes and grants); the transition trigger; functions by actor (user
+-- actions in det_user, agents' in det_agent, tasks' in det_task, det serve's in det_web, the
+-- reconciler's helpers in det_internal); reporting views; row-level security. Grants sit beside their definitions: each
 -- table's, view's and schema's after it, each function's after it (and its COMMENT), one
 -- GRANT EXECUTE per function naming every role that may call it.
 --
@@ -51,7 +53,7 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_web') THEN
         CREATE ROLE det_web LOGIN NOINHERIT;
     END IF;
-    -- the one-time logins of enrollment tokens (det_agent_token_create) are its members
+    -- the one-time logins of enrollment tokens (det_user.agent_token_create) are its members
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'det_enroll') THEN
         CREATE ROLE det_enroll NOLOGIN;
     END IF;
@@ -61,6 +63,37 @@ END $$;
 -- it. This is the global default of the role that runs this file or the migrations (a
 -- per-schema one cannot take a privilege away), so it covers every function added later.
 ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+
+-- =============================================================================================
+-- Schemas: the functions of each actor in its own
+--
+-- public holds the tables and types; each function lives in the schema of the actor that calls
+-- it (pgmq's layout): det_user (a user's actions, and the readers row-level security calls),
+-- det_agent, det_task, det_web (det serve's logins), det_enroll (an enrollment token's one
+-- call), det (what every actor asks: the schema's version) and det_internal (called only by
+-- other functions, triggers and the schema's owner: the reconciler). A schema groups and names;
+-- who may call a function is still its own GRANT EXECUTE, so USAGE is everyone's.
+
+CREATE SCHEMA det;
+GRANT USAGE ON SCHEMA det TO PUBLIC;
+
+CREATE SCHEMA det_user;
+GRANT USAGE ON SCHEMA det_user TO PUBLIC;
+
+CREATE SCHEMA det_agent;
+GRANT USAGE ON SCHEMA det_agent TO PUBLIC;
+
+CREATE SCHEMA det_task;
+GRANT USAGE ON SCHEMA det_task TO PUBLIC;
+
+CREATE SCHEMA det_web;
+GRANT USAGE ON SCHEMA det_web TO PUBLIC;
+
+CREATE SCHEMA det_enroll;
+GRANT USAGE ON SCHEMA det_enroll TO PUBLIC;
+
+CREATE SCHEMA det_internal;
+GRANT USAGE ON SCHEMA det_internal TO PUBLIC;
 
 -- =============================================================================================
 -- Types
@@ -74,7 +107,7 @@ COMMENT ON TYPE experiment_state IS
     'Experiment lifecycle (spec: experiment-lifecycle). STOPPING_* wait for the trials to end.';
 
 -- Trial lifecycle: the same states as an experiment's, with the same transition rules
--- (det_check_transition). A trial's STOPPING_* waits for its live allocation to end.
+-- (det_internal.check_transition). A trial's STOPPING_* waits for its live allocation to end.
 CREATE TYPE trial_state AS ENUM (
     'ACTIVE', 'PAUSED',
     'STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED', 'STOPPING_ERROR',
@@ -102,7 +135,7 @@ CREATE TYPE instance_state AS ENUM ('REQUESTED', 'STARTING', 'RUNNING', 'TERMINA
 COMMENT ON TYPE instance_state IS
     'An elastic agent''s machine: REQUESTED (row written, not yet launched), STARTING '
     '(launched, its agent not yet registered), RUNNING (its agent registered), TERMINATING '
-    '(asked to stop), GONE. Only moves forward (enum order; det_instance_transition).';
+    '(asked to stop), GONE. Only moves forward (enum order; det_internal.instance_transition).';
 
 CREATE TYPE early_exit_reason AS ENUM ('errored', 'invalid_hp', 'user_requested_stop');
 COMMENT ON TYPE early_exit_reason IS
@@ -125,7 +158,7 @@ COMMENT ON TABLE reconciler_leader IS
     'the connection that runs every pass, so a leader whose connection dies cannot write.';
 COMMENT ON COLUMN reconciler_leader.agent_timeout IS
     'Seconds without a heartbeat after which the leader declares an agent lost (`det reconcile '
-    '--agent-timeout`), recorded by each pass; agents read it (det_agent_timeout) to kill '
+    '--agent-timeout`), recorded by each pass; agents read it (det_agent.timeout) to kill '
     'their own tasks before it expires (self-fencing, det.agent.heartbeat).';
 GRANT SELECT ON reconciler_leader TO det_user;
 
@@ -196,10 +229,10 @@ COMMENT ON TABLE agents IS
     'One row per host daemon. The reconciler marks an agent LOST when its heartbeat is older '
     'than the timeout, and ends its allocations.';
 COMMENT ON COLUMN agents.stopping IS
-    'The agent is stopping (det_agent_stop_runs): nothing new is placed on it until it '
+    'The agent is stopping (det_agent.stop_runs): nothing new is placed on it until it '
     'registers again.';
 COMMENT ON COLUMN agents.gone_at IS
-    'When the agent ended for good (det_agent_retire: a one-shot agent whose run ended; its '
+    'When the agent ended for good (det_agent.retire: a one-shot agent whose run ended; its '
     'instance''s process or Slurm job gone): agent and slot lists hide it. The row stays, '
     'LOST, because the runs it ran name it (allocations.agent_id). NULL again if it '
     'registers again.';
@@ -213,9 +246,9 @@ CREATE TABLE agent_logins (
     revoked_at    timestamptz
 );
 COMMENT ON TABLE agent_logins IS
-    'Agents enrolled with a login of their own (det_agent_enroll): role_name (det_agent_<id>, '
-    'a member of det_agent) may act only for agent_id (det_agent_check_self), in resource_pool '
-    'when set. Revoked (det_agent_revoke): the role may no longer log in. Agents without a row '
+    'Agents enrolled with a login of their own (det_enroll.agent_enroll): role_name (det_agent_<id>, '
+    'a member of det_agent) may act only for agent_id (det_internal.agent_check_self), in resource_pool '
+    'when set. Revoked (det_user.agent_revoke): the role may no longer log in. Agents without a row '
     'log in as the shared det_agent role: the single-host mode of `det cluster up`.';
 
 CREATE TABLE agent_enrollment_tokens (
@@ -228,9 +261,9 @@ CREATE TABLE agent_enrollment_tokens (
     agent_id      text
 );
 COMMENT ON TABLE agent_enrollment_tokens IS
-    'One-time enrollment tokens (det_agent_token_create). A token is the password of its own '
+    'One-time enrollment tokens (det_user.agent_token_create). A token is the password of its own '
     'login role role_name (det_enroll_<hex>, a member of det_enroll, which may only call '
-    'det_agent_enroll): PostgreSQL keeps it as a SCRAM verifier, its only stored form. Used '
+    'det_enroll.agent_enroll): PostgreSQL keeps it as a SCRAM verifier, its only stored form. Used '
     '(used_at, agent_id) it can no longer log in.';
 
 CREATE TABLE slots (
@@ -302,7 +335,7 @@ GRANT SELECT ON instances TO det_user;
 -- The schema's owner (the reconciler, `det cluster up`) bypasses row-level security and acts
 -- with every permission.
 
-CREATE FUNCTION det_name_problem(p_name text, p_max_bytes integer) RETURNS text
+CREATE FUNCTION det_user.name_problem(p_name text, p_max_bytes integer) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
 -- Why p_name cannot name a user, group, workspace or project, or NULL: not blank, at most
 -- p_max_bytes bytes (63 for users: a PostgreSQL role name), no control characters. Any other
@@ -313,11 +346,11 @@ SELECT CASE
         THEN format('expected at most %s bytes, got %s', p_max_bytes, octet_length(p_name))
     WHEN p_name ~ '[[:cntrl:]]' THEN 'must not contain control characters'
 END $$;
-GRANT EXECUTE ON FUNCTION det_name_problem(text, integer) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.name_problem(text, integer) TO det_user;
 
 CREATE TABLE users (
     id           serial PRIMARY KEY,
-    username     text NOT NULL UNIQUE CHECK (det_name_problem(username, 63) IS NULL),
+    username     text NOT NULL UNIQUE CHECK (det_user.name_problem(username, 63) IS NULL),
     active       boolean NOT NULL DEFAULT true,
     created_at   timestamptz NOT NULL DEFAULT now(),
     created_by   text NOT NULL
@@ -329,7 +362,7 @@ GRANT SELECT ON users TO det_user;
 
 CREATE TABLE user_groups (
     id         serial PRIMARY KEY,
-    name       text NOT NULL UNIQUE CHECK (det_name_problem(name, 255) IS NULL),
+    name       text NOT NULL UNIQUE CHECK (det_user.name_problem(name, 255) IS NULL),
     created_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE user_groups IS 'Groups of users: a role assigned to a group holds for each member.';
@@ -345,7 +378,7 @@ GRANT SELECT ON user_group_members TO det_user;
 
 CREATE TABLE workspaces (
     id                   serial PRIMARY KEY,
-    name                 text NOT NULL UNIQUE CHECK (det_name_problem(name, 255) IS NULL),
+    name                 text NOT NULL UNIQUE CHECK (det_user.name_problem(name, 255) IS NULL),
     archived             boolean NOT NULL DEFAULT false,
     created_at           timestamptz NOT NULL DEFAULT now(),
     created_by           text NOT NULL,
@@ -380,7 +413,7 @@ GRANT SELECT ON workspace_pools TO det_user;
 CREATE TABLE projects (
     id           serial PRIMARY KEY,
     workspace_id integer NOT NULL REFERENCES workspaces (id),
-    name         text NOT NULL CHECK (det_name_problem(name, 255) IS NULL),
+    name         text NOT NULL CHECK (det_user.name_problem(name, 255) IS NULL),
     description  text NOT NULL DEFAULT '' CHECK (length(description) <= 4096),
     archived     boolean NOT NULL DEFAULT false,
     created_at   timestamptz NOT NULL DEFAULT now(),
@@ -459,12 +492,12 @@ CREATE TABLE id_counters (
     last_value bigint NOT NULL CHECK (last_value >= 0)
 );
 COMMENT ON TABLE id_counters IS
-    'The last id given to each kind of object users type the id of (det_next_id): a row '
+    'The last id given to each kind of object users type the id of (det_internal.next_id): a row '
     'updated in the creating transaction, so ids are consecutive across crashes and '
     'rollbacks (a sequence jumps by 32 after a crash).';
 INSERT INTO id_counters (name, last_value) VALUES ('experiments', 0), ('jobs', 0), ('trials', 0);
 
-CREATE FUNCTION det_next_id(p_name text) RETURNS bigint
+CREATE FUNCTION det_internal.next_id(p_name text) RETURNS bigint
 LANGUAGE sql VOLATILE AS $$
 -- The next id of p_name (a row of id_counters), the default of experiments.id, trials.id and
 -- jobs.id. The row stays locked until the caller's transaction ends, so concurrent creates
@@ -486,7 +519,7 @@ COMMENT ON TABLE context_blobs IS
 GRANT SELECT ON context_blobs TO det_user;
 
 CREATE TABLE jobs (
-    id             bigint PRIMARY KEY DEFAULT det_next_id('jobs'),
+    id             bigint PRIMARY KEY DEFAULT det_internal.next_id('jobs'),
     type           text NOT NULL CHECK (type IN ('EXPERIMENT', 'COMMAND', 'NOTEBOOK', 'SHELL',
                                                  'TENSORBOARD')),
     resource_pool  text NOT NULL REFERENCES resource_pools (name),
@@ -516,7 +549,7 @@ GRANT SELECT ON jobs TO det_user;
 -- One row per submitted experiment: its expanded config, its state (experiment_state), and
 -- the searcher's saved state. end_time is set exactly when the state is terminal.
 CREATE TABLE experiments (
-    id              integer PRIMARY KEY DEFAULT det_next_id('experiments'),
+    id              integer PRIMARY KEY DEFAULT det_internal.next_id('experiments'),
     job_id          bigint NOT NULL UNIQUE REFERENCES jobs (id),
     name            text NOT NULL,
     description     text NOT NULL DEFAULT '',
@@ -542,7 +575,7 @@ CREATE TABLE experiments (
     -- written (submission, or an edit of it such as a new checkpoint policy) and never apart
     -- from it. NULL where the config has no value: their defaults are det.configs' alone,
     -- which fills every one of them in the configs it expands. Whole numbers are cast through
-    -- numeric, as det_experiment_config_problem accepts 2.0 for 2.
+    -- numeric, as det_internal.experiment_config_problem accepts 2.0 for 2.
     searcher_name text GENERATED ALWAYS AS (config #>> '{searcher,name}') STORED,
     searcher_metric text GENERATED ALWAYS AS (config #>> '{searcher,metric}') STORED,
     smaller_is_better boolean
@@ -553,7 +586,7 @@ CREATE TABLE experiments (
         ((config #>> '{searcher,max_concurrent_trials}')::numeric::bigint) STORED,
     source_trial_id bigint
         GENERATED ALWAYS AS ((config #>> '{searcher,source_trial_id}')::numeric::bigint) STORED,
-    -- NULL unless a checkpoint UUID (det_experiment_config_problem refuses anything else)
+    -- NULL unless a checkpoint UUID (det_internal.experiment_config_problem refuses anything else)
     source_checkpoint_uuid uuid GENERATED ALWAYS AS (
         CASE WHEN config #>> '{searcher,source_checkpoint_uuid}'
                   ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
@@ -574,7 +607,7 @@ CREATE TABLE experiments (
     CHECK ((end_time IS NULL) = (state NOT IN ('COMPLETED', 'CANCELED', 'ERROR')))
 );
 COMMENT ON COLUMN experiments.unmanaged IS
-    'Made by a script that reports from outside det (core_v2.init, det_unmanaged_start): no '
+    'Made by a script that reports from outside det (core_v2.init, det_user.unmanaged_start): no '
     'searcher, no runs placed; its owner''s script reports through det_unmanaged_*.';
 COMMENT ON COLUMN experiments.external_id IS
     'core_v2''s external_experiment_id: a later start with the same id (and owner) resumes it.';
@@ -591,7 +624,7 @@ COMMENT ON COLUMN experiments.paused_reason IS
     'Why the cluster paused the experiment (a run''s checkpoint storage error), shown by '
     '`det experiment describe`; cleared when it is activated, canceled or killed.';
 COMMENT ON COLUMN experiments.tensorboards_deleted_at IS
-    'When the GC task of its deletion removed its TensorBoard files (det_purge_experiment waits '
+    'When the GC task of its deletion removed its TensorBoard files (det_internal.purge_experiment waits '
     'for it when a trial of it ran, checkpoints or not).';
 CREATE INDEX experiments_project ON experiments (project_id);
 -- Experiments being deleted, looked at by every pass.
@@ -619,7 +652,7 @@ GRANT SELECT ON experiments TO det_user;
 -- (trial_state), how many runs and restarts it has had, and its restart point (the latest
 -- checkpoint and the batches trained as of it).
 CREATE TABLE trials (
-    id                 integer PRIMARY KEY DEFAULT det_next_id('trials'),
+    id                 integer PRIMARY KEY DEFAULT det_internal.next_id('trials'),
     experiment_id      integer NOT NULL REFERENCES experiments (id),
     request_id         uuid NOT NULL,
     hparams            jsonb NOT NULL,
@@ -648,7 +681,7 @@ COMMENT ON COLUMN trials.request_id IS
 COMMENT ON COLUMN trials.closed IS 'The searcher wants no more work from this trial.';
 COMMENT ON COLUMN trials.steps_completed IS 'Batches trained as of the latest checkpoint.';
 COMMENT ON COLUMN trials.metadata IS
-    'What the trial''s code recorded with set_metadata (det_set_trial_metadata): a JSON '
+    'What the trial''s code recorded with set_metadata (det_task.set_trial_metadata): a JSON '
     'object, merged key by key.';
 CREATE INDEX trials_experiment ON trials (experiment_id);
 -- Live trials, as experiments_live.
@@ -669,7 +702,7 @@ CREATE TABLE searcher_ops (
 COMMENT ON TABLE searcher_ops IS
     'Searcher operations: "train the trial to <length> units, then validate". Length is '
     'absolute, in the unit of searcher.max_length. A trial works on its oldest open op.';
--- A trial's open ops in order: det_current_op reads the first.
+-- A trial's open ops in order: det_task.current_op reads the first.
 CREATE INDEX searcher_ops_open ON searcher_ops (trial_id, id) WHERE NOT completed;
 GRANT SELECT ON searcher_ops TO det_user;
 
@@ -677,8 +710,8 @@ CREATE TABLE searcher_events (
     id            bigserial PRIMARY KEY,
     experiment_id integer NOT NULL REFERENCES experiments (id),
     trial_id      integer NOT NULL REFERENCES trials (id),
-    -- validation_completed: an op's completion (det_complete_op); validation_reported: a
-    -- validation row (det_validation_reported); what each means is the searcher's call
+    -- validation_completed: an op's completion (det_task.complete_op); validation_reported: a
+    -- validation row (det_internal.validation_reported); what each means is the searcher's call
     kind          text NOT NULL CHECK (kind IN ('validation_completed', 'validation_reported',
                                                 'trial_exited', 'trial_exited_early')),
     payload       jsonb NOT NULL DEFAULT '{}',
@@ -742,7 +775,7 @@ COMMENT ON COLUMN allocations.pending_reason IS
     'Why the allocation still waits, in the scheduler''s words from its latest pass.';
 COMMENT ON COLUMN allocations.out_of_work IS
     'The task asked for its next searcher operation and was told there was none '
-    '(det_current_op returned NULL). A clean exit then means the run finished its work, even '
+    '(det_task.current_op returned NULL). A clean exit then means the run finished its work, even '
     'if the searcher opened an op for the trial meanwhile (an adaptive ASHA promotion): the '
     'trial''s next run takes that op. Without it, a clean exit with an op open means the code '
     'ended its own training.';
@@ -756,12 +789,12 @@ COMMENT ON COLUMN allocations.rendezvous IS
     'starts its workers; the other agents start theirs once it is set.';
 COMMENT ON COLUMN allocations.storage_error IS
     'The checkpoint storage error that ended the run: one line naming the path and the OS '
-    'error, set by the task (det_report_storage_error); its exit reason, over the agent''s. '
+    'error, set by the task (det_task.report_storage_error); its exit reason, over the agent''s. '
     'A failed run with one pauses its experiment, without counting a restart '
     '(det.reconciler.trials.settle).';
 COMMENT ON COLUMN allocations.planned_stop IS
-    'Its agent stopped it on purpose (det_agent_stop_runs: the agent shut down; '
-    'det_agent_mark_fenced: it killed its tasks for want of a heartbeat): however the run '
+    'Its agent stopped it on purpose (det_agent.stop_runs: the agent shut down; '
+    'det_agent.mark_fenced: it killed its tasks for want of a heartbeat): however the run '
     'ends, its trial resumes from its latest checkpoint and the end is not a failure '
     '(restarts counts failures only).';
 COMMENT ON COLUMN allocations.fenced_until IS
@@ -771,12 +804,12 @@ COMMENT ON COLUMN allocations.fenced_until IS
     'revoked has exited (det.reconciler.passes.FENCE_SECONDS).';
 COMMENT ON COLUMN allocations.address IS
     'host:port of an interactive task''s server (Jupyter, TensorBoard, sshd) once it answers, '
-    'recorded by the task (det_task_ready); det serve proxies /proxy/<job>/ to it.';
+    'recorded by the task (det_task.ready); det serve proxies /proxy/<job>/ to it.';
 COMMENT ON COLUMN allocations.stop_reason IS
     'Why det asked the run to stop, written with desired_state: a preemption naming whom its '
-    'slots went to (det_preempted_reason), a pause, a cancel or kill, the searcher closing its '
+    'slots went to (det_internal.preempted_reason), a pause, a cancel or kill, the searcher closing its '
     'trial, a kill after preemption_timeout, an interactive task''s end. Its "why it ended" '
-    'is this over the run''s own reason (det_run_end_reason).';
+    'is this over the run''s own reason (det_user.run_end_reason).';
 -- Each agent's live allocations (what an agent runs, what a lost agent leaves behind).
 CREATE INDEX allocations_live ON allocations (agent_id) WHERE state <> 'TERMINATED';
 -- Each agent's live zero-slot tasks, counted per agent by the scheduling pass (POOL_AGENTS).
@@ -800,7 +833,7 @@ CREATE INDEX allocations_job ON allocations (job_id, run);
 -- Invariant: a trial has at most one live run.
 CREATE UNIQUE INDEX allocations_one_live_per_trial ON allocations (trial_id)
     WHERE state <> 'TERMINATED';
--- det_auth: a task's token (its hash) to its allocation.
+-- det_internal.auth: a task's token (its hash) to its allocation.
 CREATE INDEX allocations_token ON allocations (token_hash) WHERE token_hash IS NOT NULL;
 -- allocations without token_hash
 GRANT SELECT (id, job_id, trial_id, run, resource_pool, slots_needed, spec, desired_state,
@@ -837,17 +870,17 @@ CREATE TABLE allocation_nodes (
     UNIQUE (allocation_id, node_rank)
 );
 COMMENT ON TABLE allocation_nodes IS
-    'The agents of an allocation beyond its chief''s (node_rank 1, 2, ... in det_gang_agents '
+    'The agents of an allocation beyond its chief''s (node_rank 1, 2, ... in det_agent.gang_agents '
     'order), once each started its share of the workers: the token its workers use, and what '
     'its agent observed. One share failing ends the whole allocation '
-    '(det_agent_report_node).';
--- det_auth: a worker's token (its hash) to its allocation.
+    '(det_agent.report_node).';
+-- det_internal.auth: a worker's token (its hash) to its allocation.
 CREATE INDEX allocation_nodes_token ON allocation_nodes (token_hash);
 
 CREATE TABLE metrics (
     id              bigserial PRIMARY KEY,
     trial_id        integer NOT NULL,  -- with allocation_id: an allocation of this trial
-    allocation_id   bigint NOT NULL,   -- (checked per statement, det_metrics_reference_check)
+    allocation_id   bigint NOT NULL,   -- (checked per statement, det_internal.metrics_reference_check)
     "group"         text NOT NULL,
     steps_completed bigint NOT NULL CHECK (steps_completed >= 0),
     "values"        jsonb NOT NULL,
@@ -860,14 +893,14 @@ COMMENT ON TABLE metrics IS
 COMMENT ON COLUMN metrics.superseded_by IS
     'The run (allocation) that resumed the trial from a checkpoint taken before this row''s '
     'step, so that this row, reported by an earlier run after that checkpoint, is no longer '
-    'part of the trial''s history (det_metrics_supersede); NULL for the surviving rows. Kept '
+    'part of the trial''s history (det_internal.metrics_supersede); NULL for the surviving rows. Kept '
     'for audit; readers show and count only rows where it is NULL.';
 CREATE INDEX metrics_trial_group_steps ON metrics (trial_id, "group", steps_completed);
 GRANT SELECT ON metrics TO det_user;
 
 -- metrics' references are checked once per statement, not per row as foreign keys would
 -- (two thirds of a row's cost, migration 0020): a task's batch names one allocation.
-CREATE FUNCTION det_metrics_reference_check() RETURNS trigger LANGUAGE plpgsql
+CREATE FUNCTION det_internal.metrics_reference_check() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- AFTER INSERT or UPDATE ON metrics, per statement: every new row's (allocation_id,
 -- trial_id) is an allocation of that trial, locked until commit (SQLSTATE 23503 otherwise).
@@ -891,7 +924,7 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE FUNCTION det_metrics_referenced_check() RETURNS trigger LANGUAGE plpgsql
+CREATE FUNCTION det_internal.metrics_referenced_check() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- AFTER DELETE ON allocations (per statement, old_rows), BEFORE UPDATE OF id, trial_id (per
 -- row) and AFTER TRUNCATE: no metrics row may be left naming an allocation that is gone
@@ -929,18 +962,18 @@ END $$;
 
 CREATE TRIGGER metrics_reference_insert AFTER INSERT ON metrics
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_metrics_reference_check();
+    FOR EACH STATEMENT EXECUTE FUNCTION det_internal.metrics_reference_check();
 CREATE TRIGGER metrics_reference_update AFTER UPDATE ON metrics
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_metrics_reference_check();
+    FOR EACH STATEMENT EXECUTE FUNCTION det_internal.metrics_reference_check();
 CREATE TRIGGER allocations_metrics_delete AFTER DELETE ON allocations
     REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION det_metrics_referenced_check();
+    FOR EACH STATEMENT EXECUTE FUNCTION det_internal.metrics_referenced_check();
 CREATE TRIGGER allocations_metrics_update BEFORE UPDATE OF id, trial_id ON allocations
     FOR EACH ROW WHEN (OLD.id IS DISTINCT FROM NEW.id OR OLD.trial_id IS DISTINCT FROM NEW.trial_id)
-    EXECUTE FUNCTION det_metrics_referenced_check();
+    EXECUTE FUNCTION det_internal.metrics_referenced_check();
 CREATE TRIGGER allocations_metrics_truncate AFTER TRUNCATE ON allocations
-    FOR EACH STATEMENT EXECUTE FUNCTION det_metrics_referenced_check();
+    FOR EACH STATEMENT EXECUTE FUNCTION det_internal.metrics_referenced_check();
 
 CREATE TABLE metric_batches (
     writer        uuid PRIMARY KEY,
@@ -968,7 +1001,7 @@ COMMENT ON TABLE log_batches IS
     'failover) holds lines numbered not above last_seq, which are skipped, so no line is '
     'written twice.';
 
--- Checkpoints the tasks finished writing (det_report_checkpoint): where they are stored (the
+-- Checkpoints the tasks finished writing (det_task.report_checkpoint): where they are stored (the
 -- experiment's checkpoint_storage) and their files. The one with the most steps is its trial's
 -- restart point (trials.latest_checkpoint).
 CREATE TABLE checkpoints (
@@ -1011,8 +1044,8 @@ CREATE INDEX checkpoints_gc_pending ON checkpoints (trial_id) WHERE gc_pending;
 CREATE INDEX checkpoints_allocation ON checkpoints (allocation_id);
 GRANT SELECT ON checkpoints TO det_user;
 
-CREATE FUNCTION det_checkpoint_input_check() RETURNS trigger LANGUAGE plpgsql AS $$
--- BEFORE INSERT ON checkpoints: what a task records of a checkpoint (det_report_checkpoint)
+CREATE FUNCTION det_internal.checkpoint_input_check() RETURNS trigger LANGUAGE plpgsql AS $$
+-- BEFORE INSERT ON checkpoints: what a task records of a checkpoint (det_task.report_checkpoint)
 -- is refused (invalid_parameter_value naming the field) unless steps_completed is at most
 -- 2^53 - 1 (as metrics' steps), resources is a JSON object of at most 8 MiB mapping each
 -- file's path, relative and inside the checkpoint (not empty, not starting with '/', no '..'
@@ -1020,7 +1053,7 @@ CREATE FUNCTION det_checkpoint_input_check() RETURNS trigger LANGUAGE plpgsql AS
 -- sums them as bigint), and metadata is an object of at most 64 KiB nested at most 32 levels.
 DECLARE
     v_bad record;
-    v_problem text := det_json_problem(NEW.metadata, 65536);
+    v_problem text := det_internal.json_problem(NEW.metadata, 65536);
 BEGIN
     IF NEW.steps_completed > 9007199254740991 THEN
         RAISE EXCEPTION 'checkpoint steps_completed: expected 0 to 2^53 - 1, not %',
@@ -1054,7 +1087,7 @@ BEGIN
 END $$;
 
 CREATE TRIGGER checkpoints_input_check BEFORE INSERT OR UPDATE OF metadata ON checkpoints
-    FOR EACH ROW EXECUTE FUNCTION det_checkpoint_input_check();
+    FOR EACH ROW EXECUTE FUNCTION det_internal.checkpoint_input_check();
 
 CREATE TABLE tasks (
     job_id         bigint PRIMARY KEY REFERENCES jobs (id),
@@ -1078,8 +1111,8 @@ COMMENT ON TABLE tasks IS
 COMMENT ON COLUMN tasks.experiment_ids IS
     'A TensorBoard''s experiments (with trial_ids, its trials): whose event files it shows.';
 COMMENT ON COLUMN tasks.last_activity IS
-    'The latest sign of use: the task''s server reports it (det_task_activity: open kernels, '
-    'terminals, SSH sessions) and det serve''s proxy touches it (det_task_open). The pass ends '
+    'The latest sign of use: the task''s server reports it (det_task.activity: open kernels, '
+    'terminals, SSH sessions) and det serve''s proxy touches it (det_user.task_open). The pass ends '
     'a task idle past its idle_timeout.';
 COMMENT ON COLUMN tasks.end_reason IS
     'Why the task ended: det''s reason when det ended it ("killed by alice", "idle for 10m0s", '
@@ -1097,8 +1130,8 @@ CREATE TABLE task_secrets (
 COMMENT ON TABLE task_secrets IS
     'Per-task secrets, made at submission: the token of a notebook''s Jupyter server (only '
     'det serve''s proxy sends it) and a shell''s key pair. No user reads this table: the task '
-    'gets its own through det_task_secrets, a user who may open the task through det_task_open '
-    'and det_task_ssh_key.';
+    'gets its own through det_task.secrets, a user who may open the task through det_user.task_open '
+    'and det_user.task_ssh_key.';
 
 CREATE TABLE task_logs (
     id            bigserial PRIMARY KEY,
@@ -1121,7 +1154,7 @@ GRANT SELECT ON task_logs TO det_user;
 -- =============================================================================================
 -- Tables: the model registry and configuration templates
 
-CREATE FUNCTION det_model_name_problem(p_name text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+CREATE FUNCTION det_user.model_name_problem(p_name text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
 -- Why p_name cannot name a model, or NULL. Determined's rules (master/internal/api_model.go):
 -- not blank, no runs of spaces, no slashes, not only digits (a number names a model by its
 -- id); det's: at most 255 characters, no control characters (a name is one table cell).
@@ -1135,9 +1168,9 @@ CREATE FUNCTION det_model_name_problem(p_name text) RETURNS text LANGUAGE sql IM
         WHEN p_name ~ '^[0-9]+$' THEN 'cannot be only numbers (a number names a model by id)'
     END;
 $$;
-GRANT EXECUTE ON FUNCTION det_model_name_problem(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.model_name_problem(text) TO det_user;
 
-CREATE FUNCTION det_label_problem(p_labels text[]) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+CREATE FUNCTION det_user.label_problem(p_labels text[]) RETURNS text LANGUAGE sql IMMUTABLE AS $$
 -- Why a list of labels (of a model or a model version) is not acceptable, or NULL: each label
 -- is non-blank, at most 255 characters, without control characters.
     SELECT format('label %s %s', to_jsonb(l),
@@ -1148,15 +1181,15 @@ CREATE FUNCTION det_label_problem(p_labels text[]) RETURNS text LANGUAGE sql IMM
      WHERE l IS NULL OR btrim(l) = '' OR length(l) > 255 OR l ~ '[[:cntrl:]]'
      LIMIT 1;
 $$;
-GRANT EXECUTE ON FUNCTION det_label_problem(text[]) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.label_problem(text[]) TO det_user;
 
 CREATE TABLE models (
     id                serial PRIMARY KEY,
-    name              text NOT NULL CHECK (det_model_name_problem(name) IS NULL),
+    name              text NOT NULL CHECK (det_user.model_name_problem(name) IS NULL),
     description       text NOT NULL DEFAULT '' CHECK (length(description) <= 4096),
     notes             text NOT NULL DEFAULT '' CHECK (length(notes) <= 1048576),
     metadata          jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(metadata) = 'object'),
-    labels            text[] NOT NULL DEFAULT '{}' CHECK (det_label_problem(labels) IS NULL),
+    labels            text[] NOT NULL DEFAULT '{}' CHECK (det_user.label_problem(labels) IS NULL),
     owner             text NOT NULL,
     archived          boolean NOT NULL DEFAULT false,
     creation_time     timestamptz NOT NULL DEFAULT now(),
@@ -1168,7 +1201,7 @@ COMMENT ON TABLE models IS
     'different experiments, with a description, labels, metadata and Markdown notes. An '
     'archived model takes no new versions and no changes until it is unarchived.';
 -- Invariant: model names are unique regardless of case (Determined: "avoid names equal to
--- other models (case-insensitive)"); det_model_find looks names up the same way.
+-- other models (case-insensitive)"); det_user.model_find looks names up the same way.
 CREATE UNIQUE INDEX models_name_lower ON models (lower(name));
 GRANT SELECT ON models TO det_user;
 
@@ -1180,7 +1213,7 @@ CREATE TABLE model_versions (
     name              text NOT NULL DEFAULT '' CHECK (length(name) <= 255),
     notes             text NOT NULL DEFAULT '' CHECK (length(notes) <= 1048576),
     metadata          jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(metadata) = 'object'),
-    labels            text[] NOT NULL DEFAULT '{}' CHECK (det_label_problem(labels) IS NULL),
+    labels            text[] NOT NULL DEFAULT '{}' CHECK (det_user.label_problem(labels) IS NULL),
     owner             text NOT NULL,
     creation_time     timestamptz NOT NULL DEFAULT now(),
     last_updated_time timestamptz NOT NULL DEFAULT now(),
@@ -1195,7 +1228,7 @@ COMMENT ON TABLE model_versions IS
 CREATE INDEX model_versions_checkpoint ON model_versions (checkpoint_uuid);
 GRANT SELECT ON model_versions TO det_user;
 
-CREATE FUNCTION det_keep_pinned_checkpoint() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_internal.keep_pinned_checkpoint() RETURNS trigger LANGUAGE plpgsql AS $$
 -- A checkpoint that a model version names stays COMPLETED: GC and deletion may not move it to
 -- another state (the pin's second half; ON DELETE RESTRICT is the first). The check runs on
 -- the row as it is when the update takes effect, with a fresh snapshot, so a version
@@ -1216,9 +1249,9 @@ BEGIN
 END $$;
 
 CREATE TRIGGER checkpoints_keep_pinned BEFORE UPDATE OF state ON checkpoints
-    FOR EACH ROW WHEN (NEW.state <> 'COMPLETED') EXECUTE FUNCTION det_keep_pinned_checkpoint();
+    FOR EACH ROW WHEN (NEW.state <> 'COMPLETED') EXECUTE FUNCTION det_internal.keep_pinned_checkpoint();
 
-CREATE FUNCTION det_template_name_problem(p_name text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+CREATE FUNCTION det_user.template_name_problem(p_name text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
 -- Why p_name cannot name a configuration template, or NULL: non-blank, at most 255
 -- characters, without control characters.
     SELECT CASE
@@ -1227,9 +1260,9 @@ CREATE FUNCTION det_template_name_problem(p_name text) RETURNS text LANGUAGE sql
         WHEN p_name ~ '[[:cntrl:]]' THEN 'cannot contain line breaks or control characters'
     END;
 $$;
-GRANT EXECUTE ON FUNCTION det_template_name_problem(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.template_name_problem(text) TO det_user;
 
-CREATE FUNCTION det_secret_name(p_name text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+CREATE FUNCTION det_user.secret_name(p_name text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
 -- Whether a config key (or an environment variable's name) holds a secret: S3's access_key
 -- and secret_key, registry_auth's password, auth and tokens, and their like (api_key,
 -- credentials, AWS_SECRET_ACCESS_KEY, HF_TOKEN). Words are split at '_' and '-', so that
@@ -1237,43 +1270,43 @@ CREATE FUNCTION det_secret_name(p_name text) RETURNS boolean LANGUAGE sql IMMUTA
 SELECT p_name ~* '^(auth|identitytoken|registrytoken|connection_string)$'
     OR p_name ~* '(^|[_-])(secrets?|passwords?|passwd|token|credentials?|access_key|private_key|api_key)([_-]|$)'
 $$;
-GRANT EXECUTE ON FUNCTION det_secret_name(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.secret_name(text) TO det_user;
 
-CREATE FUNCTION det_redact_secrets(p_value jsonb) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+CREATE FUNCTION det_user.redact_secrets(p_value jsonb) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
 -- p_value with every secret replaced by '********': the value of each key that
--- det_secret_name calls a secret, at any depth, and the value of each 'NAME=VALUE' list item
+-- det_user.secret_name calls a secret, at any depth, and the value of each 'NAME=VALUE' list item
 -- (environment_variables) whose NAME is one. A null stays null: it hides nothing.
 BEGIN
     CASE jsonb_typeof(p_value)
     WHEN 'object' THEN
         RETURN (SELECT coalesce(jsonb_object_agg(e.k, CASE
-                    WHEN det_secret_name(e.k) AND jsonb_typeof(e.v) <> 'null' THEN '"********"'
-                    ELSE det_redact_secrets(e.v) END), '{}')
+                    WHEN det_user.secret_name(e.k) AND jsonb_typeof(e.v) <> 'null' THEN '"********"'
+                    ELSE det_user.redact_secrets(e.v) END), '{}')
                   FROM jsonb_each(p_value) AS e(k, v));
     WHEN 'array' THEN
         RETURN (SELECT coalesce(jsonb_agg(CASE
                     WHEN jsonb_typeof(e.v) = 'string' AND strpos(e.v #>> '{}', '=') > 1
-                         AND det_secret_name(split_part(e.v #>> '{}', '=', 1))
+                         AND det_user.secret_name(split_part(e.v #>> '{}', '=', 1))
                     THEN to_jsonb(split_part(e.v #>> '{}', '=', 1) || '=********')
-                    ELSE det_redact_secrets(e.v) END ORDER BY e.i), '[]')
+                    ELSE det_user.redact_secrets(e.v) END ORDER BY e.i), '[]')
                   FROM jsonb_array_elements(p_value) WITH ORDINALITY AS e(v, i));
     ELSE
         RETURN p_value;
     END CASE;
 END $$;
-GRANT EXECUTE ON FUNCTION det_redact_secrets(jsonb) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.redact_secrets(jsonb) TO det_user;
 
 CREATE TABLE templates (
-    name              text NOT NULL CHECK (det_template_name_problem(name) IS NULL),
+    name              text NOT NULL CHECK (det_user.template_name_problem(name) IS NULL),
     config            jsonb NOT NULL CHECK (jsonb_typeof(config) = 'object'),
     original          text NOT NULL,
     owner             text NOT NULL,
     created_at        timestamptz NOT NULL DEFAULT now(),
     updated_at        timestamptz NOT NULL DEFAULT now(),
     workspace_id      integer NOT NULL REFERENCES workspaces (id) ON DELETE CASCADE,
-    redacted_config   jsonb GENERATED ALWAYS AS (det_redact_secrets(config)) STORED,
+    redacted_config   jsonb GENERATED ALWAYS AS (det_user.redact_secrets(config)) STORED,
     redacted_original text GENERATED ALWAYS AS (
-        CASE WHEN det_redact_secrets(config) = config THEN original END) STORED,
+        CASE WHEN det_user.redact_secrets(config) = config THEN original END) STORED,
     PRIMARY KEY (workspace_id, name)
 );
 COMMENT ON TABLE templates IS
@@ -1284,13 +1317,13 @@ COMMENT ON TABLE templates IS
     'readable under the workspace''s row-level security, written by its Editors.';
 COMMENT ON COLUMN templates.config IS
     'The template as set, secrets included: users may not select it (nor original); '
-    'det_template_expand gives it to an Editor of the workspace submitting an experiment.';
+    'det_user.template_expand gives it to an Editor of the workspace submitting an experiment.';
 COMMENT ON COLUMN templates.redacted_config IS
-    'config with its secrets replaced by ''********'' (det_redact_secrets): what users read.';
+    'config with its secrets replaced by ''********'' (det_user.redact_secrets): what users read.';
 COMMENT ON COLUMN templates.redacted_original IS
     'The YAML as set when it holds no secret, else NULL (its text cannot be redacted).';
 -- templates without their secrets: config and original are read only through
--- det_template_expand, at submission
+-- det_user.template_expand, at submission
 REVOKE ALL ON templates FROM PUBLIC;
 GRANT SELECT (workspace_id, name, owner, created_at, updated_at, redacted_config,
               redacted_original)
@@ -1311,7 +1344,7 @@ COMMENT ON TABLE web_sessions IS
     'Login tokens of det serve (POST /api/v1/auth/login), by SHA-256 hash: the token itself is '
     'never stored. A token is good until expires_at; expired rows are removed at each login.';
 COMMENT ON COLUMN web_sessions.password_stamp IS
-    'det_password_stamp of the user''s password when the token was minted: the token is good '
+    'det_internal.password_stamp of the user''s password when the token was minted: the token is good '
     'only while it is still the user''s password. NULL where det cannot read verifiers.';
 
 CREATE TABLE login_throttle (
@@ -1324,7 +1357,7 @@ CREATE TABLE login_throttle (
 );
 COMMENT ON TABLE login_throttle IS
     'Failed logins to det serve per user name tried (kind user) and per client address (kind '
-    'address), and until when further attempts are refused (det_login_begin: the rule). A row '
+    'address), and until when further attempts are refused (det_web.login_begin: the rule). A row '
     'is forgotten at forget_at, 15 minutes after its last failure or the end of its lock.';
 CREATE INDEX login_throttle_forget ON login_throttle (forget_at);
 
@@ -1342,7 +1375,7 @@ CREATE UNLOGGED TABLE web_watchers (
     until  timestamptz NOT NULL
 );
 COMMENT ON TABLE web_watchers IS
-    'det serve processes with open event streams, each until its lease runs out (det_web_watch). '
+    'det serve processes with open event streams, each until its lease runs out (det_web.watch). '
     'The det_web triggers fire only while one lease is live. Unlogged: after a crash the '
     'servers take their leases again within a second.';
 
@@ -1351,9 +1384,9 @@ COMMENT ON TABLE web_watchers IS
 --
 -- PostgreSQL has no privilege on LISTEN or NOTIFY: any role may listen or notify on any
 -- channel it can name. So det's channels have names no user or task can know: each is built
--- by det_channel from a random cluster secret that only the schema's owner reads. det's own
+-- by det_internal.channel from a random cluster secret that only the schema's owner reads. det's own
 -- processes LISTEN through functions that never hand the name to a caller outside det's
--- roles (det_listen for the owner, det_web_listen, det_agent_listen, det_task_listen), and
+-- roles (det_internal.listen for the owner, det_web.listen, det_agent.listen, det_task.listen), and
 -- the LISTEN runs inside the function, so the name never appears in a statement's text
 -- (pg_stat_activity shows a session's last statement to every session of its role). NOTIFY
 -- stays a hint: every listener also polls, and det serve reads what changed under the
@@ -1367,11 +1400,11 @@ CREATE TABLE channel_key (
                                                     || gen_random_uuid()::text, '-', ''), 'hex')
 );
 COMMENT ON TABLE channel_key IS
-    'The secret det_channel builds NOTIFY channel names from (one row, made with the schema). '
+    'The secret det_internal.channel builds NOTIFY channel names from (one row, made with the schema). '
     'Granted to no role: only the owner and its SECURITY DEFINER functions read it.';
 INSERT INTO channel_key DEFAULT VALUES;
 
-CREATE FUNCTION det_channel(p_kind text, p_key text) RETURNS text LANGUAGE plpgsql STABLE
+CREATE FUNCTION det_internal.channel(p_kind text, p_key text) RETURNS text LANGUAGE plpgsql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The channel of kind ``p_kind`` ("reconciler", "web": p_key ''; "agent": the agent's id;
 -- "alloc": the allocation's id) for this cluster: det_<kind>_<40 hex digits of
@@ -1383,44 +1416,44 @@ DECLARE
     v_secret bytea := (SELECT secret FROM channel_key);
 BEGIN
     IF p_kind IS NULL OR p_kind NOT IN ('reconciler', 'web', 'agent', 'alloc') THEN
-        RAISE EXCEPTION 'det_channel: kind must be reconciler, web, agent or alloc, got %',
+        RAISE EXCEPTION 'det_internal.channel: kind must be reconciler, web, agent or alloc, got %',
             coalesce(p_kind, 'NULL') USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF p_key IS NULL THEN
-        RAISE EXCEPTION 'det_channel: key of a % channel must not be NULL', p_kind
+        RAISE EXCEPTION 'det_internal.channel: key of a % channel must not be NULL', p_kind
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_secret IS NULL THEN
-        RAISE EXCEPTION 'det_channel: table channel_key has no secret (the schema made one)'
+        RAISE EXCEPTION 'det_internal.channel: table channel_key has no secret (the schema made one)'
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
     RETURN 'det_' || p_kind || '_'
         || left(encode(sha256(v_secret || convert_to(p_kind || ':' || p_key, 'UTF8')), 'hex'), 40);
 END $$;
 
-CREATE FUNCTION det_listen(p_kind text, p_key text) RETURNS void LANGUAGE plpgsql
+CREATE FUNCTION det_internal.listen(p_kind text, p_key text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- This session LISTENs on det_channel(p_kind, p_key) from its transaction's commit on (as a
+-- This session LISTENs on det_internal.channel(p_kind, p_key) from its transaction's commit on (as a
 -- LISTEN statement would). Executable by the owner alone: the reconciler's own channel.
 BEGIN
-    EXECUTE format('LISTEN %I', det_channel(p_kind, p_key));
+    EXECUTE format('LISTEN %I', det_internal.channel(p_kind, p_key));
 END $$;
 
-CREATE FUNCTION det_web_listen() RETURNS void LANGUAGE sql
+CREATE FUNCTION det_web.listen() RETURNS void LANGUAGE sql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- det serve's event listener (det_web) LISTENs on the web channel (det_web_event).
-    SELECT det_listen('web', '');
+-- det serve's event listener (det_web) LISTENs on the web channel (det_internal.web_event).
+    SELECT det_internal.listen('web', '');
 $$;
 -- each of det's roles LISTENs on its own NOTIFY channel, never learning another's
-GRANT EXECUTE ON FUNCTION det_web_listen() TO det_web;
+GRANT EXECUTE ON FUNCTION det_web.listen() TO det_web;
 
-CREATE FUNCTION det_agent_check_self(p_agent text) RETURNS void LANGUAGE plpgsql STABLE
+CREATE FUNCTION det_internal.agent_check_self(p_agent text) RETURNS void LANGUAGE plpgsql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Every agent function that names an agent first calls this: a login enrolled as an agent
 -- (agent_logins) acts only for its own agent id, and not at all once revoked. Sessions of
 -- other roles (the shared det_agent login of the single-host mode, the owner) pass. Raises
 -- insufficient_privilege naming both agents; invalid_authorization_specification (28000)
--- for a revoked login (a session that slipped in before det_agent_revoke committed).
+-- for a revoked login (a session that slipped in before det_user.agent_revoke committed).
 DECLARE
     l agent_logins;
 BEGIN
@@ -1439,11 +1472,11 @@ BEGIN
 END $$;
 
 
-CREATE FUNCTION det_agent_check_allocation(p_allocation bigint) RETURNS void LANGUAGE plpgsql
+CREATE FUNCTION det_internal.agent_check_allocation(p_allocation bigint) RETURNS void LANGUAGE plpgsql
 STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- An agent function that names an allocation rather than an agent calls this: a login enrolled
 -- as an agent (agent_logins) acts only for allocations it is the chief of or holds (or held:
--- logs are flushed after a run ends) slots of; otherwise det_agent_check_self refuses it as
+-- logs are flushed after a run ends) slots of; otherwise det_internal.agent_check_self refuses it as
 -- acting for the allocation's chief. Sessions of other roles pass.
 DECLARE
     l agent_logins;
@@ -1457,50 +1490,50 @@ BEGIN
     IF v_chief IS DISTINCT FROM l.agent_id
        AND NOT EXISTS (SELECT 1 FROM allocation_slots h
                         WHERE h.allocation_id = p_allocation AND h.agent_id = l.agent_id) THEN
-        PERFORM det_agent_check_self(v_chief);
+        PERFORM det_internal.agent_check_self(v_chief);
     END IF;
-    PERFORM det_agent_check_self(l.agent_id);
+    PERFORM det_internal.agent_check_self(l.agent_id);
 END $$;
 
 
-CREATE FUNCTION det_agent_listen(p_agent text) RETURNS void LANGUAGE sql
+CREATE FUNCTION det_agent.listen(p_agent text) RETURNS void LANGUAGE sql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- An agent (det_agent) LISTENs on its own channel: the reconciler wakes it there when its
 -- assignments or their desired states change. An agent names itself, as in every function
 -- of det_agent's.
-SELECT det_agent_check_self(p_agent);
-    SELECT det_listen('agent', p_agent);
+SELECT det_internal.agent_check_self(p_agent);
+    SELECT det_internal.listen('agent', p_agent);
 $$;
 -- each of det's roles LISTENs on its own NOTIFY channel, never learning another's
-GRANT EXECUTE ON FUNCTION det_agent_listen(text) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.listen(text) TO det_agent;
 
-CREATE FUNCTION det_task_listen(p_token text) RETURNS void LANGUAGE plpgsql
+CREATE FUNCTION det_task.listen(p_token text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- A task (det_task) LISTENs on its own allocation's channel, named by its token: woken there
 -- when it should preempt (empty payload) or its trial's next searcher op is decided ("op").
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
 BEGIN
-    PERFORM det_listen('alloc', a.id::text);
+    PERFORM det_internal.listen('alloc', a.id::text);
 END $$;
 -- each of det's roles LISTENs on its own NOTIFY channel, never learning another's
-GRANT EXECUTE ON FUNCTION det_task_listen(text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.listen(text) TO det_task;
 
 -- =============================================================================================
 -- Transition rules
 
-CREATE FUNCTION det_stopped_state(p_state text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+CREATE FUNCTION det_user.stopped_state(p_state text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
 -- The terminal state a STOPPING_* experiment or trial ends in (STOPPING_KILLED ends CANCELED);
 -- any other state is returned as it is. The one home of this rule: the transition trigger,
 -- the reconciler's finishing steps and reports all call it.
     SELECT CASE WHEN p_state LIKE 'STOPPING\_%'
                 THEN replace(substr(p_state, 10), 'KILLED', 'CANCELED') ELSE p_state END;
 $$;
-GRANT EXECUTE ON FUNCTION det_stopped_state(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.stopped_state(text) TO det_user;
 
-CREATE FUNCTION det_check_transition() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_internal.check_transition() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Experiments and trials: terminal states are final (but an unmanaged one's, resumed), and a
--- STOPPING_* state only moves on to its terminal state (det_stopped_state), or to a harsher
+-- STOPPING_* state only moves on to its terminal state (det_user.stopped_state), or to a harsher
 -- STOPPING_* (a cancel may become a kill). Allocations: the observed state only moves forward.
 DECLARE
     old_s text := OLD.state::text;
@@ -1517,7 +1550,7 @@ BEGIN
         RETURN NEW;
     END IF;
     -- A later start of an unmanaged script resumes its ended experiment and trial
-    -- (det_unmanaged_start), as upstream reopens an unmanaged trial.
+    -- (det_user.unmanaged_start), as upstream reopens an unmanaged trial.
     IF old_s IN ('COMPLETED', 'CANCELED', 'ERROR') AND new_s = 'ACTIVE'
        AND EXISTS (SELECT 1 FROM experiments e
                     WHERE e.unmanaged AND e.id = CASE TG_TABLE_NAME
@@ -1530,7 +1563,7 @@ BEGIN
        OR (old_s = 'STOPPING_KILLED' AND new_s LIKE 'STOPPING_%')
        OR (old_s = 'STOPPING_CANCELED' AND new_s IN ('STOPPING_COMPLETED', 'COMPLETED'))
        OR (old_s LIKE 'STOPPING_%' AND new_s NOT LIKE 'STOPPING_%'
-           AND new_s <> det_stopped_state(old_s)) THEN
+           AND new_s <> det_user.stopped_state(old_s)) THEN
         RAISE EXCEPTION '% %: illegal state change % -> %', TG_TABLE_NAME, OLD.id, old_s, new_s
             USING ERRCODE = 'check_violation';
     END IF;
@@ -1538,13 +1571,13 @@ BEGIN
 END $$;
 
 CREATE TRIGGER experiments_transition BEFORE UPDATE OF state ON experiments
-    FOR EACH ROW EXECUTE FUNCTION det_check_transition();
+    FOR EACH ROW EXECUTE FUNCTION det_internal.check_transition();
 CREATE TRIGGER trials_transition BEFORE UPDATE OF state ON trials
-    FOR EACH ROW EXECUTE FUNCTION det_check_transition();
+    FOR EACH ROW EXECUTE FUNCTION det_internal.check_transition();
 CREATE TRIGGER allocations_transition BEFORE UPDATE OF state ON allocations
-    FOR EACH ROW EXECUTE FUNCTION det_check_transition();
+    FOR EACH ROW EXECUTE FUNCTION det_internal.check_transition();
 
-CREATE FUNCTION det_instance_transition() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_internal.instance_transition() RETURNS trigger LANGUAGE plpgsql AS $$
 -- An instance's state only moves forward (instance_state's order): nothing comes back from
 -- TERMINATING or GONE.
 BEGIN
@@ -1556,40 +1589,40 @@ BEGIN
 END $$;
 
 CREATE TRIGGER instances_transition BEFORE UPDATE OF state ON instances
-    FOR EACH ROW EXECUTE FUNCTION det_instance_transition();
+    FOR EACH ROW EXECUTE FUNCTION det_internal.instance_transition();
 
 -- =============================================================================================
 -- Access control: who is calling, what they may do, and the audit log. User
 -- actions are SECURITY DEFINER functions (they run as the schema's owner, so row-level
 -- security does not hide rows from them): each checks its caller's permission with
--- det_require in the transaction of its change.
+-- det_internal.require in the transaction of its change.
 
-CREATE FUNCTION det_caller() RETURNS text LANGUAGE sql STABLE AS $$
+CREATE FUNCTION det_user.caller() RETURNS text LANGUAGE sql STABLE AS $$
 -- The user acting in this session: its login role (session_user, which a SECURITY DEFINER
 -- function does not change, unlike current_user), or, for det serve (connected as det_web),
--- the user whose token det_web_auth accepted in this transaction.
+-- the user whose token det_web.auth accepted in this transaction.
 SELECT coalesce(CASE WHEN pg_has_role(session_user, 'det_web', 'MEMBER')
                      THEN nullif(current_setting('det.web_user', true), '') END,
                 session_user::text)
 $$;
-GRANT EXECUTE ON FUNCTION det_caller() TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.caller() TO det_user;
 
-CREATE FUNCTION det_is_owner_session() RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+CREATE FUNCTION det_user.is_owner_session() RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 -- Whether the session is the cluster's own (the role owning det's tables, a member of it, or
 -- a superuser: the reconciler, `det cluster up`) acting as no det user. It holds every
 -- permission.
 BEGIN
-    RETURN NOT EXISTS (SELECT 1 FROM users WHERE username = det_caller())
+    RETURN NOT EXISTS (SELECT 1 FROM users WHERE username = det_user.caller())
        AND pg_has_role(session_user, (SELECT relowner FROM pg_class
                                        WHERE oid = 'experiments'::regclass), 'MEMBER');
 END $$;
-GRANT EXECUTE ON FUNCTION det_is_owner_session() TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.is_owner_session() TO det_user;
 
-CREATE FUNCTION det_user_grants(p_user text)
+CREATE FUNCTION det_user.user_grants(p_user text)
 RETURNS TABLE (workspace_id integer, permissions text[]) LANGUAGE sql STABLE AS $$
 -- What active user p_user holds: one row per role assigned to them or to one of their
 -- groups, with its workspace (NULL: every workspace) and its permissions (see roles). The
--- one home of that rule: det_permitted and det_visible_workspaces read it.
+-- one home of that rule: det_user.permitted and det_user.visible_workspaces read it.
 SELECT a.workspace_id, r.permissions
   FROM users u
   JOIN role_assignments a
@@ -1598,49 +1631,49 @@ SELECT a.workspace_id, r.permissions
   JOIN roles r ON r.name = a.role
  WHERE u.username = p_user AND u.active
 $$;
-GRANT EXECUTE ON FUNCTION det_user_grants(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.user_grants(text) TO det_user;
 
-CREATE FUNCTION det_permitted(p_user text, p_permission text, p_workspace integer)
+CREATE FUNCTION det_user.permitted(p_user text, p_permission text, p_workspace integer)
 RETURNS boolean LANGUAGE sql STABLE AS $$
 -- Whether active user p_user holds p_permission in workspace p_workspace (NULL: globally)
--- through a role held globally or there (det_user_grants).
+-- through a role held globally or there (det_user.user_grants).
 SELECT EXISTS (
-    SELECT 1 FROM det_user_grants(p_user) g
+    SELECT 1 FROM det_user.user_grants(p_user) g
      WHERE p_permission = ANY (g.permissions)
        AND (g.workspace_id IS NULL OR g.workspace_id = p_workspace))
 $$;
-GRANT EXECUTE ON FUNCTION det_permitted(text, text, integer) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.permitted(text, text, integer) TO det_user;
 
-CREATE FUNCTION det_visible_workspaces() RETURNS integer[] LANGUAGE sql STABLE
+CREATE FUNCTION det_user.visible_workspaces() RETURNS integer[] LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- The workspaces the calling user may view (det_permitted's rule, as one query): what the
+-- The workspaces the calling user may view (det_user.permitted's rule, as one query): what the
 -- row-level security policies key on, called once per query as an InitPlan:
--- `= ANY ((SELECT det_visible_workspaces())::integer[])`.
-WITH viewable AS (SELECT g.workspace_id FROM det_user_grants(det_caller()) g
+-- `= ANY ((SELECT det_user.visible_workspaces())::integer[])`.
+WITH viewable AS (SELECT g.workspace_id FROM det_user.user_grants(det_user.caller()) g
                    WHERE 'view' = ANY (g.permissions))
 SELECT CASE WHEN EXISTS (SELECT 1 FROM viewable WHERE workspace_id IS NULL)
             THEN (SELECT coalesce(array_agg(id), '{}') FROM workspaces)
             ELSE (SELECT coalesce(array_agg(DISTINCT workspace_id), '{}') FROM viewable) END
 $$;
-GRANT EXECUTE ON FUNCTION det_visible_workspaces() TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.visible_workspaces() TO det_user;
 
-CREATE FUNCTION det_visible_projects() RETURNS integer[] LANGUAGE sql STABLE
+CREATE FUNCTION det_user.visible_projects() RETURNS integer[] LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- The projects of det_visible_workspaces: experiments' policy keys on them, so that a user of
+-- The projects of det_user.visible_workspaces: experiments' policy keys on them, so that a user of
 -- few projects reads their experiments through the project index.
 SELECT coalesce(array_agg(id), '{}') FROM projects
- WHERE workspace_id = ANY (det_visible_workspaces())
+ WHERE workspace_id = ANY (det_user.visible_workspaces())
 $$;
-GRANT EXECUTE ON FUNCTION det_visible_projects() TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.visible_projects() TO det_user;
 
-CREATE FUNCTION det_role_needed(p_permission text) RETURNS text LANGUAGE sql STABLE AS $$
+CREATE FUNCTION det_user.role_needed(p_permission text) RETURNS text LANGUAGE sql STABLE AS $$
 -- The least role that grants p_permission, to name in a refusal.
 SELECT name FROM roles WHERE p_permission = ANY (permissions)
  ORDER BY cardinality(permissions), name LIMIT 1
 $$;
-GRANT EXECUTE ON FUNCTION det_role_needed(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.role_needed(text) TO det_user;
 
-CREATE FUNCTION det_require(p_permission text, p_workspace integer, p_action text)
+CREATE FUNCTION det_internal.require(p_permission text, p_workspace integer, p_action text)
 RETURNS text LANGUAGE plpgsql STABLE AS $$
 -- Check that the caller may do p_action (words for the refusal: 'pause experiment 12') with
 -- p_permission in workspace p_workspace (NULL: a cluster-wide permission); returns the
@@ -1649,38 +1682,38 @@ RETURNS text LANGUAGE plpgsql STABLE AS $$
 -- who may not even view the workspace is told what they asked about is not found
 -- (no_data_found), as row-level security would show it: no rows.
 DECLARE
-    v_user text := det_caller();
+    v_user text := det_user.caller();
 BEGIN
-    IF det_is_owner_session() THEN
+    IF det_user.is_owner_session() THEN
         RETURN v_user;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM users WHERE username = v_user AND active) THEN
         RAISE EXCEPTION 'permission denied: % is not an active det user', to_jsonb(v_user)
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    IF det_permitted(v_user, p_permission, p_workspace) THEN
+    IF det_user.permitted(v_user, p_permission, p_workspace) THEN
         RETURN v_user;
     END IF;
-    IF p_workspace IS NOT NULL AND NOT det_permitted(v_user, 'view', p_workspace) THEN
+    IF p_workspace IS NOT NULL AND NOT det_user.permitted(v_user, 'view', p_workspace) THEN
         RAISE EXCEPTION 'cannot %: not found', p_action USING ERRCODE = 'no_data_found';
     END IF;
-    RAISE EXCEPTION 'permission denied: needs % % to %', det_role_needed(p_permission),
+    RAISE EXCEPTION 'permission denied: needs % % to %', det_user.role_needed(p_permission),
         CASE WHEN p_workspace IS NULL THEN 'on the cluster'
              ELSE format('on workspace ''%s''', (SELECT name FROM workspaces
                                                   WHERE id = p_workspace)) END,
         p_action USING ERRCODE = 'insufficient_privilege';
 END $$;
 
-CREATE FUNCTION det_audit(p_action text, p_object_type text, p_object_id text,
+CREATE FUNCTION det_internal.audit(p_action text, p_object_type text, p_object_id text,
                           p_detail jsonb DEFAULT '{}') RETURNS void
 LANGUAGE plpgsql AS $$
 -- One audit_log entry by the caller, in the transaction of the change it records.
 BEGIN
     INSERT INTO audit_log (actor, action, object_type, object_id, detail)
-    VALUES (det_caller(), p_action, p_object_type, p_object_id, coalesce(p_detail, '{}'));
+    VALUES (det_user.caller(), p_action, p_object_type, p_object_id, coalesce(p_detail, '{}'));
 END $$;
 
-CREATE FUNCTION det_experiment_workspace(p_id integer) RETURNS integer LANGUAGE plpgsql
+CREATE FUNCTION det_user.experiment_workspace(p_id integer) RETURNS integer LANGUAGE plpgsql
 STABLE AS $$
 -- The workspace experiment p_id is in. Raises no_data_found.
 DECLARE
@@ -1693,9 +1726,9 @@ BEGIN
     END IF;
     RETURN v_ws;
 END $$;
-GRANT EXECUTE ON FUNCTION det_experiment_workspace(integer) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.experiment_workspace(integer) TO det_user;
 
-CREATE FUNCTION det_check_experiment_project() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_internal.check_experiment_project() RETURNS trigger LANGUAGE plpgsql AS $$
 -- An experiment's project is in its job's workspace: row-level security reads the one on
 -- experiments and the other on jobs and runs, so they must agree.
 BEGIN
@@ -1708,28 +1741,28 @@ BEGIN
 END $$;
 CREATE CONSTRAINT TRIGGER experiments_project_in_workspace
     AFTER INSERT OR UPDATE OF project_id, job_id ON experiments
-    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION det_check_experiment_project();
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION det_internal.check_experiment_project();
 
-CREATE FUNCTION det_workspace_find(p_name text) RETURNS workspaces LANGUAGE plpgsql STABLE AS $$
+CREATE FUNCTION det_user.workspace_find(p_name text) RETURNS workspaces LANGUAGE plpgsql STABLE AS $$
 -- The workspace named p_name (names are exact: any character is part of it). Raises
 -- no_data_found, also when the caller may not view it.
 DECLARE
     w workspaces;
 BEGIN
     SELECT * INTO w FROM workspaces WHERE name = p_name;
-    IF NOT FOUND OR NOT (det_is_owner_session() OR det_permitted(det_caller(), 'view', w.id))
+    IF NOT FOUND OR NOT (det_user.is_owner_session() OR det_user.permitted(det_user.caller(), 'view', w.id))
     THEN
         RAISE EXCEPTION 'workspace % not found', to_jsonb(p_name) USING ERRCODE = 'no_data_found';
     END IF;
     RETURN w;
 END $$;
-GRANT EXECUTE ON FUNCTION det_workspace_find(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.workspace_find(text) TO det_user;
 
-CREATE FUNCTION det_project_find(p_workspace text, p_project text) RETURNS projects
+CREATE FUNCTION det_user.project_find(p_workspace text, p_project text) RETURNS projects
 LANGUAGE plpgsql STABLE AS $$
 -- Project p_project of workspace p_workspace. Raises no_data_found.
 DECLARE
-    w workspaces := det_workspace_find(p_workspace);
+    w workspaces := det_user.workspace_find(p_workspace);
     p projects;
 BEGIN
     SELECT * INTO p FROM projects WHERE workspace_id = w.id AND name = p_project;
@@ -1739,9 +1772,9 @@ BEGIN
     END IF;
     RETURN p;
 END $$;
-GRANT EXECUTE ON FUNCTION det_project_find(text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.project_find(text, text) TO det_user;
 
-CREATE FUNCTION det_user_find(p_username text) RETURNS users LANGUAGE plpgsql STABLE AS $$
+CREATE FUNCTION det_user.user_find(p_username text) RETURNS users LANGUAGE plpgsql STABLE AS $$
 -- The user named p_username. Raises no_data_found.
 DECLARE
     u users;
@@ -1752,9 +1785,9 @@ BEGIN
     END IF;
     RETURN u;
 END $$;
-GRANT EXECUTE ON FUNCTION det_user_find(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.user_find(text) TO det_user;
 
-CREATE FUNCTION det_check_verifier(p_password_verifier text) RETURNS void LANGUAGE plpgsql
+CREATE FUNCTION det_internal.check_verifier(p_password_verifier text) RETURNS void LANGUAGE plpgsql
 IMMUTABLE AS $$
 -- A password reaches det only as a SCRAM-SHA-256 verifier made by the client (libpq's
 -- PQencryptPasswordConn), never as the password itself.
@@ -1765,7 +1798,7 @@ BEGIN
     END IF;
 END $$;
 
-CREATE FUNCTION det_password_stamp(p_user text) RETURNS bytea LANGUAGE plpgsql STABLE AS $$
+CREATE FUNCTION det_internal.password_stamp(p_user text) RETURNS bytea LANGUAGE plpgsql STABLE AS $$
 -- A digest (SHA-256) of the verifier PostgreSQL keeps for role p_user's password
 -- (pg_authid.rolpassword): it changes whenever the password does, however it was changed
 -- (a role may always ALTER ROLE its own PASSWORD, and no trigger sees that). NULL when the
@@ -1781,21 +1814,21 @@ BEGIN
               FROM pg_catalog.pg_authid a WHERE a.rolname = p_user);
 END $$;
 
-CREATE FUNCTION det_password_policy(p_password_length integer, p_weak_ok boolean,
+CREATE FUNCTION det_internal.password_policy(p_password_length integer, p_weak_ok boolean,
                                     p_action text) RETURNS void LANGUAGE plpgsql STABLE AS $$
 -- The minimum password policy: a new password has at least 8 characters, unless a
 -- ClusterAdmin sets p_weak_ok (`--weak-ok`) for p_action ('set the password of user "bob"').
--- det sees a password only as its client-made SCRAM verifier (det_check_verifier), so the
+-- det sees a password only as its client-made SCRAM verifier (det_internal.check_verifier), so the
 -- client states its length in characters (det's CLI counts it); the cluster's own session,
 -- which may ALTER ROLE any password anyway, may leave it unstated (NULL). Raises
 -- invalid_parameter_value (too short, or unstated), insufficient_privilege (p_weak_ok by a
 -- caller who is no ClusterAdmin).
 BEGIN
     IF p_weak_ok THEN
-        PERFORM det_require('admin_cluster', NULL, format('%s with --weak-ok', p_action));
+        PERFORM det_internal.require('admin_cluster', NULL, format('%s with --weak-ok', p_action));
         RETURN;
     END IF;
-    IF p_password_length IS NULL AND NOT det_is_owner_session() THEN
+    IF p_password_length IS NULL AND NOT det_user.is_owner_session() THEN
         RAISE EXCEPTION 'password length: expected the new password''s length in characters '
                         '(det requires at least 8)' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1810,28 +1843,28 @@ END $$;
 -- User actions: users, groups, workspaces, projects and roles. Each is one
 -- transaction, checks its caller's permission and writes an audit_log entry.
 
-CREATE FUNCTION det_user_create(p_username text, p_password_verifier text, p_admin boolean,
+CREATE FUNCTION det_user.user_create(p_username text, p_password_verifier text, p_admin boolean,
                                 p_password_length integer DEFAULT NULL,
                                 p_weak_ok boolean DEFAULT false)
 RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det user create` (ClusterAdmin): a det user is a new LOGIN role of the same name, member
 -- of det_user (and of det_web, so det serve can act as it), Editor in Uncategorized, and
--- ClusterAdmin too if p_admin. p_password_verifier: see det_check_verifier; NULL leaves the
+-- ClusterAdmin too if p_admin. p_password_verifier: see det_internal.check_verifier; NULL leaves the
 -- user unable to log in until a password is set. p_password_length, p_weak_ok: the password
--- policy (det_password_policy). Returns the user's id.
+-- policy (det_internal.password_policy). Returns the user's id.
 DECLARE
-    v_problem text := det_name_problem(p_username, 63);
+    v_problem text := det_user.name_problem(p_username, 63);
     v_id integer;
 BEGIN
-    PERFORM det_require('admin_cluster', NULL, format('create user %s', to_jsonb(p_username)));
+    PERFORM det_internal.require('admin_cluster', NULL, format('create user %s', to_jsonb(p_username)));
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'username %: %', to_jsonb(p_username), v_problem
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM det_check_verifier(p_password_verifier);
+    PERFORM det_internal.check_verifier(p_password_verifier);
     IF p_password_verifier IS NOT NULL THEN
-        PERFORM det_password_policy(p_password_length, p_weak_ok,
+        PERFORM det_internal.password_policy(p_password_length, p_weak_ok,
                                     format('create user %s', to_jsonb(p_username)));
     END IF;
     IF EXISTS (SELECT 1 FROM users WHERE username = p_username) THEN
@@ -1847,63 +1880,63 @@ BEGIN
     EXECUTE format('CREATE ROLE %I LOGIN IN ROLE det_user PASSWORD %L', p_username,
                    p_password_verifier);
     EXECUTE format('GRANT %I TO det_web', p_username);
-    INSERT INTO users (username, created_by) VALUES (p_username, det_caller())
+    INSERT INTO users (username, created_by) VALUES (p_username, det_user.caller())
     RETURNING id INTO v_id;
     INSERT INTO role_assignments (role, user_id, workspace_id) VALUES ('Editor', v_id, 1);
     IF p_admin THEN
         INSERT INTO role_assignments (role, user_id) VALUES ('ClusterAdmin', v_id);
     END IF;
-    PERFORM det_audit('create', 'user', p_username,
+    PERFORM det_internal.audit('create', 'user', p_username,
                       jsonb_build_object('admin', p_admin, 'weak_ok', coalesce(p_weak_ok, false)));
     RETURN v_id;
 END $$;
-GRANT EXECUTE ON FUNCTION det_user_create(text, text, boolean, integer, boolean) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.user_create(text, text, boolean, integer, boolean) TO det_user;
 
-CREATE FUNCTION det_user_set_password(p_username text, p_password_verifier text,
+CREATE FUNCTION det_user.user_set_password(p_username text, p_password_verifier text,
                                       p_password_length integer DEFAULT NULL,
                                       p_weak_ok boolean DEFAULT false)
 RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det user change-password`: a user's own, or anyone's by a ClusterAdmin (the CLI asks a
 -- user who is no ClusterAdmin for the current password first). p_password_length,
--- p_weak_ok: the password policy (det_password_policy). Every det serve login of the user
+-- p_weak_ok: the password policy (det_internal.password_policy). Every det serve login of the user
 -- ends (a token minted under the old password is refused), and the change is audited with how
 -- many logins it ended.
 DECLARE
-    u users := det_user_find(p_username);
+    u users := det_user.user_find(p_username);
     v_ended integer;
 BEGIN
-    IF u.username <> det_caller() THEN
-        PERFORM det_require('admin_cluster', NULL,
+    IF u.username <> det_user.caller() THEN
+        PERFORM det_internal.require('admin_cluster', NULL,
                             format('change the password of user %s', to_jsonb(p_username)));
     END IF;
     IF p_password_verifier IS NULL THEN
         RAISE EXCEPTION 'password: expected a SCRAM-SHA-256 verifier, got nothing'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM det_check_verifier(p_password_verifier);
-    PERFORM det_password_policy(p_password_length, p_weak_ok,
+    PERFORM det_internal.check_verifier(p_password_verifier);
+    PERFORM det_internal.password_policy(p_password_length, p_weak_ok,
                                 format('change the password of user %s', to_jsonb(p_username)));
     EXECUTE format('ALTER ROLE %I PASSWORD %L', u.username, p_password_verifier);
     DELETE FROM web_sessions WHERE username = u.username;
     GET DIAGNOSTICS v_ended = ROW_COUNT;
-    PERFORM det_audit('change_password', 'user', u.username,
+    PERFORM det_internal.audit('change_password', 'user', u.username,
                       jsonb_build_object('logins_ended', v_ended,
                                          'weak_ok', coalesce(p_weak_ok, false)));
 END $$;
-GRANT EXECUTE ON FUNCTION det_user_set_password(text, text, integer, boolean) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.user_set_password(text, text, integer, boolean) TO det_user;
 
-CREATE FUNCTION det_user_set_active(p_username text, p_active boolean) RETURNS void
+CREATE FUNCTION det_user.user_set_active(p_username text, p_active boolean) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det user deactivate | activate` (ClusterAdmin): a deactivated user cannot log in (its role
 -- loses LOGIN), holds no permission, and its det serve logins end.
 DECLARE
-    u users := det_user_find(p_username);
+    u users := det_user.user_find(p_username);
 BEGIN
-    PERFORM det_require('admin_cluster', NULL,
+    PERFORM det_internal.require('admin_cluster', NULL,
                         format('%s user %s', CASE WHEN p_active THEN 'activate'
                                                   ELSE 'deactivate' END, to_jsonb(p_username)));
-    IF NOT p_active AND u.username = det_caller() THEN
+    IF NOT p_active AND u.username = det_user.caller() THEN
         RAISE EXCEPTION 'user %: you cannot deactivate yourself', to_jsonb(u.username)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1912,54 +1945,54 @@ BEGIN
     IF NOT p_active THEN
         DELETE FROM web_sessions WHERE username = u.username;
     END IF;
-    PERFORM det_audit(CASE WHEN p_active THEN 'activate' ELSE 'deactivate' END, 'user',
+    PERFORM det_internal.audit(CASE WHEN p_active THEN 'activate' ELSE 'deactivate' END, 'user',
                       u.username);
 END $$;
-GRANT EXECUTE ON FUNCTION det_user_set_active(text, boolean) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.user_set_active(text, boolean) TO det_user;
 
-CREATE FUNCTION det_group_create(p_name text) RETURNS integer LANGUAGE plpgsql
+CREATE FUNCTION det_user.group_create(p_name text) RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det user-group create` (ClusterAdmin). Returns the group's id.
 DECLARE
-    v_problem text := det_name_problem(p_name, 255);
+    v_problem text := det_user.name_problem(p_name, 255);
     v_id integer;
 BEGIN
-    PERFORM det_require('admin_cluster', NULL, format('create group %s', to_jsonb(p_name)));
+    PERFORM det_internal.require('admin_cluster', NULL, format('create group %s', to_jsonb(p_name)));
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'group name %: %', to_jsonb(p_name), v_problem
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     INSERT INTO user_groups (name) VALUES (p_name) RETURNING id INTO v_id;
-    PERFORM det_audit('create', 'group', p_name);
+    PERFORM det_internal.audit('create', 'group', p_name);
     RETURN v_id;
 EXCEPTION WHEN unique_violation THEN
     RAISE EXCEPTION 'group name %: a group of that name exists', to_jsonb(p_name)
         USING ERRCODE = 'unique_violation';
 END $$;
-GRANT EXECUTE ON FUNCTION det_group_create(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.group_create(text) TO det_user;
 
-CREATE FUNCTION det_group_delete(p_name text) RETURNS void LANGUAGE plpgsql
+CREATE FUNCTION det_user.group_delete(p_name text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det user-group delete` (ClusterAdmin): its members lose the roles it held.
 BEGIN
-    PERFORM det_require('admin_cluster', NULL, format('delete group %s', to_jsonb(p_name)));
+    PERFORM det_internal.require('admin_cluster', NULL, format('delete group %s', to_jsonb(p_name)));
     DELETE FROM user_groups WHERE name = p_name;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'group % not found', to_jsonb(p_name) USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_audit('delete', 'group', p_name);
+    PERFORM det_internal.audit('delete', 'group', p_name);
 END $$;
-GRANT EXECUTE ON FUNCTION det_group_delete(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.group_delete(text) TO det_user;
 
-CREATE FUNCTION det_group_set_member(p_group text, p_username text, p_member boolean)
+CREATE FUNCTION det_user.group_set_member(p_group text, p_username text, p_member boolean)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det user-group add-user | remove-user` (ClusterAdmin). Adding a member twice or removing a
 -- non-member changes nothing.
 DECLARE
     v_group integer;
-    u users := det_user_find(p_username);
+    u users := det_user.user_find(p_username);
 BEGIN
-    PERFORM det_require('admin_cluster', NULL,
+    PERFORM det_internal.require('admin_cluster', NULL,
                         format('%s group %s', CASE WHEN p_member THEN 'add users to'
                                                    ELSE 'remove users from' END,
                                to_jsonb(p_group)));
@@ -1972,21 +2005,21 @@ BEGIN
     ELSE
         DELETE FROM user_group_members WHERE group_id = v_group AND user_id = u.id;
     END IF;
-    PERFORM det_audit(CASE WHEN p_member THEN 'add_member' ELSE 'remove_member' END, 'group',
+    PERFORM det_internal.audit(CASE WHEN p_member THEN 'add_member' ELSE 'remove_member' END, 'group',
                       p_group, jsonb_build_object('user', u.username));
 END $$;
-GRANT EXECUTE ON FUNCTION det_group_set_member(text, text, boolean) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.group_set_member(text, text, boolean) TO det_user;
 
-CREATE FUNCTION det_workspace_create(
+CREATE FUNCTION det_user.workspace_create(
     p_name text, p_default_compute_pool text, p_default_aux_pool text,
     p_checkpoint_storage jsonb
 ) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det workspace create` (WorkspaceCreator or ClusterAdmin): the creator becomes its
 -- WorkspaceAdmin. p_checkpoint_storage was validated by det.configs. Returns its id.
 DECLARE
-    v_user text := det_require('create_workspace', NULL,
+    v_user text := det_internal.require('create_workspace', NULL,
                                format('create workspace %s', to_jsonb(p_name)));
-    v_problem text := det_name_problem(p_name, 255);
+    v_problem text := det_user.name_problem(p_name, 255);
     v_id integer;
 BEGIN
     IF v_problem IS NOT NULL THEN
@@ -2003,23 +2036,23 @@ BEGIN
     RETURNING id INTO v_id;
     INSERT INTO role_assignments (role, user_id, workspace_id)
     SELECT 'WorkspaceAdmin', id, v_id FROM users WHERE username = v_user;
-    PERFORM det_audit('create', 'workspace', v_id::text, jsonb_build_object('name', p_name));
+    PERFORM det_internal.audit('create', 'workspace', v_id::text, jsonb_build_object('name', p_name));
     RETURN v_id;
 EXCEPTION WHEN foreign_key_violation THEN
     RAISE EXCEPTION 'workspace %: no resource pool named % or %', to_jsonb(p_name),
         to_jsonb(p_default_compute_pool), to_jsonb(p_default_aux_pool)
         USING ERRCODE = 'foreign_key_violation';
 END $$;
-GRANT EXECUTE ON FUNCTION det_workspace_create(text, text, text, jsonb) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.workspace_create(text, text, text, jsonb) TO det_user;
 
-CREATE FUNCTION det_workspace_set_archived(p_name text, p_archived boolean) RETURNS void
+CREATE FUNCTION det_user.workspace_set_archived(p_name text, p_archived boolean) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det workspace archive | unarchive` (WorkspaceAdmin): an archived workspace takes no new
 -- experiments or projects and is hidden from `det workspace list` unless --all.
 DECLARE
-    w workspaces := det_workspace_find(p_name);
+    w workspaces := det_user.workspace_find(p_name);
 BEGIN
-    PERFORM det_require('admin_workspace', w.id,
+    PERFORM det_internal.require('admin_workspace', w.id,
                         format('%s workspace %s', CASE WHEN p_archived THEN 'archive'
                                                        ELSE 'unarchive' END, to_jsonb(w.name)));
     IF w.id = 1 THEN
@@ -2027,20 +2060,20 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE workspaces SET archived = p_archived WHERE id = w.id;
-    PERFORM det_audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'workspace',
+    PERFORM det_internal.audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'workspace',
                       w.id::text, jsonb_build_object('name', w.name));
 END $$;
-GRANT EXECUTE ON FUNCTION det_workspace_set_archived(text, boolean) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.workspace_set_archived(text, boolean) TO det_user;
 
-CREATE FUNCTION det_workspace_delete(p_name text) RETURNS void LANGUAGE plpgsql
+CREATE FUNCTION det_user.workspace_delete(p_name text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det workspace delete` (WorkspaceAdmin): refused while any experiment or model is in it
 -- (move or delete them first); its projects, role assignments and pool bindings go with it.
 DECLARE
-    w workspaces := det_workspace_find(p_name);
+    w workspaces := det_user.workspace_find(p_name);
     v_n bigint;
 BEGIN
-    PERFORM det_require('admin_workspace', w.id, format('delete workspace %s', to_jsonb(w.name)));
+    PERFORM det_internal.require('admin_workspace', w.id, format('delete workspace %s', to_jsonb(w.name)));
     IF w.id = 1 THEN
         RAISE EXCEPTION 'workspace "Uncategorized" cannot be deleted'
             USING ERRCODE = 'invalid_parameter_value';
@@ -2057,18 +2090,18 @@ BEGIN
     END IF;
     DELETE FROM projects WHERE workspace_id = w.id;
     DELETE FROM workspaces WHERE id = w.id;
-    PERFORM det_audit('delete', 'workspace', w.id::text, jsonb_build_object('name', w.name));
+    PERFORM det_internal.audit('delete', 'workspace', w.id::text, jsonb_build_object('name', w.name));
 END $$;
-GRANT EXECUTE ON FUNCTION det_workspace_delete(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.workspace_delete(text) TO det_user;
 
-CREATE FUNCTION det_workspace_bind_pool(p_workspace text, p_pool text, p_bound boolean)
+CREATE FUNCTION det_user.workspace_bind_pool(p_workspace text, p_pool text, p_bound boolean)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det resource-pool bindings add | remove` (ClusterAdmin): bind a pool to a workspace, or
 -- unbind it. Jobs already queued in the pool stay; new ones are checked at submission.
 DECLARE
-    w workspaces := det_workspace_find(p_workspace);
+    w workspaces := det_user.workspace_find(p_workspace);
 BEGIN
-    PERFORM det_require('admin_cluster', NULL,
+    PERFORM det_internal.require('admin_cluster', NULL,
                         format('bind resource pool %s', to_jsonb(p_pool)));
     IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p_pool) THEN
         RAISE EXCEPTION 'no resource pool named %', to_jsonb(p_pool)
@@ -2079,12 +2112,12 @@ BEGIN
     ELSE
         DELETE FROM workspace_pools WHERE workspace_id = w.id AND resource_pool = p_pool;
     END IF;
-    PERFORM det_audit(CASE WHEN p_bound THEN 'bind_pool' ELSE 'unbind_pool' END, 'workspace',
+    PERFORM det_internal.audit(CASE WHEN p_bound THEN 'bind_pool' ELSE 'unbind_pool' END, 'workspace',
                       w.id::text, jsonb_build_object('name', w.name, 'pool', p_pool));
 END $$;
-GRANT EXECUTE ON FUNCTION det_workspace_bind_pool(text, text, boolean) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.workspace_bind_pool(text, text, boolean) TO det_user;
 
-CREATE FUNCTION det_check_pools(p_workspace integer, p_pools text[], p_what text)
+CREATE FUNCTION det_internal.check_pools(p_workspace integer, p_pools text[], p_what text)
 RETURNS void LANGUAGE plpgsql STABLE AS $$
 -- Each pool exists and serves workspace p_workspace (bound to it, or to no workspace).
 DECLARE
@@ -2107,14 +2140,14 @@ BEGIN
     END IF;
 END $$;
 
-CREATE FUNCTION det_project_create(p_workspace text, p_name text, p_description text)
+CREATE FUNCTION det_user.project_create(p_workspace text, p_name text, p_description text)
 RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det project create` (Editor of the workspace). Returns the project's id.
 DECLARE
-    w workspaces := det_workspace_find(p_workspace);
-    v_user text := det_require('edit', w.id, format('create a project in workspace %s',
+    w workspaces := det_user.workspace_find(p_workspace);
+    v_user text := det_internal.require('edit', w.id, format('create a project in workspace %s',
                                                      to_jsonb(w.name)));
-    v_problem text := det_name_problem(p_name, 255);
+    v_problem text := det_user.name_problem(p_name, 255);
     v_id integer;
 BEGIN
     IF v_problem IS NOT NULL THEN
@@ -2131,19 +2164,19 @@ BEGIN
     END IF;
     INSERT INTO projects (workspace_id, name, description, created_by)
     VALUES (w.id, p_name, coalesce(p_description, ''), v_user) RETURNING id INTO v_id;
-    PERFORM det_audit('create', 'project', v_id::text,
+    PERFORM det_internal.audit('create', 'project', v_id::text,
                       jsonb_build_object('name', p_name, 'workspace', w.name));
     RETURN v_id;
 END $$;
-GRANT EXECUTE ON FUNCTION det_project_create(text, text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.project_create(text, text, text) TO det_user;
 
-CREATE FUNCTION det_project_set_archived(p_workspace text, p_name text, p_archived boolean)
+CREATE FUNCTION det_user.project_set_archived(p_workspace text, p_name text, p_archived boolean)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det project archive | unarchive` (Editor): an archived project takes no new experiments.
 DECLARE
-    p projects := det_project_find(p_workspace, p_name);
+    p projects := det_user.project_find(p_workspace, p_name);
 BEGIN
-    PERFORM det_require('edit', p.workspace_id,
+    PERFORM det_internal.require('edit', p.workspace_id,
                         format('%s project %s', CASE WHEN p_archived THEN 'archive'
                                                      ELSE 'unarchive' END, to_jsonb(p.name)));
     IF p.id = 1 THEN
@@ -2151,19 +2184,19 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE projects SET archived = p_archived WHERE id = p.id;
-    PERFORM det_audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'project',
+    PERFORM det_internal.audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'project',
                       p.id::text, jsonb_build_object('name', p.name));
 END $$;
-GRANT EXECUTE ON FUNCTION det_project_set_archived(text, text, boolean) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.project_set_archived(text, text, boolean) TO det_user;
 
-CREATE FUNCTION det_project_delete(p_workspace text, p_name text) RETURNS void
+CREATE FUNCTION det_user.project_delete(p_workspace text, p_name text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det project delete` (Editor): refused while it holds experiments.
 DECLARE
-    p projects := det_project_find(p_workspace, p_name);
+    p projects := det_user.project_find(p_workspace, p_name);
     v_n bigint;
 BEGIN
-    PERFORM det_require('edit', p.workspace_id, format('delete project %s', to_jsonb(p.name)));
+    PERFORM det_internal.require('edit', p.workspace_id, format('delete project %s', to_jsonb(p.name)));
     IF p.id = 1 THEN
         RAISE EXCEPTION 'project "Uncategorized" cannot be deleted'
             USING ERRCODE = 'invalid_parameter_value';
@@ -2174,21 +2207,21 @@ BEGIN
             to_jsonb(p.name), v_n USING ERRCODE = 'dependent_objects_still_exist';
     END IF;
     DELETE FROM projects WHERE id = p.id;
-    PERFORM det_audit('delete', 'project', p.id::text, jsonb_build_object('name', p.name));
+    PERFORM det_internal.audit('delete', 'project', p.id::text, jsonb_build_object('name', p.name));
 END $$;
-GRANT EXECUTE ON FUNCTION det_project_delete(text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.project_delete(text, text) TO det_user;
 
-CREATE FUNCTION det_experiment_move(p_id integer, p_workspace text, p_project text)
+CREATE FUNCTION det_user.experiment_move(p_id integer, p_workspace text, p_project text)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det experiment move` (Editor where it is and where it goes): its job (and so its runs,
 -- metrics, checkpoints and logs, which row-level security reaches through it) moves too.
 -- The destination's pool bindings are not checked: what already runs keeps its pool.
 DECLARE
-    v_from integer := det_experiment_workspace(p_id);
-    p projects := det_project_find(p_workspace, p_project);
+    v_from integer := det_user.experiment_workspace(p_id);
+    p projects := det_user.project_find(p_workspace, p_project);
 BEGIN
-    PERFORM det_require('edit', v_from, format('move experiment %s', p_id));
-    PERFORM det_require('edit', p.workspace_id,
+    PERFORM det_internal.require('edit', v_from, format('move experiment %s', p_id));
+    PERFORM det_internal.require('edit', p.workspace_id,
                         format('move experiment %s into project %s', p_id, to_jsonb(p.name)));
     IF p.archived THEN
         RAISE EXCEPTION 'project % is archived: unarchive it first', to_jsonb(p.name)
@@ -2197,12 +2230,12 @@ BEGIN
     UPDATE jobs SET workspace_id = p.workspace_id
      WHERE id = (SELECT job_id FROM experiments WHERE id = p_id);
     UPDATE experiments SET project_id = p.id WHERE id = p_id;
-    PERFORM det_audit('move', 'experiment', p_id::text,
+    PERFORM det_internal.audit('move', 'experiment', p_id::text,
                       jsonb_build_object('project', p.id, 'workspace', p.workspace_id));
 END $$;
-GRANT EXECUTE ON FUNCTION det_experiment_move(integer, text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.experiment_move(integer, text, text) TO det_user;
 
-CREATE FUNCTION det_role_assign(
+CREATE FUNCTION det_user.role_assign(
     p_role text, p_username text, p_group text, p_workspace text, p_assigned boolean
 ) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det rbac assign-role | unassign-role`: role p_role to user p_username or group p_group,
@@ -2230,14 +2263,14 @@ BEGIN
             RAISE EXCEPTION 'role % is cluster-wide: assign it without a workspace', p_role
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        w := det_workspace_find(p_workspace);
-        PERFORM det_require('admin_workspace', w.id,
+        w := det_user.workspace_find(p_workspace);
+        PERFORM det_internal.require('admin_workspace', w.id,
                             format('assign roles in workspace %s', to_jsonb(w.name)));
     ELSE
-        PERFORM det_require('admin_cluster', NULL, 'assign cluster-wide roles');
+        PERFORM det_internal.require('admin_cluster', NULL, 'assign cluster-wide roles');
     END IF;
     IF p_username IS NOT NULL THEN
-        v_user := (det_user_find(p_username)).id;
+        v_user := (det_user.user_find(p_username)).id;
     ELSE
         SELECT id INTO v_group FROM user_groups WHERE name = p_group;
         IF NOT FOUND THEN
@@ -2252,31 +2285,31 @@ BEGIN
          WHERE role = p_role AND user_id IS NOT DISTINCT FROM v_user
            AND group_id IS NOT DISTINCT FROM v_group AND workspace_id IS NOT DISTINCT FROM w.id;
     END IF;
-    PERFORM det_audit(CASE WHEN p_assigned THEN 'assign_role' ELSE 'unassign_role' END, 'role',
+    PERFORM det_internal.audit(CASE WHEN p_assigned THEN 'assign_role' ELSE 'unassign_role' END, 'role',
                       p_role, jsonb_build_object('user', p_username, 'group', p_group,
                                                  'workspace', w.name));
 END $$;
-GRANT EXECUTE ON FUNCTION det_role_assign(text, text, text, text, boolean) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.role_assign(text, text, text, text, boolean) TO det_user;
 
-CREATE FUNCTION det_model_move(p_model text, p_workspace text) RETURNS void LANGUAGE plpgsql
+CREATE FUNCTION det_user.model_move(p_model text, p_workspace text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det model move` (Editor where it is and where it goes).
 DECLARE
-    m models := det_model_find(p_model);
-    w workspaces := det_workspace_find(p_workspace);
+    m models := det_user.model_find(p_model);
+    w workspaces := det_user.workspace_find(p_workspace);
 BEGIN
-    PERFORM det_require('edit', m.workspace_id, format('move model %s', to_jsonb(m.name)));
-    PERFORM det_require('edit', w.id, format('move model %s into workspace %s',
+    PERFORM det_internal.require('edit', m.workspace_id, format('move model %s', to_jsonb(m.name)));
+    PERFORM det_internal.require('edit', w.id, format('move model %s into workspace %s',
                                              to_jsonb(m.name), to_jsonb(w.name)));
     UPDATE models SET workspace_id = w.id, last_updated_time = now() WHERE id = m.id;
-    PERFORM det_audit('move', 'model', m.id::text, jsonb_build_object('workspace', w.name));
+    PERFORM det_internal.audit('move', 'model', m.id::text, jsonb_build_object('workspace', w.name));
 END $$;
-GRANT EXECUTE ON FUNCTION det_model_move(text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.model_move(text, text) TO det_user;
 
 -- =============================================================================================
 -- User actions (the CLI). Each is one transaction; each wakes the reconciler.
 
-CREATE FUNCTION det_config_value_problem(
+CREATE FUNCTION det_internal.config_value_problem(
     p_value jsonb, p_key text, p_kind text, p_min numeric DEFAULT NULL,
     p_max numeric DEFAULT NULL, p_required boolean DEFAULT false
 ) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
@@ -2330,11 +2363,11 @@ BEGIN
         END IF;
     WHEN 'length' THEN
         v_bad := NOT CASE v_type
-            WHEN 'number' THEN det_config_value_problem(p_value, p_key, 'integer', 1,
+            WHEN 'number' THEN det_internal.config_value_problem(p_value, p_key, 'integer', 1,
                                                         9223372036854775807) IS NULL
             WHEN 'object' THEN (SELECT count(*) = 1 AND bool_and(
                                     k IN ('batches', 'records', 'epochs')
-                                    AND det_config_value_problem(v, p_key, 'integer', 1,
+                                    AND det_internal.config_value_problem(v, p_key, 'integer', 1,
                                                                  9223372036854775807) IS NULL)
                                   FROM jsonb_each(p_value) AS e (k, v))
             ELSE false END;
@@ -2346,12 +2379,12 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE FUNCTION det_experiment_config_problem(p_config jsonb) RETURNS text
+CREATE FUNCTION det_internal.experiment_config_problem(p_config jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 -- Why p_config cannot be stored as an experiment's config, or NULL: the first key, dotted,
 -- and what was expected. det.configs expands every config before submission (its rules:
 -- configs/experiment.py, configs/searcher.py, configs/limits.py); this is the part of them
--- that det_create_experiment checks again, so that a config stored from psql past det.configs
+-- that det_user.create_experiment checks again, so that a config stored from psql past det.configs
 -- cannot break the control plane: the values the reconciler's SQL casts
 -- (resources.slots_per_trial, max_restarts, preemption_timeout, searcher.source_trial_id,
 -- checkpoint_storage.save_*: one bad value would fail the statement for every experiment),
@@ -2381,7 +2414,7 @@ BEGIN
     v_searcher := CASE WHEN jsonb_typeof(s -> 'name') = 'string' THEN s ->> 'name' END;
     IF v_searcher IS NULL OR v_searcher NOT IN ('single', 'random', 'grid', 'adaptive_asha',
                                                 'tpe') THEN
-        RETURN coalesce(det_config_value_problem(s -> 'name', 'searcher.name', 'name',
+        RETURN coalesce(det_internal.config_value_problem(s -> 'name', 'searcher.name', 'name',
                                                  p_required => true),
                         format('searcher.name: expected one of single|random|grid|'
                                'adaptive_asha|tpe, got %s', left((s -> 'name')::text, 64)));
@@ -2397,79 +2430,79 @@ BEGIN
                       left((s -> 'source_checkpoint_uuid')::text, 64));
     END IF;
     SELECT x.problem INTO v_problem FROM (VALUES
-        (1, det_config_value_problem(p_config -> 'name', 'name', 'text', 0, 255, true)),
-        (2, det_config_value_problem(p_config -> 'description', 'description', 'text', 0,
+        (1, det_internal.config_value_problem(p_config -> 'name', 'name', 'text', 0, 255, true)),
+        (2, det_internal.config_value_problem(p_config -> 'description', 'description', 'text', 0,
                                      4096)),
-        (3, det_config_value_problem(p_config -> 'max_restarts', 'max_restarts', 'integer', 0,
+        (3, det_internal.config_value_problem(p_config -> 'max_restarts', 'max_restarts', 'integer', 0,
                                      2147483647)),
-        (4, det_config_value_problem(p_config -> 'preemption_timeout', 'preemption_timeout',
+        (4, det_internal.config_value_problem(p_config -> 'preemption_timeout', 'preemption_timeout',
                                      'integer', 0, 2147483647)),
-        (5, det_config_value_problem(p_config #> '{reproducibility,experiment_seed}',
+        (5, det_internal.config_value_problem(p_config #> '{reproducibility,experiment_seed}',
                                      'reproducibility.experiment_seed', 'integer', 0,
                                      4294967295)),
-        (6, det_config_value_problem(s -> 'metric', 'searcher.metric', 'name', 0, 255, true)),
-        (7, det_config_value_problem(s -> 'smaller_is_better', 'searcher.smaller_is_better',
+        (6, det_internal.config_value_problem(s -> 'metric', 'searcher.metric', 'name', 0, 255, true)),
+        (7, det_internal.config_value_problem(s -> 'smaller_is_better', 'searcher.smaller_is_better',
                                      'boolean')),
-        (8, det_config_value_problem(s -> 'max_trials', 'searcher.max_trials', 'integer', 1,
+        (8, det_internal.config_value_problem(s -> 'max_trials', 'searcher.max_trials', 'integer', 1,
                                      10000, v_searcher IN ('random', 'adaptive_asha', 'tpe'))),
-        (9, det_config_value_problem(s -> 'max_concurrent_trials',
+        (9, det_internal.config_value_problem(s -> 'max_concurrent_trials',
                                      'searcher.max_concurrent_trials', 'integer', 0,
                                      9223372036854775807)),
         -- adaptive_asha: max_length, or max_time with time_metric (det.configs.searcher).
-        (10, det_config_value_problem(s -> 'max_length', 'searcher.max_length', 'length',
+        (10, det_internal.config_value_problem(s -> 'max_length', 'searcher.max_length', 'length',
                                       p_required => v_searcher = 'tpe'
                                           OR (v_searcher = 'adaptive_asha'
                                               AND coalesce(s -> 'max_time', 'null') = 'null'))),
-        (11, det_config_value_problem(s -> 'max_time', 'searcher.max_time', 'integer', 1,
+        (11, det_internal.config_value_problem(s -> 'max_time', 'searcher.max_time', 'integer', 1,
                                       9223372036854775807)),
-        (12, det_config_value_problem(s -> 'time_metric', 'searcher.time_metric', 'name', 0,
+        (12, det_internal.config_value_problem(s -> 'time_metric', 'searcher.time_metric', 'name', 0,
                                       255, coalesce(s -> 'max_time', 'null') <> 'null')),
-        (13, det_config_value_problem(s -> 'source_trial_id', 'searcher.source_trial_id',
+        (13, det_internal.config_value_problem(s -> 'source_trial_id', 'searcher.source_trial_id',
                                       'integer', 1, 9223372036854775807)),
-        (14, det_config_value_problem(s -> 'source_checkpoint_uuid',
+        (14, det_internal.config_value_problem(s -> 'source_checkpoint_uuid',
                                       'searcher.source_checkpoint_uuid', 'text', 0, 36)),
         (15, CASE jsonb_typeof(r -> 'resource_pool')
              WHEN 'array' THEN coalesce(
-                 (SELECT det_config_value_problem(v, format('resources.resource_pool[%s]',
+                 (SELECT det_internal.config_value_problem(v, format('resources.resource_pool[%s]',
                                                             i - 1), 'name', 0, 255)
                     FROM jsonb_array_elements(r -> 'resource_pool') WITH ORDINALITY AS a (v, i)
-                   WHERE det_config_value_problem(v, 'x', 'name', 0, 255, true) IS NOT NULL
+                   WHERE det_internal.config_value_problem(v, 'x', 'name', 0, 255, true) IS NOT NULL
                    ORDER BY i LIMIT 1),
                  CASE WHEN jsonb_array_length(r -> 'resource_pool') = 0
                       THEN 'resources.resource_pool: expected a pool name or a non-empty list '
                            'of them' END)
-             ELSE det_config_value_problem(r -> 'resource_pool', 'resources.resource_pool',
+             ELSE det_internal.config_value_problem(r -> 'resource_pool', 'resources.resource_pool',
                                            'name', 0, 255, true) END),
-        (16, det_config_value_problem(r -> 'weight', 'resources.weight', 'number', 0, 1000000,
+        (16, det_internal.config_value_problem(r -> 'weight', 'resources.weight', 'number', 0, 1000000,
                                       true)),
-        (17, det_config_value_problem(r -> 'slots_per_trial', 'resources.slots_per_trial',
+        (17, det_internal.config_value_problem(r -> 'slots_per_trial', 'resources.slots_per_trial',
                                       'integer', 0, 2147483647, true)),
-        (18, det_config_value_problem(r -> 'priority', 'resources.priority', 'integer', 1, 99)),
-        (19, det_config_value_problem(r -> 'max_slots', 'resources.max_slots', 'integer', 0,
+        (18, det_internal.config_value_problem(r -> 'priority', 'resources.priority', 'integer', 1, 99)),
+        (19, det_internal.config_value_problem(r -> 'max_slots', 'resources.max_slots', 'integer', 0,
                                       2147483647)),
-        (20, det_config_value_problem(p_config #> '{checkpoint_storage,save_experiment_best}',
+        (20, det_internal.config_value_problem(p_config #> '{checkpoint_storage,save_experiment_best}',
                                       'checkpoint_storage.save_experiment_best', 'integer', 0,
                                       2147483647)),
-        (21, det_config_value_problem(p_config #> '{checkpoint_storage,save_trial_best}',
+        (21, det_internal.config_value_problem(p_config #> '{checkpoint_storage,save_trial_best}',
                                       'checkpoint_storage.save_trial_best', 'integer', 0,
                                       2147483647)),
-        (22, det_config_value_problem(p_config #> '{checkpoint_storage,save_trial_latest}',
+        (22, det_internal.config_value_problem(p_config #> '{checkpoint_storage,save_trial_latest}',
                                       'checkpoint_storage.save_trial_latest', 'integer', 0,
                                       2147483647)),
-        (23, det_config_value_problem(p_config -> 'workspace', 'workspace', 'name', 0, 255)),
-        (24, det_config_value_problem(p_config -> 'project', 'project', 'name', 0, 255))
+        (23, det_internal.config_value_problem(p_config -> 'workspace', 'workspace', 'name', 0, 255)),
+        (24, det_internal.config_value_problem(p_config -> 'project', 'project', 'name', 0, 255))
     ) AS x (n, problem) WHERE x.problem IS NOT NULL ORDER BY x.n LIMIT 1;
     RETURN v_problem;
 END $$;
 
-CREATE FUNCTION det_create_experiment(
+CREATE FUNCTION det_user.create_experiment(
     p_config jsonb, p_original_config text, p_context bytea, p_workspace text DEFAULT NULL,
     p_project text DEFAULT NULL
 ) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Submit an experiment (Editor of its workspace), owned by the caller. p_config is the
 -- expanded config (validated by det.configs, every default filled: nothing here supplies one
 -- again); what the control plane reads of it is checked again here
--- (det_experiment_config_problem: invalid_parameter_value naming the key), so a caller
+-- (det_internal.experiment_config_problem: invalid_parameter_value naming the key), so a caller
 -- from psql cannot store a config that breaks the reconciler or the readers. p_context is the
 -- packed model definition (tar.gz), stored once per distinct content.
 -- It goes to project p_project of workspace p_workspace, else the config's workspace and
@@ -2479,10 +2512,10 @@ CREATE FUNCTION det_create_experiment(
 -- The checkpoint it warm-starts from (searcher.source_checkpoint_uuid, or the checkpoints of
 -- trial searcher.source_trial_id) is pinned (checkpoint_pins): its owner can no longer
 -- delete it, so the caller must be an Editor of that checkpoint's workspace, not only a
--- viewer (the model registry's rule, det_model_register_version). One the caller
+-- viewer (the model registry's rule, det_user.model_register_version). One the caller
 -- cannot view, or that does not exist, is not found (no_data_found).
 DECLARE
-    v_problem text := det_experiment_config_problem(p_config);
+    v_problem text := det_internal.experiment_config_problem(p_config);
     v_workspace text := coalesce(p_workspace, p_config ->> 'workspace');
     v_project text := coalesce(p_project, p_config ->> 'project');
     p projects;
@@ -2500,19 +2533,19 @@ DECLARE
     v_id integer;
 BEGIN
     IF v_problem IS NOT NULL THEN
-        RAISE EXCEPTION 'det_create_experiment: %', v_problem
+        RAISE EXCEPTION 'det_user.create_experiment: %', v_problem
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- Cast only now: det_experiment_config_problem has checked their kinds.
+    -- Cast only now: det_internal.experiment_config_problem has checked their kinds.
     v_source_trial := p_config #>> '{searcher,source_trial_id}';
     v_source_uuid := p_config #>> '{searcher,source_checkpoint_uuid}';
     -- Placement and permission: the rule det serve also checks before it unpacks a context.
     SELECT * INTO p FROM projects
-     WHERE id = det_experiment_create_check(v_workspace, v_project);
-    v_user := det_caller();
-    PERFORM det_check_pools(p.workspace_id, v_pools, 'resources.resource_pool');
+     WHERE id = det_user.experiment_create_check(v_workspace, v_project);
+    v_user := det_user.caller();
+    PERFORM det_internal.check_pools(p.workspace_id, v_pools, 'resources.resource_pool');
     -- The pin's target: FOR KEY SHARE keeps its row from being deleted (an experiment purged)
-    -- until this experiment, and so the pin, commits; det_unpin_deleting settles a GC that
+    -- until this experiment, and so the pin, commits; det_internal.unpin_deleting settles a GC that
     -- marked it meanwhile.
     IF v_source_trial IS NOT NULL THEN
         SELECT j.workspace_id INTO v_source_ws
@@ -2526,7 +2559,7 @@ BEGIN
     END IF;
     IF coalesce(v_source_trial::text, v_source_uuid::text) IS NOT NULL THEN
         IF v_source_ws IS NULL
-           OR NOT (det_is_owner_session() OR det_permitted(v_user, 'view', v_source_ws)) THEN
+           OR NOT (det_user.is_owner_session() OR det_user.permitted(v_user, 'view', v_source_ws)) THEN
             RAISE EXCEPTION '%: % % not found',
                 CASE WHEN v_source_trial IS NOT NULL THEN 'searcher.source_trial_id'
                      ELSE 'searcher.source_checkpoint_uuid' END,
@@ -2534,7 +2567,7 @@ BEGIN
                 coalesce(v_source_trial::text, v_source_uuid::text)
                 USING ERRCODE = 'no_data_found';
         END IF;
-        PERFORM det_require('edit', v_source_ws, CASE
+        PERFORM det_internal.require('edit', v_source_ws, CASE
             WHEN v_source_trial IS NOT NULL THEN format(
                 'warm-start from trial %s (searcher.source_trial_id), which pins its checkpoints',
                 v_source_trial)
@@ -2551,7 +2584,7 @@ BEGIN
                       queue_position, owner, workspace_id)
     VALUES ('EXPERIMENT', v_pool, v_pools[2:],
             coalesce((p_config #>> '{resources,priority}')::integer,
-                     (det_pool_scheduler(v_pool) ->> 'default_priority')::integer),
+                     (det_user.pool_scheduler(v_pool) ->> 'default_priority')::integer),
             (p_config #>> '{resources,weight}')::double precision,
             (p_config #>> '{resources,max_slots}')::integer,
             extract(epoch FROM clock_timestamp()) * 1000000, v_user, p.workspace_id)
@@ -2561,11 +2594,11 @@ BEGIN
     VALUES (v_job, p_config ->> 'name', coalesce(p_config ->> 'description', ''), p_config,
             p_original_config, v_ctx, v_user, p.id)
     RETURNING id INTO v_id;
-    PERFORM det_audit('create', 'experiment', v_id::text, jsonb_build_object('project', p.id));
-    PERFORM pg_notify(det_channel('reconciler', ''), 'experiment');
+    PERFORM det_internal.audit('create', 'experiment', v_id::text, jsonb_build_object('project', p.id));
+    PERFORM pg_notify(det_internal.channel('reconciler', ''), 'experiment');
     RETURN v_id;
 END $$;
-GRANT EXECUTE ON FUNCTION det_create_experiment(jsonb, text, bytea, text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.create_experiment(jsonb, text, bytea, text, text) TO det_user;
 
 -- Experiments made from an existing experiment (det experiment fork) or trial
 -- (det trial continue); spec: run-training-code.rst, "Create an Experiment".
@@ -2580,11 +2613,11 @@ COMMENT ON TABLE continuations IS
     'count, as a trial resumes after a pause. The checkpoint is also the config''s '
     'searcher.source_checkpoint_uuid, which pins it (checkpoint_pins).';
 
-CREATE FUNCTION det_trials_continue() RETURNS trigger LANGUAGE plpgsql
+CREATE FUNCTION det_internal.trials_continue() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- A new trial of a continuation (continuations) starts from its checkpoint: the trial's
 -- restart point (latest_checkpoint, steps_completed) is that checkpoint's, so its first run
--- restores it (det_task_info) and counts batches on from the checkpoint's.
+-- restores it (det_task.info) and counts batches on from the checkpoint's.
 DECLARE
     v_uuid uuid;
     v_steps bigint;
@@ -2600,38 +2633,38 @@ BEGIN
 END $$;
 
 CREATE TRIGGER trials_continue BEFORE INSERT ON trials
-    FOR EACH ROW EXECUTE FUNCTION det_trials_continue();
+    FOR EACH ROW EXECUTE FUNCTION det_internal.trials_continue();
 
-CREATE FUNCTION det_experiment_fork(
+CREATE FUNCTION det_user.experiment_fork(
     p_source integer, p_config jsonb, p_original_config text, p_workspace text, p_project text
 ) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det experiment fork`: a new experiment with the model definition (context) of experiment
 -- p_source and the expanded config p_config (its YAML p_original_config), stored by
--- det_create_experiment (its checks, placement and permissions: Editor where it goes). The
+-- det_user.create_experiment (its checks, placement and permissions: Editor where it goes). The
 -- caller must be able to view p_source (no_data_found otherwise, as for any experiment they
 -- cannot see). Returns the new experiment's id.
 DECLARE
     v_ctx bytea;
     v_id integer;
 BEGIN
-    PERFORM det_require('view', det_experiment_workspace(p_source),
+    PERFORM det_internal.require('view', det_user.experiment_workspace(p_source),
                         format('fork experiment %s', p_source));
     SELECT b.data INTO v_ctx
       FROM experiments e LEFT JOIN context_blobs b ON b.id = e.context_id WHERE e.id = p_source;
-    v_id := det_create_experiment(p_config, p_original_config, v_ctx, p_workspace, p_project);
-    PERFORM det_audit('fork', 'experiment', v_id::text, jsonb_build_object('source', p_source));
+    v_id := det_user.create_experiment(p_config, p_original_config, v_ctx, p_workspace, p_project);
+    PERFORM det_internal.audit('fork', 'experiment', v_id::text, jsonb_build_object('source', p_source));
     RETURN v_id;
 END $$;
-GRANT EXECUTE ON FUNCTION det_experiment_fork(integer, jsonb, text, text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.experiment_fork(integer, jsonb, text, text, text) TO det_user;
 
-CREATE FUNCTION det_trial_continue(
+CREATE FUNCTION det_user.trial_continue(
     p_trial integer, p_config jsonb, p_original_config text, p_workspace text, p_project text
 ) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det trial continue`: a new experiment of one trial (searcher single) that resumes trial
 -- p_trial from its latest checkpoint, weights and batch count (continuations); the model
 -- definition is p_trial's experiment's. p_config (expanded; YAML p_original_config) names that
 -- checkpoint as searcher.source_checkpoint_uuid, which pins it, and keeps the checkpoint's
--- storage, from which the new trial restores it. Stored by det_create_experiment (its checks
+-- storage, from which the new trial restores it. Stored by det_user.create_experiment (its checks
 -- and permissions: Editor where it goes and of the checkpoint's workspace). Raises
 -- no_data_found (a trial the caller cannot view), check_violation (no COMPLETED latest
 -- checkpoint) or invalid_parameter_value naming the config key. Returns the new experiment's
@@ -2647,7 +2680,7 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'trial % not found', p_trial USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_require('view', det_experiment_workspace(v_exp),
+    PERFORM det_internal.require('view', det_user.experiment_workspace(v_exp),
                         format('continue trial %s', p_trial));
     -- FOR KEY SHARE: the checkpoint's row stays until the pin commits.
     SELECT * INTO c FROM checkpoints WHERE uuid = v_uuid FOR KEY SHARE;
@@ -2679,23 +2712,23 @@ BEGIN
        IS DISTINCT FROM c.storage - '{save_experiment_best,save_trial_best,save_trial_latest}'::text[] THEN
         RAISE EXCEPTION 'checkpoint_storage: checkpoint % is stored in %, which the continued '
             'trial restores it from; the config names another storage', c.uuid,
-            det_redact_secrets(c.storage)
+            det_user.redact_secrets(c.storage)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    v_id := det_create_experiment(p_config, p_original_config,
+    v_id := det_user.create_experiment(p_config, p_original_config,
                                   (SELECT b.data FROM experiments e
                                      JOIN context_blobs b ON b.id = e.context_id
                                     WHERE e.id = v_exp),
                                   p_workspace, p_project);
     INSERT INTO continuations (experiment_id, source_trial_id, checkpoint_uuid)
     VALUES (v_id, p_trial, c.uuid);
-    PERFORM det_audit('continue', 'experiment', v_id::text,
+    PERFORM det_internal.audit('continue', 'experiment', v_id::text,
                       jsonb_build_object('trial', p_trial, 'checkpoint', c.uuid));
     RETURN v_id;
 END $$;
-GRANT EXECUTE ON FUNCTION det_trial_continue(integer, jsonb, text, text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.trial_continue(integer, jsonb, text, text, text) TO det_user;
 
-CREATE FUNCTION det_experiment_action(p_id integer, p_action text) RETURNS experiment_state
+CREATE FUNCTION det_user.experiment_action(p_id integer, p_action text) RETURNS experiment_state
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- pause | activate | cancel | kill (spec: run-training-code, Pause and Activate). Returns the
 -- new state. The reconciler turns the state into desired states of the trials' allocations.
@@ -2710,7 +2743,7 @@ BEGIN
         RAISE EXCEPTION 'action: expected pause, activate, cancel or kill, not %', p_action
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM det_require('edit', det_experiment_workspace(p_id),
+    PERFORM det_internal.require('edit', det_user.experiment_workspace(p_id),
                         format('%s experiment %s', p_action, p_id));
     SELECT state INTO v_state FROM experiments WHERE id = p_id FOR UPDATE;
     v_new := CASE
@@ -2728,20 +2761,20 @@ BEGIN
     UPDATE experiments
        SET state = v_new, paused_reason = CASE WHEN p_action = 'pause' THEN paused_reason END
      WHERE id = p_id;
-    PERFORM det_audit(p_action, 'experiment', p_id::text);
-    PERFORM pg_notify(det_channel('reconciler', ''), 'experiment');
+    PERFORM det_internal.audit(p_action, 'experiment', p_id::text);
+    PERFORM pg_notify(det_internal.channel('reconciler', ''), 'experiment');
     RETURN v_new;
 END $$;
-GRANT EXECUTE ON FUNCTION det_experiment_action(integer, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.experiment_action(integer, text) TO det_user;
 
-CREATE FUNCTION det_create_task(
+CREATE FUNCTION det_internal.create_task(
     p_type text, p_config jsonb, p_context bytea, p_workspace text, p_project text,
     p_experiment_ids integer[], p_trial_ids integer[], p_secrets jsonb
 ) RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Submit an interactive task of kind p_type (COMMAND, NOTEBOOK, SHELL, TENSORBOARD) with the
 -- expanded task config p_config (det.configs.task: every default filled, its pool chosen),
 -- owned by the caller, in project p_project of workspace p_workspace (both NULL:
--- Uncategorized): Editor there, as for an experiment (det_experiment_create_check). A
+-- Uncategorized): Editor there, as for an experiment (det_user.experiment_create_check). A
 -- TensorBoard's experiments p_experiment_ids and trials p_trial_ids must be ones the caller
 -- can view (no_data_found naming the first that is not). p_secrets: {jupyter_token,
 -- ssh_private_key, ssh_public_key}. Creates the job, the task and its one run (never
@@ -2768,20 +2801,20 @@ BEGIN
         RAISE EXCEPTION 'a TensorBoard needs at least one experiment or trial'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT * INTO p FROM projects WHERE id = det_experiment_create_check(p_workspace, p_project);
-    v_user := det_caller();
-    PERFORM det_check_pools(p.workspace_id, ARRAY[v_pool], 'resources.resource_pool');
+    SELECT * INTO p FROM projects WHERE id = det_user.experiment_create_check(p_workspace, p_project);
+    v_user := det_user.caller();
+    PERFORM det_internal.check_pools(p.workspace_id, ARRAY[v_pool], 'resources.resource_pool');
     SELECT m INTO v_missing FROM (
         SELECT 'experiment ' || x AS m FROM unnest(p_experiment_ids) x
          WHERE NOT EXISTS (SELECT 1 FROM experiments e JOIN jobs j ON j.id = e.job_id
-                            WHERE e.id = x AND (det_is_owner_session()
-                                                OR det_permitted(v_user, 'view', j.workspace_id)))
+                            WHERE e.id = x AND (det_user.is_owner_session()
+                                                OR det_user.permitted(v_user, 'view', j.workspace_id)))
         UNION ALL
         SELECT 'trial ' || x FROM unnest(p_trial_ids) x
          WHERE NOT EXISTS (SELECT 1 FROM trials t JOIN experiments e ON e.id = t.experiment_id
                              JOIN jobs j ON j.id = e.job_id
-                            WHERE t.id = x AND (det_is_owner_session()
-                                                OR det_permitted(v_user, 'view', j.workspace_id)))
+                            WHERE t.id = x AND (det_user.is_owner_session()
+                                                OR det_user.permitted(v_user, 'view', j.workspace_id)))
     ) missing LIMIT 1;
     IF v_missing IS NOT NULL THEN
         RAISE EXCEPTION '%: not found', v_missing USING ERRCODE = 'no_data_found';
@@ -2795,7 +2828,7 @@ BEGIN
     INSERT INTO jobs (type, resource_pool, priority, weight, queue_position, owner, workspace_id)
     VALUES (p_type, v_pool,
             coalesce((p_config #>> '{resources,priority}')::integer,
-                     (det_pool_scheduler(v_pool) ->> 'default_priority')::integer),
+                     (det_user.pool_scheduler(v_pool) ->> 'default_priority')::integer),
             (p_config #>> '{resources,weight}')::double precision,
             extract(epoch FROM clock_timestamp()) * 1000000, v_user, p.workspace_id)
     RETURNING id INTO v_job;
@@ -2826,17 +2859,17 @@ BEGIN
             'notebook_idle_type', p_config -> 'notebook_idle_type',
             'experiment_ids', to_jsonb(coalesce(p_experiment_ids, '{}')),
             'trial_ids', to_jsonb(coalesce(p_trial_ids, '{}')))));
-    PERFORM det_audit('create', lower(p_type), v_job::text, jsonb_build_object('project', p.id));
-    PERFORM pg_notify(det_channel('reconciler', ''), 'task');
+    PERFORM det_internal.audit('create', lower(p_type), v_job::text, jsonb_build_object('project', p.id));
+    PERFORM pg_notify(det_internal.channel('reconciler', ''), 'task');
     RETURN v_job;
 END $$;
 GRANT EXECUTE ON FUNCTION
-    det_create_task(text, jsonb, bytea, text, text, integer[], integer[], jsonb)
+    det_internal.create_task(text, jsonb, bytea, text, text, integer[], integer[], jsonb)
     TO det_user;
 
-CREATE FUNCTION det_task_find(p_job bigint, p_permission text, p_action text) RETURNS tasks
+CREATE FUNCTION det_internal.task_find(p_job bigint, p_permission text, p_action text) RETURNS tasks
 LANGUAGE plpgsql STABLE AS $$
--- Task p_job, once the caller holds p_permission in its workspace (det_require: no_data_found
+-- Task p_job, once the caller holds p_permission in its workspace (det_internal.require: no_data_found
 -- for a task the caller cannot see, as for one that does not exist; insufficient_privilege
 -- naming the role for one they see but may not p_action).
 DECLARE
@@ -2845,22 +2878,22 @@ DECLARE
 BEGIN
     SELECT * INTO t FROM tasks WHERE job_id = p_job;
     SELECT j.workspace_id INTO v_ws FROM jobs j WHERE j.id = p_job;
-    IF t.job_id IS NULL OR NOT (det_is_owner_session()
-                                OR det_permitted(det_caller(), 'view', v_ws)) THEN
+    IF t.job_id IS NULL OR NOT (det_user.is_owner_session()
+                                OR det_user.permitted(det_user.caller(), 'view', v_ws)) THEN
         RAISE EXCEPTION 'task %: not found', p_job USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_require(p_permission, v_ws, format('%s task %s', p_action, p_job));
+    PERFORM det_internal.require(p_permission, v_ws, format('%s task %s', p_action, p_job));
     RETURN t;
 END $$;
 
-CREATE FUNCTION det_task_kill(p_job bigint) RETURNS void
+CREATE FUNCTION det_user.task_kill(p_job bigint) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det <kind> kill`: end task p_job (Editor of its workspace). Its live run is desired
 -- KILLED (the agent stops it at once: an interactive task has nothing to checkpoint); one
 -- not yet placed ends in the next pass. end_reason records who killed it. Killing an ended
 -- task changes nothing.
 DECLARE
-    t tasks := det_task_find(p_job, 'edit', 'kill');
+    t tasks := det_internal.task_find(p_job, 'edit', 'kill');
     v_agent text;
 BEGIN
     UPDATE allocations SET desired_state = 'KILLED', stop_requested_at = coalesce(
@@ -2868,18 +2901,18 @@ BEGIN
      WHERE job_id = t.job_id AND state <> 'TERMINATED' AND desired_state <> 'KILLED'
     RETURNING agent_id INTO v_agent;
     IF FOUND THEN
-        UPDATE tasks SET end_reason = coalesce(end_reason, format('killed by %s', det_caller()))
+        UPDATE tasks SET end_reason = coalesce(end_reason, format('killed by %s', det_user.caller()))
          WHERE job_id = t.job_id;
-        PERFORM det_audit('kill', lower(t.type), t.job_id::text);
+        PERFORM det_internal.audit('kill', lower(t.type), t.job_id::text);
         IF v_agent IS NOT NULL THEN
-            PERFORM pg_notify(det_channel('agent', v_agent), '');
+            PERFORM pg_notify(det_internal.channel('agent', v_agent), '');
         END IF;
-        PERFORM pg_notify(det_channel('reconciler', ''), 'task');
+        PERFORM pg_notify(det_internal.channel('reconciler', ''), 'task');
     END IF;
 END $$;
-GRANT EXECUTE ON FUNCTION det_task_kill(bigint) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.task_kill(bigint) TO det_user;
 
-CREATE FUNCTION det_job_update(p_job bigint, p_field text, p_value text) RETURNS void
+CREATE FUNCTION det_user.job_update(p_job bigint, p_field text, p_value text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- One change to a queued job (spec: run-training-code, Modify the Job Queue): priority only
 -- under the priority scheduler, weight only under fair share, ahead-of / behind-of only under
@@ -2900,13 +2933,13 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'job % not found', p_job USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_require('edit', j.workspace_id, format('change the %s of job %s', p_field, p_job));
+    PERFORM det_internal.require('edit', j.workspace_id, format('change the %s of job %s', p_field, p_job));
     SELECT e.id, e.state INTO v_exp, v_state FROM experiments e WHERE e.job_id = p_job;
     IF v_state IN ('COMPLETED', 'CANCELED', 'ERROR') THEN
         RAISE EXCEPTION 'job % (experiment %) is %: it is no longer queued', p_job, v_exp,
             v_state USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    v_type := det_pool_scheduler(j.resource_pool) ->> 'type';
+    v_type := det_user.pool_scheduler(j.resource_pool) ->> 'type';
     CASE p_field
     WHEN 'priority' THEN
         IF v_type <> 'priority' THEN
@@ -2940,7 +2973,7 @@ BEGIN
             RAISE EXCEPTION 'job %: only experiments can change resource pool; cancel and resubmit a %',
                 p_job, lower(j.type) USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        PERFORM det_check_pools(j.workspace_id, ARRAY[p_value], format('job %s', p_job));
+        PERFORM det_internal.check_pools(j.workspace_id, ARRAY[p_value], format('job %s', p_job));
         UPDATE jobs SET resource_pool = p_value, fallback_pools = '{}' WHERE id = p_job;
         UPDATE allocations SET resource_pool = p_value
          WHERE job_id = p_job AND state = 'PENDING';
@@ -2980,17 +3013,17 @@ BEGIN
         RAISE EXCEPTION 'unknown job field "%"; expected priority, weight, resource-pool, ahead-of or behind-of',
             p_field USING ERRCODE = 'invalid_parameter_value';
     END CASE;
-    PERFORM det_audit('update', 'job', p_job::text,
+    PERFORM det_internal.audit('update', 'job', p_job::text,
                       jsonb_build_object('field', p_field, 'value', p_value));
-    PERFORM pg_notify(det_channel('reconciler', ''), 'job');
+    PERFORM pg_notify(det_internal.channel('reconciler', ''), 'job');
 EXCEPTION
     WHEN invalid_text_representation OR numeric_value_out_of_range THEN
         RAISE EXCEPTION 'job %: % expects a number, not "%"', p_job, p_field, p_value
             USING ERRCODE = 'invalid_parameter_value';
 END $$;
-GRANT EXECUTE ON FUNCTION det_job_update(bigint, text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.job_update(bigint, text, text) TO det_user;
 
-CREATE FUNCTION det_apply_cluster_config(p_config jsonb, p_original text) RETURNS void
+CREATE FUNCTION det_user.apply_cluster_config(p_config jsonb, p_original text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Store a validated cluster config and make resource_pools match it (ClusterAdmin). A pool
 -- the config drops is deleted only if nothing uses it (agents and live instances count);
@@ -2998,7 +3031,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v_gone text;
 BEGIN
-    PERFORM det_require('admin_cluster', NULL, 'apply a cluster config');
+    PERFORM det_internal.require('admin_cluster', NULL, 'apply a cluster config');
     INSERT INTO resource_pools (name, description, scheduler, max_aux_containers_per_agent,
                                 provider)
     SELECT p ->> 'name', coalesce(p ->> 'description', ''), nullif(p -> 'scheduler', 'null'),
@@ -3030,12 +3063,12 @@ BEGIN
     INSERT INTO cluster_config (config, original) VALUES (p_config, p_original)
     ON CONFLICT (singleton) DO UPDATE
         SET config = excluded.config, original = excluded.original, applied_at = now();
-    PERFORM det_audit('apply', 'cluster_config', 'cluster', p_config);
-    PERFORM pg_notify(det_channel('reconciler', ''), 'cluster');
+    PERFORM det_internal.audit('apply', 'cluster_config', 'cluster', p_config);
+    PERFORM pg_notify(det_internal.channel('reconciler', ''), 'cluster');
 END $$;
-GRANT EXECUTE ON FUNCTION det_apply_cluster_config(jsonb, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.apply_cluster_config(jsonb, text) TO det_user;
 
-CREATE FUNCTION det_agent_set_enabled(p_id text, p_enabled boolean) RETURNS agent_state
+CREATE FUNCTION det_user.agent_set_enabled(p_id text, p_enabled boolean) RETURNS agent_state
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Disable (drain) or enable an agent (ClusterAdmin): a disabled agent's running work
 -- finishes, nothing new is placed on it (Determined's `det agent disable`). Returns its new
@@ -3043,7 +3076,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v_state agent_state;
 BEGIN
-    PERFORM det_require('admin_cluster', NULL,
+    PERFORM det_internal.require('admin_cluster', NULL,
                         format('%s agent %s', CASE WHEN p_enabled THEN 'enable' ELSE 'disable' END,
                                p_id));
     UPDATE agents
@@ -3053,26 +3086,26 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'agent % not found (or lost)', p_id USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_audit(CASE WHEN p_enabled THEN 'enable' ELSE 'disable' END, 'agent', p_id);
-    PERFORM pg_notify(det_channel('reconciler', ''), 'agent');
+    PERFORM det_internal.audit(CASE WHEN p_enabled THEN 'enable' ELSE 'disable' END, 'agent', p_id);
+    PERFORM pg_notify(det_internal.channel('reconciler', ''), 'agent');
     RETURN v_state;
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_set_enabled(text, boolean) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.agent_set_enabled(text, boolean) TO det_user;
 
-CREATE FUNCTION det_agent_drain(p_id text) RETURNS integer LANGUAGE plpgsql
+CREATE FUNCTION det_user.agent_drain(p_id text) RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- `det agent disable --drain` (ClusterAdmin): disable agent p_id (det_agent_set_enabled) and
--- stop its live runs as a planned stop (det_stop_runs_of): each trial checkpoints and exits as
+-- `det agent disable --drain` (ClusterAdmin): disable agent p_id (det_user.agent_set_enabled) and
+-- stop its live runs as a planned stop (det_internal.stop_runs_of): each trial checkpoints and exits as
 -- on pause and resumes on another agent from that checkpoint, its end no failure.
 -- A task that ignores the request is killed after its preemption_timeout (the reconciler's
 -- KILL_OVERDUE), still no failure. Returns how many runs were asked to stop.
 BEGIN
-    PERFORM det_agent_set_enabled(p_id, false);
-    RETURN cardinality(det_stop_runs_of(p_id));
+    PERFORM det_user.agent_set_enabled(p_id, false);
+    RETURN cardinality(det_internal.stop_runs_of(p_id));
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_drain(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.agent_drain(text) TO det_user;
 
-CREATE FUNCTION det_agent_mark_fenced(p_agent text, p_ids bigint[]) RETURNS void
+CREATE FUNCTION det_agent.mark_fenced(p_agent text, p_ids bigint[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Agent p_agent killed its live runs p_ids because it could not heartbeat for its lease
 -- (self-fencing, det.agent.heartbeat): the cluster's doing, not the trials' (a database outage
@@ -3081,20 +3114,20 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- ended (the reconciler declared the agent lost first: a failure, as any lost agent's run) or
 -- that are not this agent's are left alone.
 BEGIN
-    PERFORM det_agent_check_self(p_agent);
+    PERFORM det_internal.agent_check_self(p_agent);
     UPDATE allocations a SET planned_stop = true
      WHERE a.id = ANY (p_ids) AND a.state <> 'TERMINATED'
        AND (a.agent_id = p_agent
             OR EXISTS (SELECT 1 FROM allocation_slots h
                         WHERE h.allocation_id = a.id AND h.agent_id = p_agent));
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_mark_fenced(text, bigint[]) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.mark_fenced(text, bigint[]) TO det_agent;
 
-CREATE FUNCTION det_slot_set_enabled(p_agent text, p_slot integer, p_enabled boolean)
+CREATE FUNCTION det_user.slot_set_enabled(p_agent text, p_slot integer, p_enabled boolean)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Disable (drain) or enable one slot of an agent (ClusterAdmin); work holding it runs on.
 BEGIN
-    PERFORM det_require('admin_cluster', NULL,
+    PERFORM det_internal.require('admin_cluster', NULL,
                         format('%s slot %s of agent %s',
                                CASE WHEN p_enabled THEN 'enable' ELSE 'disable' END, p_slot,
                                p_agent));
@@ -3102,17 +3135,17 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'agent % has no slot %', p_agent, p_slot USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_audit(CASE WHEN p_enabled THEN 'enable' ELSE 'disable' END, 'slot',
+    PERFORM det_internal.audit(CASE WHEN p_enabled THEN 'enable' ELSE 'disable' END, 'slot',
                       p_agent || '/' || p_slot);
-    PERFORM pg_notify(det_channel('reconciler', ''), 'agent');
+    PERFORM pg_notify(det_internal.channel('reconciler', ''), 'agent');
 END $$;
-GRANT EXECUTE ON FUNCTION det_slot_set_enabled(text, integer, boolean) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.slot_set_enabled(text, integer, boolean) TO det_user;
 
 -- =============================================================================================
 -- User actions: the model registry and configuration templates. Each is one
 -- transaction. A model is named by its name (compared regardless of case) or by its id.
 
-CREATE FUNCTION det_model_find(p_model text) RETURNS models LANGUAGE plpgsql STABLE AS $$
+CREATE FUNCTION det_user.model_find(p_model text) RETURNS models LANGUAGE plpgsql STABLE AS $$
 -- The model that p_model names: all digits is an id (names cannot be only numbers), anything
 -- else a name, compared regardless of case. Raises no_data_found.
 DECLARE
@@ -3128,16 +3161,16 @@ BEGIN
     END IF;
     RETURN m;
 END $$;
-GRANT EXECUTE ON FUNCTION det_model_find(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.model_find(text) TO det_user;
 
-CREATE FUNCTION det_model_check(
+CREATE FUNCTION det_internal.model_check(
     p_name text, p_description text, p_labels text[], p_metadata jsonb, p_except integer
 ) RETURNS void LANGUAGE plpgsql STABLE AS $$
 -- Raise invalid_parameter_value, naming the field, if a model's new name, description, labels
 -- or metadata (each NULL: unchanged) is unacceptable. p_except is the model being changed,
 -- which may keep its own name.
 DECLARE
-    v_problem text := det_model_name_problem(p_name);
+    v_problem text := det_user.model_name_problem(p_name);
 BEGIN
     IF p_name IS NOT NULL AND v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'model name %: %', to_jsonb(p_name), v_problem
@@ -3152,7 +3185,7 @@ BEGIN
         RAISE EXCEPTION 'description: expected at most 4096 characters, got %',
             length(p_description) USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    v_problem := det_label_problem(p_labels);
+    v_problem := det_user.label_problem(p_labels);
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'labels: %', v_problem USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -3162,27 +3195,27 @@ BEGIN
     END IF;
 END $$;
 
-CREATE FUNCTION det_model_create(
+CREATE FUNCTION det_user.model_create(
     p_name text, p_description text, p_labels text[], p_workspace text
 ) RETURNS models LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det model create`: a new, empty model of the caller's in workspace p_workspace (NULL:
 -- Uncategorized), where the caller is an Editor.
 DECLARE
     v_ws integer := CASE WHEN p_workspace IS NULL THEN 1
-                         ELSE (det_workspace_find(p_workspace)).id END;
-    v_user text := det_require('edit', v_ws, format('create model %s', to_jsonb(p_name)));
+                         ELSE (det_user.workspace_find(p_workspace)).id END;
+    v_user text := det_internal.require('edit', v_ws, format('create model %s', to_jsonb(p_name)));
     m models;
 BEGIN
-    PERFORM det_model_check(p_name, p_description, p_labels, NULL, NULL);
+    PERFORM det_internal.model_check(p_name, p_description, p_labels, NULL, NULL);
     INSERT INTO models (name, description, labels, owner, workspace_id)
     VALUES (p_name, coalesce(p_description, ''), coalesce(p_labels, '{}'), v_user, v_ws)
     RETURNING * INTO m;
-    PERFORM det_audit('create', 'model', m.id::text, jsonb_build_object('name', m.name));
+    PERFORM det_internal.audit('create', 'model', m.id::text, jsonb_build_object('name', m.name));
     RETURN m;
 END $$;
-GRANT EXECUTE ON FUNCTION det_model_create(text, text, text[], text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.model_create(text, text, text[], text) TO det_user;
 
-CREATE FUNCTION det_model_update(
+CREATE FUNCTION det_user.model_update(
     p_model text, p_name text, p_description text, p_notes text, p_labels text[],
     p_metadata jsonb, p_remove_metadata text[]
 ) RETURNS models LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3190,15 +3223,15 @@ CREATE FUNCTION det_model_update(
 -- labels; p_metadata is merged into the metadata (its top-level keys replace the model's),
 -- then the keys in p_remove_metadata are removed. An archived model cannot change.
 DECLARE
-    m models := det_model_find(p_model);
+    m models := det_user.model_find(p_model);
 BEGIN
-    PERFORM det_require('edit', m.workspace_id, format('change model %s', to_jsonb(m.name)));
+    PERFORM det_internal.require('edit', m.workspace_id, format('change model %s', to_jsonb(m.name)));
     SELECT * INTO m FROM models WHERE id = m.id FOR UPDATE;
     IF m.archived THEN
         RAISE EXCEPTION 'model % is archived: unarchive it to change it', to_jsonb(m.name)
             USING ERRCODE = 'check_violation';
     END IF;
-    PERFORM det_model_check(p_name, p_description, p_labels, p_metadata, m.id);
+    PERFORM det_internal.model_check(p_name, p_description, p_labels, p_metadata, m.id);
     UPDATE models
        SET name = coalesce(p_name, name), description = coalesce(p_description, description),
            notes = coalesce(p_notes, notes), labels = coalesce(p_labels, labels),
@@ -3206,47 +3239,47 @@ BEGIN
            last_updated_time = now()
      WHERE id = m.id
     RETURNING * INTO m;
-    PERFORM det_audit('update', 'model', m.id::text);
+    PERFORM det_internal.audit('update', 'model', m.id::text);
     RETURN m;
 END $$;
-GRANT EXECUTE ON FUNCTION det_model_update(text, text, text, text, text[], jsonb, text[])
+GRANT EXECUTE ON FUNCTION det_user.model_update(text, text, text, text, text[], jsonb, text[])
     TO det_user;
 
-CREATE FUNCTION det_model_set_archived(p_model text, p_archived boolean) RETURNS models
+CREATE FUNCTION det_user.model_set_archived(p_model text, p_archived boolean) RETURNS models
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det model archive | unarchive`: an archived model is hidden from `det model list` (unless
 -- --all), takes no new versions and no changes; its versions still pin their checkpoints.
 DECLARE
-    m models := det_model_find(p_model);
+    m models := det_user.model_find(p_model);
 BEGIN
-    PERFORM det_require('edit', m.workspace_id,
+    PERFORM det_internal.require('edit', m.workspace_id,
                         format('%s model %s', CASE WHEN p_archived THEN 'archive'
                                                    ELSE 'unarchive' END, to_jsonb(m.name)));
     UPDATE models SET archived = p_archived, last_updated_time = now()
      WHERE id = m.id RETURNING * INTO m;
-    PERFORM det_audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'model',
+    PERFORM det_internal.audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'model',
                       m.id::text);
     RETURN m;
 END $$;
-GRANT EXECUTE ON FUNCTION det_model_set_archived(text, boolean) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.model_set_archived(text, boolean) TO det_user;
 
-CREATE FUNCTION det_model_delete(p_model text) RETURNS integer LANGUAGE plpgsql
+CREATE FUNCTION det_user.model_delete(p_model text) RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det model delete`: the model and all its versions; their checkpoints are no longer pinned.
 -- Returns how many versions went with it.
 DECLARE
-    m models := det_model_find(p_model);
+    m models := det_user.model_find(p_model);
     v_versions integer;
 BEGIN
-    PERFORM det_require('edit', m.workspace_id, format('delete model %s', to_jsonb(m.name)));
+    PERFORM det_internal.require('edit', m.workspace_id, format('delete model %s', to_jsonb(m.name)));
     SELECT count(*) INTO v_versions FROM model_versions WHERE model_id = m.id;
     DELETE FROM models WHERE id = m.id;
-    PERFORM det_audit('delete', 'model', m.id::text, jsonb_build_object('name', m.name));
+    PERFORM det_internal.audit('delete', 'model', m.id::text, jsonb_build_object('name', m.name));
     RETURN v_versions;
 END $$;
-GRANT EXECUTE ON FUNCTION det_model_delete(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.model_delete(text) TO det_user;
 
-CREATE FUNCTION det_model_register_version(
+CREATE FUNCTION det_user.model_register_version(
     p_model text, p_checkpoint text, p_name text, p_notes text, p_labels text[],
     p_metadata jsonb
 ) RETURNS model_versions LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3256,14 +3289,14 @@ CREATE FUNCTION det_model_register_version(
 -- state"). The version pins the checkpoint. An archived model takes no new versions. The
 -- caller is an Editor of the model's workspace and of the checkpoint's: a pinned checkpoint
 -- cannot be deleted by its owner, so viewing it is not enough (the same rule as
--- det_create_experiment's searcher.source_checkpoint_uuid).
+-- det_user.create_experiment's searcher.source_checkpoint_uuid).
 DECLARE
-    m models := det_model_find(p_model);
+    m models := det_user.model_find(p_model);
     v_uuid uuid;
     v_state text;
-    v_problem text := det_label_problem(p_labels);
+    v_problem text := det_user.label_problem(p_labels);
     r model_versions;
-    v_user text := det_require('edit', m.workspace_id,
+    v_user text := det_internal.require('edit', m.workspace_id,
                                format('register a version of model %s', to_jsonb(m.name)));
 BEGIN
     SELECT * INTO m FROM models WHERE id = m.id FOR UPDATE;
@@ -3282,7 +3315,7 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'checkpoint % not found', v_uuid USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_require('edit', (SELECT j.workspace_id FROM checkpoints c
+    PERFORM det_internal.require('edit', (SELECT j.workspace_id FROM checkpoints c
                                    JOIN trials t ON t.id = c.trial_id
                                    JOIN experiments e ON e.id = t.experiment_id
                                    JOIN jobs j ON j.id = e.job_id WHERE c.uuid = v_uuid),
@@ -3309,19 +3342,19 @@ BEGIN
       FROM model_versions v WHERE v.model_id = m.id
     RETURNING * INTO r;
     UPDATE models SET last_updated_time = now() WHERE id = m.id;
-    PERFORM det_audit('register_version', 'model', m.id::text,
+    PERFORM det_internal.audit('register_version', 'model', m.id::text,
                       jsonb_build_object('version', r.version, 'checkpoint', v_uuid));
     RETURN r;
 END $$;
-GRANT EXECUTE ON FUNCTION det_model_register_version(text, text, text, text, text[], jsonb)
+GRANT EXECUTE ON FUNCTION det_user.model_register_version(text, text, text, text, text[], jsonb)
     TO det_user;
 
-CREATE FUNCTION det_model_version_find(p_model text, p_version integer) RETURNS model_versions
+CREATE FUNCTION det_user.model_version_find(p_model text, p_version integer) RETURNS model_versions
 LANGUAGE plpgsql STABLE AS $$
 -- Version p_version of the model p_model names; NULL p_version: its latest version. Raises
 -- no_data_found.
 DECLARE
-    m models := det_model_find(p_model);
+    m models := det_user.model_find(p_model);
     r model_versions;
 BEGIN
     SELECT * INTO r FROM model_versions
@@ -3337,21 +3370,21 @@ BEGIN
     END IF;
     RETURN r;
 END $$;
-GRANT EXECUTE ON FUNCTION det_model_version_find(text, integer) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.model_version_find(text, integer) TO det_user;
 
-CREATE FUNCTION det_model_version_update(
+CREATE FUNCTION det_user.model_version_update(
     p_model text, p_version integer, p_name text, p_notes text, p_labels text[],
     p_metadata jsonb, p_remove_metadata text[]
 ) RETURNS model_versions LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- `det model update NAME --version N`: as det_model_update, for one version (its name,
+-- `det model update NAME --version N`: as det_user.model_update, for one version (its name,
 -- notes, labels and metadata). A version of an archived model cannot change.
 DECLARE
-    r model_versions := det_model_version_find(p_model, p_version);
+    r model_versions := det_user.model_version_find(p_model, p_version);
     m models;
-    v_problem text := det_label_problem(p_labels);
+    v_problem text := det_user.label_problem(p_labels);
 BEGIN
     SELECT * INTO m FROM models WHERE id = r.model_id FOR UPDATE;
-    PERFORM det_require('edit', m.workspace_id, format('change model %s', to_jsonb(m.name)));
+    PERFORM det_internal.require('edit', m.workspace_id, format('change model %s', to_jsonb(m.name)));
     IF m.archived THEN
         RAISE EXCEPTION 'model % is archived: unarchive it to change its versions',
             to_jsonb(m.name) USING ERRCODE = 'check_violation';
@@ -3375,33 +3408,33 @@ BEGIN
      WHERE id = r.id
     RETURNING * INTO r;
     UPDATE models SET last_updated_time = now() WHERE id = r.model_id;
-    PERFORM det_audit('update_version', 'model', m.id::text,
+    PERFORM det_internal.audit('update_version', 'model', m.id::text,
                       jsonb_build_object('version', r.version));
     RETURN r;
 END $$;
-GRANT EXECUTE ON FUNCTION det_model_version_update(text, integer, text, text, text[], jsonb, text[])
+GRANT EXECUTE ON FUNCTION det_user.model_version_update(text, integer, text, text, text[], jsonb, text[])
     TO det_user;
 
-CREATE FUNCTION det_model_version_delete(p_model text, p_version integer) RETURNS uuid
+CREATE FUNCTION det_user.model_version_delete(p_model text, p_version integer) RETURNS uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det model delete-version`: remove one version; returns its checkpoint, no longer pinned by
 -- it. The numbers of the other versions stay as they are.
 DECLARE
-    r model_versions := det_model_version_find(p_model, p_version);
+    r model_versions := det_user.model_version_find(p_model, p_version);
 BEGIN
-    PERFORM det_require('edit', (SELECT workspace_id FROM models WHERE id = r.model_id),
+    PERFORM det_internal.require('edit', (SELECT workspace_id FROM models WHERE id = r.model_id),
                         format('delete a version of model %s', to_jsonb(p_model)));
     DELETE FROM model_versions WHERE id = r.id;
     UPDATE models SET last_updated_time = now() WHERE id = r.model_id;
-    PERFORM det_audit('delete_version', 'model', r.model_id::text,
+    PERFORM det_internal.audit('delete_version', 'model', r.model_id::text,
                       jsonb_build_object('version', r.version));
     RETURN r.checkpoint_uuid;
 END $$;
-GRANT EXECUTE ON FUNCTION det_model_version_delete(text, integer) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.model_version_delete(text, integer) TO det_user;
 
-CREATE FUNCTION det_template_workspace(p_workspace text, p_permission text, p_action text)
+CREATE FUNCTION det_internal.template_workspace(p_workspace text, p_permission text, p_action text)
 RETURNS integer LANGUAGE plpgsql STABLE AS $$
--- The id of workspace p_workspace (NULL: Uncategorized, id 1) once det_require has let the
+-- The id of workspace p_workspace (NULL: Uncategorized, id 1) once det_internal.require has let the
 -- caller do p_action there with p_permission. A workspace that does not exist is refused as
 -- one the caller may not view: 'cannot <p_action>: not found' (no_data_found).
 DECLARE
@@ -3411,21 +3444,21 @@ BEGIN
     IF v_id IS NULL THEN
         RAISE EXCEPTION 'cannot %: not found', p_action USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_require(p_permission, v_id, p_action);
+    PERFORM det_internal.require(p_permission, v_id, p_action);
     RETURN v_id;
 END $$;
 
-CREATE FUNCTION det_template_set(p_workspace text, p_name text, p_config jsonb,
+CREATE FUNCTION det_user.template_set(p_workspace text, p_name text, p_config jsonb,
                                  p_original text)
 RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det template set`: create or replace template p_name of workspace p_workspace (NULL:
 -- Uncategorized), as an Editor there (a template is its workspace's, not the cluster's). p_config: its YAML (p_original) as a JSON object, checked by
 -- det.configs.templates. Returns true when it was created.
 DECLARE
-    v_ws integer := det_template_workspace(
+    v_ws integer := det_internal.template_workspace(
         p_workspace, 'edit', format('set template %s in workspace %s', to_jsonb(p_name),
                                     to_jsonb(coalesce(p_workspace, 'Uncategorized'))));
-    v_problem text := det_template_name_problem(p_name);
+    v_problem text := det_user.template_name_problem(p_name);
     v_created boolean;
 BEGIN
     IF v_problem IS NOT NULL THEN
@@ -3437,22 +3470,22 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     INSERT INTO templates AS t (workspace_id, name, config, original, owner)
-    VALUES (v_ws, p_name, p_config, p_original, det_caller())
+    VALUES (v_ws, p_name, p_config, p_original, det_user.caller())
     ON CONFLICT (workspace_id, name) DO UPDATE
         SET config = excluded.config, original = excluded.original, updated_at = now()
     RETURNING (xmax = 0) INTO v_created;
-    PERFORM det_audit(CASE WHEN v_created THEN 'create' ELSE 'update' END, 'template', p_name,
+    PERFORM det_internal.audit(CASE WHEN v_created THEN 'create' ELSE 'update' END, 'template', p_name,
                       jsonb_build_object('workspace_id', v_ws));
     RETURN v_created;
 END $$;
-GRANT EXECUTE ON FUNCTION det_template_set(text, text, jsonb, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.template_set(text, text, jsonb, text) TO det_user;
 
-CREATE FUNCTION det_template_remove(p_workspace text, p_name text) RETURNS void
+CREATE FUNCTION det_user.template_remove(p_workspace text, p_name text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det template remove` (an Editor of its workspace; NULL: Uncategorized): experiments
 -- created from it keep their merged configs.
 DECLARE
-    v_ws integer := det_template_workspace(
+    v_ws integer := det_internal.template_workspace(
         p_workspace, 'edit', format('remove template %s of workspace %s', to_jsonb(p_name),
                                     to_jsonb(coalesce(p_workspace, 'Uncategorized'))));
 BEGIN
@@ -3461,11 +3494,11 @@ BEGIN
         RAISE EXCEPTION 'template % not found in workspace %', to_jsonb(p_name),
             to_jsonb(coalesce(p_workspace, 'Uncategorized')) USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_audit('delete', 'template', p_name, jsonb_build_object('workspace_id', v_ws));
+    PERFORM det_internal.audit('delete', 'template', p_name, jsonb_build_object('workspace_id', v_ws));
 END $$;
-GRANT EXECUTE ON FUNCTION det_template_remove(text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.template_remove(text, text) TO det_user;
 
-CREATE FUNCTION det_template_expand(p_workspace text, p_name text) RETURNS jsonb
+CREATE FUNCTION det_user.template_expand(p_workspace text, p_name text) RETURNS jsonb
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The config of template p_name of workspace p_workspace (NULL: Uncategorized), secrets
 -- included, for `det experiment create --template` to merge under an experiment it submits
@@ -3473,7 +3506,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- submission takes, Editor on the workspace, so the secrets go only to those who may run
 -- experiments with them (and whose experiments' configs hold them).
 DECLARE
-    v_ws integer := det_template_workspace(
+    v_ws integer := det_internal.template_workspace(
         p_workspace, 'edit', format('use template %s of workspace %s', to_jsonb(p_name),
                                     to_jsonb(coalesce(p_workspace, 'Uncategorized'))));
     v_config jsonb := (SELECT config FROM templates WHERE workspace_id = v_ws AND name = p_name);
@@ -3484,30 +3517,30 @@ BEGIN
     END IF;
     RETURN v_config;
 END $$;
-GRANT EXECUTE ON FUNCTION det_template_expand(text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.template_expand(text, text) TO det_user;
 
 -- =============================================================================================
 -- Agents
 
-CREATE FUNCTION det_agent_token_create(p_verifier text, p_pool text, p_expires interval)
+CREATE FUNCTION det_user.agent_token_create(p_verifier text, p_pool text, p_expires interval)
 RETURNS TABLE (role_name text, expires_at timestamptz) LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det agent token create` (ClusterAdmin): a one-time enrollment token for one new agent, in
 -- resource pool p_pool (NULL: the agent picks), good for p_expires (more than 0, at most 7
 -- days). The token's secret reaches the server only as p_verifier, a client-made SCRAM
--- verifier (det_check_verifier), set as the password of a new login role returned here.
+-- verifier (det_internal.check_verifier), set as the password of a new login role returned here.
 -- Raises invalid_parameter_value (expiry), foreign_key_violation (unknown pool).
 #variable_conflict use_column
 DECLARE
     v_role text := 'det_enroll_' || left(md5(gen_random_uuid()::text), 16);
     v_expires timestamptz;
 BEGIN
-    PERFORM det_require('admin_cluster', NULL, 'create an agent enrollment token');
+    PERFORM det_internal.require('admin_cluster', NULL, 'create an agent enrollment token');
     IF p_verifier IS NULL THEN
         RAISE EXCEPTION 'token: expected a SCRAM-SHA-256 verifier of its secret'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM det_check_verifier(p_verifier);
+    PERFORM det_internal.check_verifier(p_verifier);
     IF p_expires IS NULL OR p_expires <= interval '0' OR p_expires > interval '7 days' THEN
         RAISE EXCEPTION 'expires: expected more than 0 and at most 7 days, got %',
             coalesce(p_expires::text, 'nothing') USING ERRCODE = 'invalid_parameter_value';
@@ -3519,16 +3552,16 @@ BEGIN
     v_expires := now() + p_expires;
     EXECUTE format('CREATE ROLE %I LOGIN IN ROLE det_enroll PASSWORD %L', v_role, p_verifier);
     INSERT INTO agent_enrollment_tokens (role_name, resource_pool, created_by, expires_at)
-    VALUES (v_role, p_pool, det_caller(), v_expires);
-    PERFORM det_audit('create', 'agent token', v_role,
+    VALUES (v_role, p_pool, det_user.caller(), v_expires);
+    PERFORM det_internal.audit('create', 'agent token', v_role,
                       jsonb_build_object('pool', p_pool, 'expires_at', v_expires));
     RETURN QUERY SELECT v_role, v_expires;
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_token_create(text, text, interval) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.agent_token_create(text, text, interval) TO det_user;
 
-CREATE FUNCTION det_agent_enroll(p_agent text, p_verifier text) RETURNS text LANGUAGE plpgsql
+CREATE FUNCTION det_enroll.agent_enroll(p_agent text, p_verifier text) RETURNS text LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- `det agent enroll`, logged in with an enrollment token (det_agent_token_create): make agent
+-- `det agent enroll`, logged in with an enrollment token (det_user.agent_token_create): make agent
 -- p_agent's own login det_agent_<id> (a member of det_agent) with password verifier
 -- p_verifier, and use the token up (its role may no longer log in). Returns the agent's
 -- resource pool (NULL: its choice). Raises invalid_authorization_specification (28000) for a
@@ -3557,7 +3590,7 @@ BEGIN
             'starting with a letter or digit, got %', coalesce(to_jsonb(p_agent)::text, 'nothing')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM det_check_verifier(p_verifier);
+    PERFORM det_internal.check_verifier(p_verifier);
     IF p_verifier IS NULL THEN
         RAISE EXCEPTION 'password: expected a SCRAM-SHA-256 verifier computed by the client'
             USING ERRCODE = 'invalid_parameter_value';
@@ -3577,16 +3610,16 @@ BEGIN
      WHERE role_name = t.role_name;
     INSERT INTO agent_logins (agent_id, role_name, resource_pool)
     VALUES (p_agent, v_role, t.resource_pool);
-    PERFORM det_audit('enroll', 'agent', p_agent, jsonb_build_object('token', t.role_name));
+    PERFORM det_internal.audit('enroll', 'agent', p_agent, jsonb_build_object('token', t.role_name));
     RETURN t.resource_pool;
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_enroll(text, text) TO det_enroll;
+GRANT EXECUTE ON FUNCTION det_enroll.agent_enroll(text, text) TO det_enroll;
 
-CREATE FUNCTION det_agent_revoke(p_agent text) RETURNS integer LANGUAGE plpgsql
+CREATE FUNCTION det_user.agent_revoke(p_agent text) RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det agent revoke` (ClusterAdmin): end enrolled agent p_agent's access at once. Its login
 -- may no longer log in, its sessions are terminated (pg_terminate_backend: at once, before
--- this commits; one that reconnects meanwhile is refused by det_agent_check_self), and the
+-- this commits; one that reconnects meanwhile is refused by det_internal.agent_check_self), and the
 -- agent is marked LOST, so the next pass ends its runs as a lost agent's (their tokens die,
 -- their trials get new runs elsewhere after the fence, reconciler.passes.FENCE_SECONDS).
 -- Returns how many sessions were terminated. Again on a revoked agent: terminates what is
@@ -3595,7 +3628,7 @@ DECLARE
     l agent_logins;
     v_ended integer;
 BEGIN
-    PERFORM det_require('admin_cluster', NULL, format('revoke agent %s', to_jsonb(p_agent)));
+    PERFORM det_internal.require('admin_cluster', NULL, format('revoke agent %s', to_jsonb(p_agent)));
     SELECT * INTO l FROM agent_logins WHERE agent_id = p_agent FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'agent %: no enrolled login of that id (agents of the shared det_agent '
@@ -3605,22 +3638,22 @@ BEGIN
     EXECUTE format('ALTER ROLE %I NOLOGIN', l.role_name);
     UPDATE agent_logins SET revoked_at = coalesce(revoked_at, now()) WHERE agent_id = p_agent;
     UPDATE agents SET state = 'LOST' WHERE id = p_agent AND state <> 'LOST';
-    PERFORM pg_notify(det_channel('reconciler', ''), 'agent');
+    PERFORM pg_notify(det_internal.channel('reconciler', ''), 'agent');
     SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) INTO v_ended
       FROM pg_stat_activity WHERE usename = l.role_name;
-    PERFORM det_audit('revoke', 'agent', p_agent, jsonb_build_object('sessions', v_ended));
+    PERFORM det_internal.audit('revoke', 'agent', p_agent, jsonb_build_object('sessions', v_ended));
     RETURN v_ended;
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_revoke(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.agent_revoke(text) TO det_user;
 
-CREATE FUNCTION det_agent_register(
+CREATE FUNCTION det_agent.register(
     p_id text, p_hostname text, p_pool text, p_runtime text, p_slots jsonb
 ) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- An agent (re)registers its slots: [{slot_id, type, device_uuid, device_name, memory_mb}].
 -- Slots it no longer has are removed; a LOST agent becomes ACTIVE again, a stopping one
--- (det_agent_stop_runs) takes work again, a gone one (agents.gone_at) is listed again.
+-- (det_agent.stop_runs) takes work again, a gone one (agents.gone_at) is listed again.
 BEGIN
-    PERFORM det_agent_check_self(p_id);
+    PERFORM det_internal.agent_check_self(p_id);
     IF NOT EXISTS (SELECT 1 FROM resource_pools WHERE name = p_pool) THEN
         RAISE EXCEPTION 'agent %: no resource pool named "%"', p_id, p_pool
             USING ERRCODE = 'foreign_key_violation';
@@ -3642,36 +3675,36 @@ BEGIN
     ON CONFLICT (agent_id, slot_id) DO UPDATE
         SET type = excluded.type, device_uuid = excluded.device_uuid,
             device_name = excluded.device_name, memory_mb = excluded.memory_mb;
-    PERFORM pg_notify(det_channel('reconciler', ''), 'agent');
+    PERFORM pg_notify(det_internal.channel('reconciler', ''), 'agent');
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_register(text, text, text, text, jsonb) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.register(text, text, text, text, jsonb) TO det_agent;
 
-CREATE FUNCTION det_agent_heartbeat(p_id text) RETURNS agent_state LANGUAGE plpgsql
+CREATE FUNCTION det_agent.heartbeat(p_id text) RETURNS agent_state LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Returns the agent's state; LOST means the reconciler gave up on it and it must re-register.
 DECLARE
     v_state agent_state;
 BEGIN
-    PERFORM det_agent_check_self(p_id);
+    PERFORM det_internal.agent_check_self(p_id);
     UPDATE agents SET last_heartbeat = now() WHERE id = p_id AND state <> 'LOST'
     RETURNING state INTO v_state;
     RETURN coalesce(v_state, 'LOST');
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_heartbeat(text) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.heartbeat(text) TO det_agent;
 
-CREATE FUNCTION det_agent_timeout() RETURNS double precision LANGUAGE sql STABLE
+CREATE FUNCTION det_agent.timeout() RETURNS double precision LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The leader's agent timeout in seconds (reconciler_leader.agent_timeout), NULL before any
 -- reconciler has run a pass: an agent kills its tasks before it passes (self-fencing).
 SELECT agent_timeout FROM reconciler_leader;
 $$;
-GRANT EXECUTE ON FUNCTION det_agent_timeout() TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.timeout() TO det_agent;
 
-CREATE FUNCTION det_stop_runs_of(p_agent text) RETURNS bigint[] LANGUAGE plpgsql
+CREATE FUNCTION det_internal.stop_runs_of(p_agent text) RETURNS bigint[] LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- A planned stop of agent p_agent's live runs, for det_agent_stop_runs and
--- det_agent_drain: each becomes desired STOPPED (a KILLED one stays so) and planned_stop, and
--- its task is woken on its channel to checkpoint and exit as on pause (det_should_preempt).
+-- A planned stop of agent p_agent's live runs, for det_agent.stop_runs and
+-- det_user.agent_drain: each becomes desired STOPPED (a KILLED one stays so) and planned_stop, and
+-- its task is woken on its channel to checkpoint and exit as on pause (det_task.should_preempt).
 -- Runs it holds a share of (a gang whose chief is elsewhere) stop too. Returns their ids,
 -- ascending. Executable by the owner alone.
 DECLARE
@@ -3690,47 +3723,47 @@ BEGIN
         RETURNING a.id
     )
     SELECT coalesce(array_agg(s.id ORDER BY s.id), '{}') INTO v_ids FROM stopped s;
-    PERFORM pg_notify(det_channel('alloc', x::text), '') FROM unnest(v_ids) x;
+    PERFORM pg_notify(det_internal.channel('alloc', x::text), '') FROM unnest(v_ids) x;
     RETURN v_ids;
 END $$;
 
-CREATE FUNCTION det_agent_stop_runs(p_agent text) RETURNS bigint[] LANGUAGE plpgsql
+CREATE FUNCTION det_agent.stop_runs(p_agent text) RETURNS bigint[] LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Agent p_agent is going away (SIGTERM: `det cluster down`, a restart) and stops its live runs
--- as a planned stop (det_stop_runs_of), with no reconciler needed (the same `down` stops it).
+-- as a planned stop (det_internal.stop_runs_of), with no reconciler needed (the same `down` stops it).
 -- The agent is marked stopping: no new run is placed on it until it registers again. Returns
 -- the ids of the runs.
 BEGIN
-    PERFORM det_agent_check_self(p_agent);
+    PERFORM det_internal.agent_check_self(p_agent);
     UPDATE agents SET stopping = true WHERE id = p_agent;
-    RETURN det_stop_runs_of(p_agent);
+    RETURN det_internal.stop_runs_of(p_agent);
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_stop_runs(text) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.stop_runs(text) TO det_agent;
 
-CREATE FUNCTION det_agent_leave(p_agent text) RETURNS void LANGUAGE plpgsql
+CREATE FUNCTION det_agent.leave(p_agent text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Agent p_agent is being ended by another resource manager under its runs (an agent in a Slurm
 -- job: scancel, time limit, node drain): marked stopping, so nothing new is placed on it, but
 -- its runs are not a planned stop: they end as the failures they are (max_restarts).
 BEGIN
-    PERFORM det_agent_check_self(p_agent);
+    PERFORM det_internal.agent_check_self(p_agent);
     UPDATE agents SET stopping = true WHERE id = p_agent;
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_leave(text) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.leave(text) TO det_agent;
 
-CREATE FUNCTION det_agent_retire(p_agent text) RETURNS void LANGUAGE plpgsql
+CREATE FUNCTION det_agent.retire(p_agent text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Agent p_agent ends for good, its work done (a one-shot agent whose run ended and was
 -- reported, `det agent run --one-shot`): LOST and gone (agents.gone_at), so nothing is placed
 -- on it and agent lists hide it; a run it still held would end as on a lost agent.
 BEGIN
-    PERFORM det_agent_check_self(p_agent);
+    PERFORM det_internal.agent_check_self(p_agent);
     UPDATE agents SET state = 'LOST', stopping = true, gone_at = coalesce(gone_at, now())
      WHERE id = p_agent;
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_retire(text) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.retire(text) TO det_agent;
 
-CREATE FUNCTION det_agent_claim_each(p_agent text, p_allocations bigint[])
+CREATE FUNCTION det_agent.claim_each(p_agent text, p_allocations bigint[])
 RETURNS TABLE (allocation_id bigint, token text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The agent is about to launch allocations assigned to it: mint each one's task token
@@ -3739,7 +3772,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- or desired state is not RUNNING) are left out of the result.
 #variable_conflict use_column
 BEGIN
-    PERFORM det_agent_check_self(p_agent);
+    PERFORM det_internal.agent_check_self(p_agent);
     RETURN QUERY
     WITH minted AS MATERIALIZED (
         SELECT id, translate(encode(gen_random_uuid()::text::bytea
@@ -3755,16 +3788,16 @@ BEGIN
        AND a.state IN ('ASSIGNED', 'PULLING', 'STARTING') AND a.desired_state = 'RUNNING'
     RETURNING a.id, m.token;
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_claim_each(text, bigint[]) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.claim_each(text, bigint[]) TO det_agent;
 
-CREATE FUNCTION det_agent_claim(p_agent text, p_allocation bigint) RETURNS text
+CREATE FUNCTION det_agent.claim(p_agent text, p_allocation bigint) RETURNS text
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- det_agent_claim_each for one allocation: its token, or NULL when it is not to start.
-SELECT token FROM det_agent_claim_each(p_agent, ARRAY[p_allocation]);
+-- det_agent.claim_each for one allocation: its token, or NULL when it is not to start.
+SELECT token FROM det_agent.claim_each(p_agent, ARRAY[p_allocation]);
 $$;
-GRANT EXECUTE ON FUNCTION det_agent_claim(text, bigint) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.claim(text, bigint) TO det_agent;
 
-CREATE FUNCTION det_agent_report_each(
+CREATE FUNCTION det_agent.report_each(
     p_agent text, p_allocations bigint[], p_state allocation_state,
     p_exit_codes integer[] DEFAULT NULL, p_reasons text[] DEFAULT NULL
 ) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3772,16 +3805,16 @@ CREATE FUNCTION det_agent_report_each(
 -- statement; p_exit_codes and p_reasons go with p_allocations element by element.
 -- TERMINATED releases the slots and records the exit code and reason; the reconciler settles
 -- the trial afterwards. RUNNING of a gang spanning agents leaves it STARTING until every
--- other agent started its share (det_gang_started; det_agent_report_node moves it on then).
+-- other agent started its share (det_agent.gang_started; det_agent.report_node moves it on then).
 BEGIN
-    PERFORM det_agent_check_self(p_agent);
+    PERFORM det_internal.agent_check_self(p_agent);
     UPDATE allocations a
        -- a gang's other agents are looked for only where it has any (one index probe)
        SET state = CASE WHEN p_state = 'RUNNING'
                              AND EXISTS (SELECT 1 FROM allocation_slots h
                                           WHERE h.allocation_id = a.id
                                             AND h.agent_id <> p_agent)
-                             AND NOT det_gang_started(a.id)
+                             AND NOT det_agent.gang_started(a.id)
                         THEN greatest(a.state, 'STARTING') ELSE greatest(a.state, p_state) END,
            exit_code = CASE WHEN p_state = 'TERMINATED' THEN r.exit_code ELSE a.exit_code END,
            exit_reason = CASE WHEN p_state = 'TERMINATED' THEN r.reason
@@ -3794,24 +3827,24 @@ BEGIN
     IF p_state = 'TERMINATED' THEN
         UPDATE allocation_slots SET released = true
          WHERE allocation_id = ANY(p_allocations) AND NOT released;
-        PERFORM pg_notify(det_channel('reconciler', ''), 'allocation');
+        PERFORM pg_notify(det_internal.channel('reconciler', ''), 'allocation');
     END IF;
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_report_each(text, bigint[], allocation_state, integer[], text[])
+GRANT EXECUTE ON FUNCTION det_agent.report_each(text, bigint[], allocation_state, integer[], text[])
     TO det_agent;
 
-CREATE FUNCTION det_agent_report(
+CREATE FUNCTION det_agent.report(
     p_agent text, p_allocation bigint, p_state allocation_state,
     p_exit_code integer DEFAULT NULL, p_reason text DEFAULT NULL
 ) RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- det_agent_report_each for one allocation.
-SELECT det_agent_report_each(p_agent, ARRAY[p_allocation], p_state, ARRAY[p_exit_code],
+-- det_agent.report_each for one allocation.
+SELECT det_agent.report_each(p_agent, ARRAY[p_allocation], p_state, ARRAY[p_exit_code],
                              ARRAY[p_reason]);
 $$;
-GRANT EXECUTE ON FUNCTION det_agent_report(text, bigint, allocation_state, integer, text)
+GRANT EXECUTE ON FUNCTION det_agent.report(text, bigint, allocation_state, integer, text)
     TO det_agent;
 
-CREATE FUNCTION det_gang_agents(p_allocation bigint) RETURNS text[] LANGUAGE sql STABLE
+CREATE FUNCTION det_agent.gang_agents(p_allocation bigint) RETURNS text[] LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The agents holding slots of an allocation, in node order: the chief's first
 -- (allocations.agent_id), then the others by id. Node ranks index this array from 0.
@@ -3820,33 +3853,33 @@ SELECT array_agg(h.agent_id ORDER BY h.agent_id <> a.agent_id, h.agent_id)
        allocations a
  WHERE a.id = p_allocation;
 $$;
-GRANT EXECUTE ON FUNCTION det_gang_agents(bigint) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.gang_agents(bigint) TO det_agent;
 
-CREATE FUNCTION det_gang_started(p_allocation bigint) RETURNS boolean LANGUAGE sql STABLE
+CREATE FUNCTION det_agent.gang_started(p_allocation bigint) RETURNS boolean LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Whether every agent of an allocation but the chief's has started its share of the workers
 -- (true on one agent). The allocation is RUNNING only once this and the chief's agent say so.
 SELECT NOT EXISTS (
-    SELECT 1 FROM unnest(det_gang_agents(p_allocation)) WITH ORDINALITY AS g (agent_id, i)
+    SELECT 1 FROM unnest(det_agent.gang_agents(p_allocation)) WITH ORDINALITY AS g (agent_id, i)
      WHERE g.i > 1
        AND NOT EXISTS (SELECT 1 FROM allocation_nodes n
                         WHERE n.allocation_id = p_allocation AND n.agent_id = g.agent_id
                           AND n.state >= 'RUNNING'));
 $$;
-GRANT EXECUTE ON FUNCTION det_gang_started(bigint) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.gang_started(bigint) TO det_agent;
 
-CREATE FUNCTION det_agent_set_rendezvous(
+CREATE FUNCTION det_agent.set_rendezvous(
     p_agent text, p_allocation bigint, p_endpoint text
 ) RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The chief's agent records where the workers meet (host:port), after its claim and before it
 -- starts its workers.
-SELECT det_agent_check_self(p_agent);
+SELECT det_internal.agent_check_self(p_agent);
 UPDATE allocations SET rendezvous = p_endpoint
  WHERE id = p_allocation AND agent_id = p_agent AND state <> 'TERMINATED';
 $$;
-GRANT EXECUTE ON FUNCTION det_agent_set_rendezvous(text, bigint, text) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.set_rendezvous(text, bigint, text) TO det_agent;
 
-CREATE FUNCTION det_agent_claim_node(p_agent text, p_allocation bigint) RETURNS jsonb
+CREATE FUNCTION det_agent.claim_node(p_agent text, p_allocation bigint) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Another agent of a gang allocation is about to start its share of the workers: mint its
 -- token (returned once, stored hashed) and return {token, node_rank, nodes, rendezvous}.
@@ -3860,7 +3893,7 @@ DECLARE
     v_nodes text[];
     v_rank integer;
 BEGIN
-    PERFORM det_agent_check_self(p_agent);
+    PERFORM det_internal.agent_check_self(p_agent);
     SELECT * INTO a FROM allocations
      WHERE id = p_allocation AND agent_id <> p_agent AND rendezvous IS NOT NULL
        AND state IN ('STARTING', 'RUNNING') AND desired_state = 'RUNNING'
@@ -3868,7 +3901,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    v_nodes := det_gang_agents(p_allocation);
+    v_nodes := det_agent.gang_agents(p_allocation);
     v_rank := array_position(v_nodes, p_agent) - 1;
     IF v_rank IS NULL THEN
         RETURN NULL;
@@ -3883,9 +3916,9 @@ BEGIN
     RETURN jsonb_build_object('token', v_token, 'node_rank', v_rank, 'nodes', v_nodes,
                               'rendezvous', a.rendezvous);
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_claim_node(text, bigint) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.claim_node(text, bigint) TO det_agent;
 
-CREATE FUNCTION det_agent_report_node(
+CREATE FUNCTION det_agent.report_node(
     p_agent text, p_allocation bigint, p_state allocation_state,
     p_exit_code integer DEFAULT NULL, p_reason text DEFAULT NULL
 ) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3896,7 +3929,7 @@ CREATE FUNCTION det_agent_report_node(
 DECLARE
     v_rank integer;
 BEGIN
-    PERFORM det_agent_check_self(p_agent);
+    PERFORM det_internal.agent_check_self(p_agent);
     UPDATE allocation_nodes
        SET state = greatest(state, p_state),
            exit_code = CASE WHEN p_state = 'TERMINATED' THEN p_exit_code ELSE exit_code END,
@@ -3906,10 +3939,10 @@ BEGIN
     IF FOUND AND p_state = 'RUNNING' THEN
         UPDATE allocations SET state = 'RUNNING'
          WHERE id = p_allocation AND state < 'RUNNING' AND running_at IS NOT NULL
-           AND det_gang_started(p_allocation);
+           AND det_agent.gang_started(p_allocation);
     END IF;
     -- A share that failed before its claim (its launch failed) has no row, and ends the run.
-    v_rank := coalesce(v_rank, array_position(det_gang_agents(p_allocation), p_agent) - 1);
+    v_rank := coalesce(v_rank, array_position(det_agent.gang_agents(p_allocation), p_agent) - 1);
     IF v_rank IS NULL OR p_state <> 'TERMINATED' OR p_exit_code IS NOT DISTINCT FROM 0 THEN
         RETURN;
     END IF;
@@ -3921,13 +3954,13 @@ BEGIN
     IF FOUND THEN
         UPDATE allocation_slots SET released = true
          WHERE allocation_id = p_allocation AND NOT released;
-        PERFORM pg_notify(det_channel('reconciler', ''), 'allocation');
+        PERFORM pg_notify(det_internal.channel('reconciler', ''), 'allocation');
     END IF;
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_report_node(text, bigint, allocation_state, integer, text)
+GRANT EXECUTE ON FUNCTION det_agent.report_node(text, bigint, allocation_state, integer, text)
     TO det_agent;
 
-CREATE FUNCTION det_append_logs(
+CREATE FUNCTION det_agent.append_logs(
     p_allocation bigint, p_streams text[], p_lines text[], p_ranks integer[] DEFAULT NULL,
     p_writer uuid DEFAULT NULL, p_seqs bigint[] DEFAULT NULL
 ) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3938,7 +3971,7 @@ CREATE FUNCTION det_append_logs(
 -- p_writer and p_seqs (each line's number, ascending) name the lines (see log_batches): a line
 -- numbered at or below its writer's last_seq was written before and is skipped; a NULL
 -- p_writer asks for no such check. invalid_parameter_value when p_seqs does not match; an
--- enrolled agent's login writes only for allocations it runs a part of (det_agent_check_allocation).
+-- enrolled agent's login writes only for allocations it runs a part of (det_internal.agent_check_allocation).
 -- Lines of an allocation that no longer exists are dropped without an error: a shipper stops on
 -- errors, and its other allocations' lines would stop with it.
 DECLARE
@@ -3947,7 +3980,7 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM allocations WHERE id = p_allocation) THEN
         RETURN;  -- gone (its experiment deleted): nothing to keep, and no error to stop on
     END IF;
-    PERFORM det_agent_check_allocation(p_allocation);
+    PERFORM det_internal.agent_check_allocation(p_allocation);
     IF p_writer IS NOT NULL THEN
         IF cardinality(p_seqs) IS DISTINCT FROM cardinality(p_lines)
            OR EXISTS (SELECT FROM unnest(p_seqs) WITH ORDINALITY AS s (n, i)
@@ -3974,10 +4007,10 @@ BEGIN
     WHERE a.id = p_allocation AND (p_writer IS NULL OR u.n > v_last)
     ORDER BY u.i;
 END $$;
-GRANT EXECUTE ON FUNCTION det_append_logs(bigint, text[], text[], integer[], uuid, bigint[])
+GRANT EXECUTE ON FUNCTION det_agent.append_logs(bigint, text[], text[], integer[], uuid, bigint[])
     TO det_agent;
 
-CREATE FUNCTION det_log_level(p_stream text, p_line text) RETURNS text
+CREATE FUNCTION det_user.log_level(p_stream text, p_line text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 -- The level of a log line, read from its text, for the log viewer's filter: 'error',
 -- 'warning', 'info' or 'debug'. Python logging's level names at the start (Determined's
@@ -3993,12 +4026,12 @@ SELECT CASE
     ELSE 'info'
 END
 $$;
-GRANT EXECUTE ON FUNCTION det_log_level(text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.log_level(text, text) TO det_user;
 
 -- =============================================================================================
 -- The task's API (the harness). Every call names its allocation by token.
 
-CREATE FUNCTION det_auth(p_token text) RETURNS allocations
+CREATE FUNCTION det_internal.auth(p_token text) RETURNS allocations
 LANGUAGE plpgsql STABLE AS $$
 -- The live allocation holding this token (the chief's, or one of allocation_nodes' for the
 -- workers on the other agents of a gang), or an error (SQLSTATE 28000).
@@ -4018,7 +4051,7 @@ BEGIN
     RETURN v;
 END $$;
 
-CREATE FUNCTION det_json_problem(p_value jsonb, p_max_bytes integer) RETURNS text
+CREATE FUNCTION det_internal.json_problem(p_value jsonb, p_max_bytes integer) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
 -- What is wrong with a JSON object a task sends to store (metric values, metadata), or NULL:
 -- not an object, larger than p_max_bytes (jsonb's size, of the value as sent: a stored value
@@ -4036,7 +4069,7 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
             THEN 'nests deeper than 32 levels' END;
 $$;
 
-CREATE FUNCTION det_json_shown(p_value jsonb) RETURNS jsonb
+CREATE FUNCTION det_user.json_shown(p_value jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 -- p_value as readers show it: a value nested deeper than 32 levels (stored before the task's
 -- functions refused those, migration 0032) becomes a string saying so, since clients that
@@ -4046,12 +4079,12 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                 ELSE p_value END;
 $$;
 -- readers show stored JSON through it
-GRANT EXECUTE ON FUNCTION det_json_shown(jsonb) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.json_shown(jsonb) TO det_user;
 
-CREATE FUNCTION det_trial_best_validation(p_trial integer) RETURNS double precision
+CREATE FUNCTION det_internal.trial_best_validation(p_trial integer) RETURNS double precision
 LANGUAGE sql STABLE AS $$
 -- The best searcher metric (searcher.smaller_is_better decides "best") of the trial's
--- surviving validation rows; NULL without one. det_report_metrics_batch keeps
+-- surviving validation rows; NULL without one. det_task.report_metrics_batch keeps
 -- trials.best_validation up to date row by row; this recomputes it when rows are superseded.
     SELECT CASE WHEN e.smaller_is_better
                 THEN min((m."values" ->> e.searcher_metric)::double precision)
@@ -4066,7 +4099,7 @@ LANGUAGE sql STABLE AS $$
      GROUP BY e.id;
 $$;
 
-CREATE FUNCTION det_metrics_supersede(p_allocation bigint) RETURNS integer
+CREATE FUNCTION det_internal.metrics_supersede(p_allocation bigint) RETURNS integer
 LANGUAGE plpgsql AS $$
 -- Run p_allocation resumes its trial from the trial's restart point (trials.steps_completed,
 -- the step of its latest checkpoint): the rows earlier runs reported after that step are
@@ -4103,22 +4136,22 @@ BEGIN
     SELECT count(*), coalesce(bool_or("group" = 'validation'), false)
       INTO v_rows, v_validation FROM marked;
     IF v_validation THEN
-        UPDATE trials SET best_validation = det_trial_best_validation(v_trial)
+        UPDATE trials SET best_validation = det_internal.trial_best_validation(v_trial)
          WHERE id = v_trial;
     END IF;
     RETURN v_rows;
 END $$;
 
-CREATE FUNCTION det_task_info(p_token text) RETURNS jsonb LANGUAGE plpgsql
+CREATE FUNCTION det_task.info(p_token text) RETURNS jsonb LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Identity and starting point of the task; also marks the allocation RUNNING and supersedes
--- what earlier runs of its trial reported after that starting point (det_metrics_supersede):
+-- what earlier runs of its trial reported after that starting point (det_internal.metrics_supersede):
 -- the run starts from its trial's latest checkpoint, which this returns.
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
 BEGIN
     UPDATE allocations SET state = 'RUNNING' WHERE id = a.id AND state < 'RUNNING';
-    PERFORM det_metrics_supersede(a.id);
+    PERFORM det_internal.metrics_supersede(a.id);
     RETURN (
         SELECT jsonb_build_object(
             'allocation_id', a.id, 'trial_id', t.id, 'experiment_id', e.id,
@@ -4128,21 +4161,21 @@ BEGIN
         FROM trials t JOIN experiments e ON e.id = t.experiment_id
         WHERE t.id = a.trial_id);
 END $$;
-GRANT EXECUTE ON FUNCTION det_task_info(text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.info(text) TO det_task;
 
-CREATE FUNCTION det_append_metrics(
+CREATE FUNCTION det_internal.append_metrics(
     a allocations, p_groups text[], p_steps bigint[], p_values jsonb[]
 ) RETURNS integer LANGUAGE plpgsql SET search_path = public, pg_temp AS $$
 -- Append metrics rows of run a in order: row i is (p_groups[i], p_steps[i], p_values[i]);
 -- returns the rows written. Validation rows update the trial's best searcher metric
 -- (searcher.smaller_is_better decides "best"). The one home of the metrics-append rule, for a
--- task's reports (det_report_metrics_batch) and an unmanaged script's
--- (det_unmanaged_report_metrics). Each row is checked first, and the whole batch refused
+-- task's reports (det_task.report_metrics_batch) and an unmanaged script's
+-- (det_user.unmanaged_report_metrics). Each row is checked first, and the whole batch refused
 -- (invalid_parameter_value naming the row's group and step) for: a group that is empty,
 -- longer than 255 characters or holds a control character (it is shown on terminals); a step
 -- outside 0 to 2^53 - 1 (what a JSON reader such as the WebUI holds exactly; Core API code
 -- counts steps in its own unit, so the searcher's length gives no tighter bound); values that
--- are not a JSON object, are over 64 KiB or nest deeper than 32 levels (det_json_problem: any
+-- are not a JSON object, are over 64 KiB or nest deeper than 32 levels (det_internal.json_problem: any
 -- JSON inside, as Determined allows; the harness writes NaN and infinities as strings); a
 -- validation's searcher metric that is a number a double cannot hold.
 DECLARE
@@ -4166,15 +4199,15 @@ BEGIN
                WHEN u.g ~ '[[:cntrl:]]' THEN 'group: holds a control character'
                WHEN u.s IS NULL OR u.s NOT BETWEEN 0 AND 9007199254740991
                    THEN format('steps_completed: expected 0 to 2^53 - 1, not %s', u.s)
-               WHEN det_json_problem(u.v, 65536) IS NOT NULL
-                   THEN 'values ' || det_json_problem(u.v, 65536)
+               WHEN det_internal.json_problem(u.v, 65536) IS NOT NULL
+                   THEN 'values ' || det_internal.json_problem(u.v, 65536)
                ELSE format('values: searcher metric "%s" is %s, beyond a double', v_metric,
                            u.v -> v_metric) END AS problem
       INTO v_bad
       FROM unnest(p_groups, p_steps, p_values) WITH ORDINALITY AS u (g, s, v, i)
      WHERE u.g IS NULL OR u.g = '' OR length(u.g) > 255 OR u.g ~ '[[:cntrl:]]'
         OR u.s IS NULL OR u.s NOT BETWEEN 0 AND 9007199254740991
-        OR det_json_problem(u.v, 65536) IS NOT NULL
+        OR det_internal.json_problem(u.v, 65536) IS NOT NULL
         OR (u.g = 'validation' AND jsonb_typeof(u.v -> v_metric) = 'number'
             AND abs((u.v ->> v_metric)::numeric) > 1.7976931348623157e308)
      ORDER BY u.i LIMIT 1;
@@ -4206,16 +4239,16 @@ BEGIN
     RETURN v_rows;
 END $$;
 
-CREATE FUNCTION det_report_metrics_batch(
+CREATE FUNCTION det_task.report_metrics_batch(
     p_token text, p_writer uuid, p_seq bigint,
     p_groups text[], p_steps bigint[], p_values jsonb[]
 ) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- A task appends a batch of metrics rows (det_append_metrics: the rows and what is refused).
+-- A task appends a batch of metrics rows (det_internal.append_metrics: the rows and what is refused).
 -- p_writer and p_seq name the batch (see metric_batches): a batch already recorded is
--- skipped; a NULL p_writer asks for no such check (det_report_metrics). Returns the rows
+-- skipped; a NULL p_writer asks for no such check (det_task.report_metrics). Returns the rows
 -- written (0 for a skipped batch).
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
     v_rows integer;
 BEGIN
     IF p_writer IS NOT NULL THEN
@@ -4232,26 +4265,26 @@ BEGIN
             RETURN 0;
         END IF;
     END IF;
-    RETURN det_append_metrics(a, p_groups, p_steps, p_values);
+    RETURN det_internal.append_metrics(a, p_groups, p_steps, p_values);
 END $$;
-GRANT EXECUTE ON FUNCTION det_report_metrics_batch(text, uuid, bigint, text[], bigint[], jsonb[])
+GRANT EXECUTE ON FUNCTION det_task.report_metrics_batch(text, uuid, bigint, text[], bigint[], jsonb[])
     TO det_task;
 
-CREATE FUNCTION det_report_metrics(
+CREATE FUNCTION det_task.report_metrics(
     p_token text, p_group text, p_steps_completed bigint, p_metrics jsonb
 ) RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- Append one metrics row (no re-send check: the harness uses det_report_metrics_batch).
-    SELECT FROM det_report_metrics_batch(p_token, NULL, NULL, ARRAY[p_group],
+-- Append one metrics row (no re-send check: the harness uses det_task.report_metrics_batch).
+    SELECT FROM det_task.report_metrics_batch(p_token, NULL, NULL, ARRAY[p_group],
                                          ARRAY[p_steps_completed], ARRAY[p_metrics]);
 $$;
-GRANT EXECUTE ON FUNCTION det_report_metrics(text, text, bigint, jsonb) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.report_metrics(text, text, bigint, jsonb) TO det_task;
 
-CREATE FUNCTION det_report_checkpoint(
+CREATE FUNCTION det_task.report_checkpoint(
     p_token text, p_uuid uuid, p_steps_completed bigint, p_resources jsonb, p_metadata jsonb
 ) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Record a checkpoint the task has finished writing; it becomes the trial's restart point.
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
 BEGIN
     INSERT INTO checkpoints (uuid, trial_id, allocation_id, steps_completed, storage, resources,
                              metadata)
@@ -4261,13 +4294,13 @@ BEGIN
     UPDATE trials SET latest_checkpoint = p_uuid, steps_completed = p_steps_completed
      WHERE id = a.trial_id AND steps_completed <= p_steps_completed;
 END $$;
-GRANT EXECUTE ON FUNCTION det_report_checkpoint(text, uuid, bigint, jsonb, jsonb) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.report_checkpoint(text, uuid, bigint, jsonb, jsonb) TO det_task;
 
 -- Unmanaged runs (Determined 0.38's determined.experimental.core_v2): a script run
 -- outside det, as a det user, reports into an experiment with one trial that det never
 -- schedules. Each start of the script is one run of the trial, an allocation row born
 -- TERMINATED and settled, which no pass places, settles or ends.
-CREATE FUNCTION det_unmanaged_run(p_allocation bigint) RETURNS allocations
+CREATE FUNCTION det_internal.unmanaged_run(p_allocation bigint) RETURNS allocations
 LANGUAGE plpgsql STABLE SET search_path = public, pg_temp AS $$
 -- The unmanaged run p_allocation, for its script to report into: refused unless the run is
 -- its trial's latest (a later start of the script took over: object_not_in_prerequisite_state),
@@ -4286,11 +4319,11 @@ BEGIN
     SELECT e.owner, j.workspace_id, t.state, t.runs INTO v_owner, v_ws, v_state, v_latest
       FROM trials t JOIN experiments e ON e.id = t.experiment_id JOIN jobs j ON j.id = e.job_id
      WHERE t.id = a.trial_id AND e.unmanaged;
-    IF NOT FOUND OR NOT (det_is_owner_session() OR det_permitted(det_caller(), 'view', v_ws)) THEN
+    IF NOT FOUND OR NOT (det_user.is_owner_session() OR det_user.permitted(det_user.caller(), 'view', v_ws)) THEN
         RAISE EXCEPTION 'unmanaged run % not found', p_allocation USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_require('edit', v_ws, format('report into trial %s', a.trial_id));
-    IF v_owner <> det_caller() AND NOT det_is_owner_session() THEN
+    PERFORM det_internal.require('edit', v_ws, format('report into trial %s', a.trial_id));
+    IF v_owner <> det_user.caller() AND NOT det_user.is_owner_session() THEN
         RAISE EXCEPTION 'permission denied: trial % is %''s unmanaged trial; only its owner '
                         'reports into it', a.trial_id, to_jsonb(v_owner)
             USING ERRCODE = 'insufficient_privilege';
@@ -4307,24 +4340,24 @@ BEGIN
     RETURN a;
 END $$;
 
-CREATE FUNCTION det_unmanaged_start(
+CREATE FUNCTION det_user.unmanaged_start(
     p_config jsonb, p_original_config text, p_workspace text, p_project text,
     p_external_experiment text, p_external_trial text, p_hparams jsonb
 ) RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- core_v2.init of a script outside det (Determined 0.38's unmanaged mode): a new run of a
 -- trial of an unmanaged experiment owned by the caller, in one transaction. The experiment is
 -- the caller's with external id p_external_experiment if there is one, else a new one
--- submitted as det_create_experiment submits (p_config: the expanded config; same checks,
+-- submitted as det_user.create_experiment submits (p_config: the expanded config; same checks,
 -- placement and permission); the trial is its trial with external id p_external_trial if
 -- any, else a new one with hyperparameters p_hparams. A resumed experiment or trial that had
 -- ended is ACTIVE again. The run is an allocation born TERMINATED and settled (no pass places
--- or ends it; det_unmanaged_end stamps its end); it supersedes what earlier runs reported
--- after the trial's latest checkpoint (det_metrics_supersede), as a managed run's start
--- does. Returns det_task_info's object. Refused: p_external_trial without
+-- or ends it; det_user.unmanaged_end stamps its end); it supersedes what earlier runs reported
+-- after the trial's latest checkpoint (det_internal.metrics_supersede), as a managed run's start
+-- does. Returns det_task.info's object. Refused: p_external_trial without
 -- p_external_experiment (invalid_parameter_value, as upstream requires both); a paused or
 -- stopping experiment (object_not_in_prerequisite_state).
 DECLARE
-    v_user text := det_caller();
+    v_user text := det_user.caller();
     e experiments;
     t trials;
     v_exp integer;
@@ -4340,25 +4373,25 @@ BEGIN
     END IF;
     IF p_external_experiment IS NOT NULL THEN
         -- Two first starts with one external id make one experiment.
-        PERFORM pg_advisory_xact_lock(hashtext('det_unmanaged_start'),
+        PERFORM pg_advisory_xact_lock(hashtext('det_user.unmanaged_start'),
                                       hashtext(v_user || '/' || p_external_experiment));
         SELECT * INTO e FROM experiments
          WHERE owner = v_user AND external_id = p_external_experiment FOR NO KEY UPDATE;
     END IF;
     IF e.id IS NULL THEN
-        v_exp := det_create_experiment(p_config, p_original_config, NULL, p_workspace,
+        v_exp := det_user.create_experiment(p_config, p_original_config, NULL, p_workspace,
                                        p_project);
         UPDATE experiments SET unmanaged = true, external_id = p_external_experiment
          WHERE id = v_exp RETURNING * INTO e;
     ELSIF e.state IN ('COMPLETED', 'CANCELED', 'ERROR') THEN
-        PERFORM det_require('edit', (SELECT workspace_id FROM jobs WHERE id = e.job_id),
+        PERFORM det_internal.require('edit', (SELECT workspace_id FROM jobs WHERE id = e.job_id),
                             format('resume experiment %s', e.id));
         UPDATE experiments SET state = 'ACTIVE', end_time = NULL WHERE id = e.id;
     ELSIF e.state <> 'ACTIVE' THEN
         RAISE EXCEPTION 'experiment % is %: activate it to resume it', e.id, e.state
             USING ERRCODE = 'object_not_in_prerequisite_state';
     ELSE
-        PERFORM det_require('edit', (SELECT workspace_id FROM jobs WHERE id = e.job_id),
+        PERFORM det_internal.require('edit', (SELECT workspace_id FROM jobs WHERE id = e.job_id),
                             format('resume experiment %s', e.id));
     END IF;
     IF p_external_trial IS NOT NULL THEN
@@ -4381,36 +4414,36 @@ BEGIN
            'TERMINATED', true, now(), now(), now(), false
       FROM jobs j WHERE j.id = e.job_id
     RETURNING id INTO v_alloc;
-    PERFORM det_metrics_supersede(v_alloc);
+    PERFORM det_internal.metrics_supersede(v_alloc);
     RETURN jsonb_build_object(
         'allocation_id', v_alloc, 'trial_id', t.id, 'experiment_id', e.id,
         'config', (SELECT config FROM experiments WHERE id = e.id), 'hparams', t.hparams,
         'trial_seed', t.seed, 'latest_checkpoint', t.latest_checkpoint,
         'steps_completed', t.steps_completed, 'slots', 1);
 END $$;
-GRANT EXECUTE ON FUNCTION det_unmanaged_start(jsonb, text, text, text, text, text, jsonb)
+GRANT EXECUTE ON FUNCTION det_user.unmanaged_start(jsonb, text, text, text, text, text, jsonb)
     TO det_user;
 
-CREATE FUNCTION det_unmanaged_report_metrics(
+CREATE FUNCTION det_user.unmanaged_report_metrics(
     p_allocation bigint, p_group text, p_steps_completed bigint, p_metrics jsonb
 ) RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- An unmanaged script's metrics report (det_unmanaged_run: who may; det_append_metrics: what
+-- An unmanaged script's metrics report (det_internal.unmanaged_run: who may; det_internal.append_metrics: what
 -- is refused).
-    SELECT FROM det_append_metrics(det_unmanaged_run(p_allocation), ARRAY[p_group],
+    SELECT FROM det_internal.append_metrics(det_internal.unmanaged_run(p_allocation), ARRAY[p_group],
                                    ARRAY[p_steps_completed], ARRAY[p_metrics]);
 $$;
-GRANT EXECUTE ON FUNCTION det_unmanaged_report_metrics(bigint, text, bigint, jsonb) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.unmanaged_report_metrics(bigint, text, bigint, jsonb) TO det_user;
 
-CREATE FUNCTION det_unmanaged_report_checkpoint(
+CREATE FUNCTION det_user.unmanaged_report_checkpoint(
     p_allocation bigint, p_uuid uuid, p_steps_completed bigint, p_resources jsonb,
     p_metadata jsonb
 ) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- An unmanaged script stored a checkpoint (det_unmanaged_run: who may); it becomes the
--- trial's restart point, as det_report_checkpoint's. Its files lie where the script wrote
+-- An unmanaged script stored a checkpoint (det_internal.unmanaged_run: who may); it becomes the
+-- trial's restart point, as det_task.report_checkpoint's. Its files lie where the script wrote
 -- them, which det's GC tasks may not reach, so no GC policy applies to it (gc_pending false):
 -- upstream collects no unmanaged checkpoint either.
 DECLARE
-    a allocations := det_unmanaged_run(p_allocation);
+    a allocations := det_internal.unmanaged_run(p_allocation);
 BEGIN
     INSERT INTO checkpoints (uuid, trial_id, allocation_id, steps_completed, storage, resources,
                              metadata, gc_pending)
@@ -4420,15 +4453,15 @@ BEGIN
     UPDATE trials SET latest_checkpoint = p_uuid, steps_completed = p_steps_completed
      WHERE id = a.trial_id AND steps_completed <= p_steps_completed;
 END $$;
-GRANT EXECUTE ON FUNCTION det_unmanaged_report_checkpoint(bigint, uuid, bigint, jsonb, jsonb)
+GRANT EXECUTE ON FUNCTION det_user.unmanaged_report_checkpoint(bigint, uuid, bigint, jsonb, jsonb)
     TO det_user;
 
-CREATE FUNCTION det_unmanaged_progress(p_allocation bigint, p_progress double precision)
+CREATE FUNCTION det_user.unmanaged_progress(p_allocation bigint, p_progress double precision)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- core_v2.train.report_progress: the fraction (0 to 1) of the experiment's work done, shown as
 -- its progress. Refused outside [0, 1] (invalid_parameter_value).
 DECLARE
-    a allocations := det_unmanaged_run(p_allocation);
+    a allocations := det_internal.unmanaged_run(p_allocation);
 BEGIN
     IF p_progress IS NULL OR NOT p_progress BETWEEN 0 AND 1 THEN
         RAISE EXCEPTION 'progress: expected 0 to 1, not %', p_progress
@@ -4437,16 +4470,16 @@ BEGIN
     UPDATE experiments SET progress = p_progress
      WHERE id = (SELECT experiment_id FROM trials WHERE id = a.trial_id);
 END $$;
-GRANT EXECUTE ON FUNCTION det_unmanaged_progress(bigint, double precision) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.unmanaged_progress(bigint, double precision) TO det_user;
 
-CREATE FUNCTION det_unmanaged_end(p_allocation bigint, p_error text) RETURNS void
+CREATE FUNCTION det_user.unmanaged_end(p_allocation bigint, p_error text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- core_v2.close: the run ends, and with it its trial, COMPLETED, or ERROR when p_error (the
 -- script's exception, kept as the run's exit reason) is given, as upstream's unmanaged
 -- heartbeat sets the trial's state at exit. The experiment ends when it has no live trial
 -- left: ERROR if one of its trials errored, else COMPLETED.
 DECLARE
-    a allocations := det_unmanaged_run(p_allocation);
+    a allocations := det_internal.unmanaged_run(p_allocation);
     v_exp integer;
 BEGIN
     UPDATE allocations
@@ -4465,26 +4498,26 @@ BEGIN
      WHERE e.id = v_exp
        AND NOT EXISTS (SELECT 1 FROM trials t WHERE t.experiment_id = e.id AND t.state < 'COMPLETED');
 END $$;
-GRANT EXECUTE ON FUNCTION det_unmanaged_end(bigint, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.unmanaged_end(bigint, text) TO det_user;
 
-CREATE FUNCTION det_checkpoint_begin(p_token text) RETURNS void
+CREATE FUNCTION det_task.checkpoint_begin(p_token text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- The task is about to write a checkpoint: refused (SQLSTATE 28000, det_auth) once its
+-- The task is about to write a checkpoint: refused (SQLSTATE 28000, det_internal.auth) once its
 -- allocation was ended (agent lost, run killed), so a fenced run writes no files.
--- det_report_checkpoint checks again when the files are in place.
+-- det_task.report_checkpoint checks again when the files are in place.
 BEGIN
-    PERFORM det_auth(p_token);
+    PERFORM det_internal.auth(p_token);
 END $$;
-GRANT EXECUTE ON FUNCTION det_checkpoint_begin(text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.checkpoint_begin(text) TO det_task;
 
-CREATE FUNCTION det_report_storage_error(p_token text, p_message text) RETURNS void
+CREATE FUNCTION det_task.report_storage_error(p_token text, p_message text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The task could not write a checkpoint to its storage (no space, quota, read-only, I/O
 -- error): p_message, one line naming the path and the OS error, becomes the run's exit reason
 -- (allocations.storage_error), control characters made spaces, cut to 1000 characters. A
 -- blank message is invalid_parameter_value.
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
     v_line text := btrim(regexp_replace(p_message, '[[:cntrl:]]+', ' ', 'g'));
 BEGIN
     IF v_line IS NULL OR v_line = '' THEN
@@ -4493,28 +4526,28 @@ BEGIN
     END IF;
     UPDATE allocations SET storage_error = left(v_line, 1000) WHERE id = a.id;
 END $$;
-GRANT EXECUTE ON FUNCTION det_report_storage_error(text, text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.report_storage_error(text, text) TO det_task;
 
-CREATE FUNCTION det_task_secrets(p_token text) RETURNS jsonb
+CREATE FUNCTION det_task.secrets(p_token text) RETURNS jsonb
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The calling task's own secrets: {job_id, jupyter_token, ssh_public_key} (its server needs
 -- them; the private key stays with det).
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
 BEGIN
     RETURN (SELECT jsonb_build_object('job_id', s.job_id, 'jupyter_token', s.jupyter_token,
                                       'ssh_public_key', s.ssh_public_key)
               FROM task_secrets s WHERE s.job_id = a.job_id);
 END $$;
-GRANT EXECUTE ON FUNCTION det_task_secrets(text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.secrets(text) TO det_task;
 
-CREATE FUNCTION det_task_ready(p_token text, p_address text) RETURNS void
+CREATE FUNCTION det_task.ready(p_token text, p_address text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The calling task's server answers at p_address (host:port; a shell's is user@host:port, the
 -- user its sshd lets in): det serve proxies to it. The task's use starts now (last_activity),
 -- so the idle clock counts from here.
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
 BEGIN
     IF p_address IS NULL
        OR p_address !~ '^([A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9.:\[\]-]+:[0-9]{1,5}$' THEN
@@ -4525,21 +4558,21 @@ BEGIN
     UPDATE allocations SET address = p_address WHERE id = a.id;
     UPDATE tasks SET last_activity = now() WHERE job_id = a.job_id;
 END $$;
-GRANT EXECUTE ON FUNCTION det_task_ready(text, text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.ready(text, text) TO det_task;
 
-CREATE FUNCTION det_task_activity(p_token text, p_at timestamptz) RETURNS void
+CREATE FUNCTION det_task.activity(p_token text, p_at timestamptz) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The calling task's server saw use at p_at (an open kernel, terminal or SSH session, by its
 -- idle type); a time in the future counts as now.
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
 BEGIN
     UPDATE tasks SET last_activity = least(now(), p_at)
      WHERE job_id = a.job_id AND last_activity < least(now(), p_at);
 END $$;
-GRANT EXECUTE ON FUNCTION det_task_activity(text, timestamptz) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.activity(text, timestamptz) TO det_task;
 
-CREATE FUNCTION det_task_tensorboard_sources(p_token text)
+CREATE FUNCTION det_task.tensorboard_sources(p_token text)
 RETURNS TABLE (experiment_id integer, trial_id integer, storage jsonb)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The event files the calling TensorBoard task shows (det.harness.tensorboard writes them
@@ -4549,7 +4582,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- (a viewer of the experiment may open the TensorBoard). The token's own task only; no row
 -- for another kind of task. Its agent calls it too, to mount the directories in a container.
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
 BEGIN
     RETURN QUERY
     SELECT s.experiment_id, s.trial_id,
@@ -4566,9 +4599,9 @@ BEGIN
      ORDER BY s.experiment_id, s.trial_id NULLS FIRST;
 END $$;
 -- a TensorBoard's agent mounts its event files' directories in its container
-GRANT EXECUTE ON FUNCTION det_task_tensorboard_sources(text) TO det_task, det_agent;
+GRANT EXECUTE ON FUNCTION det_task.tensorboard_sources(text) TO det_task, det_agent;
 
-CREATE FUNCTION det_task_open(p_job bigint)
+CREATE FUNCTION det_user.task_open(p_job bigint)
 RETURNS TABLE (type text, state text, address text, jupyter_token text, end_reason text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- What det serve's proxy needs to open task p_job for the caller: its kind, its run's state,
@@ -4577,10 +4610,10 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- as the task's owner, so opening one needs edit (Editor). Touches last_activity (proxied
 -- traffic is use) at most once every 5 seconds, so a busy page costs no write per request.
 DECLARE
-    t tasks := det_task_find(p_job, 'view', 'open');
+    t tasks := det_internal.task_find(p_job, 'view', 'open');
 BEGIN
     IF t.type <> 'TENSORBOARD' THEN
-        PERFORM det_require('edit', (SELECT j.workspace_id FROM jobs j WHERE j.id = p_job),
+        PERFORM det_internal.require('edit', (SELECT j.workspace_id FROM jobs j WHERE j.id = p_job),
                             format('open %s %s', lower(t.type), p_job));
     END IF;
     UPDATE tasks SET last_activity = now()
@@ -4590,13 +4623,13 @@ BEGIN
       FROM allocations a JOIN task_secrets s ON s.job_id = a.job_id
      WHERE a.job_id = p_job ORDER BY a.run DESC LIMIT 1;
 END $$;
-GRANT EXECUTE ON FUNCTION det_task_open(bigint) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.task_open(bigint) TO det_user;
 
-CREATE FUNCTION det_task_ssh_key(p_job bigint) RETURNS text
+CREATE FUNCTION det_user.task_ssh_key(p_job bigint) RETURNS text
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The private key that opens shell p_job (`det shell open`): Editor of its workspace.
 DECLARE
-    t tasks := det_task_find(p_job, 'edit', 'open');
+    t tasks := det_internal.task_find(p_job, 'edit', 'open');
 BEGIN
     IF t.type <> 'SHELL' THEN
         RAISE EXCEPTION 'task %: a %, not a shell', p_job, lower(t.type)
@@ -4604,16 +4637,16 @@ BEGIN
     END IF;
     RETURN (SELECT ssh_private_key FROM task_secrets WHERE job_id = p_job);
 END $$;
-GRANT EXECUTE ON FUNCTION det_task_ssh_key(bigint) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.task_ssh_key(bigint) TO det_user;
 
-CREATE FUNCTION det_current_op(p_token text) RETURNS jsonb LANGUAGE plpgsql
+CREATE FUNCTION det_task.current_op(p_token text) RETURNS jsonb LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The trial's oldest open searcher operation as {id, length}; {"wait": true} while the
 -- searcher has not yet read the trial's events (its next op is not decided yet: ask again);
 -- NULL when the searcher wants nothing more from it, which marks the allocation out_of_work
 -- (the task then checkpoints and exits so its slots go back).
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
     v_op jsonb;
 BEGIN
     SELECT jsonb_build_object('id', o.id, 'length', o.length) INTO v_op
@@ -4629,16 +4662,16 @@ BEGIN
     UPDATE allocations SET out_of_work = true WHERE id = a.id;
     RETURN NULL;
 END $$;
-GRANT EXECUTE ON FUNCTION det_current_op(text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.current_op(text) TO det_task;
 
-CREATE FUNCTION det_report_progress(p_token text, p_op_id bigint, p_units double precision)
+CREATE FUNCTION det_task.report_progress(p_token text, p_op_id bigint, p_units double precision)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The units of its op the trial has trained (absolute, in the op's unit: searcher_ops.length;
 -- not a fraction). Refused (invalid_parameter_value) unless a finite number >= 0; stored at
 -- most the op's length (a length in epochs or records is trained in whole batches, so the
 -- last report may pass it by part of a batch).
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
 BEGIN
     IF p_units IS NULL OR p_units = 'NaN' OR p_units < 0 OR p_units = 'Infinity' THEN
         RAISE EXCEPTION 'progress: expected a finite number of units >= 0, not %',
@@ -4647,16 +4680,16 @@ BEGIN
     UPDATE searcher_ops SET progress = least(p_units, length)
      WHERE id = p_op_id AND trial_id = a.trial_id;
 END $$;
-GRANT EXECUTE ON FUNCTION det_report_progress(text, bigint, double precision) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.report_progress(text, bigint, double precision) TO det_task;
 
-CREATE FUNCTION det_complete_op(p_token text, p_op_id bigint, p_metric double precision)
+CREATE FUNCTION det_task.complete_op(p_token text, p_op_id bigint, p_metric double precision)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The trial trained to the op's length and validated: record the searcher metric and a
 -- validation_completed event, which the searcher reads as it decides (under adaptive ASHA's
 -- time_metric, as nothing: the trial's validation rows are its results). Completing an op
 -- twice is a no-op.
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
     o searcher_ops;
 BEGIN
     UPDATE searcher_ops SET completed = true, metric = p_metric, progress = length
@@ -4667,48 +4700,48 @@ BEGIN
         SELECT t.experiment_id, t.id, 'validation_completed',
                jsonb_build_object('length', o.length, 'metric', p_metric)
         FROM trials t WHERE t.id = a.trial_id;
-        PERFORM pg_notify(det_channel('reconciler', ''), 'searcher');
+        PERFORM pg_notify(det_internal.channel('reconciler', ''), 'searcher');
     END IF;
 END $$;
-GRANT EXECUTE ON FUNCTION det_complete_op(text, bigint, double precision) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.complete_op(text, bigint, double precision) TO det_task;
 
-CREATE FUNCTION det_should_preempt(p_token text) RETURNS boolean
+CREATE FUNCTION det_task.should_preempt(p_token text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
-    RETURN (det_auth(p_token)).desired_state <> 'RUNNING';
+    RETURN (det_internal.auth(p_token)).desired_state <> 'RUNNING';
 END $$;
-GRANT EXECUTE ON FUNCTION det_should_preempt(text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.should_preempt(text) TO det_task;
 
-CREATE FUNCTION det_stop_reason(p_token text) RETURNS text
+CREATE FUNCTION det_task.stop_reason(p_token text) RETURNS text
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Why det asks the run holding p_token to stop, for the harness's preemption line: the
 -- run's stop_reason (written with its desired state, migration 0040: 'paused: its experiment
 -- was paused', 'preempted: slots given to experiment 3 (fair share)'); NULL while it is not
 -- asked to stop.
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
 BEGIN
     IF a.desired_state = 'RUNNING' THEN
         RETURN NULL;
     END IF;
     RETURN coalesce(a.stop_reason, 'det asked the run to stop');
 END $$;
-GRANT EXECUTE ON FUNCTION det_stop_reason(text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.stop_reason(text) TO det_task;
 
-CREATE FUNCTION det_ack_preemption(p_token text) RETURNS void LANGUAGE plpgsql
+CREATE FUNCTION det_task.ack_preemption(p_token text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
 BEGIN
     UPDATE allocations SET preempt_acked = true WHERE id = a.id;
 END $$;
-GRANT EXECUTE ON FUNCTION det_ack_preemption(text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.ack_preemption(text) TO det_task;
 
-CREATE FUNCTION det_report_early_exit(p_token text, p_reason text) RETURNS void
+CREATE FUNCTION det_task.report_early_exit(p_token text, p_reason text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The trial ends itself, for one of the early_exit_reason labels.
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
     v_reason early_exit_reason;
 BEGIN
     BEGIN
@@ -4721,9 +4754,9 @@ BEGIN
     UPDATE trials SET closed = true, exit_reason = v_reason::text WHERE id = a.trial_id;
     UPDATE searcher_ops SET completed = true WHERE trial_id = a.trial_id AND NOT completed;
 END $$;
-GRANT EXECUTE ON FUNCTION det_report_early_exit(text, text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.report_early_exit(text, text) TO det_task;
 
-CREATE FUNCTION det_experiment_best_validation(p_token text) RETURNS double precision
+CREATE FUNCTION det_task.experiment_best_validation(p_token text) RETURNS double precision
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     SELECT CASE WHEN e.smaller_is_better
                 THEN min(t.best_validation) ELSE max(t.best_validation) END
@@ -4731,15 +4764,15 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     JOIN trials me ON me.id = a.trial_id
     JOIN experiments e ON e.id = me.experiment_id
     JOIN trials t ON t.experiment_id = e.id
-    WHERE a.id = (det_auth(p_token)).id
+    WHERE a.id = (det_internal.auth(p_token)).id
     GROUP BY e.id;
 $$;
-GRANT EXECUTE ON FUNCTION det_experiment_best_validation(text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.experiment_best_validation(text) TO det_task;
 
 -- =============================================================================================
 -- Reconciler helpers (also read by user actions: a job's default priority, `det job update`)
 
-CREATE FUNCTION det_pool_scheduler(p_pool text) RETURNS jsonb
+CREATE FUNCTION det_user.pool_scheduler(p_pool text) RETURNS jsonb
 LANGUAGE plpgsql STABLE AS $$
 -- The scheduler a pool really uses, every default filled in: the pool's own, else the
 -- cluster's, else fair_share (the spec's default for a blank type: Resource Pools).
@@ -4754,9 +4787,9 @@ BEGIN
                        (SELECT scheduler FROM cluster_config),
                        '{}');
 END $$;
-GRANT EXECUTE ON FUNCTION det_pool_scheduler(text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.pool_scheduler(text) TO det_user;
 
-CREATE FUNCTION det_job_label(p_job bigint) RETURNS text
+CREATE FUNCTION det_internal.job_label(p_job bigint) RETURNS text
 LANGUAGE sql STABLE AS $$
 -- A job as reasons name it to users: 'experiment 3', 'notebook 12' (a task's id is its job's),
 -- else 'job N'.
@@ -4765,16 +4798,16 @@ SELECT coalesce((SELECT 'experiment ' || e.id FROM experiments e WHERE e.job_id 
                 'job ' || p_job);
 $$;
 
-CREATE FUNCTION det_preempted_reason(p_job bigint, p_rule text) RETURNS text
+CREATE FUNCTION det_internal.preempted_reason(p_job bigint, p_rule text) RETURNS text
 LANGUAGE sql STABLE AS $$
 -- The stop reason of a run the scheduler preempted: 'preempted: slots given to experiment 3
 -- (fair share)'. p_job: the job its slots go to (NULL: not known); p_rule: the scheduler's
--- rule. det_run_status knows a preempted run by this prefix.
+-- rule. det_user.run_status knows a preempted run by this prefix.
 SELECT format('preempted: slots given to %s (%s)',
-              coalesce(det_job_label(p_job), 'a waiting job'), p_rule);
+              coalesce(det_internal.job_label(p_job), 'a waiting job'), p_rule);
 $$;
 
-CREATE FUNCTION det_run_end_reason(p_allocation bigint) RETURNS text
+CREATE FUNCTION det_user.run_end_reason(p_allocation bigint) RETURNS text
 LANGUAGE sql STABLE STRICT AS $$
 -- Why a run ended (the WebUI's "Why it ended"; NULL while it lives), never blank once it has:
 -- why det stopped it (stop_reason), then what the run said (its checkpoint storage error, the
@@ -4792,9 +4825,9 @@ SELECT CASE WHEN a.state = 'TERMINATED' THEN concat_ws('; ', a.stop_reason, coal
   FROM allocations a WHERE a.id = p_allocation;
 $$;
 -- users' queries (a trial's runs, an experiment's trials) show it
-GRANT EXECUTE ON FUNCTION det_run_end_reason(bigint) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.run_end_reason(bigint) TO det_user;
 
-CREATE FUNCTION det_run_status(p_allocation bigint) RETURNS text
+CREATE FUNCTION det_user.run_status(p_allocation bigint) RETURNS text
 LANGUAGE sql STABLE STRICT AS $$
 -- A run as users should read it, agreeing with the job queue (a trial waiting for a slot
 -- reads waiting, not "running"): waiting (for slots: pending_reason says why), starting (slots held,
@@ -4811,23 +4844,23 @@ SELECT CASE WHEN a.state = 'PENDING' AND a.desired_state = 'RUNNING' THEN 'waiti
   FROM allocations a WHERE a.id = p_allocation;
 $$;
 -- users' queries (a trial's runs, an experiment's trials) show it
-GRANT EXECUTE ON FUNCTION det_run_status(bigint) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.run_status(bigint) TO det_user;
 
-CREATE FUNCTION det_run_reason(p_allocation bigint) RETURNS text
+CREATE FUNCTION det_user.run_reason(p_allocation bigint) RETURNS text
 LANGUAGE sql STABLE STRICT AS $$
--- The reason that goes with det_run_status: the scheduler's while it waits, det's while it
--- is told to stop, det_run_end_reason once it ended; NULL while it starts or runs.
+-- The reason that goes with det_user.run_status: the scheduler's while it waits, det's while it
+-- is told to stop, det_user.run_end_reason once it ended; NULL while it starts or runs.
 SELECT CASE WHEN a.state = 'PENDING' AND a.desired_state = 'RUNNING' THEN a.pending_reason
-            WHEN a.state = 'TERMINATED' THEN det_run_end_reason(a.id)
+            WHEN a.state = 'TERMINATED' THEN det_user.run_end_reason(a.id)
             WHEN a.desired_state <> 'RUNNING' THEN a.stop_reason END
   FROM allocations a WHERE a.id = p_allocation;
 $$;
 -- users' queries (a trial's runs, an experiment's trials) show it
-GRANT EXECUTE ON FUNCTION det_run_reason(bigint) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.run_reason(bigint) TO det_user;
 
 -- =============================================================================================
 -- Checkpoint GC, archive and delete. The keep rule is one statement
--- (det_checkpoints_to_delete); the checkpoints never deleted are the view checkpoint_pins.
+-- (det_user.checkpoints_to_delete); the checkpoints never deleted are the view checkpoint_pins.
 
 CREATE VIEW checkpoint_pins WITH (security_invoker = true) AS
 -- Checkpoints that are not deleted, whatever the GC policy or a user asks: the versions of
@@ -4848,7 +4881,7 @@ SELECT t.latest_checkpoint FROM trials t
  WHERE t.state < 'COMPLETED' AND t.latest_checkpoint IS NOT NULL;
 GRANT SELECT ON checkpoint_pins TO det_user;
 
-CREATE FUNCTION det_checkpoints_to_delete(
+CREATE FUNCTION det_user.checkpoints_to_delete(
     p_experiment integer, p_save_experiment_best integer DEFAULT NULL,
     p_save_trial_best integer DEFAULT NULL, p_save_trial_latest integer DEFAULT NULL
 ) RETURNS TABLE (uuid uuid, trial_id integer, steps_completed bigint, size_bytes bigint,
@@ -4909,9 +4942,9 @@ SELECT r.uuid, r.trial_id, r.steps_completed, r.size_bytes, r.metric
    AND NOT EXISTS (SELECT 1 FROM checkpoint_pins p WHERE p.checkpoint_uuid = r.uuid)
  ORDER BY r.trial_id, r.steps_completed;
 $$;
-GRANT EXECUTE ON FUNCTION det_checkpoints_to_delete(integer, integer, integer, integer) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.checkpoints_to_delete(integer, integer, integer, integer) TO det_user;
 
-CREATE FUNCTION det_unpin_deleting() RETURNS integer LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_internal.unpin_deleting() RETURNS integer LANGUAGE plpgsql AS $$
 -- A pinned checkpoint is never deleted: one that became pinned while a GC marked it DELETING
 -- (the pin committed between the GC's snapshot and its write) goes back to COMPLETED. Run in
 -- its own statement, so it sees pins committed up to now. Returns the checkpoints restored.
@@ -4925,24 +4958,24 @@ BEGIN
     RETURN v_n;
 END $$;
 
-CREATE FUNCTION det_checkpoint_gc(
+CREATE FUNCTION det_internal.checkpoint_gc(
     p_experiment integer, p_save_experiment_best integer DEFAULT NULL,
     p_save_trial_best integer DEFAULT NULL, p_save_trial_latest integer DEFAULT NULL
 ) RETURNS integer LANGUAGE plpgsql AS $$
--- Apply the keep rule: what det_checkpoints_to_delete returns becomes DELETING (the GC task
+-- Apply the keep rule: what det_user.checkpoints_to_delete returns becomes DELETING (the GC task
 -- the reconciler then schedules removes the files). Returns how many were marked.
 DECLARE
     v_n integer;
 BEGIN
     UPDATE checkpoints c SET state = 'DELETING', delete_requested_at = now()
-      FROM det_checkpoints_to_delete(p_experiment, p_save_experiment_best, p_save_trial_best,
+      FROM det_user.checkpoints_to_delete(p_experiment, p_save_experiment_best, p_save_trial_best,
                                      p_save_trial_latest) d
      WHERE c.uuid = d.uuid AND c.state = 'COMPLETED';
     GET DIAGNOSTICS v_n = ROW_COUNT;
-    RETURN v_n - det_unpin_deleting();
+    RETURN v_n - det_internal.unpin_deleting();
 END $$;
 
-CREATE FUNCTION det_set_gc_policy(
+CREATE FUNCTION det_user.set_gc_policy(
     p_experiment integer, p_save_experiment_best integer, p_save_trial_best integer,
     p_save_trial_latest integer
 ) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -4953,7 +4986,7 @@ CREATE FUNCTION det_set_gc_policy(
 DECLARE
     e experiments;
 BEGIN
-    PERFORM det_require('edit', det_experiment_workspace(p_experiment),
+    PERFORM det_internal.require('edit', det_user.experiment_workspace(p_experiment),
                         format('set the GC policy of experiment %s', p_experiment));
     SELECT * INTO e FROM experiments WHERE id = p_experiment FOR UPDATE;
     IF least(p_save_experiment_best, p_save_trial_best, p_save_trial_latest) < 0 THEN
@@ -4970,19 +5003,19 @@ BEGIN
                                                     'save_trial_best', p_save_trial_best,
                                                     'save_trial_latest', p_save_trial_latest))
      WHERE id = p_experiment;
-    PERFORM det_audit('set_gc_policy', 'experiment', p_experiment::text,
+    PERFORM det_internal.audit('set_gc_policy', 'experiment', p_experiment::text,
                       jsonb_build_object('save_experiment_best', p_save_experiment_best,
                                          'save_trial_best', p_save_trial_best,
                                          'save_trial_latest', p_save_trial_latest));
     IF e.state NOT IN ('COMPLETED', 'CANCELED', 'ERROR') THEN
         RETURN 0;
     END IF;
-    PERFORM pg_notify(det_channel('reconciler', ''), 'checkpoint_gc');
-    RETURN det_checkpoint_gc(p_experiment);
+    PERFORM pg_notify(det_internal.channel('reconciler', ''), 'checkpoint_gc');
+    RETURN det_internal.checkpoint_gc(p_experiment);
 END $$;
-GRANT EXECUTE ON FUNCTION det_set_gc_policy(integer, integer, integer, integer) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.set_gc_policy(integer, integer, integer, integer) TO det_user;
 
-CREATE FUNCTION det_delete_checkpoints(p_uuids uuid[]) RETURNS integer LANGUAGE plpgsql
+CREATE FUNCTION det_user.delete_checkpoints(p_uuids uuid[]) RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det checkpoint delete`: the checkpoints become DELETING (one already DELETING is asked
 -- again, so a GC that gave up tries again; a DELETED one is left as it is). All or none:
@@ -5001,7 +5034,7 @@ BEGIN
     FOR v_bad IN SELECT c.uuid, j.workspace_id FROM checkpoints c
                    JOIN trials t ON t.id = c.trial_id JOIN experiments e ON e.id = t.experiment_id
                    JOIN jobs j ON j.id = e.job_id WHERE c.uuid = ANY(p_uuids) LOOP
-        PERFORM det_require('edit', v_bad.workspace_id, format('delete checkpoint %s', v_bad.uuid));
+        PERFORM det_internal.require('edit', v_bad.workspace_id, format('delete checkpoint %s', v_bad.uuid));
     END LOOP;
     SELECT c.uuid INTO v_missing FROM checkpoints c JOIN checkpoint_pins p
         ON p.checkpoint_uuid = c.uuid
@@ -5021,13 +5054,13 @@ BEGIN
     UPDATE checkpoints SET state = 'DELETING', delete_requested_at = now()
      WHERE uuid = ANY(p_uuids) AND state IN ('COMPLETED', 'DELETING');
     GET DIAGNOSTICS v_n = ROW_COUNT;
-    PERFORM det_audit('delete', 'checkpoint', u::text) FROM unnest(p_uuids) u;
-    PERFORM pg_notify(det_channel('reconciler', ''), 'checkpoint_gc');
-    RETURN v_n - det_unpin_deleting();  -- pinned since the check above
+    PERFORM det_internal.audit('delete', 'checkpoint', u::text) FROM unnest(p_uuids) u;
+    PERFORM pg_notify(det_internal.channel('reconciler', ''), 'checkpoint_gc');
+    RETURN v_n - det_internal.unpin_deleting();  -- pinned since the check above
 END $$;
-GRANT EXECUTE ON FUNCTION det_delete_checkpoints(uuid[]) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.delete_checkpoints(uuid[]) TO det_user;
 
-CREATE FUNCTION det_checkpoint_add_metadata(p_uuid uuid, p_metadata jsonb) RETURNS jsonb
+CREATE FUNCTION det_user.checkpoint_add_metadata(p_uuid uuid, p_metadata jsonb) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The SDK's Checkpoint.add_metadata (Determined 0.38): p_metadata's top-level keys replace or
 -- join the checkpoint's metadata (its row, not the metadata.json in its storage, as in 0.38);
@@ -5048,14 +5081,14 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'checkpoint % not found', p_uuid USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_require('edit', v_workspace, format('add metadata to checkpoint %s', p_uuid));
+    PERFORM det_internal.require('edit', v_workspace, format('add metadata to checkpoint %s', p_uuid));
     UPDATE checkpoints SET metadata = metadata || p_metadata WHERE uuid = p_uuid
     RETURNING metadata INTO v_metadata;
     RETURN v_metadata;
 END $$;
-GRANT EXECUTE ON FUNCTION det_checkpoint_add_metadata(uuid, jsonb) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.checkpoint_add_metadata(uuid, jsonb) TO det_user;
 
-CREATE FUNCTION det_experiment_archive(p_id integer, p_archived boolean) RETURNS void
+CREATE FUNCTION det_user.experiment_archive(p_id integer, p_archived boolean) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det experiment archive | unarchive`: an archived experiment is hidden from default lists
 -- (spec: experiment-lifecycle). Only an ended experiment can be archived (else a
@@ -5063,7 +5096,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v_state experiment_state;
 BEGIN
-    PERFORM det_require('edit', det_experiment_workspace(p_id),
+    PERFORM det_internal.require('edit', det_user.experiment_workspace(p_id),
                         format('%s experiment %s', CASE WHEN p_archived THEN 'archive'
                                                         ELSE 'unarchive' END, p_id));
     SELECT state INTO v_state FROM experiments WHERE id = p_id FOR UPDATE;
@@ -5072,16 +5105,16 @@ BEGIN
             v_state USING ERRCODE = 'check_violation';
     END IF;
     UPDATE experiments SET archived = p_archived WHERE id = p_id;
-    PERFORM det_audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'experiment',
+    PERFORM det_internal.audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'experiment',
                       p_id::text);
 END $$;
-GRANT EXECUTE ON FUNCTION det_experiment_archive(integer, boolean) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.experiment_archive(integer, boolean) TO det_user;
 
-CREATE FUNCTION det_purge_experiment(p_id integer) RETURNS boolean LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_internal.purge_experiment(p_id integer) RETURNS boolean LANGUAGE plpgsql AS $$
 -- Remove an experiment whose deletion was asked for, with its trials, runs, metrics, logs,
 -- checkpoint rows, searcher rows and job (its context too, if no other experiment shares it),
 -- once none of its checkpoints is DELETING, none of its runs is live, and its TensorBoard files
--- are gone if a trial of it ever ran (a GC task removes them, det_gc_task_tensorboards_deleted).
+-- are gone if a trial of it ever ran (a GC task removes them, det_task.gc_task_tensorboards_deleted).
 -- Returns false (and removes nothing) while that is not yet so.
 DECLARE
     e experiments;
@@ -5113,18 +5146,18 @@ BEGIN
     RETURN true;
 END $$;
 
-CREATE FUNCTION det_experiment_delete(p_id integer) RETURNS boolean LANGUAGE plpgsql
+CREATE FUNCTION det_user.experiment_delete(p_id integer) RETURNS boolean LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det experiment delete`: for an ended experiment none of whose checkpoints is pinned. Its
 -- checkpoints become DELETING (their files are removed by a GC task), and its rows go in one
--- transaction once that is done (det_purge_experiment: here if nothing is left to remove,
+-- transaction once that is done (det_internal.purge_experiment: here if nothing is left to remove,
 -- else by the reconciler). Asking again retries a GC that gave up. Returns true when the
 -- rows are already gone.
 DECLARE
     v_state experiment_state;
     v_pinned uuid;
 BEGIN
-    PERFORM det_require('edit', det_experiment_workspace(p_id),
+    PERFORM det_internal.require('edit', det_user.experiment_workspace(p_id),
                         format('delete experiment %s', p_id));
     SELECT state INTO v_state FROM experiments WHERE id = p_id FOR UPDATE;
     IF v_state NOT IN ('COMPLETED', 'CANCELED', 'ERROR') THEN
@@ -5143,20 +5176,20 @@ BEGIN
     UPDATE checkpoints c SET state = 'DELETING', delete_requested_at = now()
       FROM trials t
      WHERE t.id = c.trial_id AND t.experiment_id = p_id AND c.state IN ('COMPLETED', 'DELETING');
-    PERFORM det_unpin_deleting();  -- pinned since the check above: kept, and so is the experiment
-    PERFORM det_audit('delete', 'experiment', p_id::text);
-    PERFORM pg_notify(det_channel('reconciler', ''), 'checkpoint_gc');
-    RETURN det_purge_experiment(p_id);
+    PERFORM det_internal.unpin_deleting();  -- pinned since the check above: kept, and so is the experiment
+    PERFORM det_internal.audit('delete', 'experiment', p_id::text);
+    PERFORM pg_notify(det_internal.channel('reconciler', ''), 'checkpoint_gc');
+    RETURN det_internal.purge_experiment(p_id);
 END $$;
-GRANT EXECUTE ON FUNCTION det_experiment_delete(integer) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.experiment_delete(integer) TO det_user;
 
 -- The GC task's API (det.harness.checkpoint_gc); it names its allocation by token.
 
-CREATE FUNCTION det_gc_auth(p_token text) RETURNS allocations LANGUAGE plpgsql STABLE AS $$
--- The live GC task holding this token (det_auth), or an error: a trial's token cannot call
+CREATE FUNCTION det_internal.gc_auth(p_token text) RETURNS allocations LANGUAGE plpgsql STABLE AS $$
+-- The live GC task holding this token (det_internal.auth), or an error: a trial's token cannot call
 -- the GC task's functions.
 DECLARE
-    a allocations := det_auth(p_token);
+    a allocations := det_internal.auth(p_token);
 BEGIN
     IF a.spec ->> 'kind' IS DISTINCT FROM 'checkpoint_gc' THEN
         RAISE EXCEPTION 'allocation %: only a checkpoint GC task may remove checkpoints', a.id
@@ -5165,16 +5198,16 @@ BEGIN
     RETURN a;
 END $$;
 
-CREATE FUNCTION det_gc_task_checkpoints(p_token text, p_limit integer)
+CREATE FUNCTION det_task.gc_task_checkpoints(p_token text, p_limit integer)
 RETURNS TABLE (uuid uuid, storage jsonb, size_bytes bigint) LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Up to p_limit DELETING checkpoints of the GC task's experiment, in order, for the task to
--- remove their files. Pinned ones are first put back (det_unpin_deleting), so a checkpoint
+-- remove their files. Pinned ones are first put back (det_internal.unpin_deleting), so a checkpoint
 -- pinned since it was marked is never handed out.
 DECLARE
-    a allocations := det_gc_auth(p_token);
+    a allocations := det_internal.gc_auth(p_token);
 BEGIN
-    PERFORM det_unpin_deleting();
+    PERFORM det_internal.unpin_deleting();
     RETURN QUERY
     SELECT c.uuid, c.storage,
            (SELECT sum(r.value::bigint) FROM jsonb_each_text(c.resources) r)::bigint
@@ -5184,42 +5217,42 @@ BEGIN
      ORDER BY c.trial_id, c.steps_completed, c.uuid
      LIMIT p_limit;
 END $$;
-GRANT EXECUTE ON FUNCTION det_gc_task_checkpoints(text, integer) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.gc_task_checkpoints(text, integer) TO det_task;
 
-CREATE FUNCTION det_gc_task_tensorboards(p_token text)
+CREATE FUNCTION det_task.gc_task_tensorboards(p_token text)
 RETURNS TABLE (experiment_id integer, storage jsonb) LANGUAGE plpgsql STABLE
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The GC task's experiment and its checkpoint storage when a user asked to delete it (its
 -- TensorBoard files go too); no row otherwise.
 DECLARE
-    a allocations := det_gc_auth(p_token);
+    a allocations := det_internal.gc_auth(p_token);
 BEGIN
     RETURN QUERY
     SELECT e.id, e.config -> 'checkpoint_storage'
       FROM experiments e
      WHERE e.job_id = a.job_id AND e.delete_requested_at IS NOT NULL;
 END $$;
-GRANT EXECUTE ON FUNCTION det_gc_task_tensorboards(text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.gc_task_tensorboards(text) TO det_task;
 
-CREATE FUNCTION det_gc_task_tensorboards_deleted(p_token text) RETURNS void
+CREATE FUNCTION det_task.gc_task_tensorboards_deleted(p_token text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The GC task removed the TensorBoard files of its experiment being deleted: its rows may go
--- (det_purge_experiment).
+-- (det_internal.purge_experiment).
 DECLARE
-    a allocations := det_gc_auth(p_token);
+    a allocations := det_internal.gc_auth(p_token);
 BEGIN
     UPDATE experiments SET tensorboards_deleted_at = now()
      WHERE job_id = a.job_id AND delete_requested_at IS NOT NULL;
 END $$;
-GRANT EXECUTE ON FUNCTION det_gc_task_tensorboards_deleted(text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.gc_task_tensorboards_deleted(text) TO det_task;
 
-CREATE FUNCTION det_gc_task_deleted(p_token text, p_uuids uuid[]) RETURNS integer
+CREATE FUNCTION det_task.gc_task_deleted(p_token text, p_uuids uuid[]) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The GC task removed these checkpoints' files: they become DELETED, with the bytes freed.
 -- Once none of the experiment's checkpoints is DELETING its GC error is cleared. Returns the
 -- rows changed (a repeat changes none).
 DECLARE
-    a allocations := det_gc_auth(p_token);
+    a allocations := det_internal.gc_auth(p_token);
     v_exp integer;
     v_n integer;
 BEGIN
@@ -5238,40 +5271,40 @@ BEGIN
                         WHERE t.experiment_id = v_exp AND c.state = 'DELETING');
     RETURN v_n;
 END $$;
-GRANT EXECUTE ON FUNCTION det_gc_task_deleted(text, uuid[]) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.gc_task_deleted(text, uuid[]) TO det_task;
 
-CREATE FUNCTION det_gc_task_failed(p_token text, p_message text) RETURNS void
+CREATE FUNCTION det_task.gc_task_failed(p_token text, p_message text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The GC task could not remove files (a storage error): the message is shown on the
 -- experiment; the checkpoints stay DELETING.
 DECLARE
-    a allocations := det_gc_auth(p_token);
+    a allocations := det_internal.gc_auth(p_token);
 BEGIN
     UPDATE experiments SET checkpoint_gc_error = p_message WHERE job_id = a.job_id;
 END $$;
-GRANT EXECUTE ON FUNCTION det_gc_task_failed(text, text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.gc_task_failed(text, text) TO det_task;
 
-CREATE FUNCTION det_gc_task_unrecorded(p_token text, p_uuids uuid[]) RETURNS SETOF uuid
+CREATE FUNCTION det_task.gc_task_unrecorded(p_token text, p_uuids uuid[]) RETURNS SETOF uuid
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Of p_uuids (checkpoint directories the GC task found in its experiment's storage), those no
 -- checkpoint row names, of any experiment: files a crashed run published but never recorded
 -- (det.harness.checkpoint_gc sweeps them once they are old enough).
 DECLARE
-    a allocations := det_gc_auth(p_token);
+    a allocations := det_internal.gc_auth(p_token);
 BEGIN
     RETURN QUERY
     SELECT u FROM unnest(p_uuids) AS u
      WHERE NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.uuid = u);
 END $$;
-GRANT EXECUTE ON FUNCTION det_gc_task_unrecorded(text, uuid[]) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.gc_task_unrecorded(text, uuid[]) TO det_task;
 
 -- =============================================================================================
 -- det serve: login tokens and the events its streams wake on
 
-CREATE FUNCTION det_web_end_stale_logins(p_user text, p_stamp bytea) RETURNS integer
+CREATE FUNCTION det_internal.web_end_stale_logins(p_user text, p_stamp bytea) RETURNS integer
 LANGUAGE plpgsql AS $$
 -- End p_user's det serve logins made under another password than the one whose stamp is
--- p_stamp (det_password_stamp, read now); returns how many ended. det's own change-password
+-- p_stamp (det_internal.password_stamp, read now); returns how many ended. det's own change-password
 -- ends them all itself, so a login left to end here saw a password changed outside det (the
 -- user's own ALTER ROLE ... PASSWORD in psql, or a superuser's): the first look after it
 -- writes the audit row det's change-password would have written.
@@ -5289,18 +5322,18 @@ BEGIN
     RETURN v_ended;
 END $$;
 
-CREATE FUNCTION det_web_login(p_token text, p_user text, p_ttl_seconds double precision,
+CREATE FUNCTION det_web.login(p_token text, p_user text, p_ttl_seconds double precision,
                               p_address text)
 RETURNS timestamptz LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Record a login token (minted by det serve once PostgreSQL accepted p_user's password) for
 -- active user p_user, good for p_ttl_seconds; returns its expiry. The token keeps the stamp
--- of the password it was minted under (det_password_stamp): det_web_auth refuses it once the
+-- of the password it was minted under (det_internal.password_stamp): det_web.auth refuses it once the
 -- password changes. The login is audited (outcome success, client address p_address) and
--- clears p_user's failed attempts (det_login_begin counted this one as failed until now).
+-- clears p_user's failed attempts (det_web.login_begin counted this one as failed until now).
 -- Expired tokens are removed here, so the table stays as small as the live logins.
 DECLARE
     v_expires timestamptz;
-    v_stamp bytea := det_password_stamp(p_user);
+    v_stamp bytea := det_internal.password_stamp(p_user);
     v_address text := coalesce(p_address, 'unknown');
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM users WHERE username = p_user AND active) THEN
@@ -5316,7 +5349,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     DELETE FROM web_sessions WHERE expires_at <= now();
-    PERFORM det_web_end_stale_logins(p_user, v_stamp);
+    PERFORM det_internal.web_end_stale_logins(p_user, v_stamp);
     v_expires := now() + make_interval(secs => p_ttl_seconds);
     INSERT INTO web_sessions (token_hash, username, expires_at, password_stamp)
     VALUES (sha256(convert_to(p_token, 'UTF8')), p_user, v_expires, v_stamp);
@@ -5331,14 +5364,14 @@ BEGIN
             jsonb_build_object('outcome', 'success', 'address', v_address));
     RETURN v_expires;
 END $$;
-GRANT EXECUTE ON FUNCTION det_web_login(text, text, double precision, text) TO det_web;
+GRANT EXECUTE ON FUNCTION det_web.login(text, text, double precision, text) TO det_web;
 
-CREATE FUNCTION det_web_auth(p_token text) RETURNS text LANGUAGE plpgsql
+CREATE FUNCTION det_web.auth(p_token text) RETURNS text LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The active user a live login token belongs to, or an error (SQLSTATE 28000). It becomes the
--- transaction's caller (det_caller reads det.web_user); det serve then SETs LOCAL ROLE to it,
+-- transaction's caller (det_user.caller reads det.web_user); det serve then SETs LOCAL ROLE to it,
 -- so row-level security applies to the request as to that user's own psql. NULL, with the
--- user's logins ended (det_web_end_stale_logins), when the token's password is no longer the
+-- user's logins ended (det_internal.web_end_stale_logins), when the token's password is no longer the
 -- user's: det serve commits that and answers 401.
 DECLARE
     v_user text;
@@ -5352,24 +5385,24 @@ BEGIN
         RAISE EXCEPTION 'invalid or expired token: log in again'
             USING ERRCODE = 'invalid_authorization_specification';
     END IF;
-    IF v_stamp IS DISTINCT FROM det_password_stamp(v_user) THEN
-        PERFORM det_web_end_stale_logins(v_user, det_password_stamp(v_user));
+    IF v_stamp IS DISTINCT FROM det_internal.password_stamp(v_user) THEN
+        PERFORM det_internal.web_end_stale_logins(v_user, det_internal.password_stamp(v_user));
         RETURN NULL;
     END IF;
     PERFORM set_config('det.web_user', v_user, true);
     RETURN v_user;
 END $$;
-GRANT EXECUTE ON FUNCTION det_web_auth(text) TO det_web;
+GRANT EXECUTE ON FUNCTION det_web.auth(text) TO det_web;
 
-CREATE FUNCTION det_web_logout(p_token text) RETURNS void LANGUAGE sql
+CREATE FUNCTION det_web.logout(p_token text) RETURNS void LANGUAGE sql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- End a login: its token is good no more.
     DELETE FROM web_sessions WHERE token_hash = sha256(convert_to(p_token, 'UTF8'));
 $$;
 -- a request logs out after det serve took its user's role: ending a login takes its token
-GRANT EXECUTE ON FUNCTION det_web_logout(text) TO det_web, det_user;
+GRANT EXECUTE ON FUNCTION det_web.logout(text) TO det_web, det_user;
 
-CREATE FUNCTION det_login_begin(p_user text, p_address text) RETURNS double precision
+CREATE FUNCTION det_web.login_begin(p_user text, p_address text) RETURNS double precision
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- det serve, before it has PostgreSQL check a password for POST /api/v1/auth/login (so a
 -- throttled attempt costs no SCRAM work): the seconds the client must wait (429, Retry-After),
@@ -5377,7 +5410,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- or 20 from one client address p_address (for any names), each within 15 minutes of the
 -- last, lock further attempts for 30 s, doubling with each failure after (at most an hour);
 -- a right password is refused too until the lock ends. Going on counts the attempt as failed
--- until det_web_login records its success, so parallel guesses cannot all pass before the
+-- until det_web.login records its success, so parallel guesses cannot all pass before the
 -- first failure is counted; a refused attempt counts nothing and is audited. The counters are
 -- rows of login_throttle, shared by every det serve process and locked in one order (the
 -- user's, then the address's).
@@ -5394,7 +5427,7 @@ BEGIN
      WHERE (kind, key) IN (('user', p_user), ('address', v_address));
     IF v_until > now() THEN
         INSERT INTO audit_log (actor, action, object_type, object_id, detail)
-        VALUES (det_caller(), 'login', 'user', p_user,
+        VALUES (det_user.caller(), 'login', 'user', p_user,
                 jsonb_build_object('outcome', 'throttled', 'address', v_address,
                                    'locked_until', v_until));
         RETURN extract(epoch FROM v_until - now());
@@ -5418,33 +5451,33 @@ BEGIN
      WHERE t.kind = l.kind AND t.key = l.key;
     RETURN 0;
 END $$;
-GRANT EXECUTE ON FUNCTION det_login_begin(text, text) TO det_web;
+GRANT EXECUTE ON FUNCTION det_web.login_begin(text, text) TO det_web;
 
-CREATE FUNCTION det_login_failed(p_user text, p_address text) RETURNS void LANGUAGE sql
+CREATE FUNCTION det_web.login_failed(p_user text, p_address text) RETURNS void LANGUAGE sql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- det serve: PostgreSQL refused the password (or the user) of an attempt det_login_begin let
+-- det serve: PostgreSQL refused the password (or the user) of an attempt det_web.login_begin let
 -- through, already counted as failed there. Audited with the name tried and the client's
 -- address, never the password.
     INSERT INTO audit_log (actor, action, object_type, object_id, detail)
-    VALUES (det_caller(), 'login', 'user', p_user,
+    VALUES (det_user.caller(), 'login', 'user', p_user,
             jsonb_build_object('outcome', 'failure', 'address', coalesce(p_address, 'unknown')));
 $$;
-GRANT EXECUTE ON FUNCTION det_login_failed(text, text) TO det_web;
+GRANT EXECUTE ON FUNCTION det_web.login_failed(text, text) TO det_web;
 
-CREATE FUNCTION det_web_event(p_topics text[]) RETURNS void LANGUAGE sql AS $$
--- Wake det serve's event streams with one NOTIFY on the web channel (det_channel) whose
+CREATE FUNCTION det_internal.web_event(p_topics text[]) RETURNS void LANGUAGE sql AS $$
+-- Wake det serve's event streams with one NOTIFY on the web channel (det_internal.channel) whose
 -- payload is the distinct topics, space-separated (det.db.channels: "experiments",
 -- "experiment:<id>", "trial:<id>", "queue", "cluster"), or "*" (every stream) when there are
 -- more than 200 of them. A hint only: the servers also look on their own every second.
 -- Identical payloads in one transaction are delivered once (PostgreSQL folds them).
-    SELECT pg_notify(det_channel('web', ''), CASE WHEN count(*) > 200 THEN '*'
+    SELECT pg_notify(det_internal.channel('web', ''), CASE WHEN count(*) > 200 THEN '*'
                                      ELSE string_agg(t, ' ' ORDER BY t) END)
       FROM (SELECT DISTINCT t FROM unnest(p_topics) t WHERE t IS NOT NULL) d
     HAVING count(*) > 0;
 $$;
 
-CREATE FUNCTION det_web_event_throttled(p_topics text[]) RETURNS void LANGUAGE plpgsql AS $$
--- det_web_event for the hot tables (metrics, task logs): at most one event per topic set
+CREATE FUNCTION det_internal.web_event_throttled(p_topics text[]) RETURNS void LANGUAGE plpgsql AS $$
+-- det_internal.web_event for the hot tables (metrics, task logs): at most one event per topic set
 -- every 0.2 s (web_event_marks), so a busy trial costs a few NOTIFYs a second, not one per
 -- batch. An event skipped here reaches the streams at the servers' next periodic look.
 BEGIN
@@ -5453,17 +5486,17 @@ BEGIN
     ON CONFLICT (topic) DO UPDATE SET sent_at = excluded.sent_at
      WHERE m.sent_at < excluded.sent_at - interval '0.2 seconds';
     IF FOUND THEN
-        PERFORM det_web_event(p_topics);
+        PERFORM det_internal.web_event(p_topics);
     END IF;
 END $$;
 
-CREATE FUNCTION det_web_watched() RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+CREATE FUNCTION det_internal.web_watched() RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 -- Whether some det serve streams pages now: the condition of every det_web trigger.
 BEGIN
     RETURN EXISTS (SELECT 1 FROM web_watchers WHERE until > now());
 END $$;
 
-CREATE FUNCTION det_web_watch(p_server text, p_seconds double precision) RETURNS void
+CREATE FUNCTION det_web.watch(p_server text, p_seconds double precision) RETURNS void
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- det serve's listener ``p_server`` has open streams: send det_web events for the next
 -- ``p_seconds`` seconds (0 ends its lease). Leases of servers gone for a minute are dropped.
@@ -5472,22 +5505,22 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     VALUES (p_server, now() + make_interval(secs => p_seconds))
     ON CONFLICT (server) DO UPDATE SET until = excluded.until;
 $$;
-GRANT EXECUTE ON FUNCTION det_web_watch(text, double precision) TO det_web;
+GRANT EXECUTE ON FUNCTION det_web.watch(text, double precision) TO det_web;
 
 -- The triggers below fire once per statement (never per row: docs/architecture.md,
 -- "The HTTP server") and send at most
 -- one NOTIFY each, naming what changed in a way a page shows.
--- They fire only while a det serve streams pages (det_web_watched): events no one reads
+-- They fire only while a det serve streams pages (det_internal.web_watched): events no one reads
 -- cost a trivial task ~1 ms of PostgreSQL time.
 
-CREATE FUNCTION det_web_on_experiments() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_internal.web_on_experiments() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Experiments submitted, or changed state, progress or archived.
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM det_web_event('{experiments,queue}'::text[] || array_agg('experiment:' || n.id))
+        PERFORM det_internal.web_event('{experiments,queue}'::text[] || array_agg('experiment:' || n.id))
            FROM new_rows n;
     ELSE
-        PERFORM det_web_event('{experiments,queue}'::text[] || array_agg('experiment:' || n.id))
+        PERFORM det_internal.web_event('{experiments,queue}'::text[] || array_agg('experiment:' || n.id))
            FROM new_rows n JOIN old_rows o ON o.id = n.id
           WHERE (o.state, o.progress, o.archived) IS DISTINCT FROM
                 (n.state, n.progress, n.archived)
@@ -5498,20 +5531,20 @@ END $$;
 
 CREATE TRIGGER experiments_web_insert AFTER INSERT ON experiments
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_experiments();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_experiments();
 CREATE TRIGGER experiments_web_update AFTER UPDATE ON experiments
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_experiments();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_experiments();
 
-CREATE FUNCTION det_web_on_trials() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_internal.web_on_trials() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Trials created, or changed state, restarts, batches, checkpoint or best validation.
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM det_web_event(array_agg('experiment:' || n.experiment_id)
+        PERFORM det_internal.web_event(array_agg('experiment:' || n.experiment_id)
                               || array_agg('trial:' || n.id))
            FROM new_rows n;
     ELSE
-        PERFORM det_web_event(array_agg('experiment:' || n.experiment_id)
+        PERFORM det_internal.web_event(array_agg('experiment:' || n.experiment_id)
                               || array_agg('trial:' || n.id))
            FROM new_rows n JOIN old_rows o ON o.id = n.id
           WHERE (o.state, o.restarts, o.steps_completed, o.latest_checkpoint,
@@ -5525,21 +5558,21 @@ END $$;
 
 CREATE TRIGGER trials_web_insert AFTER INSERT ON trials
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_trials();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_trials();
 CREATE TRIGGER trials_web_update AFTER UPDATE ON trials
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_trials();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_trials();
 
-CREATE FUNCTION det_web_on_allocations() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_internal.web_on_allocations() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Runs created or changed state: the queue (slots acquired), the cluster (slots held) and
 -- their trials.
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM det_web_event('{queue,cluster}'::text[] || array_agg('experiment:' || t.experiment_id)
+        PERFORM det_internal.web_event('{queue,cluster}'::text[] || array_agg('experiment:' || t.experiment_id)
                               || array_agg('trial:' || t.id))
            FROM new_rows n LEFT JOIN trials t ON t.id = n.trial_id;
     ELSE
-        PERFORM det_web_event('{queue,cluster}'::text[] || array_agg('experiment:' || t.experiment_id)
+        PERFORM det_internal.web_event('{queue,cluster}'::text[] || array_agg('experiment:' || t.experiment_id)
                               || array_agg('trial:' || t.id))
            FROM new_rows n JOIN old_rows o ON o.id = n.id
            LEFT JOIN trials t ON t.id = n.trial_id
@@ -5551,15 +5584,15 @@ END $$;
 
 CREATE TRIGGER allocations_web_insert AFTER INSERT ON allocations
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_allocations();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_allocations();
 CREATE TRIGGER allocations_web_update AFTER UPDATE ON allocations
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_allocations();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_allocations();
 
-CREATE FUNCTION det_web_on_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
--- A job's priority, weight, position or pool changed (det_job_update).
+CREATE FUNCTION det_internal.web_on_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
+-- A job's priority, weight, position or pool changed (det_user.job_update).
 BEGIN
-    PERFORM det_web_event('{queue}')
+    PERFORM det_internal.web_event('{queue}')
        FROM new_rows n JOIN old_rows o ON o.id = n.id
       WHERE (o.priority, o.weight, o.queue_position, o.resource_pool) IS DISTINCT FROM
             (n.priority, n.weight, n.queue_position, n.resource_pool)
@@ -5569,21 +5602,21 @@ END $$;
 
 CREATE TRIGGER jobs_web_update AFTER UPDATE ON jobs
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_jobs();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_jobs();
 
-CREATE FUNCTION det_web_on_cluster() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_internal.web_on_cluster() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Agents joined or changed state (enabled, disabled, lost); slots enabled or disabled.
 -- Heartbeats (last_heartbeat) send nothing.
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM det_web_event('{cluster,queue}');
+        PERFORM det_internal.web_event('{cluster,queue}');
     ELSIF TG_TABLE_NAME = 'agents' THEN
-        PERFORM det_web_event('{cluster,queue}')
+        PERFORM det_internal.web_event('{cluster,queue}')
            FROM new_rows n JOIN old_rows o ON o.id = n.id
           WHERE o.state IS DISTINCT FROM n.state
          HAVING count(*) > 0;
     ELSE
-        PERFORM det_web_event('{cluster,queue}')
+        PERFORM det_internal.web_event('{cluster,queue}')
            FROM new_rows n JOIN old_rows o ON (o.agent_id, o.slot_id) = (n.agent_id, n.slot_id)
           WHERE o.enabled IS DISTINCT FROM n.enabled
          HAVING count(*) > 0;
@@ -5592,29 +5625,29 @@ BEGIN
 END $$;
 
 CREATE TRIGGER agents_web_insert AFTER INSERT ON agents
-    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_cluster();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_cluster();
 CREATE TRIGGER agents_web_update AFTER UPDATE ON agents
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_cluster();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_cluster();
 CREATE TRIGGER slots_web_update AFTER UPDATE ON slots
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_cluster();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_cluster();
 
-CREATE FUNCTION det_web_on_reports() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_internal.web_on_reports() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Metrics or log lines appended: one statement is one batch of a task's reports, and the
--- event per trial is throttled (det_web_event_throttled).
+-- event per trial is throttled (det_internal.web_event_throttled).
 BEGIN
-    PERFORM det_web_event_throttled(ARRAY['experiment:' || t.experiment_id, 'trial:' || t.id])
+    PERFORM det_internal.web_event_throttled(ARRAY['experiment:' || t.experiment_id, 'trial:' || t.id])
        FROM trials t WHERE t.id IN (SELECT DISTINCT trial_id FROM new_rows);
     RETURN NULL;
 END $$;
 
 CREATE TRIGGER metrics_web_insert AFTER INSERT ON metrics
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_reports();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_reports();
 CREATE TRIGGER task_logs_web_insert AFTER INSERT ON task_logs
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_web_watched()) EXECUTE FUNCTION det_web_on_reports();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_reports();
 
 -- =============================================================================================
 -- Reporting views: a stable read model for users' own SQL.
@@ -5702,7 +5735,7 @@ SELECT t.job_id AS id, t.type AS kind, a.state::text AS state,
        END AS idle_seconds,
        coalesce(t.end_reason, a.storage_error, a.exit_reason) AS end_reason, a.exit_code,
        a.address, a.agent_id, a.pending_reason, t.experiment_ids, t.trial_ids,
-       a.id AS allocation_id, det_redact_secrets(t.config) AS config
+       a.id AS allocation_id, det_user.redact_secrets(t.config) AS config
 FROM tasks t
 JOIN jobs j ON j.id = t.job_id
 JOIN projects p ON p.id = t.project_id
@@ -5799,7 +5832,7 @@ FROM (
 ) s;
 GRANT SELECT ON reporting.slot_hours TO det_user;
 
-CREATE FUNCTION det_cluster_usage(p_start date, p_end date, p_group_by text)
+CREATE FUNCTION det_user.cluster_usage(p_start date, p_end date, p_group_by text)
 RETURNS TABLE (day date, "group" text, slot_hours double precision)
 LANGUAGE plpgsql STABLE AS $$
 -- Slot-hours per UTC day from p_start to p_end (both included) and per group: p_group_by is
@@ -5841,7 +5874,7 @@ BEGIN
      GROUP BY u.day, g.name
      ORDER BY u.day, g.name NULLS LAST;
 END $$;
-GRANT EXECUTE ON FUNCTION det_cluster_usage(date, date, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.cluster_usage(date, date, text) TO det_user;
 
 -- =============================================================================================
 -- Row-level security
@@ -5849,26 +5882,26 @@ GRANT EXECUTE ON FUNCTION det_cluster_usage(date, date, text) TO det_user;
 -- A user sees a workspace's rows when a role of theirs (or of a group of theirs) lets
 -- them view it. The workspace is read from the row's job (jobs, allocations and
 -- what hangs off them) or project (experiments and what hangs off them); a constraint
--- trigger keeps the two in agreement. `(SELECT det_visible_workspaces())` (and
--- det_visible_projects) is computed once per query.
+-- trigger keeps the two in agreement. `(SELECT det_user.visible_workspaces())` (and
+-- det_user.visible_projects) is computed once per query.
 ALTER TABLE workspaces ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON workspaces FOR SELECT
-    USING (id = ANY ((SELECT det_visible_workspaces())::integer[]));
+    USING (id = ANY ((SELECT det_user.visible_workspaces())::integer[]));
 ALTER TABLE workspace_pools ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON workspace_pools FOR SELECT
-    USING (workspace_id = ANY ((SELECT det_visible_workspaces())::integer[]));
+    USING (workspace_id = ANY ((SELECT det_user.visible_workspaces())::integer[]));
 ALTER TABLE projects ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON projects FOR SELECT
-    USING (workspace_id = ANY ((SELECT det_visible_workspaces())::integer[]));
+    USING (workspace_id = ANY ((SELECT det_user.visible_workspaces())::integer[]));
 ALTER TABLE role_assignments ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON role_assignments FOR SELECT
-    USING (workspace_id IS NULL OR workspace_id = ANY ((SELECT det_visible_workspaces())::integer[]));
+    USING (workspace_id IS NULL OR workspace_id = ANY ((SELECT det_user.visible_workspaces())::integer[]));
 ALTER TABLE jobs ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON jobs FOR SELECT
-    USING (workspace_id = ANY ((SELECT det_visible_workspaces())::integer[]));
+    USING (workspace_id = ANY ((SELECT det_user.visible_workspaces())::integer[]));
 ALTER TABLE experiments ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON experiments FOR SELECT
-    USING (project_id = ANY ((SELECT det_visible_projects())::integer[]));
+    USING (project_id = ANY ((SELECT det_user.visible_projects())::integer[]));
 ALTER TABLE context_blobs ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON context_blobs FOR SELECT
     USING (id IN (SELECT context_id FROM experiments));
@@ -5894,19 +5927,19 @@ ALTER TABLE tasks ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON tasks FOR SELECT USING (job_id IN (SELECT id FROM jobs));
 ALTER TABLE models ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON models FOR SELECT
-    USING (workspace_id = ANY ((SELECT det_visible_workspaces())::integer[]));
+    USING (workspace_id = ANY ((SELECT det_user.visible_workspaces())::integer[]));
 ALTER TABLE model_versions ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON model_versions FOR SELECT
     USING (model_id IN (SELECT id FROM models));
 ALTER TABLE templates ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON templates FOR SELECT
-    USING (workspace_id = ANY ((SELECT det_visible_workspaces())::integer[]));
+    USING (workspace_id = ANY ((SELECT det_user.visible_workspaces())::integer[]));
 ALTER TABLE audit_log ENABLE ROW LEVEL SECURITY;
 CREATE POLICY cluster_admins ON audit_log FOR SELECT
-    USING ((SELECT det_permitted(det_caller(), 'admin_cluster', NULL)));
+    USING ((SELECT det_user.permitted(det_user.caller(), 'admin_cluster', NULL)));
 
 -- Reads of the agent: det_agent holds no table privileges.
-CREATE FUNCTION det_agent_assignments(p_agent text)
+CREATE FUNCTION det_agent.assignments(p_agent text)
 RETURNS TABLE (id bigint, desired text, state text, spec jsonb, chief text, node_state text,
                slot_ids integer[], spans boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -5915,7 +5948,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- the slots it holds there; spans: whether the allocation holds slots of other agents too.
 #variable_conflict use_column
 BEGIN
-    PERFORM det_agent_check_self(p_agent);
+    PERFORM det_internal.agent_check_self(p_agent);
     RETURN QUERY
     SELECT a.id, a.desired_state::text, a.state::text, a.spec, a.agent_id, NULL::text,
            array(SELECT h.slot_id FROM allocation_slots h
@@ -5938,26 +5971,26 @@ BEGIN
                      WHERE h.agent_id = p_agent AND NOT h.released)
      ORDER BY 1;
 END $$;
-GRANT EXECUTE ON FUNCTION det_agent_assignments(text) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.assignments(text) TO det_agent;
 
-CREATE FUNCTION det_agent_live_allocations(p_agent text)
+CREATE FUNCTION det_agent.live_allocations(p_agent text)
 RETURNS TABLE (id bigint, last_log timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The live allocations an agent is the chief of, with the time of their last shipped log
 -- line: what a restarted agent adopts and where its log shipping resumes.
-SELECT det_agent_check_self(p_agent);
+SELECT det_internal.agent_check_self(p_agent);
 SELECT a.id, (SELECT l.ts FROM task_logs l WHERE l.allocation_id = a.id
                ORDER BY l.id DESC LIMIT 1)
   FROM allocations a
  WHERE a.agent_id = p_agent AND a.state <> 'TERMINATED';
 $$;
-GRANT EXECUTE ON FUNCTION det_agent_live_allocations(text) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.live_allocations(text) TO det_agent;
 
-CREATE FUNCTION det_agent_context(p_agent text, p_context bigint) RETURNS bytea
+CREATE FUNCTION det_agent.context(p_agent text, p_context bigint) RETURNS bytea
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The packed model definition an agent unpacks for a run: only a context that a live
 -- allocation of this agent (its chief's, or one it holds slots of) launches; NULL otherwise.
-SELECT det_agent_check_self(p_agent);
+SELECT det_internal.agent_check_self(p_agent);
 SELECT b.data
   FROM context_blobs b
  WHERE b.id = p_context
@@ -5967,23 +6000,23 @@ SELECT b.data
                        OR a.id IN (SELECT h.allocation_id FROM allocation_slots h
                                     WHERE h.agent_id = p_agent AND NOT h.released)));
 $$;
-GRANT EXECUTE ON FUNCTION det_agent_context(text, bigint) TO det_agent;
+GRANT EXECUTE ON FUNCTION det_agent.context(text, bigint) TO det_agent;
 
-CREATE FUNCTION det_schema_version() RETURNS integer
+CREATE FUNCTION det.schema_version() RETURNS integer
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The newest migration this database applied (db/migrate.py records them): a client that
 -- knows a newer one tells its user to run `det cluster up`, which migrates.
 BEGIN
     RETURN (SELECT max(version) FROM det_migrations);
 END $$;
-GRANT EXECUTE ON FUNCTION det_schema_version() TO det_user, det_agent, det_web;
+GRANT EXECUTE ON FUNCTION det.schema_version() TO det_user, det_agent, det_web;
 
 -- Permission to create an experiment, checked before its context is unpacked.
-CREATE FUNCTION det_experiment_create_check(p_workspace text, p_project text) RETURNS integer
+CREATE FUNCTION det_user.experiment_create_check(p_workspace text, p_project text) RETURNS integer
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Check that the caller may create an experiment in project p_project of workspace
 -- p_workspace (both NULL: Uncategorized): Editor of the workspace, neither it nor the project
--- archived, the rules det_create_experiment applies when it stores one. det serve calls it
+-- archived, the rules det_user.create_experiment applies when it stores one. det serve calls it
 -- before it unpacks a byte of the context (so a refused Viewer's context is never
 -- unpacked). Returns the project's id. Raises insufficient_privilege, no_data_found (a
 -- workspace or project the caller cannot see), check_violation (archived) or
@@ -5998,9 +6031,9 @@ BEGIN
     IF p_workspace IS NULL THEN
         SELECT * INTO p FROM projects WHERE id = 1;
     ELSE
-        p := det_project_find(p_workspace, p_project);
+        p := det_user.project_find(p_workspace, p_project);
     END IF;
-    PERFORM det_require('edit', p.workspace_id,
+    PERFORM det_internal.require('edit', p.workspace_id,
                         format('create an experiment in project %s', to_jsonb(p.name)));
     IF p.archived OR (SELECT archived FROM workspaces WHERE id = p.workspace_id) THEN
         RAISE EXCEPTION 'project %: it (or its workspace) is archived', to_jsonb(p.name)
@@ -6008,13 +6041,13 @@ BEGIN
     END IF;
     RETURN p.id;
 END $$;
-GRANT EXECUTE ON FUNCTION det_experiment_create_check(text, text) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.experiment_create_check(text, text) TO det_user;
 
 -- Validation rows are recorded for the searcher, which decides what each means
 -- (det.reconciler.searchers: under adaptive ASHA's time_metric, Determined 0.38's form, a
 -- result at the time metric's value; otherwise nothing).
 
-CREATE FUNCTION det_validation_reported() RETURNS trigger
+CREATE FUNCTION det_internal.validation_reported() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- A validation row of a trial of a searched experiment (not an unmanaged one: it has no
 -- searcher) is a validation_reported event naming the row ({"metrics_id": id}): the pass
@@ -6026,17 +6059,17 @@ BEGIN
       FROM trials t JOIN experiments e ON e.id = t.experiment_id
      WHERE t.id = NEW.trial_id AND NOT e.unmanaged;
     IF FOUND THEN
-        PERFORM pg_notify(det_channel('reconciler', ''), 'searcher');
+        PERFORM pg_notify(det_internal.channel('reconciler', ''), 'searcher');
     END IF;
     RETURN NULL;
 END $$;
 
 CREATE TRIGGER metrics_validation_reported AFTER INSERT ON metrics
-    FOR EACH ROW WHEN (NEW."group" = 'validation') EXECUTE FUNCTION det_validation_reported();
+    FOR EACH ROW WHEN (NEW."group" = 'validation') EXECUTE FUNCTION det_internal.validation_reported();
 
 -- Trial metadata (Determined 0.38's TrainContext.set_metadata / get_metadata).
 
-CREATE FUNCTION det_merge_metadata(p_current jsonb, p_addition jsonb, p_path text DEFAULT '')
+CREATE FUNCTION det_internal.merge_metadata(p_current jsonb, p_addition jsonb, p_path text DEFAULT '')
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE SET search_path = public, pg_temp AS $$
 -- p_addition merged into p_current (both objects): objects merge key by key, a new key is
 -- added, and a key that already holds another value is refused, naming its dotted path (the
@@ -6053,7 +6086,7 @@ BEGIN
             p_current := jsonb_set(p_current, ARRAY[k], v);
         ELSIF jsonb_typeof(v) = 'object' AND jsonb_typeof(p_current -> k) = 'object' THEN
             p_current := jsonb_set(p_current, ARRAY[k],
-                                   det_merge_metadata(p_current -> k, v, v_path));
+                                   det_internal.merge_metadata(p_current -> k, v, v_path));
         ELSE
             RAISE EXCEPTION 'metadata key "%" is already set (to %); a key cannot be changed',
                 v_path, p_current -> k USING ERRCODE = 'invalid_parameter_value';
@@ -6062,21 +6095,21 @@ BEGIN
     RETURN p_current;
 END $$;
 
-CREATE FUNCTION det_set_trial_metadata(p_token text, p_metadata jsonb) RETURNS jsonb
+CREATE FUNCTION det_task.set_trial_metadata(p_token text, p_metadata jsonb) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- Merge p_metadata (an object) into the calling trial's metadata (det_merge_metadata);
+-- Merge p_metadata (an object) into the calling trial's metadata (det_internal.merge_metadata);
 -- returns the trial's metadata after it. Refused (invalid_parameter_value): p_metadata not
--- an object, over 64 KiB or nested deeper than 32 levels (det_json_problem), or a merged
+-- an object, over 64 KiB or nested deeper than 32 levels (det_internal.json_problem), or a merged
 -- metadata over 1 MiB.
 DECLARE
-    a allocations := det_auth(p_token);
-    v_problem text := det_json_problem(p_metadata, 65536);
+    a allocations := det_internal.auth(p_token);
+    v_problem text := det_internal.json_problem(p_metadata, 65536);
     v_merged jsonb;
 BEGIN
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'metadata %', v_problem USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    UPDATE trials SET metadata = det_merge_metadata(metadata, p_metadata)
+    UPDATE trials SET metadata = det_internal.merge_metadata(metadata, p_metadata)
      WHERE id = a.trial_id RETURNING metadata INTO v_merged;
     IF octet_length(v_merged::text) > 1048576 THEN
         RAISE EXCEPTION 'metadata: the trial''s metadata would be % bytes of JSON, more than '
@@ -6085,11 +6118,11 @@ BEGIN
     END IF;
     RETURN v_merged;
 END $$;
-GRANT EXECUTE ON FUNCTION det_set_trial_metadata(text, jsonb) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.set_trial_metadata(text, jsonb) TO det_task;
 
-CREATE FUNCTION det_trial_metadata(p_token text) RETURNS jsonb
+CREATE FUNCTION det_task.trial_metadata(p_token text) RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The calling trial's metadata.
-    SELECT metadata FROM trials WHERE id = (det_auth(p_token)).trial_id;
+    SELECT metadata FROM trials WHERE id = (det_internal.auth(p_token)).trial_id;
 $$;
-GRANT EXECUTE ON FUNCTION det_trial_metadata(text) TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.trial_metadata(text) TO det_task;

@@ -4,7 +4,7 @@ used alike by the ``det`` CLI and ``det serve`` (the API no longer imports the C
 A submission reads the config (a file or text, ``--config`` overrides, a template merged under
 it, the workspace's defaults under everything), validates and expands it (det.configs), packs
 the context, refuses what no agent could ever run (unless forced), and stores it in one
-transaction through ``det_create_experiment`` or ``det_create_task`` (schema.sql).
+transaction through ``det_user.create_experiment`` or ``det_internal.create_task`` (schema.sql).
 """
 
 import ast
@@ -42,7 +42,7 @@ Q = named("submission")
 def template_for_submission(conn: psycopg.Connection, name: str, workspace: str | None) -> dict:
     """Template ``name`` of ``workspace`` (None: Uncategorized), secrets included, to merge
     under a config submitted to that workspace: ``{"name", "config"}``, the shape
-    :func:`expand_config_text` takes. Through ``det_template_expand``, which takes Editor on
+    :func:`expand_config_text` takes. Through ``det_user.template_expand``, which takes Editor on
     the workspace, as the submission does.
 
     Raises:
@@ -313,7 +313,8 @@ def submit_task(conn: psycopg.Connection, kind: TaskKind, expanded: dict,
         ConfigError: slots no agent of the pool could ever hold (unless ``force``).
         ContextError: an unreadable or oversized context.
         NotFoundError / PermissionDeniedError: no Editor role in the target project's
-            workspace, or a TensorBoard source the caller cannot view (from det_create_task).
+            workspace, or a TensorBoard source the caller cannot view (from
+            det_internal.create_task).
     """
     blob = context.pack(context_dir) if context_dir is not None else None
     with conn.transaction():
@@ -406,7 +407,8 @@ def _from_source(conn: psycopg.Connection, function: str, source_id: int, src: d
                  source: str, overrides: Sequence[str], workspace: str | None,
                  project: str | None, project_id: int | None, force: bool) -> int:
     """Expand ``text`` against ``src``'s context and store it with SQL ``function``
-    (det_experiment_fork or det_trial_continue of ``source_id``) in one transaction. The new
+    (det_user.experiment_fork or det_user.trial_continue of ``source_id``) in one transaction.
+    The new
     experiment goes where the options or the config's keys say (:func:`placement`), else to
     the source's project; that workspace's defaults apply."""
     workspace, project = placement(conn, text, source, workspace, project, project_id)
@@ -436,11 +438,11 @@ def fork_experiment(conn: psycopg.Connection, exp_id: int, text: str | None = No
     Raises:
         NotFoundError: an experiment the caller cannot view.
         ConfigError: an invalid config, naming the key.
-        PermissionDeniedError: no Editor role where it goes (det_create_experiment).
+        PermissionDeniedError: no Editor role where it goes (det_user.create_experiment).
     """
     src = source_experiment(conn, exp_id)
     text = src["original_config"] if text is None else text
-    return _from_source(conn, "det_experiment_fork", exp_id, src, text, source, overrides,
+    return _from_source(conn, "det_user.experiment_fork", exp_id, src, text, source, overrides,
                         workspace, project, project_id, force)
 
 
@@ -449,14 +451,14 @@ def continue_trial(conn: psycopg.Connection, trial_id: int, text: str | None = N
                    workspace: str | None = None, project: str | None = None,
                    project_id: int | None = None, force: bool = False) -> int:
     """``det trial continue``: a new experiment of one trial that resumes trial ``trial_id``
-    from its latest checkpoint (weights and batch count; det_trial_continue), with the model
+    from its latest checkpoint (weights and batch count; det_user.trial_continue), with the model
     definition of its experiment and the config ``text`` (read from ``source``; None: that
     experiment's original config) made :func:`continue_config`, then ``overrides`` applied
     (``searcher.max_length.batches=400`` trains it further). Returns the new experiment's id.
 
     Raises:
         NotFoundError, StateError: see :func:`source_trial`.
-        ConfigError: an invalid config, naming the key (from det_trial_continue too: a
+        ConfigError: an invalid config, naming the key (from det_user.trial_continue too: a
             checkpoint storage other than the checkpoint's).
     """
     trial = source_trial(conn, trial_id)
@@ -464,6 +466,6 @@ def continue_trial(conn: psycopg.Connection, trial_id: int, text: str | None = N
     text = src["original_config"] if text is None else text
     data = continue_config(parse_yaml(text, source), trial["hparams"],
                            trial["latest_checkpoint"], source)
-    return _from_source(conn, "det_trial_continue", trial_id, src,
+    return _from_source(conn, "det_user.trial_continue", trial_id, src,
                         yaml.safe_dump(data, sort_keys=False), source, overrides, workspace,
                         project, project_id, force)

@@ -107,7 +107,7 @@ class AgentSettings:
     its runs end as failed, counted against max_restarts, not as a planned stop;
     ``one_shot``: the agent serves one assignment and exits once it has none left (an agent
     that is one Slurm job for one run: the job ends with the run), retiring its row
-    (``det_agent_retire``: agent lists hide it)."""
+    (``det_agent.retire``: agent lists hide it)."""
 
     agent_id: str
     pool: str
@@ -254,7 +254,7 @@ class Agent:
         except psycopg.Error as e:
             if not retry.is_login_refused(e):
                 raise
-            # revoked (det_agent_revoke): its tasks are killed below, as the database is gone
+            # revoked (det_user.agent_revoke): its tasks are killed below, as the database is gone
             why = str(e).split("FATAL:")[-1].strip().splitlines()[0]
             raise DetError(f"agent {self.s.agent_id}: the database refused its login ({why}): "
                            "revoked (`det agent revoke`), or a wrong credential") from None
@@ -456,7 +456,7 @@ class Agent:
 
     def _with_event_dirs(self, spec: AllocationSpec, token: str) -> AllocationSpec:
         """A TensorBoard's spec with the directories of its event files on ``shared_fs``
-        storage (host paths, ``det_task_tensorboard_sources``) bind-mounted read-only at the
+        storage (host paths, ``det_task.tensorboard_sources``) bind-mounted read-only at the
         same paths, so that the server in a container reads them; a missing one is made (an
         experiment that has not reported yet: a bind mount needs its source). The process
         runtime reads them where they are."""
@@ -583,7 +583,7 @@ class Agent:
         """Kill every task: this agent could not heartbeat for ``silent`` seconds, past its
         lease (:mod:`det.agent.heartbeat`). Called on the heartbeat's fence thread; it only
         signals, and the main loop collects the ends as usual. Their ends are reported as
-        planned stops (``det_agent_mark_fenced``): a database outage longer than the lease
+        planned stops (``det_agent.mark_fenced``): a database outage longer than the lease
         fences every agent, and that is no failure of the trials (their restarts stay)."""
         why = (f"self-fenced: agent {self.s.agent_id} could not heartbeat for {silent:.0f} s "
                f"(the reconciler's agent timeout is {self.heartbeat.agent_timeout:.0f} s)")
@@ -594,9 +594,9 @@ class Agent:
 
     def _stop_runs(self) -> bool:
         """Mark this agent's runs a planned stop and wake their tasks to checkpoint and exit
-        (``det_agent_stop_runs``); False when the database stayed away for
+        (``det_agent.stop_runs``); False when the database stayed away for
         ``SHUTDOWN_RETRY_SECONDS`` (the tasks then cannot learn of the stop), or with
-        ``stop_is_failure``, where the agent is only drained (``det_agent_leave``)."""
+        ``stop_is_failure``, where the agent is only drained (``det_agent.leave``)."""
         def stop() -> None:
             self._connect().execute(Q.leave if self.s.stop_is_failure else Q.stop_runs,
                                     (self.s.agent_id,))
@@ -611,7 +611,7 @@ class Agent:
 
     def shutdown(self) -> None:
         """Stop: a planned stop, not a failure. The runs are marked so
-        (``det_agent_stop_runs``), so their tasks checkpoint and exit as on pause; those still
+        (``det_agent.stop_runs``), so their tasks checkpoint and exit as on pause; those still
         running after ``STOP_GRACE_SECONDS`` are killed (they resume from their latest
         checkpoint all the same). Where the database cannot be reached, the tasks are killed
         at once (they cannot outlive the agent anyway). Then their ends are reported, trying
@@ -652,7 +652,7 @@ class Agent:
 
     def _retire(self) -> None:
         """A one-shot agent that served its run and reported its end is gone for good
-        (``det_agent_retire``), after its last heartbeat (one answered LOST would register it
+        (``det_agent.retire``), after its last heartbeat (one answered LOST would register it
         again). Where the database stays away for ``SHUTDOWN_RETRY_SECONDS`` the row is left
         as it is: the provisioner marks it gone once the agent's job has ended."""
         try:

@@ -6,8 +6,8 @@ Every agent holding slots of an allocation launches one task, det's launcher, wi
 it holds there (``DET_SLOT_IDS``); :mod:`det.launch.torch_distributed` turns it into one
 worker per slot. When the allocation spans agents, the chief's agent (``allocations.
 agent_id``) picks a free port on its host and records ``host:port`` in the allocation's row
-(``det_agent_set_rendezvous``) before it starts its workers; each other agent waits until
-that is recorded, then claims its node (``det_agent_claim_node``: its own token, its node
+(``det_agent.set_rendezvous``) before it starts its workers; each other agent waits until
+that is recorded, then claims its node (``det_agent.claim_node``: its own token, its node
 rank) and starts its workers pointing at the chief's endpoint. Coordination goes through
 the database, data through torch.
 """

@@ -9,7 +9,7 @@ An agent that has not beaten for its lease, ``FENCE_FRACTION`` of that timeout, 
 tasks first, so a run is not live twice. The lease runs from the moment the last successful
 beat was sent, which is no later than the ``last_heartbeat`` the database recorded for it;
 a separate thread watches it, so a beat stuck in the network cannot hold the kill back.
-Those runs end as planned stops (``det_agent_mark_fenced``): an agent cannot tell a database
+Those runs end as planned stops (``det_agent.mark_fenced``): an agent cannot tell a database
 outage, which fences every agent, from a partition, and neither is the trials' failure.
 """
 
@@ -46,7 +46,7 @@ FENCE_CHECK_SECONDS = 0.2
 
 
 class Heartbeat:
-    """Calls ``det_agent_heartbeat(agent_id)`` every ``interval`` seconds (more often where
+    """Calls ``det_agent.heartbeat(agent_id)`` every ``interval`` seconds (more often where
     the reconciler's agent timeout asks: a third of it at most; every
     ``UNKNOWN_TIMEOUT_BEAT_SECONDS`` until a reconciler has recorded it) on its own connection to
     ``url``. When the answer is LOST (the reconciler gave up on the agent meanwhile) it calls

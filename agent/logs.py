@@ -1,6 +1,6 @@
 """Shipping task output to the ``task_logs`` table in batches.
 
-Lines are buffered and written by one background thread with one ``det_append_logs`` call per
+Lines are buffered and written by one background thread with one ``det_agent.append_logs`` call per
 allocation per flush, never a statement per line (logs are a hot, append-only table).
 
 While the database is away (a restart, a failover) lines stay buffered and the thread
@@ -11,7 +11,7 @@ written (docs/architecture.md, "Riding out the database").
 
 A batch whose commit acknowledgement was lost (a failover) is sent again and must not be
 written twice: each shipper draws a uuid at start and numbers each allocation's lines 1, 2, ...
-(the dropped-lines note too, once), and ``det_append_logs`` skips the lines at or below the
+(the dropped-lines note too, once), and ``det_agent.append_logs`` skips the lines at or below the
 last number it holds for that shipper and allocation (schema.sql, ``log_batches``).
 """
 

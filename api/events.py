@@ -5,7 +5,7 @@ notification out to the streams subscribed to its topics (``experiment:7``, ``tr
 ``queue``, ...). NOTIFY is a hint only (docs/architecture.md): the hub also wakes every stream once
 a ``TICK`` (a change no trigger announces, or an event the metrics throttle held back, shows
 within a tick), and after reconnecting, since anything may have changed meanwhile. The
-triggers fire only while some server holds a lease (``det_web_watch``): the hub renews its
+triggers fire only while some server holds a lease (``det_web.watch``): the hub renews its
 own every tick while it has streams, so a cluster no page watches spends nothing on events.
 A woken stream reads what changed in one short transaction (never one held open while it
 waits) and sends only what is new: metrics and log rows after the last id it sent, and

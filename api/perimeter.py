@@ -213,7 +213,7 @@ def csrf_problem(scope: Scope) -> str | None:
 
 
 async def token_refusal(scope: Scope) -> JSONResponse | None:
-    """401 unless the request carries a live login token (det_web_auth, in a transaction of
+    """401 unless the request carries a live login token (det_web.auth, in a transaction of
     its own, before its large body is read); None when it does."""
     try:
         token = request_token(HTTPConnection(scope))  # type: ignore[arg-type]

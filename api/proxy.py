@@ -3,9 +3,9 @@
 
 Every request, and every WebSocket before it is accepted, is authenticated like the API (the
 WebUI's cookie or ``Authorization: Bearer``, :mod:`det.api.session`) and authorised by
-``det_task_open(job)`` run as the user, so row-level security decides exactly as for psql:
+``det_user.task_open(job)`` run as the user, so row-level security decides exactly as for psql:
 no login 401, a task the user cannot see 404, one they see but may not open 403 (a notebook,
-shell or command runs code as its owner: Editor; a TensorBoard: Viewer). ``det_task_open``
+shell or command runs code as its owner: Editor; a TensorBoard: Viewer). ``det_user.task_open``
 also touches the task's last_activity: proxied traffic counts as use for idle termination.
 Its answer for one login token and task is reused for that token's requests to that task
 during :data:`GRANT_TTL_S` (:class:`Grants`): JupyterLab loads a hundred files at once, and
@@ -92,7 +92,7 @@ RECHECK_S = 30.0
 revoked login or role closes it (code 1008) within this, and its traffic counts as use."""
 
 GRANT_TTL_S = 1.0
-"""Seconds det_task_open's answer is reused for the same login token and task: a logout, a
+"""Seconds det_user.task_open's answer is reused for the same login token and task: a logout, a
 password changed, a role taken away or a task ended reaches the proxy within this. 1 s keeps
 the proxy's overhead per request within the issue's 2 ms (bench/proxy.py: a transaction to
 authorise costs 2 to 3 ms on a busy machine) and JupyterLab's page load to a few
@@ -105,7 +105,7 @@ business; a client that leaves ends the request)."""
 
 @dataclass(frozen=True)
 class Target:
-    """What ``det_task_open`` said about a task the user may open."""
+    """What ``det_user.task_open`` said about a task the user may open."""
 
     job_id: int
     kind: str  # NOTEBOOK, TENSORBOARD, SHELL, COMMAND
@@ -124,7 +124,7 @@ def upstream_client() -> httpx.AsyncClient:
 
 
 def open_task(pool, token: str, job_id: int) -> Target:
-    """``det_task_open(job_id)`` as the token's user, in a transaction of its own (blocking:
+    """``det_user.task_open(job_id)`` as the token's user, in a transaction of its own (blocking:
     run it in a thread).
 
     Raises:
@@ -148,7 +148,7 @@ def open_task(pool, token: str, job_id: int) -> Target:
 
 
 class Grants:
-    """det_task_open's recent answers by (digest of the login token, task), each good for
+    """det_user.task_open's recent answers by (digest of the login token, task), each good for
     :data:`GRANT_TTL_S`. Only grants are kept: a refusal is asked again every time."""
 
     MAX = 10_000

@@ -3,18 +3,18 @@
 Auth: ``POST /api/v1/auth/login`` has PostgreSQL check the user's
 password (det serve opens one connection as that user: det never sees a stored password),
 then mints a random token that the database stores only hashed, with an expiry
-(``det_web_login``). Every other request carries it as ``Authorization: Bearer TOKEN`` or in
+(``det_web.login``). Every other request carries it as ``Authorization: Bearer TOKEN`` or in
 the WebUI's cookie, and runs as one transaction that begins with :func:`act_as`:
-``det_web_auth`` (SQLSTATE 28000 -> 401) makes the token's user the transaction's caller, and
+``det_web.auth`` (SQLSTATE 28000 -> 401) makes the token's user the transaction's caller, and
 ``SET LOCAL ROLE`` makes every query of the request run as that user's role, so row-level
 security applies to the API exactly as to the user's own psql. det serve's own role
 (det_web) may do nothing else.
 
-A token is good only under the password it was minted under: ``det_web_login``
-stamps it with a digest of the role's password verifier, and ``det_web_auth`` refuses it
+A token is good only under the password it was minted under: ``det_web.login``
+stamps it with a digest of the role's password verifier, and ``det_web.auth`` refuses it
 (401), ends the user's other such logins and audits the change once the password differs,
 whether det changed it or the user ran ``ALTER ROLE ... PASSWORD`` in psql. Logins are
-throttled per user name and per client address in the database (``det_login_begin``), before
+throttled per user name and per client address in the database (``det_web.login_begin``), before
 PostgreSQL checks a password.
 """
 
@@ -83,7 +83,7 @@ def _session(request: Request) -> Iterator[Session]:
         user = _become(conn, token)
         if user is not None:
             yield Session(conn, user)
-    # else the transaction committed det_web_auth's end of the user's logins and its audit
+    # else the transaction committed det_web.auth's end of the user's logins and its audit
     # row: now the refusal
     if user is None:
         raise PasswordChanged(PASSWORD_CHANGED)
@@ -98,7 +98,7 @@ PASSWORD_CHANGED = "the password changed since this login: log in again"
 
 
 def _become(conn: psycopg.Connection, token: str) -> str | None:
-    """:func:`act_as`, but None (nothing raised, so the caller may commit det_web_auth's
+    """:func:`act_as`, but None (nothing raised, so the caller may commit det_web.auth's
     writes) where the user's password changed since ``token`` was minted."""
     user = conn.execute(Q.web_auth, (token,)).fetchone()["u"]
     if user is not None:
@@ -107,14 +107,14 @@ def _become(conn: psycopg.Connection, token: str) -> str | None:
 
 
 def act_as(conn: psycopg.Connection, token: str) -> str:
-    """In ``conn``'s open transaction, become the user ``token`` belongs to (det_web_auth, then
+    """In ``conn``'s open transaction, become the user ``token`` belongs to (det_web.auth, then
     SET LOCAL ROLE); returns the user's name.
 
     Raises:
         psycopg.Error: SQLSTATE 28000 for an unknown or expired token, or a user no longer
             active.
         PasswordChanged: the user's password changed since the token was minted (the
-            request's own transaction rolls back det_web_auth's audit row; the next request
+            request's own transaction rolls back det_web.auth's audit row; the next request
             through :func:`_session`, or the next login, writes it).
     """
     user = _become(conn, token)

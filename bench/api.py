@@ -11,7 +11,7 @@ metrics rows), starts ``det serve`` as a subprocess and measures it over HTTP:
   client's round trip;
 - series: ``GET /api/v1/trials/T/metrics?max_points=2000`` over the 1,000,000 rows;
 - SSE: a client follows ``/api/v1/events/trials/T`` while this process reports one metric
-  every 0.3 s through ``det_report_metrics`` (the harness's function); the delay is from the
+  every 0.3 s through ``det_task.report_metrics`` (the harness's function); the delay is from the
   report's commit to the row's arrival on the stream;
 - throughput: ``--clients`` threads call the list endpoint for ``--seconds``.
 
@@ -80,7 +80,7 @@ def seed(url: str, experiments: int, points: int) -> tuple[int, str]:
             INSERT INTO trials (experiment_id, request_id, hparams, seed, best_validation)
             SELECT e.id, gen_random_uuid(), '{"lr": 0.1}', 0, random()
               FROM experiments e, generate_series(1, 2)""")
-        conn.execute("SELECT det_agent_register('bench', 'host', 'default', 'process', %s)",
+        conn.execute("SELECT det_agent.register('bench', 'host', 'default', 'process', %s)",
                      (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
         trial = conn.execute("SELECT max(id) FROM trials").fetchone()[0]
         alloc = conn.execute(
@@ -88,15 +88,15 @@ def seed(url: str, experiments: int, points: int) -> tuple[int, str]:
             "spec, state, agent_id) SELECT e.job_id, t.id, 1, 'default', 1, '{}', 'ASSIGNED', "
             "'bench' FROM trials t JOIN experiments e ON e.id = t.experiment_id "
             "WHERE t.id = %s RETURNING id", (trial,)).fetchone()[0]
-        token = conn.execute("SELECT det_agent_claim('bench', %s)", (alloc,)).fetchone()[0]
-        conn.execute("SELECT det_task_info(%s)", (token,))
+        token = conn.execute("SELECT det_agent.claim('bench', %s)", (alloc,)).fetchone()[0]
+        conn.execute("SELECT det_task.info(%s)", (token,))
         conn.execute("""
             INSERT INTO metrics (trial_id, allocation_id, "group", steps_completed, "values")
             SELECT %(t)s, %(a)s, 'training', g,
                    jsonb_build_object('loss', 1.0 / g, 'accuracy', 1 - 1.0 / g)
               FROM generate_series(1, %(n)s) g""", {"t": trial, "a": alloc, "n": points})
         # det serve logs in with PostgreSQL's password check: the user is a real role
-        conn.execute("SELECT det_user_create('bench', %s, true)",
+        conn.execute("SELECT det_user.user_create('bench', %s, true)",
                      (password_verifier(conn, "bench", PASSWORD),))
         conn.execute("ANALYZE")
         print(f"seeded {experiments} experiments, {2 * experiments} trials, {points} metrics "
@@ -165,7 +165,7 @@ def sse_delays(base: str, token: str, report_token: str, url: str, trial: int,
     with psycopg.connect(url, autocommit=True) as conn:
         for i in range(samples):
             step = 10_000_000 + i
-            conn.execute("SELECT det_report_metrics(%s, 'training', %s, %s)",
+            conn.execute("SELECT det_task.report_metrics(%s, 'training', %s, %s)",
                          (report_token, step, Jsonb({"loss": 0.1})))
             sent[step] = time.perf_counter()
             time.sleep(0.3)

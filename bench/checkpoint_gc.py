@@ -7,8 +7,8 @@ other one with a validation of the searcher metric at its step (random values, s
 each checkpoint's files on local disk (shared_fs under a temporary directory: ``--files``
 files of ``--bytes`` bytes).
 
-* **Decide**: the keep rule, ``det_checkpoints_to_delete`` (one SQL statement), median of
-  ``--repeats`` runs, and ``det_checkpoint_gc`` (the same decision plus the UPDATE to
+* **Decide**: the keep rule, ``det_user.checkpoints_to_delete`` (one SQL statement), median of
+  ``--repeats`` runs, and ``det_internal.checkpoint_gc`` (the same decision plus the UPDATE to
   DELETING) once; the goal is at most 1 s for 10,000 checkpoints.
 * **Remove**: a real reconciler pass (in this process) schedules the GC task on agent
   ``bench``; the task's code (``det.harness.checkpoint_gc.GcTask``) runs here with the token
@@ -77,9 +77,9 @@ def build(url: str, root: Path, trials: int, per_trial: int, files: int,
                                     "save_trial_best": 1, "save_trial_latest": 1}
     resources = {f"part{i}.bin": size for i in range(files)}
     with connect(url, autocommit=True) as c:
-        c.execute("SELECT det_agent_register('bench', 'localhost', 'default', 'process', %s)",
+        c.execute("SELECT det_agent.register('bench', 'localhost', 'default', 'process', %s)",
                   (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
-        eid = c.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
+        eid = c.execute("SELECT det_user.create_experiment(%s, '', NULL) AS id",
                         (Jsonb(config),)).fetchone()["id"]
         job = c.execute("SELECT job_id FROM experiments WHERE id = %s", (eid,)).fetchone()
         c.execute(BUILD, {"eid": eid, "job": job["job_id"], "trials": trials,
@@ -103,16 +103,16 @@ def decide(url: str, eid: int, repeats: int) -> None:
         times, n = [], 0
         for _ in range(repeats):
             start = time.perf_counter()
-            n = c.execute("SELECT count(*) AS n FROM det_checkpoints_to_delete(%s)",
+            n = c.execute("SELECT count(*) AS n FROM det_user.checkpoints_to_delete(%s)",
                           (eid,)).fetchone()["n"]
             times.append(time.perf_counter() - start)
         total = c.execute("SELECT count(*) AS n FROM checkpoints").fetchone()["n"]
-        print(f"decide (det_checkpoints_to_delete, one statement): {n:,} of {total:,} "
+        print(f"decide (det_user.checkpoints_to_delete, one statement): {n:,} of {total:,} "
               f"checkpoints to delete; median {statistics.median(times) * 1000:.0f} ms, "
               f"min {min(times) * 1000:.0f} ms over {repeats} runs (goal <= 1000 ms)")
         start = time.perf_counter()
-        marked = c.execute("SELECT det_checkpoint_gc(%s) AS n", (eid,)).fetchone()["n"]
-        print(f"decide and mark DELETING (det_checkpoint_gc): {marked:,} rows in "
+        marked = c.execute("SELECT det_internal.checkpoint_gc(%s) AS n", (eid,)).fetchone()["n"]
+        print(f"decide and mark DELETING (det_internal.checkpoint_gc): {marked:,} rows in "
               f"{(time.perf_counter() - start) * 1000:.0f} ms")
 
 
@@ -128,7 +128,7 @@ def remove(url: str) -> tuple[int, int, float]:
                 break
         else:
             raise SystemExit("the reconciler placed no GC task on the bench agent")
-        token = c.execute("SELECT det_agent_claim('bench', %s) AS t",
+        token = c.execute("SELECT det_agent.claim('bench', %s) AS t",
                           (row["id"],)).fetchone()["t"]
     task = GcTask(url, token)
     start = time.perf_counter()

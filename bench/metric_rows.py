@@ -2,7 +2,7 @@
 
 Brings up a private embedded PostgreSQL in a temporary DET_HOME, creates a one-trial
 experiment, lets a real reconciler pass (in this process) create and place its allocation on a
-registered agent, and claims it as the agent does (``det_agent_claim`` gives the token). Then,
+registered agent, and claims it as the agent does (``det_agent.claim`` gives the token). Then,
 as a Core API script would, it calls ``ctx.train.report_training_metrics(step, {...})`` for
 steps 1..N with ``--values`` floats each over a ``DbTransport``, and times from the first
 report until the ``core.init`` block has closed the transport (every row flushed to the
@@ -55,9 +55,9 @@ def claim(url: str, storage: Path) -> tuple[int, int, str]:
     config = load_experiment_config(CONFIG).expanded()
     config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(storage)}
     with connect(url, autocommit=True) as c:
-        c.execute("SELECT det_agent_register('bench', 'localhost', 'default', 'process', %s)",
+        c.execute("SELECT det_agent.register('bench', 'localhost', 'default', 'process', %s)",
                   (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
-        c.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(config),))
+        c.execute("SELECT det_user.create_experiment(%s, '', NULL)", (Jsonb(config),))
         for _ in range(5):
             run_pass(c, Settings(), "bench")
             row = c.execute("SELECT id, trial_id FROM allocations WHERE agent_id = 'bench' "
@@ -66,7 +66,7 @@ def claim(url: str, storage: Path) -> tuple[int, int, str]:
                 break
         else:
             raise SystemExit("the reconciler placed no allocation on the bench agent")
-        token = c.execute("SELECT det_agent_claim('bench', %s) AS t",
+        token = c.execute("SELECT det_agent.claim('bench', %s) AS t",
                           (row["id"],)).fetchone()["t"]
     return int(row["id"]), int(row["trial_id"]), token
 

@@ -10,7 +10,7 @@ then kill it and wait for its run to end. From the database's clock it splits ea
 - submit -> RUNNING: the submitting transaction to the agent's RUNNING report (placement,
   the agent's claim, the process started);
 - RUNNING -> answering through the proxy: the task's harness reading its secrets, Jupyter
-  starting until it answers (det_task_ready records allocations.address), the next poll.
+  starting until it answers (det_task.ready records allocations.address), the next poll.
 
 Goal (the issue): <= 3 s p50 with the process runtime. Figures only.
 
@@ -37,7 +37,7 @@ def main() -> None:
     totals, running = [], []
     with private_database() as db, \
             psycopg.connect(db.url, autocommit=True, row_factory=dict_row) as conn:
-        conn.execute("SELECT det_user_create('bench', %s, true)",
+        conn.execute("SELECT det_user.user_create('bench', %s, true)",
                      (password_verifier(conn, "bench", PASSWORD),))
         port = free_port()
         procs = [det_process(db.url, "reconcile", "--interval", "0.2"),

@@ -62,7 +62,7 @@ def queue(conn: psycopg.Connection, config: Jsonb, n: int) -> None:
                  "WHERE name IN ('jobs', 'experiments', 'trials')")
     with conn.transaction():
         for _ in range(n):
-            conn.execute("SELECT det_create_experiment(%s, '', NULL)", (config,))
+            conn.execute("SELECT det_user.create_experiment(%s, '', NULL)", (config,))
     while run_pass(conn, Settings(), "bench:pass-history").changes:
         pass
 

@@ -4,11 +4,11 @@ Brings up a private embedded PostgreSQL (or the database DET_DB_URL names), one
 ``det reconcile`` and a registered agent row with many slots but no agent process (the
 allocations are claimed by this script, which then plays the task). For each of N one-trial
 experiments (searcher ``single``) it waits for the trial's allocation, claims it
-(``det_agent_claim``), opens the task's ``DbTransport``, reads its op, and then times, on this
-process's clock, from the return of ``complete_op`` (``det_complete_op``: the event is queued
+(``det_agent.claim``), opens the task's ``DbTransport``, reads its op, and then times, on this
+process's clock, from the return of ``complete_op`` (``det_task.complete_op``: the event is queued
 and the reconciler's channel NOTIFYed) until the searcher's answer is visible:
 
-- **decided**: ``det_current_op`` asked every millisecond on a connection of the script's own
+- **decided**: ``det_task.current_op`` asked every millisecond on a connection of the script's own
   stops answering ``{"wait": true}``: the reconciler woke, read the event and wrote its
   decision (here: no more work, as ``single`` has one op; a promotion or next rung is the
   same pass writing an op instead);
@@ -55,11 +55,11 @@ def pct(samples: list[float], q: float) -> float:
 
 def hop(conn: psycopg.Connection, url: str, config: dict, harness: bool) -> float:
     """One experiment's hop in milliseconds (see the module doc)."""
-    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
+    eid = conn.execute("SELECT det_user.create_experiment(%s, '', NULL) AS id",
                        (Jsonb(config),)).fetchone()["id"]
     while (row := conn.execute(ASSIGNED, (eid,)).fetchone()) is None:
         time.sleep(0.005)
-    token = conn.execute("SELECT det_agent_claim('hop', %s) AS t", (row["id"],)).fetchone()["t"]
+    token = conn.execute("SELECT det_agent.claim('hop', %s) AS t", (row["id"],)).fetchone()["t"]
     task = DbTransport(url, row["id"], token)
     try:
         op = task.current_op()
@@ -69,13 +69,13 @@ def hop(conn: psycopg.Connection, url: str, config: dict, harness: bool) -> floa
         if harness:
             task.current_op()
         else:
-            while conn.execute("SELECT det_current_op(%s) AS op",
+            while conn.execute("SELECT det_task.current_op(%s) AS op",
                                (token,)).fetchone()["op"] == {"wait": True}:
                 time.sleep(0.001)
         ms = (time.perf_counter() - t0) * 1000
     finally:
         task.close()
-    conn.execute("SELECT det_agent_report('hop', %s, 'TERMINATED', 0, NULL)", (row["id"],))
+    conn.execute("SELECT det_agent.report('hop', %s, 'TERMINATED', 0, NULL)", (row["id"],))
     return ms
 
 
@@ -88,7 +88,7 @@ def main() -> None:
     seen: list[float] = []
     with private_database() as db, psycopg.connect(db.url, autocommit=True,
                                                     row_factory=dict_row) as conn:
-        conn.execute("SELECT det_agent_register('hop', 'host', 'default', 'process', %s)",
+        conn.execute("SELECT det_agent.register('hop', 'host', 'default', 'process', %s)",
                      (Jsonb([{"slot_id": i, "type": "cpu"} for i in range(4)]),))
         reconciler = det_process(db.url, "reconcile", "--agent-timeout", "3600")
         try:

@@ -7,8 +7,8 @@ its own (uvicorn: a 1 MiB body, a tiny one, a WebSocket echo, all under ``/proxy
 ``det serve``; then, interleaving direct and proxied so that load drifts hit both alike:
 
 - 1 MiB: ``GET`` of a 1 MiB body, client round trip, p50 direct vs through the proxy;
-- small: a 2-byte body, the same (what authorising every request costs: det_web_auth and
-  det_task_open, one short transaction);
+- small: a 2-byte body, the same (what authorising every request costs: det_web.auth and
+  det_user.task_open, one short transaction);
 - WebSocket: one connection each, 100 echo round trips of a short text frame, p50 of each.
 
 Goals (the issue): proxy overhead p50 <= 2 ms on the 1 MiB response, and <= 2 ms on a
@@ -115,7 +115,7 @@ def main() -> None:
     with private_database() as db:
         env = {**os.environ, "DET_DB_URL": db.url}
         with psycopg.connect(db.url, autocommit=True, row_factory=dict_row) as conn:
-            conn.execute("SELECT det_user_create('bench', %s, true)",
+            conn.execute("SELECT det_user.user_create('bench', %s, true)",
                          (password_verifier(conn, "bench", PASSWORD),))
             conn.execute("INSERT INTO agents (id, hostname, resource_pool, runtime) "
                          "VALUES ('bench', 'localhost', 'default', 'process')")

@@ -3,7 +3,7 @@
 A pass that has nothing to do should cost what it finds, not the queue's length: with a
 thousand runs waiting and every slot busy, each pass of bench/task_throughput.py runs again
 and again over the same waiting runs. In a private database (embedded PostgreSQL, or the one
-DET_DB_URL names) this submits Q one-trial experiments (``det_create_experiment``, as
+DET_DB_URL names) this submits Q one-trial experiments (``det_user.create_experiment``, as
 ``det experiment create``; no agent, so their runs wait), runs passes until nothing changes,
 then times ``--repeats`` idle passes twice:
 
@@ -77,7 +77,7 @@ def main() -> None:
         for queued in (int(q) for q in args.queued.split(",")):
             with conn.transaction():
                 for _ in range(queued - have):
-                    conn.execute("SELECT det_create_experiment(%s, '', NULL)", (config,))
+                    conn.execute("SELECT det_user.create_experiment(%s, '', NULL)", (config,))
             have = queued
             while run_pass(conn, Settings(), "bench").changes:
                 pass

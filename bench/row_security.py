@@ -92,9 +92,9 @@ def main() -> None:
                 owner.execute(stmt, {"w": args.workspaces, "n": args.per_workspace,
                                      "config": Jsonb(CONFIG)})
             for name, admin in (("viewer", False), ("admin", True)):
-                owner.execute("SELECT det_user_create(%s, %s, %s)",
+                owner.execute("SELECT det_user.user_create(%s, %s, %s)",
                               (name, password_verifier(owner, name, PASSWORD), admin))
-            owner.execute("SELECT det_role_assign('Viewer', 'viewer', NULL, 'ws-0001', true)")
+            owner.execute("SELECT det_user.role_assign('Viewer', 'viewer', NULL, 'ws-0001', true)")
             # the Uncategorized Editor role every user gets would show nothing here anyway
         owner.execute("ANALYZE")
         n = owner.execute("SELECT count(*) AS n FROM experiments").fetchone()["n"]

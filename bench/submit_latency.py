@@ -3,7 +3,7 @@
 Brings up a private cluster (embedded PostgreSQL in a temporary DET_HOME, or the database
 DET_DB_URL names, one reconciler, one agent of the process runtime), then submits N one-trial
 experiments one after another, each once the previous run has ended, so that every
-submission finds the reconciler and the agent idle, through ``det_create_experiment`` (the
+submission finds the reconciler and the agent idle, through ``det_user.create_experiment`` (the
 function ``det experiment create`` calls) with a shell entrypoint that exits at once. For
 each it reads, from the database's own clock, the time from the submitting transaction to
 the placement (the placing transaction's start) and to the agent's claim of the allocation
@@ -119,7 +119,7 @@ def main() -> None:
                     time.sleep(0.1)
                 samples, placed = [], []
                 for _ in range(args.n):
-                    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
+                    eid = conn.execute("SELECT det_user.create_experiment(%s, '', NULL) AS id",
                                        (Jsonb(config),)).fetchone()["id"]
                     while (row := conn.execute(LATENCY, (eid,)).fetchone()) is None:
                         time.sleep(0.002)

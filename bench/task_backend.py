@@ -3,13 +3,13 @@ task opens one) and on a warm one (as a connection pooler would hand out), issue
 
 Brings up a private embedded PostgreSQL, claims one trial's allocation (as bench/metric_rows.py
 does) and replays, N times, what a toy-search run sends as ``det_task``: LISTEN on its channel,
-``det_task_info``, ``det_should_preempt``, ``det_current_op``, a batch of 27 training rows and
-one of a validation row (``det_report_metrics_batch``), ``det_complete_op`` of a new searcher
-op, ``det_current_op``. Modes, alternated: **connect** (open and close a connection, nothing
-sent), **fresh** (a new connection a run, as tasks connect directly), **warm** (one connection
-for all runs, ``DISCARD ALL`` between them, the usual reset of a session-mode pooler),
-**pooled** (the same with the agent's pooler's reset, ``det.agent.pooler.RESET_QUERY``, which
-keeps the server's cached plans).
+``det_task.info``, ``det_task.should_preempt``, ``det_task.current_op``, a batch of 27 training
+rows and one of a validation row (``det_task.report_metrics_batch``), ``det_task.complete_op`` of a
+new searcher op, ``det_task.current_op``. Modes, alternated: **connect** (open and close a
+connection, nothing sent), **fresh** (a new connection a run, as tasks connect directly), **warm**
+(one connection for all runs, ``DISCARD ALL`` between them, the usual reset of a session-mode
+pooler), **pooled** (the same with the agent's pooler's reset, ``det.agent.pooler.RESET_QUERY``,
+which keeps the server's cached plans).
 Printed: the server's CPU ms per run (its processes' user + system time, clock ticks of 10 ms
 summed over N runs). Figures only.
 
@@ -36,19 +36,19 @@ TRAINING_ROWS = 27
 def run_calls(conn: psycopg.Connection, alloc: int, token: str, op: int) -> None:
     """One run's calls, in the order a Core API task makes them."""
     channels.listen_task(conn, token)
-    conn.execute("SELECT det_task_info(%s)", (token,)).fetchone()
-    conn.execute("SELECT det_should_preempt(%s)", (token,)).fetchone()
-    conn.execute("SELECT det_current_op(%s)", (token,)).fetchone()
+    conn.execute("SELECT det_task.info(%s)", (token,)).fetchone()
+    conn.execute("SELECT det_task.should_preempt(%s)", (token,)).fetchone()
+    conn.execute("SELECT det_task.current_op(%s)", (token,)).fetchone()
     writer = uuid.uuid4()
     values = [json.dumps({"loss": 1.0 / step}) for step in range(1, TRAINING_ROWS + 1)]
-    conn.execute("SELECT det_report_metrics_batch(%s, %s, 1, %s, %s, %b::jsonb[])",
+    conn.execute("SELECT det_task.report_metrics_batch(%s, %s, 1, %s, %s, %b::jsonb[])",
                  (token, writer, ["training"] * TRAINING_ROWS,
                   list(range(1, TRAINING_ROWS + 1)), values)).fetchone()
-    conn.execute("SELECT det_report_metrics_batch(%s, %s, 2, %s, %s, %b::jsonb[])",
+    conn.execute("SELECT det_task.report_metrics_batch(%s, %s, 2, %s, %s, %b::jsonb[])",
                  (token, writer, ["validation"], [TRAINING_ROWS],
                   [json.dumps({"loss": 0.5})])).fetchone()
-    conn.execute("SELECT det_complete_op(%s, %s, 0.5)", (token, op)).fetchone()
-    conn.execute("SELECT det_current_op(%s)", (token,)).fetchone()
+    conn.execute("SELECT det_task.complete_op(%s, %s, 0.5)", (token, op)).fetchone()
+    conn.execute("SELECT det_task.current_op(%s)", (token,)).fetchone()
 
 
 def main() -> None:

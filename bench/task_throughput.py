@@ -2,7 +2,7 @@
 
 Brings up a private cluster (embedded PostgreSQL in a temporary DET_HOME, or the database
 DET_DB_URL names; one ``det reconcile``; one process-runtime agent with ``--slots 32``), then
-submits N one-trial experiments at once (``det_create_experiment``, the function
+submits N one-trial experiments at once (``det_user.create_experiment``, the function
 ``det experiment create`` calls; searcher ``single``, entrypoint ``true``, 1 slot each) and
 waits until every experiment has ended. Each task is its own job, as in the issue's anchor
 (Slurm: N ``sbatch`` jobs of ``true``); an experiment with N trials would measure the same
@@ -133,7 +133,7 @@ def run(url: str, config: dict, n: int, home: Path | None,
         t0 = time.monotonic()
         with conn.transaction():
             for _ in range(n):
-                conn.execute("SELECT det_create_experiment(%s, '', NULL)",
+                conn.execute("SELECT det_user.create_experiment(%s, '', NULL)",
                              (Jsonb(config),))
         while conn.execute("SELECT count(*) AS n FROM experiments WHERE state IN "
                            "('COMPLETED', 'ERROR', 'CANCELED')").fetchone()["n"] < n:

@@ -38,20 +38,20 @@ HERE = Path(__file__).parent / "three_searches"
 # trained nothing (a run that trained a batch checkpoints before it exits, and reports).
 RUNS = """
 SELECT count(*) AS runs,
-       count(*) FILTER (WHERE det_run_status(a.id) = 'preempted') AS preempted,
-       count(*) FILTER (WHERE det_run_status(a.id) = 'preempted'
+       count(*) FILTER (WHERE det_user.run_status(a.id) = 'preempted') AS preempted,
+       count(*) FILTER (WHERE det_user.run_status(a.id) = 'preempted'
                           AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.allocation_id = a.id)
                           AND NOT EXISTS (SELECT 1 FROM metrics m WHERE m.allocation_id = a.id))
            AS at_zero,
-       count(*) FILTER (WHERE a.state = 'TERMINATED' AND det_run_end_reason(a.id) IS NULL)
+       count(*) FILTER (WHERE a.state = 'TERMINATED' AND det_user.run_end_reason(a.id) IS NULL)
            AS no_reason
   FROM allocations a JOIN trials t ON t.id = a.trial_id
  WHERE t.experiment_id = ANY (%(ids)s)
 """
 
 WHY = """
-SELECT det_run_end_reason(a.id) AS why FROM allocations a JOIN trials t ON t.id = a.trial_id
- WHERE t.experiment_id = ANY (%(ids)s) AND det_run_status(a.id) = 'preempted'
+SELECT det_user.run_end_reason(a.id) AS why FROM allocations a JOIN trials t ON t.id = a.trial_id
+ WHERE t.experiment_id = ANY (%(ids)s) AND det_user.run_status(a.id) = 'preempted'
 """
 
 

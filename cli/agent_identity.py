@@ -1,6 +1,6 @@
 """``det agent token create``, ``det agent enroll``, ``det agent revoke``: agents on other hosts,
-each with its own PostgreSQL login (schema.sql: det_agent_token_create,
-det_agent_enroll, det_agent_check_self, det_agent_revoke).
+each with its own PostgreSQL login (schema.sql: det_user.agent_token_create,
+det_enroll.agent_enroll, det_internal.agent_check_self, det_user.agent_revoke).
 
 An agent's identity is a login role of its own (``det_agent_<id>``, a member of det_agent)
 rather than a client certificate: PostgreSQL then ends its access by itself (NOLOGIN and
@@ -143,7 +143,7 @@ def enroll(
     from det.db.reconnect import open_connection
 
     role, secret = _split_token(token)
-    # the id's rule is det_agent_enroll's (the agent's daemon module costs ~1 s to import)
+    # the id's rule is det_enroll.agent_enroll's (the agent's daemon module costs ~1 s to import)
     agent_id = agent_id if agent_id is not None else socket.gethostname()
     path = credential_path()
     if (cred := credential()) is not None:

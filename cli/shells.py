@@ -53,7 +53,7 @@ def ssh_argv(address: str, key_file: str, ssh_args: list[str]) -> list[str]:
 
 
 def ssh_key(conn, job: int) -> str:
-    """The private key that opens shell ``job`` (det_task_ssh_key).
+    """The private key that opens shell ``job`` (det_user.task_ssh_key).
 
     Raises:
         NotFoundError / PermissionDeniedError: not a shell the caller may open (Editor).

@@ -3,7 +3,7 @@
 A template is a partial experiment config that ``det experiment create --template NAME``
 merges under the experiment's own config (``det.configs.templates``). It is its workspace's:
 those who may view the workspace read it, its Editors write it, and reads show
-its secrets (S3 keys, registry passwords, ...: ``det_redact_secrets`` in schema.sql) as
+its secrets (S3 keys, registry passwords, ...: ``det_user.redact_secrets`` in schema.sql) as
 ``********``. Only a submission gets them (:func:`det.submission.template_for_submission`).
 """
 

@@ -3,7 +3,7 @@
 A password never reaches det's tables or SQL text: the client turns it into a SCRAM-SHA-256
 verifier (libpq's PQencryptPasswordConn) that PostgreSQL keeps and checks at login. So the
 CLI states the new password's length for det's minimum password policy (at least 8 characters
-unless a ClusterAdmin passes ``--weak-ok``: det_password_policy).
+unless a ClusterAdmin passes ``--weak-ok``: det_internal.password_policy).
 """
 
 import psycopg
@@ -129,7 +129,7 @@ def change_password(
 ) -> None:
     """Set a user's password (asked twice, not echoed). A user who is no ClusterAdmin gives
     their current password first. Every det serve login of the user ends (its tokens are
-    refused), and the change is audited (det_user_set_password)."""
+    refused), and the change is audited (det_user.user_set_password)."""
     with db() as conn:
         me = conn.execute(Q.caller).fetchone()["u"]
         name = target_user or me

@@ -71,7 +71,7 @@ from det.errors import ConfigError
 
 DEFAULT_PRIORITY = 42
 """A job's priority (1-99, lower runs first) where neither its config nor its pool's scheduler
-says (Determined's default). The database's fallbacks (``det_pool_scheduler`` before any
+says (Determined's default). The database's fallbacks (``det_user.pool_scheduler`` before any
 cluster config is applied, ``jobs.priority``) carry the same value;
 tests/test_cluster_config.py holds them to it."""
 
@@ -89,7 +89,7 @@ class SchedulerConfig(BaseModel):
     preemption: bool = False
     default_priority: int = Field(DEFAULT_PRIORITY, ge=1, le=99)
     # Seconds a run that has not checkpointed is not preempted (the rule is
-    # det.reconciler.schedulers.preemption); det_pool_scheduler fills the same default.
+    # det.reconciler.schedulers.preemption); det_user.pool_scheduler fills the same default.
     min_run_time: float = Field(60.0, ge=0)
 
 

@@ -3,7 +3,7 @@
 
 Each value is checked as the experiment config checks the same setting (``resources.priority``,
 ``resources.weight``), so the CLI refuses what the config refuses, naming the field, before any
-transaction starts. ``det_job_update`` in ``schema.sql`` applies the scheduler-dependent rules
+transaction starts. ``det_user.job_update`` in ``schema.sql`` applies the scheduler-dependent rules
 (priority only under the priority scheduler, ...) and checks the values again.
 """
 
@@ -17,7 +17,7 @@ from det.configs.load import parse_value
 from det.errors import ConfigError
 
 JOB_FIELDS = ("priority", "weight", "resource-pool", "ahead-of", "behind-of")
-"""The fields ``det_job_update`` changes, as the CLI spells them."""
+"""The fields ``det_user.job_update`` changes, as the CLI spells them."""
 
 _JobId = Annotated[int, Field(ge=1, le=INT64_MAX)]
 _PoolName = Annotated[Name, Field(min_length=1), AfterValidator(check_text)]
@@ -41,7 +41,7 @@ def parse_job_id(value: int | str, path: str = "JOB_ID") -> int:
 
 
 def job_change(field: str, value: str, path: str | None = None) -> str:
-    """The text ``det_job_update`` receives for setting ``field`` to ``value``.
+    """The text ``det_user.job_update`` receives for setting ``field`` to ``value``.
 
     ``priority``: an integer 1-99; ``weight``: a finite number > 0, at most 1e6;
     ``resource-pool``: a pool name (1-255 characters of valid text); ``ahead-of`` /

@@ -4,7 +4,7 @@
 ``TaskConfig`` validates what a user writes (a ``--config-file``, ``--config KEY=VALUE``
 overrides, a template merged under it); ``TaskConfig.expanded()`` is the JSON dict with every
 default filled in that det stores (``tasks.config``) and builds the task's run from
-(``det_create_task`` in schema.sql).
+(``det_internal.create_task`` in schema.sql).
 """
 
 import re

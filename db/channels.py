@@ -2,7 +2,7 @@
 
 NOTIFY is a wake-up hint only (docs/architecture.md): every listener also polls. PostgreSQL
 has no privilege on LISTEN or NOTIFY (any role may use any channel it can name), so a
-channel's name is a secret: the SQL function ``det_channel(kind, key)`` builds it
+channel's name is a secret: the SQL function ``det_internal.channel(kind, key)`` builds it
 from a random cluster key that only the schema's owner reads (schema.sql, "NOTIFY
 channels"). Python names a channel by its kind and key (:class:`Channel`) and never holds the
 name: each actor LISTENs through the function its role may call, which runs the LISTEN inside
@@ -30,7 +30,7 @@ Q = named("db")
 
 class Channel(NamedTuple):
     """A channel by kind (``reconciler``, ``web``, ``agent``, ``alloc``) and key (an agent's or
-    allocation's id; '' for the cluster-wide ones); ``det_channel`` names it."""
+    allocation's id; '' for the cluster-wide ones); ``det_internal.channel`` names it."""
 
     kind: str
     key: str = ""
@@ -43,7 +43,7 @@ RECONCILER = Channel("reconciler")
 """Wakes the reconciler: user actions, agent reports, searcher events (sent from SQL)."""
 
 WEB = Channel("web")
-"""Wakes det serve's event streams (sent from SQL: ``det_web_event``). The payload is the
+"""Wakes det serve's event streams (sent from SQL: ``det_internal.web_event``). The payload is the
 topics that changed, space-separated (built below), or ``*`` for all of them."""
 
 ALL_TOPICS = "*"
@@ -74,18 +74,18 @@ OP_DECIDED = "op"
 
 
 def experiment_topic(exp_id: int) -> str:
-    """The topic of one experiment's page: its state, trials, metrics (det_web_event)."""
+    """The topic of one experiment's page: its state, trials, metrics (det_internal.web_event)."""
     return f"experiment:{int(exp_id)}"
 
 
 def trial_topic(trial_id: int) -> str:
-    """The topic of one trial's page: its state, metrics and logs (det_web_event)."""
+    """The topic of one trial's page: its state, metrics and logs (det_internal.web_event)."""
     return f"trial:{int(trial_id)}"
 
 
 def listen(conn: psycopg.Connection[Any], channel: Channel) -> None:
     """The session of ``conn`` LISTENs on ``channel`` (from its transaction's commit on; at
-    once in autocommit). The schema's owner only (``det_listen``).
+    once in autocommit). The schema's owner only (``det_internal.listen``).
 
     Raises:
         psycopg.errors.InsufficientPrivilege: ``conn``'s role is not the owner.
@@ -95,23 +95,23 @@ def listen(conn: psycopg.Connection[Any], channel: Channel) -> None:
 
 def notify(conn: psycopg.Connection[Any], channel: Channel, payload: str) -> None:
     """NOTIFY ``channel`` with ``payload`` (delivered at the transaction's commit). The
-    schema's owner only (``det_channel``)."""
+    schema's owner only (``det_internal.channel``)."""
     conn.execute(Q.notify, (*channel, payload))
 
 
 def name(conn: psycopg.Connection[Any], channel: Channel) -> str:
     """The name of ``channel`` in this cluster, to compare with a ``Notify.channel``. The
-    schema's owner only (``det_channel``): never hand it to a user or task."""
+    schema's owner only (``det_internal.channel``): never hand it to a user or task."""
     return conn.cursor(row_factory=tuple_row).execute(Q.channel_name, channel).fetchone()[0]
 
 
 def listen_agent(conn: psycopg.Connection[Any], agent_id: str) -> None:
-    """An agent's session LISTENs on its own channel (``det_agent_listen``, det_agent)."""
+    """An agent's session LISTENs on its own channel (``det_agent.listen``, det_agent)."""
     conn.execute(Q.agent_listen, (agent_id,))
 
 
 def listen_task(conn: psycopg.Connection[Any], token: str) -> None:
-    """A task's session LISTENs on its allocation's channel (``det_task_listen``, det_task).
+    """A task's session LISTENs on its allocation's channel (``det_task.listen``, det_task).
 
     Raises:
         psycopg.errors.InvalidAuthorizationSpecification: ``token`` is no live allocation's.
@@ -120,5 +120,5 @@ def listen_task(conn: psycopg.Connection[Any], token: str) -> None:
 
 
 async def listen_web(conn: psycopg.AsyncConnection[Any]) -> None:
-    """det serve's listener LISTENs on the web channel (``det_web_listen``, det_web)."""
+    """det serve's listener LISTENs on the web channel (``det_web.listen``, det_web)."""
     await conn.execute(Q.web_listen)

@@ -155,8 +155,8 @@ def require_current(conn: psycopg.Connection) -> None:
     try:
         with conn.transaction():
             (version,) = conn.cursor(row_factory=tuple_row).execute(Q.schema_version).fetchone()
-    except psycopg.errors.UndefinedFunction:
-        version = None  # older than migration 0015, or not a det database
+    except (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName):
+        version = None  # older than migration 0015 (0062: det_schema_version), or not det's
     if version is None or version < latest:
         raise DatabaseError(f"the database's schema is at migration {version or 'none'}, this "
                             f"det needs {latest}: run `det cluster up` (or `det db migrate` as "

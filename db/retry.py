@@ -54,7 +54,7 @@ def is_connection_lost(e: BaseException) -> bool:
 
 
 # libpq reports a refused login with no SQLSTATE, only the server's message: a role that may
-# not log in (a revoked agent, det_agent_revoke) or a wrong password.
+# not log in (a revoked agent, det_user.agent_revoke) or a wrong password.
 _REFUSED_LOGIN = ("is not permitted to log in", "password authentication failed",
                   # PgBouncer's, as det's TLS gateway (det.db.gateway): a role that may not
                   # log in has no row in pg_shadow, which it asks; a wrong password

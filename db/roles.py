@@ -70,7 +70,7 @@ def set_password(conn: psycopg.Connection, role: str, scram: str) -> None:
 
 def provision(conn: psycopg.Connection, home: Path) -> str:
     """Give each actor role a password if det's password file has none for it, and create
-    the OS user's det account (ClusterAdmin, ``det_user_create``) if absent, or give it a new
+    the OS user's det account (ClusterAdmin, ``det_user.user_create``) if absent, or give it a new
     password if the file lost it. ``conn``: the owner's, on the migrated ``det`` database.
     Returns the account's name. Each password is set and committed before it is written to
     the file, so a crash in between only leaves a password the next run replaces.

@@ -51,7 +51,8 @@ _BY_STATE: dict[str, type[DetError]] = {
     "23514": StateError,  # check_violation: an illegal state change or value
     "28000": AuthError,  # invalid_authorization_specification: a bad token
     "28P01": AuthError,  # invalid_password: PostgreSQL refused a login
-    "42501": PermissionDeniedError,  # insufficient_privilege: det_require, or a table grant
+    # insufficient_privilege: det_internal.require, or a table grant
+    "42501": PermissionDeniedError,
     "2BP01": StateError,  # dependent_objects_still_exist: a workspace that still holds work
     # Values PostgreSQL cannot hold, sent by a client (the API answered 503):
     "22003": DetError,  # numeric_value_out_of_range: an id or offset past bigint

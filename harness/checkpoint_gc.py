@@ -2,17 +2,17 @@
 
 The reconciler schedules it as a zero-slot allocation of an experiment with DELETING
 checkpoints, so it runs on an agent of the experiment's pool, where the storage is reachable.
-It loops: take a batch of DELETING checkpoints (``det_gc_task_checkpoints``), remove their
-files, mark them DELETED (``det_gc_task_deleted``, which records the bytes freed), until none
+It loops: take a batch of DELETING checkpoints (``det_task.gc_task_checkpoints``), remove their
+files, mark them DELETED (``det_task.gc_task_deleted``, which records the bytes freed), until none
 is left; for an experiment being deleted it then removes its TensorBoard files
-(``det_gc_task_tensorboards``, ``det.harness.tensorboard``) and says so
-(``det_gc_task_tensorboards_deleted``): the experiment's rows go only then, so one deleted
+(``det_task.gc_task_tensorboards``, ``det.harness.tensorboard``) and says so
+(``det_task.gc_task_tensorboards_deleted``): the experiment's rows go only then, so one deleted
 with no checkpoints gets a GC task too.
 Every step is idempotent, so a task killed at any point is finished by the next one:
 files already gone count as removed, and rows are marked only after their files are gone.
-A storage error is written on the experiment (``det_gc_task_failed``) and the task exits 1.
+A storage error is written on the experiment (``det_task.gc_task_failed``) and the task exits 1.
 Then it sweeps the storages it touched for what crashed runs left: staging
-directories and checkpoint directories no row names (``det_gc_task_unrecorded``), untouched
+directories and checkpoint directories no row names (``det_task.gc_task_unrecorded``), untouched
 for ``LEFTOVER_AGE_SECONDS`` (``FsspecStorage.leftovers``).
 No link is followed (``FsspecStorage.remove_tree``): a link a task left in its
 checkpoint, or put in place of a directory of the storage, is removed as a link or left
@@ -49,7 +49,7 @@ WORKERS = 8
 LEFTOVER_AGE_SECONDS = 3600.0
 """How long a checkpoint directory without a row, or a staging directory, must have been
 untouched before the sweep removes it: far longer than a writer takes between its last file
-and its record (det_report_checkpoint), so a checkpoint being written is never taken."""
+and its record (det_task.report_checkpoint), so a checkpoint being written is never taken."""
 
 
 class GcTask:

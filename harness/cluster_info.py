@@ -1,7 +1,7 @@
 """What a task knows about itself, in Determined 0.38's shape (``ClusterInfo``, the Core API's
 ``ctx.info``; ``determined.get_cluster_info()``).
 
-On a det cluster the answer comes from ``det_task_info`` (the allocation's token, read once
+On a det cluster the answer comes from ``det_task.info`` (the allocation's token, read once
 and cached) through the task's one ``DbTransport``, which ``det.harness.core.init`` then
 takes over (:func:`task_transport`): one connection per task, retried through database
 restarts like det's own harness (a bare connect here made 9 of 30 tasks ERROR at

@@ -37,7 +37,7 @@ class CheckpointStorageError(StorageError):
     restarting does not cure (no space, quota, read-only, I/O error: see
     ``det.harness.storage.STORAGE_ERRNOS``). The message is one line naming the storage path
     and the OS error, e.g. ``checkpoint storage /mnt/ckpt: [Errno 28] No space left on
-    device``; the task reports it as its run's exit reason (``det_report_storage_error``)."""
+    device``; the task reports it as its run's exit reason (``det_task.report_storage_error``)."""
 
 
 class TaskEnvironmentError(DetError):

@@ -18,7 +18,8 @@ from typing import Any
 from det import figures
 
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
-"""Determined's ``det.LOG_FORMAT``, so that the level leads each line (det_log_level reads it)."""
+"""Determined's ``det.LOG_FORMAT``, so that the level leads each line (det_user.log_level reads
+it)."""
 
 log = logging.getLogger("det.harness")
 

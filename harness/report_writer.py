@@ -111,7 +111,7 @@ losses, when a batch's first attempt may have been committed)."""
 
 
 MAX_STEPS = 2**53 - 1
-"""Largest ``steps_completed`` det_report_metrics_batch stores (what a JSON reader such as the
+"""Largest ``steps_completed`` det_task.report_metrics_batch stores (what a JSON reader such as the
 WebUI holds exactly)."""
 
 
@@ -122,7 +122,7 @@ def encode_metrics(group: str, steps_completed: int, metrics: Mapping[str, Any])
     with a ``DetError`` naming the report, rather than by the database later in a batch with
     other reports: a ``steps_completed`` that is not an integer from 0 to ``MAX_STEPS``, a
     ``group`` that is empty, longer than 255 characters or holds a control character (the
-    database's rules for these, det_report_metrics_batch, which alone also bounds the values'
+    database's rules for these, det_task.report_metrics_batch, which alone also bounds the values'
     size and depth), values that are not JSON, strings holding NUL (jsonb cannot store it) or
     lone surrogates (not UTF-8).
     """

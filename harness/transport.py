@@ -1,11 +1,11 @@
 """How a task talks to the platform: a small ``Transport`` protocol and its two implementations.
 
-* ``DbTransport`` calls the task's SQL functions in ``schema.sql`` (``det_task_info``,
-  ``det_report_metrics_batch``, ...) over one autocommit psycopg connection, authenticated by
+* ``DbTransport`` calls the task's SQL functions in ``schema.sql`` (``det_task.info``,
+  ``det_task.report_metrics_batch``, ...) over one autocommit psycopg connection, authenticated by
   the allocation token (docs/architecture.md), reopened after a loss ("Riding out the
   database"). Metrics are buffered and written by a background thread
   (``det.harness.report_writer``); another watches the same connection, which LISTENs on the
-  allocation's channel, and polls ``det_should_preempt`` so that ``should_preempt()`` only
+  allocation's channel, and polls ``det_task.should_preempt`` so that ``should_preempt()`` only
   reads a flag.
 * ``LocalTransport`` needs no database: for ``det experiment create --local`` and off-cluster
   use. Metrics are printed and kept in memory; one searcher op (or a given list of ops).
@@ -49,7 +49,7 @@ __all__ = ["DbTransport", "LocalTransport", "SearcherOp", "TaskInfo", "Transport
 Q = named("harness")
 
 PREEMPT_POLL_SECONDS = 5.0
-"""How often the preemption watcher asks ``det_should_preempt`` even without a NOTIFY; so
+"""How often the preemption watcher asks ``det_task.should_preempt`` even without a NOTIFY; so
 also the longest a task whose allocation was ended (its token revoked) runs on while the
 database is up: the reconciler's fence before re-placing a lost agent's run reads it."""
 
@@ -62,19 +62,19 @@ T = TypeVar("T")
 _FENCE_LOCK = threading.Lock()
 
 OP_POLL_SECONDS = 0.1
-"""First pause between ``det_current_op`` calls while the searcher decides (doubles). The
+"""First pause between ``det_task.current_op`` calls while the searcher decides (doubles). The
 reconciler's pass that decides NOTIFYs the allocation's channel (payload
 ``channels.OP_DECIDED``), which ends the pause at once; the pause only bounds the wait when a
 NOTIFY is lost. (Polling alone, from 5 ms, cost ~20 calls a hop in a busy search.)"""
 
 OP_POLL_MAX_SECONDS = 1.0
-"""Longest pause between ``det_current_op`` calls while the searcher decides."""
+"""Longest pause between ``det_task.current_op`` calls while the searcher decides."""
 
 
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """Identity and starting point of a trial task (the ``det_task_info`` answer).
+    """Identity and starting point of a trial task (the ``det_task.info`` answer).
 
     ``config`` is the expanded experiment config, ``hparams`` the trial's concrete
     hyperparameters, ``latest_checkpoint`` the uuid to resume from (or ``None``),
@@ -93,7 +93,7 @@ class TaskInfo:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "TaskInfo":
-        """Build from the ``det_task_info`` JSON object."""
+        """Build from the ``det_task.info`` JSON object."""
         return cls(
             allocation_id=int(data["allocation_id"]),
             trial_id=int(data["trial_id"]),
@@ -176,11 +176,12 @@ class DbTransport:
     backoff (``det.db.retry``) until the database answers, so no call fails because the
     database restarted or failed over. Every function called is safe to run again after an
     attempt whose outcome is unknown (the commit may have happened, its answer was lost):
-    ``det_task_info``, ``det_current_op``, ``det_report_progress``, ``det_complete_op``,
-    ``det_ack_preemption``, ``det_report_early_exit``, ``det_checkpoint_begin``,
-    ``det_report_storage_error`` set values or read (a second run changes nothing);
-    ``det_report_checkpoint`` inserts by uuid, so a unique violation on a retry means the lost
-    attempt recorded it (success); ``det_report_metrics_batch`` skips a batch its writer
+    ``det_task.info``, ``det_task.current_op``, ``det_task.report_progress``,
+    ``det_task.complete_op``,
+    ``det_task.ack_preemption``, ``det_task.report_early_exit``, ``det_task.checkpoint_begin``,
+    ``det_task.report_storage_error`` set values or read (a second run changes nothing);
+    ``det_task.report_checkpoint`` inserts by uuid, so a unique violation on a retry means the lost
+    attempt recorded it (success); ``det_task.report_metrics_batch`` skips a batch its writer
     already recorded (``metric_batches``).
 
     Metrics and op progress are buffered (``ReportWriter``, at most ``buffer_bytes``; a full
@@ -193,7 +194,7 @@ class DbTransport:
     allocation's channel (preemption, the next op decided): one connection, so one server
     process, per task.
 
-    Fencing: a token the database refuses (SQLSTATE 28000 from ``det_auth``) means
+    Fencing: a token the database refuses (SQLSTATE 28000 from ``det_internal.auth``) means
     the cluster ended the allocation (its agent was declared lost, the run was killed) and may
     have placed a replacement, so whichever call sees it first (the watcher within
     ``PREEMPT_POLL_SECONDS``, a report, a checkpoint) prints one line and ends the process at
@@ -211,7 +212,7 @@ class DbTransport:
         self._preempt = threading.Event()
         self._signalled = False  # request_preemption() was called (SIGTERM)
         self._op_decided = threading.Event()  # an OP_DECIDED NOTIFY came
-        self._ask = threading.Event()  # another NOTIFY came: ask det_should_preempt
+        self._ask = threading.Event()  # another NOTIFY came: ask det_task.should_preempt
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()  # close() ends the watcher's wait at once
         self._listened = False  # whether a connection of the session has LISTENed yet
@@ -280,11 +281,11 @@ class DbTransport:
         return self._run(what, attempt)
 
     def task_info(self) -> TaskInfo:
-        """``det_task_info(token)``."""
+        """``det_task.info(token)``."""
         return TaskInfo.from_json(self._call("task info", Q.task_info))
 
     def report_metrics(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
-        """Buffer one metrics row for ``det_report_metrics_batch``; blocks while the buffer is
+        """Buffer one metrics row for ``det_task.report_metrics_batch``; blocks while the buffer is
         full. Raises ``DetError`` for a report the database could not store (see
         ``encode_metrics``), and a write error of the background thread."""
         self._writer.put_metrics(encode_metrics(group, steps_completed, metrics))
@@ -296,7 +297,7 @@ class DbTransport:
         resources: Mapping[str, int],
         metadata: Mapping[str, Any],
     ) -> None:
-        """Flush the metrics, then ``det_report_checkpoint(token, uuid, steps_completed,
+        """Flush the metrics, then ``det_task.report_checkpoint(token, uuid, steps_completed,
         resources, metadata)``."""
         self._writer.flush()
         args = (self._token, uuid, steps_completed, Jsonb(dict(resources)),
@@ -323,7 +324,7 @@ class DbTransport:
     @contextmanager
     def checkpoint_guard(self, uuid: str, discard: Callable[[], None]) -> Iterator[None]:
         """Around writing checkpoint ``uuid`` and :meth:`report_checkpoint`:
-        ``det_checkpoint_begin(token)`` first, so a run whose allocation was ended writes no
+        ``det_task.checkpoint_begin(token)`` first, so a run whose allocation was ended writes no
         file (the refusal ends the process, see the class docstring); until the checkpoint is
         recorded, a refusal seen by any call runs ``discard`` (remove its files) before the
         process ends, so no checkpoint directory is left without its row."""
@@ -335,13 +336,13 @@ class DbTransport:
             self._discards.pop(uuid, None)
 
     def report_storage_error(self, message: str) -> None:
-        """``det_report_storage_error(token, message)``: ``message`` (one line naming the
+        """``det_task.report_storage_error(token, message)``: ``message`` (one line naming the
         storage path and the OS error) becomes the run's exit reason, and its experiment is
         paused instead of the trial restarting (``det.reconciler.trials.settle``)."""
         self._call("report storage error", Q.report_storage_error, message)
 
     def current_op(self) -> SearcherOp | None:
-        """``det_current_op(token)``: ``{"id", "length"}``, or NULL (-> ``None``).
+        """``det_task.current_op(token)``: ``{"id", "length"}``, or NULL (-> ``None``).
 
         While the answer is ``{"wait": true}`` (the searcher has not yet read this trial's
         last report, so its next op is undecided) it asks again when the deciding pass's
@@ -364,11 +365,11 @@ class DbTransport:
         return SearcherOp(int(op["id"]), int(op["length"]))
 
     def report_progress(self, op_id: int, units: float) -> None:
-        """Buffer ``det_report_progress(token, op_id, units)`` (written with the metrics)."""
+        """Buffer ``det_task.report_progress(token, op_id, units)`` (written with the metrics)."""
         self._writer.put_progress(op_id, units)
 
     def complete_op(self, op_id: int, metric: float) -> None:
-        """Flush, then ``det_complete_op(token, op_id, metric)``."""
+        """Flush, then ``det_task.complete_op(token, op_id, metric)``."""
         self._writer.flush()
         self._call(f"complete op {op_id}", Q.complete_op, op_id, float(metric))
 
@@ -382,40 +383,40 @@ class DbTransport:
         self._preempt.set()
 
     def stop_reason(self) -> str:
-        """Why the run is asked to stop, for its log: ``det_stop_reason(token)``, or the
+        """Why the run is asked to stop, for its log: ``det_task.stop_reason(token)``, or the
         agent's SIGTERM where the database does not (yet) say so."""
         why = self._call("stop reason", Q.stop_reason)
         return why or ("the agent stopped the task (SIGTERM)" if self._signalled
                        else "the platform asked the run to stop")
 
     def acknowledge_preemption(self) -> None:
-        """Flush, then ``det_ack_preemption(token)``: the coming exit 0 means "preempted,
+        """Flush, then ``det_task.ack_preemption(token)``: the coming exit 0 means "preempted,
         resume me"."""
         self._writer.flush()
         self._call("acknowledge preemption", Q.ack_preemption)
 
     def report_early_exit(self, reason: str) -> None:
-        """Flush, then ``det_report_early_exit(token, reason)``; ``reason`` in
+        """Flush, then ``det_task.report_early_exit(token, reason)``; ``reason`` in
         ``det.reasons.EarlyExitReason``."""
         self._writer.flush()
         self._call("report early exit", Q.report_early_exit, reason)
 
     def experiment_best_validation(self) -> float | None:
         """Flush (this trial's validations count), then
-        ``det_experiment_best_validation(token)`` (NULL -> ``None``)."""
+        ``det_task.experiment_best_validation(token)`` (NULL -> ``None``)."""
         self._writer.flush()
         value = self._call("best validation", Q.experiment_best_validation)
         return None if value is None else float(value)
 
     def set_trial_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
-        """``det_set_trial_metadata(token, metadata)``: merged into the trial's metadata, which
+        """``det_task.set_trial_metadata(token, metadata)``: merged into the trial's metadata, which
         it returns. Raises ``DetError`` for a key already set to another value."""
         merged = self._call("set trial metadata", Q.set_trial_metadata,
                             Jsonb(json_safe(dict(metadata))))
         return dict(merged)
 
     def trial_metadata(self) -> dict[str, Any]:
-        """``det_trial_metadata(token)``."""
+        """``det_task.trial_metadata(token)``."""
         return dict(self._call("trial metadata", Q.trial_metadata))
 
     def close(self) -> None:
@@ -436,7 +437,7 @@ class DbTransport:
 
     def _write_reports(self, seq: int, rows: list[MetricsRow], progress: dict[int, float]) -> None:
         """The writer thread's ``WriteBatch``: the batch's metrics rows in one
-        ``det_report_metrics_batch`` call, then the latest progress of each op.
+        ``det_task.report_metrics_batch`` call, then the latest progress of each op.
 
         The JSON texts go as a binary array (``%b``): psycopg's text-array format escapes every
         quote of every element in Python, which cost ~20 us a row, more than the database's
@@ -463,7 +464,7 @@ class DbTransport:
         (self._op_decided if notify.payload == OP_DECIDED else self._ask).set()
 
     def _watch_preemption(self) -> None:
-        """Ask ``det_should_preempt``; then, until a NOTIFY other than ``OP_DECIDED`` or
+        """Ask ``det_task.should_preempt``; then, until a NOTIFY other than ``OP_DECIDED`` or
         ``PREEMPT_POLL_SECONDS`` have passed, read the session's connection whenever no call
         is using it (:meth:`Reconnecting.wait_for_notifies`), so that the NOTIFYs of the
         allocation's channel reach :meth:`_on_notify`; ask again. NOTIFY is only a hint
@@ -613,7 +614,7 @@ class LocalTransport:
         self._print(f"early exit: {reason}")
 
     def set_trial_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
-        """Merge ``metadata`` into ``self.trial_metadata_`` as det_set_trial_metadata does
+        """Merge ``metadata`` into ``self.trial_metadata_`` as det_task.set_trial_metadata does
         (new keys added, objects merged; a key set to another value raises ``DetError``)."""
         self.trial_metadata_ = _merge_metadata(self.trial_metadata_, json_safe(dict(metadata)))
         self._print(f"set_metadata({dict(metadata)})")
@@ -637,7 +638,8 @@ class LocalTransport:
 
 def _merge_metadata(current: dict[str, Any], addition: dict[str, Any],
                     path: str = "") -> dict[str, Any]:
-    """``addition`` merged into a copy of ``current``: SQL ``det_merge_metadata``'s rule."""
+    """``addition`` merged into a copy of ``current``: SQL ``det_internal.merge_metadata``'s
+    rule."""
     merged = dict(current)
     for key, value in addition.items():
         dotted = f"{path}.{key}" if path else key

@@ -14,7 +14,7 @@ def pool_bindings(conn: psycopg.Connection, pool: str | None) -> list[dict]:
 
 
 def pool_schedulers(conn: psycopg.Connection) -> list[dict]:
-    """Each pool's ``name`` and ``scheduler`` (det_pool_scheduler: its config), by name."""
+    """Each pool's ``name`` and ``scheduler`` (det_user.pool_scheduler: its config), by name."""
     return conn.execute(Q.pool_schedulers).fetchall()
 
 

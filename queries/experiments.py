@@ -80,7 +80,7 @@ def searcher_of(config: object) -> dict:
 
     Readers take every key of a stored config with a display default (``.get``), never by
     indexing: a config stored before a key existed, or from psql before
-    ``det_create_experiment`` checked configs, may lack it."""
+    ``det_user.create_experiment`` checked configs, may lack it."""
     searcher = config.get("searcher") if isinstance(config, dict) else None
     return searcher if isinstance(searcher, dict) else {}
 

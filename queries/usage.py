@@ -1,7 +1,7 @@
 """Cluster historical usage: slot-hours per UTC day and per workspace, user,
 experiment label or resource pool, as ``det cluster usage``, GET /api/v1/cluster/usage and the
 WebUI's Usage page show it. The rule (which runs count, from when to when, how labels split)
-is det_cluster_usage in schema.sql, over the view reporting.slot_hours."""
+is det_user.cluster_usage in schema.sql, over the view reporting.slot_hours."""
 
 import csv
 import io
@@ -16,7 +16,7 @@ from det.sql import named
 Q = named("queries")
 
 GROUPS = ("workspace", "user", "label", "pool")
-"""What usage can be grouped by (det_cluster_usage's p_group_by)."""
+"""What usage can be grouped by (det_user.cluster_usage's p_group_by)."""
 
 DEFAULT_DAYS = 14
 """Days a period without a start covers, its end included (Determined's page shows two
@@ -50,7 +50,7 @@ def usage(conn: psycopg.Connection, start: date, end: date, group_by: str) -> li
     none. ``group`` is None for runs without a label when grouped by label.
 
     Raises:
-        DetError: ``group_by`` is not one of :data:`GROUPS` (named by det_cluster_usage).
+        DetError: ``group_by`` is not one of :data:`GROUPS` (named by det_user.cluster_usage).
     """
     return conn.execute(Q.usage, {"start": start, "end": end, "group_by": group_by}).fetchall()
 

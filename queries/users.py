@@ -26,7 +26,7 @@ def groups(conn: psycopg.Connection, name: str | None = None) -> list[dict]:
 
 
 def is_cluster_admin(conn: psycopg.Connection) -> bool:
-    """Whether the session is the schema's owner or a ClusterAdmin (det_permitted)."""
+    """Whether the session is the schema's owner or a ClusterAdmin (det_user.permitted)."""
     return conn.execute(Q.is_cluster_admin).fetchone()["ok"]
 
 

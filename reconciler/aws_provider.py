@@ -38,10 +38,10 @@ zone, a spot price above the maximum, the account's spot limit. Others (quota, a
 image or subnet) would fail on demand as well."""
 
 TOKEN_ROLE = "det_enroll_"
-"""The prefix of an enrollment token's role (``det_agent_token_create`` names it)."""
+"""The prefix of an enrollment token's role (``det_user.agent_token_create`` names it)."""
 
 MAX_TOKEN_SECONDS = 7 * 24 * 3600
-"""The longest an enrollment token may live (``det_agent_token_create``)."""
+"""The longest an enrollment token may live (``det_user.agent_token_create``)."""
 
 
 class ProviderError(DetError):
@@ -179,7 +179,7 @@ def _message(e) -> str:
 
 def enrollment_token(conn, pool: str, seconds: int) -> str:
     """A one-time enrollment token for one agent of ``pool``, good for ``seconds``
-    (``det_agent_token_create`` on ``conn``, a ClusterAdmin's or the cluster's own session,
+    (``det_user.agent_token_create`` on ``conn``, a ClusterAdmin's or the cluster's own session,
     with dict rows),
     as `det agent token create` prints it: ``<role>.<secret>``; the secret reaches the
     server only as a SCRAM verifier.

@@ -52,13 +52,13 @@ longer), so no two processes of one trial run at once."""
 
 TASK_START_TIMEOUT = 120.0
 """Default of ``Settings.task_start_timeout``: seconds a notebook's, shell's or TensorBoard's
-run may be RUNNING before its server answers (det_task_ready); then det ends it
+run may be RUNNING before its server answers (det_task.ready); then det ends it
 (:func:`det.reconciler.tasks.unanswered_reason`). The task's harness gives up after as long
 (det.harness.interactive.common.START_TIMEOUT_SECONDS); JupyterLab answers in seconds, and a
 cold docker image's pull happens before RUNNING."""
 
 TASK_STOP_GRACE = 20.0
-"""Seconds an interactive task asked to stop (idle, or a planned stop: det_agent_drain) has
+"""Seconds an interactive task asked to stop (idle, or a planned stop: det_user.agent_drain) has
 to exit before it is killed: its harness gives its server 10 s to shut down after SIGTERM
 (det.harness.interactive.common.STOP_GRACE_SECONDS), and may hear of the stop only at its
 5 s poll where the wake-up is lost."""
@@ -87,10 +87,10 @@ class PassResult(Result):
 
     agents: set[str] = field(default_factory=set)
     allocations: set[int] = field(default_factory=set)
-    """Runs to wake because their desired state changed (the task asks det_should_preempt)."""
+    """Runs to wake because their desired state changed (the task asks det_task.should_preempt)."""
     decided: set[int] = field(default_factory=set)
     """Runs to wake because the searcher read their trial's events: their next op (or none)
-    is decided, which their task's ``det_current_op`` waits for (payload ``OP_DECIDED``)."""
+    is decided, which their task's ``det_task.current_op`` waits for (payload ``OP_DECIDED``)."""
 
     def add(self, other: "PassResult") -> None:
         """Count ``other``'s changes and wake-ups in this one's."""
@@ -334,7 +334,7 @@ def _checkpoint_gc_live(conn: psycopg.Connection, r: PassResult) -> None:
 
 
 def _apply_gc_policy(conn: psycopg.Connection, experiment_ids: list[int]) -> None:
-    """det_checkpoint_gc for each experiment, one failing (say, on a malformed checkpoint)
+    """det_internal.checkpoint_gc for each experiment, one failing (say, on a malformed checkpoint)
     recorded on it as its GC error without failing the others."""
     isolated_each(conn, experiment_ids, lambda eid: f"experiment {eid}: checkpoint GC",
                   lambda eid: conn.execute(Q.checkpoint_gc, {"experiment_id": eid}),
@@ -399,7 +399,8 @@ def _to_event(row: dict) -> searchers.Event:
     p = row["payload"]
     match row["kind"]:
         case "validation_completed":
-            # An op completed without a metric (det_complete_op's NULL) ranks worst, as NaN does.
+            # An op completed without a metric (det_task.complete_op's NULL) ranks worst, as NaN
+            # does.
             metric = math.nan if p["metric"] is None else float(p["metric"])
             return searchers.ValidationCompleted(row["request_id"], p["length"], metric)
         case "validation_reported":

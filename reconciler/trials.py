@@ -4,7 +4,7 @@ Rules (spec: experiment-lifecycle, Pausing and Activating; Determined 0.38's ``e
 schema ``max_restarts``):
 
 * a trial that was being stopped (STOPPING_*) stays so, whatever the exit code; the pass's
-  finishing step moves it to its terminal state (SQL ``det_stopped_state``) once no run of it
+  finishing step moves it to its terminal state (SQL ``det_user.stopped_state``) once no run of it
   is left, which also covers a paused trial that had no run when it was stopped;
 * a failed run (non-zero exit, or its agent was lost) restarts the trial from its latest
   checkpoint while ``max_restarts`` allows one more restart; then the trial errors, and
@@ -24,7 +24,7 @@ schema ``max_restarts``):
 * a clean exit with no stop request and no open searcher operation leaves the trial to the
   searcher (it may promote it, or close it);
 * so does a clean exit after the task was told there was no more work (``out_of_work``:
-  ``det_current_op`` answered NULL) even if an operation is open now: the searcher opened it
+  ``det_task.current_op`` answered NULL) even if an operation is open now: the searcher opened it
   after that answer (an adaptive ASHA promotion racing the exit), and the trial's next run
   takes it;
 * a clean exit with no stop request while an operation is still open, the task never told

@@ -1,34 +1,34 @@
 -- What det.db sends: the NOTIFY channels' calls (det.db.channels), the migration ledger
 -- (det.db.migrate), the actors' roles and passwords (det.db.roles) and the embedded server's
 -- setup (det.db.embedded). A channel's name never appears here: the det_*listen functions and
--- det_channel build it inside the database from the channel's kind and key (schema.sql,
+-- det_internal.channel build it inside the database from the channel's kind and key (schema.sql,
 -- "NOTIFY channels").
 
 -- name: listen
 -- The session LISTENs on a channel by kind and key: the schema's owner only.
-SELECT det_listen(%s, %s)
+SELECT det_internal.listen(%s, %s)
 
 -- name: notify
 -- NOTIFY a channel by kind and key with a payload, delivered at the transaction's commit: the
 -- schema's owner only.
-SELECT pg_notify(det_channel(%s, %s), %s)
+SELECT pg_notify(det_internal.channel(%s, %s), %s)
 
 -- name: channel_name
 -- The name of a channel (kind, key) in this cluster, to compare with a notification's channel:
 -- the schema's owner only; never handed to a user or task.
-SELECT det_channel(%s, %s)
+SELECT det_internal.channel(%s, %s)
 
 -- name: agent_listen
 -- An agent's session LISTENs on its own channel (det_agent).
-SELECT det_agent_listen(%s)
+SELECT det_agent.listen(%s)
 
 -- name: task_listen
 -- A task's session LISTENs on its allocation's channel, by its token (det_task).
-SELECT det_task_listen(%s)
+SELECT det_task.listen(%s)
 
 -- name: web_listen
 -- det serve's listener LISTENs on the web channel (det_web).
-SELECT det_web_listen()
+SELECT det_web.listen()
 
 -- name: confirm_primary
 -- A connection to a replicated cluster proves its server is still the primary its synchronous
@@ -61,8 +61,8 @@ SELECT 1 FROM det_migrations WHERE version = %s
 INSERT INTO det_migrations (version, name) VALUES (%s, %s)
 
 -- name: schema_version
--- The newest migration the schema has (det_schema_version: migration 0015 and later).
-SELECT det_schema_version()
+-- The newest migration the schema has (det.schema_version: migration 0015 and later).
+SELECT det.schema_version()
 
 -- name: may_migrate
 -- Whether this session may create in the schema: its owner (det cluster up, the reconciler, an
@@ -90,11 +90,11 @@ SELECT 1 FROM pg_roles WHERE rolname = %s
 
 -- name: user_set_password
 -- A det user's new password: name, verifier, password length.
-SELECT det_user_set_password(%s, %s, %s)
+SELECT det_user.user_set_password(%s, %s, %s)
 
 -- name: user_create
 -- A new det user who is a ClusterAdmin: name, verifier, password length.
-SELECT det_user_create(%s, %s, true, %s)
+SELECT det_user.user_create(%s, %s, true, %s)
 
 -- name: session_user
 -- The user this connection logged in as.

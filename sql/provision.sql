@@ -56,7 +56,7 @@ SELECT id FROM cluster_identity
 -- Instances not GONE, with their pool's provider config and the ages the decisions read; an
 -- instance of a slurm pool with its run: whether the run still wants it (waiting, or live),
 -- whether its agent took the run and since when the run ended, and the run's slots. An agent
--- that retired (det_agent_retire: its run ended, it exits) is not lost.
+-- that retired (det_agent.retire: its run ended, it exits) is not lost.
 SELECT i.id, i.resource_pool, i.state::text AS state, i.agent_id, i.provider_id, i.provider,
        r.provider AS config, i.allocation_id,
        extract(epoch FROM now() - i.requested_at)::float AS age,
@@ -120,7 +120,7 @@ WITH x AS (
               FROM taken t JOIN slots s ON s.agent_id = t.agent_id AND s.enabled) h
      WHERE n <= slots_needed
 )
-SELECT id, pg_notify(det_channel('agent', agent_id), '') FROM taken
+SELECT id, pg_notify(det_internal.channel('agent', agent_id), '') FROM taken
 
 -- name: request
 -- New instances: row ids first, so the agent id (the instance's name) is written with the row.

@@ -29,7 +29,7 @@ SELECT agent_id, slot_id, type, device_name, device_uuid, memory_mb, enabled, re
 SELECT config, original, applied_at FROM cluster_config
 
 -- name: pools
-SELECT r.name, r.description, det_pool_scheduler(r.name) AS scheduler,
+SELECT r.name, r.description, det_user.pool_scheduler(r.name) AS scheduler,
        r.max_aux_containers_per_agent,
        (SELECT count(*) FROM agents g WHERE g.resource_pool = r.name AND g.state <> 'LOST')
            AS agents,
@@ -60,7 +60,7 @@ SELECT id, name, description, labels, metadata, notes, owner, archived, creation
 
 -- name: find_model
 -- The model a user named (by name or id); raises no_data_found.
-SELECT id FROM det_model_find(%(model)s)
+SELECT id FROM det_user.model_find(%(model)s)
 
 -- name: model
 SELECT id, name, description, labels, metadata, notes, owner, archived, creation_time,
@@ -84,7 +84,7 @@ SELECT version, name, checkpoint_uuid::text AS checkpoint_uuid, checkpoint_state
 SELECT q.queue_order, q.job_id, 'TYPE_' || q.type AS type, q.name, q.priority, q.weight,
        q.submitted_at, q.slots_acquired, q.slots_needed, q.status, q.owner, q.resource_pool,
        q.experiment_id, q.experiment_state, q.pending_reason,
-       det_pool_scheduler(q.resource_pool) ->> 'type' AS scheduler,
+       det_user.pool_scheduler(q.resource_pool) ->> 'type' AS scheduler,
        tc.live_trials, tc.trials, coalesce(ag.n, 0) AS pool_agents,
        e.max_concurrent_trials, e.max_trials
   FROM reporting.job_queue q LEFT JOIN experiments e ON e.id = q.experiment_id
@@ -135,14 +135,14 @@ SELECT c.uuid::text AS uuid, c.trial_id, t.experiment_id, c.steps_completed, c.s
 -- usage: allocation hours
 
 -- name: usage
-SELECT day, "group", slot_hours FROM det_cluster_usage(%(start)s, %(end)s, %(group_by)s)
+SELECT day, "group", slot_hours FROM det_user.cluster_usage(%(start)s, %(end)s, %(group_by)s)
 
 -- trials: one trial, its logs, its metrics
 
 -- name: trial
 SELECT t.id, t.experiment_id, t.state::text AS state, t.hparams, t.seed, t.restarts, t.runs,
        t.steps_completed, t.best_validation, t.latest_checkpoint::text AS latest_checkpoint,
-       t.exit_reason, t.start_time, t.end_time, det_json_shown(t.metadata) AS metadata,
+       t.exit_reason, t.start_time, t.end_time, det_user.json_shown(t.metadata) AS metadata,
        greatest(t.steps_completed,
                 (SELECT max(m.steps_completed) FROM metrics m
                   WHERE m.trial_id = t.id AND m."group" = 'training'
@@ -151,14 +151,14 @@ SELECT t.id, t.experiment_id, t.state::text AS state, t.hparams, t.seed, t.resta
 
 -- name: trial_logs_after
 -- A trial's log lines after a log id, each with its run (its allocation's), the rank that
--- wrote it (NULL: det's notes, a launcher's lines) and its level (det_log_level).
-SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, det_log_level(l.stream, l.line) AS level
+-- wrote it (NULL: det's notes, a launcher's lines) and its level (det_user.log_level).
+SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, det_user.log_level(l.stream, l.line) AS level
   FROM task_logs l JOIN allocations a ON a.id = l.allocation_id
  WHERE l.trial_id = %(trial)s AND l.id > %(after)s ORDER BY l.id LIMIT %(limit)s
 
 -- name: trial_logs_tail
 -- The last lines, for a log tail: newest first, reversed by the caller.
-SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, det_log_level(l.stream, l.line) AS level
+SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, det_user.log_level(l.stream, l.line) AS level
   FROM task_logs l JOIN allocations a ON a.id = l.allocation_id
  WHERE l.trial_id = %(trial)s ORDER BY l.id DESC LIMIT %(limit)s
 
@@ -166,7 +166,7 @@ SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, det_log_level(l.stream, l.li
 -- An experiment's log lines after a log id (every trial's, in the order written), as
 -- trial_logs_after with the trial of each.
 SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, l.trial_id,
-       det_log_level(l.stream, l.line) AS level
+       det_user.log_level(l.stream, l.line) AS level
   FROM task_logs l JOIN allocations a ON a.id = l.allocation_id
  WHERE l.trial_id IN (SELECT id FROM trials WHERE experiment_id = %(experiment)s)
    AND l.id > %(after)s ORDER BY l.id LIMIT %(limit)s
@@ -174,18 +174,18 @@ SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, l.trial_id,
 -- name: experiment_logs_tail
 -- The experiment's last lines, newest first (reversed by the caller).
 SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, l.trial_id,
-       det_log_level(l.stream, l.line) AS level
+       det_user.log_level(l.stream, l.line) AS level
   FROM task_logs l JOIN allocations a ON a.id = l.allocation_id
  WHERE l.trial_id IN (SELECT id FROM trials WHERE experiment_id = %(experiment)s)
  ORDER BY l.id DESC LIMIT %(limit)s
 
 -- name: trial_runs
 -- A trial's runs (its restarts are the runs after the first): where each ran, how it ended
--- and why (det_run_end_reason: never blank once ended), and as the queue sees it
--- (det_run_status, det_run_reason).
+-- and why (det_user.run_end_reason: never blank once ended), and as the queue sees it
+-- (det_user.run_status, det_user.run_reason).
 SELECT run, state::text AS state, agent_id, slots_needed, exit_code,
-       det_run_end_reason(a.id) AS exit_reason, created_at, started_at, ended_at,
-       pending_reason, det_run_status(a.id) AS run_state, det_run_reason(a.id) AS run_reason
+       det_user.run_end_reason(a.id) AS exit_reason, created_at, started_at, ended_at,
+       pending_reason, det_user.run_status(a.id) AS run_state, det_user.run_reason(a.id) AS run_reason
   FROM allocations a WHERE trial_id = %(id)s ORDER BY run
 
 -- name: first_trial
@@ -194,10 +194,10 @@ SELECT min(id) AS id FROM trials WHERE experiment_id = %(id)s
 -- name: trial_metrics
 -- Every reader of metrics reads the trial's surviving history: rows a later run superseded
 -- (superseded_by, set when it resumed from an earlier checkpoint) are left out, and values are
--- shown through det_json_shown (rows stored before depth was bounded may nest too deep to
+-- shown through det_user.json_shown (rows stored before depth was bounded may nest too deep to
 -- parse). METRICS shows the superseded rows too when asked (%(superseded)s), with the run
 -- (allocations.run) that superseded each.
-SELECT m."group", m.steps_completed, det_json_shown(m."values") AS "values",
+SELECT m."group", m.steps_completed, det_user.json_shown(m."values") AS "values",
        s.run AS superseded_by_run
   FROM metrics m LEFT JOIN allocations s ON s.id = m.superseded_by
  WHERE m.trial_id = %(id)s AND (m.superseded_by IS NULL OR %(superseded)s)
@@ -217,7 +217,7 @@ WITH span AS (
              WHERE trial_id = %(trial)s AND "group" = %(group)s AND superseded_by IS NULL
              ORDER BY steps_completed DESC LIMIT 1) AS hi
 )
-SELECT DISTINCT m.id, m.steps_completed, det_json_shown(m."values") AS "values", m.reported_at
+SELECT DISTINCT m.id, m.steps_completed, det_user.json_shown(m."values") AS "values", m.reported_at
   FROM span, generate_series(0, %(n)s - 1) k
  CROSS JOIN LATERAL (
        SELECT x.id, x.steps_completed, x."values", x.reported_at FROM metrics x
@@ -228,7 +228,7 @@ SELECT DISTINCT m.id, m.steps_completed, det_json_shown(m."values") AS "values",
  ORDER BY m.steps_completed, m.id
 
 -- name: metric_series_all
-SELECT id, steps_completed, det_json_shown("values") AS "values", reported_at FROM metrics
+SELECT id, steps_completed, det_user.json_shown("values") AS "values", reported_at FROM metrics
  WHERE trial_id = %(trial)s AND "group" = %(group)s AND superseded_by IS NULL
  ORDER BY steps_completed, id LIMIT %(limit)s
 
@@ -245,7 +245,7 @@ SELECT uuid::text AS uuid, state, storage FROM checkpoints
 -- Metrics rows of some trials reported after a metrics id: what an event stream has not sent
 -- yet. The primary key's range from ``after`` holds only the rows written since (all trials'),
 -- so this stays cheap however long the series are.
-SELECT id, trial_id, "group", steps_completed, det_json_shown("values") AS "values",
+SELECT id, trial_id, "group", steps_completed, det_user.json_shown("values") AS "values",
        reported_at
   FROM metrics
  WHERE id > %(after)s AND trial_id = ANY (%(trials)s) AND superseded_by IS NULL
@@ -312,13 +312,13 @@ SELECT w.name AS workspace, p.name AS project FROM projects p
 -- tasks: commands, notebooks, shells, tensorboards
 
 -- name: tasks
--- Live means the task's run has not ended; "mine" is the session's det user (det_caller), the
--- owner det_create_task recorded.
+-- Live means the task's run has not ended; "mine" is the session's det user (det_user.caller), the
+-- owner det_internal.create_task recorded.
 SELECT id, kind, state, owner, workspace, project, description, resource_pool, priority,
        slots, submitted_at, started, ended, idle_seconds, end_reason, exit_code, address
   FROM reporting.tasks
  WHERE (%(kind)s::text IS NULL OR kind = %(kind)s)
-   AND (%(all)s OR (owner = det_caller() AND state <> 'TERMINATED'))
+   AND (%(all)s OR (owner = det_user.caller() AND state <> 'TERMINATED'))
  ORDER BY id
 
 -- name: task
@@ -434,8 +434,8 @@ SELECT t.id, t.request_id::text AS request_id, t.state::text AS state, t.hparams
                   WHERE m.trial_id = t.id AND m."group" = 'training'
                     AND m.superseded_by IS NULL)) AS batches,
        -- The metrics of the validation that gave best_validation (the latest such, on a tie):
-       -- det_trial_best_validation's rule picked it, so matching its value finds the row.
-       (SELECT det_json_shown(m."values") FROM metrics m, experiments e
+       -- det_internal.trial_best_validation's rule picked it, so matching its value finds the row.
+       (SELECT det_user.json_shown(m."values") FROM metrics m, experiments e
          WHERE e.id = t.experiment_id AND m.trial_id = t.id AND m."group" = 'validation'
            AND m.superseded_by IS NULL
            AND CASE WHEN jsonb_typeof(m."values" -> e.searcher_metric)
@@ -445,7 +445,7 @@ SELECT t.id, t.request_id::text AS request_id, t.state::text AS state, t.hparams
          ORDER BY m.steps_completed DESC LIMIT 1) AS validation,
        -- its latest run as the job queue sees it (waiting, starting, running, preempting,
        -- stopping, preempted, ended) and why; NULL before its first run
-       det_run_status(r.id) AS run_state, det_run_reason(r.id) AS run_reason
+       det_user.run_status(r.id) AS run_state, det_user.run_reason(r.id) AS run_reason
   FROM trials t
   LEFT JOIN LATERAL (SELECT a.id FROM allocations a
                       WHERE a.trial_id = t.id ORDER BY a.run DESC LIMIT 1) r ON true
@@ -458,7 +458,7 @@ SELECT searcher_state FROM experiments WHERE id = %(id)s
 
 -- name: experiment_checkpoints
 SELECT c.uuid::text AS uuid, c.trial_id, c.steps_completed, c.state, c.reported_at,
-       (SELECT det_json_shown(m."values") FROM metrics m
+       (SELECT det_user.json_shown(m."values") FROM metrics m
          WHERE m.trial_id = c.trial_id AND m."group" = 'validation'
            AND m.steps_completed = c.steps_completed AND m.superseded_by IS NULL
          ORDER BY m.id DESC LIMIT 1) AS validation
@@ -499,7 +499,7 @@ SELECT id, at, actor, action, object_type, object_id, detail FROM audit_log
 
 -- name: is_cluster_admin
 -- Whether the session may administer the cluster: the schema's owner, or ClusterAdmin.
-SELECT det_is_owner_session() OR det_permitted(det_caller(), 'admin_cluster', NULL) AS ok
+SELECT det_user.is_owner_session() OR det_user.permitted(det_user.caller(), 'admin_cluster', NULL) AS ok
 
 -- name: users
 -- Users (active ones unless all), each with whether it is a cluster-wide ClusterAdmin and
@@ -542,7 +542,7 @@ SELECT name, permissions, CASE WHEN global_only THEN 'cluster' ELSE 'cluster or 
 -- name: caller_permissions
 -- What the session's det user may do, and in which workspace (NULL: all of them).
 SELECT DISTINCT coalesce(w.name, '(all workspaces)') AS workspace, p.permission, g.workspace_id
-  FROM det_user_grants(det_caller()) g
+  FROM det_user.user_grants(det_user.caller()) g
   LEFT JOIN workspaces w ON w.id = g.workspace_id
  CROSS JOIN unnest(g.permissions) AS p(permission)
  ORDER BY g.workspace_id NULLS FIRST, p.permission
@@ -590,9 +590,9 @@ SELECT c.uuid::text AS uuid, t.experiment_id, c.trial_id, c.steps_completed, c.s
  WHERE c.uuid = %(uuid)s::uuid
 
 -- name: version_checkpoint
--- A model version's checkpoint (det_model_version_find: the latest version when NULL).
+-- A model version's checkpoint (det_user.model_version_find: the latest version when NULL).
 SELECT v.version, v.checkpoint_uuid::text AS checkpoint_uuid, m.name
-  FROM det_model_version_find(%(model)s, %(version)s) v JOIN models m ON m.id = v.model_id
+  FROM det_user.model_version_find(%(model)s, %(version)s) v JOIN models m ON m.id = v.model_id
 
 -- name: pool_bindings
 -- Which workspaces each pool (or one) is bound to.
@@ -601,12 +601,12 @@ SELECT b.resource_pool, w.name AS workspace FROM workspace_pools b
  WHERE %(pool)s::text IS NULL OR b.resource_pool = %(pool)s ORDER BY 1, 2
 
 -- name: pool_schedulers
-SELECT name, det_pool_scheduler(name) AS scheduler FROM resource_pools ORDER BY name
+SELECT name, det_user.pool_scheduler(name) AS scheduler FROM resource_pools ORDER BY name
 
 -- name: server_info
 -- What det version and det master info show of det's database.
 SELECT current_setting('server_version') AS server_version, current_database() AS database,
-       current_user AS user_name, det_schema_version() AS schema_version
+       current_user AS user_name, det.schema_version() AS schema_version
 
 -- name: project_experiments
 SELECT id, name, state::text AS state, owner, start_time FROM experiments

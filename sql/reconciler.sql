@@ -9,7 +9,7 @@
 --
 -- Rows the pass reads to change are locked FOR NO KEY UPDATE, never FOR UPDATE: the pass
 -- changes no key, and the stronger lock made every foreign-key check on those rows wait for
--- the pass to commit (a task's det_complete_op inserting its searcher event waited ~5 ms a
+-- the pass to commit (a task's det_task.complete_op inserting its searcher event waited ~5 ms a
 -- check on the experiment, bench/toy_search.py on pg15 with pg_stat_statements).
 --
 -- The statements that take arrays (one element a row) are sent by det.reconciler.batch.Writes:
@@ -117,7 +117,7 @@ WITH settled AS (
     VALUES (%(experiment_id)s, %(trial_id)s, 'trial_exited_early', '{"reason": "errored"}')
 )
 UPDATE trials
-   SET state = CASE WHEN state::text LIKE 'STOPPING\_%%' THEN det_stopped_state(state::text)
+   SET state = CASE WHEN state::text LIKE 'STOPPING\_%%' THEN det_user.stopped_state(state::text)
                     ELSE 'ERROR' END::trial_state,
        exit_reason = 'det could not settle run ' || %(allocation_id)s || ': ' || %(message)s,
        end_time = now()
@@ -143,7 +143,7 @@ SELECT x.allocation_id, x.trial_id, 'det', x.line
 -- 2b. Interactive tasks.
 -- A task's one run is no trial's: it ends once, is never restarted, and unsettled_runs (which
 -- joins trials) never sees it. Its end is settled here, as a GC task's is, and the task keeps
--- why it ended: det's own reason if det ended it (det_task_kill, end_tasks), else the run's
+-- why it ended: det's own reason if det ended it (det_user.task_kill, end_tasks), else the run's
 -- exit. Found from the unsettled runs (allocations_unsettled), one probe of tasks each.
 WITH ended AS (
     UPDATE allocations a SET settled = true
@@ -174,7 +174,7 @@ SELECT a.id, k.type, k.idle_timeout, k.last_activity,
 
 -- name: end_tasks
 -- det ends these runs, each with its reason: desired STOPPED, which the task's harness
--- (det.harness.interactive) hears through det_should_preempt and answers by shutting its
+-- (det.harness.interactive) hears through det_task.should_preempt and answers by shutting its
 -- server down cleanly (Jupyter stops its kernels) and exiting 0; one still running
 -- grace seconds later is killed (kill_overdue_tasks). The reason is kept on the
 -- task unless a user's kill came first, and written to the task's log.
@@ -195,7 +195,7 @@ WITH ended AS (
 SELECT id, agent_id FROM ended
 
 -- name: kill_overdue_tasks
--- A task asked to stop (end_tasks, or a planned stop: det_agent_drain) has no checkpoint to
+-- A task asked to stop (end_tasks, or a planned stop: det_user.agent_drain) has no checkpoint to
 -- write; one still running grace seconds after the request (a hung server, a command,
 -- which nothing asks to exit) is killed, as a trial's run is after its preemption_timeout
 -- (kill_overdue). From allocations_stopping.
@@ -364,7 +364,7 @@ UPDATE searcher_events SET consumed = true WHERE id = ANY(%(id)s::bigint[])
 
 -- name: decided_runs
 -- The live runs of the trials whose events the searcher read: their tasks may wait for the
--- next op in det_current_op.
+-- next op in det_task.current_op.
 SELECT DISTINCT a.id FROM searcher_events v JOIN allocations a ON a.trial_id = v.trial_id
  WHERE v.id = ANY(%(ids)s) AND a.state BETWEEN 'ASSIGNED' AND 'RUNNING'
 
@@ -372,7 +372,7 @@ SELECT DISTINCT a.id FROM searcher_events v JOIN allocations a ON a.trial_id = v
 -- 6. Trials and experiments whose stop is done.
 -- A stopping trial ends once it has no run left to settle: its last run ended (settled above),
 -- or it had none (a paused trial that is cancelled or killed).
-UPDATE trials t SET state = det_stopped_state(t.state::text)::trial_state, end_time = now()
+UPDATE trials t SET state = det_user.stopped_state(t.state::text)::trial_state, end_time = now()
  WHERE t.state IN ('STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED', 'STOPPING_ERROR')
    AND NOT EXISTS (SELECT 1 FROM allocations a
                     WHERE a.trial_id = t.id AND (a.state <> 'TERMINATED' OR NOT a.settled))
@@ -381,7 +381,7 @@ RETURNING t.id AS trial_id, t.experiment_id, t.state::text AS state,
 
 -- name: finish_experiments
 UPDATE experiments e
-   SET state = det_stopped_state(e.state::text)::experiment_state, end_time = now()
+   SET state = det_user.stopped_state(e.state::text)::experiment_state, end_time = now()
  WHERE e.state IN ('STOPPING_COMPLETED', 'STOPPING_CANCELED', 'STOPPING_KILLED', 'STOPPING_ERROR')
    AND NOT EXISTS (SELECT 1 FROM trials t
                     WHERE t.experiment_id = e.id
@@ -403,9 +403,9 @@ UPDATE experiments SET progress = %(progress)s WHERE id = %(experiment_id)s
 
 -- name: checkpoint_gc
 -- 6b. Checkpoint GC.
--- An experiment that just ended applies its GC policy (the keep rule is det_checkpoints_to_delete),
+-- An experiment that just ended applies its GC policy (the keep rule is det_user.checkpoints_to_delete),
 -- in the transaction that ended it.
-SELECT det_checkpoint_gc(%(experiment_id)s) AS n
+SELECT det_internal.checkpoint_gc(%(experiment_id)s) AS n
 
 -- name: live_experiments_with_new_checkpoints
 -- GC during runs: the live experiments with checkpoints reported since the last
@@ -489,15 +489,15 @@ SELECT e.job_id,
 RETURNING id
 
 -- name: experiments_to_purge
--- Experiments a user deleted: their rows go once their files are (det_purge_experiment). One
+-- Experiments a user deleted: their rows go once their files are (det_internal.purge_experiment). One
 -- whose GC or purge failed waits for the user to ask again (which clears the error).
 SELECT id FROM experiments
  WHERE delete_requested_at IS NOT NULL AND checkpoint_gc_error IS NULL ORDER BY id
 
 -- name: purge_experiment
--- A deleted experiment's rows go once its files are (det_purge_experiment); gone is false,
+-- A deleted experiment's rows go once its files are (det_internal.purge_experiment); gone is false,
 -- and nothing removed, while they are not.
-SELECT det_purge_experiment(%(experiment_id)s) AS gone
+SELECT det_internal.purge_experiment(%(experiment_id)s) AS gone
 
 -- name: gc_decision_failed
 -- Deciding what to delete, or deleting an experiment's rows, raised: say so on the experiment.
@@ -563,7 +563,7 @@ UPDATE allocations a SET resource_pool = c.pool, pending_reason = NULL
 -- every waiting run read for its pool.
 -- A slurm pool has no scheduler of det's: each waiting run is a Slurm job of its own
 -- (det.reconciler.provision).
-SELECT p.name AS resource_pool, det_pool_scheduler(p.name) AS scheduler
+SELECT p.name AS resource_pool, det_user.pool_scheduler(p.name) AS scheduler
   FROM resource_pools p
  WHERE p.provider ->> 'type' IS DISTINCT FROM 'slurm'
    AND EXISTS (SELECT 1 FROM allocations a
@@ -631,10 +631,10 @@ SELECT * FROM unnest(%(ids)s::bigint[], %(agents)s::text[], %(slots)s::integer[]
 
 -- name: preempt
 -- The scheduler preempts: the task checkpoints and exits; its trial runs again later. Each
--- says to whom its slots go and by which rule (det_preempted_reason).
+-- says to whom its slots go and by which rule (det_internal.preempted_reason).
 UPDATE allocations a
    SET desired_state = 'STOPPED', stop_requested_at = coalesce(a.stop_requested_at, now()),
-       stop_reason = det_preempted_reason(x.job, x.rule)
+       stop_reason = det_internal.preempted_reason(x.job, x.rule)
   FROM unnest(%(ids)s::bigint[], %(jobs)s::bigint[], %(rules)s::text[]) AS x(id, job, rule)
  WHERE a.id = x.id AND a.desired_state = 'RUNNING' AND a.state <> 'TERMINATED'
 RETURNING a.id, a.agent_id
@@ -653,7 +653,7 @@ UPDATE allocations SET pending_reason = %(reason)s
 
 -- name: record_pass
 -- 9. Bookkeeping.
--- With the leader's agent timeout, which agents read to fence themselves (det_agent_timeout).
+-- With the leader's agent timeout, which agents read to fence themselves (det_agent.timeout).
 INSERT INTO reconciler_leader (holder, since, last_pass, agent_timeout)
 VALUES (%(holder)s, now(), now(), %(agent_timeout)s)
 ON CONFLICT (singleton) DO UPDATE

@@ -9,9 +9,9 @@
 -- hyperparameters and the validation metrics reported at its batch. Narrowed by experiment,
 -- trial or uuid (each NULL for any).
 SELECT c.uuid::text AS uuid, c.state::text AS state, c.storage, c.resources,
-       det_json_shown(c.metadata) AS metadata, c.reported_at, c.steps_completed, c.trial_id,
+       det_user.json_shown(c.metadata) AS metadata, c.reported_at, c.steps_completed, c.trial_id,
        t.experiment_id, t.hparams, e.config AS experiment_config,
-       (SELECT det_json_shown(m."values") FROM metrics m
+       (SELECT det_user.json_shown(m."values") FROM metrics m
          WHERE m.trial_id = c.trial_id AND m."group" = 'validation'
            AND m.steps_completed = c.steps_completed AND m.superseded_by IS NULL
          ORDER BY m.id DESC LIMIT 1) AS validation
@@ -24,11 +24,11 @@ SELECT c.uuid::text AS uuid, c.state::text AS state, c.storage, c.resources,
 
 -- name: delete_checkpoints
 -- Have det delete a checkpoint's files: it becomes DELETING, then a GC task removes them.
-SELECT det_delete_checkpoints(%s::uuid[])
+SELECT det_user.delete_checkpoints(%s::uuid[])
 
 -- name: checkpoint_add_metadata
 -- Merge a JSON object's top-level keys into a checkpoint's metadata; answers the result.
-SELECT det_checkpoint_add_metadata(%s, %s) AS m
+SELECT det_user.checkpoint_add_metadata(%s, %s) AS m
 
 -- name: trial_ids
 -- An experiment's trials, by id.
@@ -37,7 +37,7 @@ SELECT id FROM trials WHERE experiment_id = %(id)s ORDER BY id
 -- name: metrics
 -- A page of a trial's metrics of one group after a metrics row id, each with the run that
 -- reported it (0.38's trial_run_id); rows a later run superseded left out.
-SELECT m.id, m.steps_completed, det_json_shown(m."values") AS "values", m.reported_at, a.run
+SELECT m.id, m.steps_completed, det_user.json_shown(m."values") AS "values", m.reported_at, a.run
   FROM metrics m JOIN allocations a ON a.id = m.allocation_id
  WHERE m.trial_id = %(trial)s AND m."group" = %(group)s AND m.superseded_by IS NULL
    AND m.id > %(after)s
@@ -45,44 +45,44 @@ SELECT m.id, m.steps_completed, det_json_shown(m."values") AS "values", m.report
 
 -- name: experiment_action
 -- An experiment's pause, activate, cancel or kill, as the CLI's.
-SELECT det_experiment_action(%s, %s)
+SELECT det_user.experiment_action(%s, %s)
 
 -- name: create_experiment
 -- Submit an experiment: expanded config, its original text, the packed context, workspace
 -- and project.
-SELECT det_create_experiment(%s, %s, %s, %s, %s) AS id
+SELECT det_user.create_experiment(%s, %s, %s, %s, %s) AS id
 
 -- name: model_create
 -- An empty model, the user's, in Uncategorized: name and description.
-SELECT det_model_create(%s, %s, NULL, NULL)
+SELECT det_user.model_create(%s, %s, NULL, NULL)
 
 -- name: model_set_metadata
 -- Set a model's metadata (a JSON object), nothing else of it.
-SELECT det_model_update(%s, NULL, NULL, NULL, NULL, %s, NULL)
+SELECT det_user.model_update(%s, NULL, NULL, NULL, NULL, %s, NULL)
 
 -- name: model_register_version
 -- Register a COMPLETED checkpoint (uuid) as the named model's next version; pins it.
-SELECT version FROM det_model_register_version(%s, %s, NULL, NULL, NULL, NULL)
+SELECT version FROM det_user.model_register_version(%s, %s, NULL, NULL, NULL, NULL)
 
 -- name: unmanaged_start
 -- Create or resume an unmanaged experiment and trial in one transaction: expanded config,
 -- its text, workspace, project, external experiment and trial ids, hparams (NULL: none).
 -- Answers the new run's det.harness.transport.TaskInfo as JSON.
-SELECT det_unmanaged_start(%s, %s, %s, %s, %s, %s, %s) AS info
+SELECT det_user.unmanaged_start(%s, %s, %s, %s, %s, %s, %s) AS info
 
 -- name: unmanaged_report_metrics
--- One metrics row of an unmanaged run (det_append_metrics's checks): allocation, group,
+-- One metrics row of an unmanaged run (det_internal.append_metrics's checks): allocation, group,
 -- batches trained, values.
-SELECT det_unmanaged_report_metrics(%s, %s, %s, %s)
+SELECT det_user.unmanaged_report_metrics(%s, %s, %s, %s)
 
 -- name: unmanaged_report_checkpoint
 -- Record an unmanaged run's stored checkpoint, the trial's restart point: allocation, uuid,
 -- batches trained, resources (file sizes in bytes), metadata. A replaced run's is refused.
-SELECT det_unmanaged_report_checkpoint(%s, %s, %s, %s, %s)
+SELECT det_user.unmanaged_report_checkpoint(%s, %s, %s, %s, %s)
 
 -- name: unmanaged_progress
 -- The unmanaged experiment's progress, 0 to 1.
-SELECT det_unmanaged_progress(%s, %s)
+SELECT det_user.unmanaged_progress(%s, %s)
 
 -- name: unmanaged_best_validation
 -- The best searcher metric among an experiment's trials, as far as the user may see them.
@@ -97,4 +97,4 @@ SELECT metadata FROM trials WHERE id = %s
 
 -- name: unmanaged_end
 -- End an unmanaged run and its trial: COMPLETED when the reason is NULL, else ERROR with it.
-SELECT det_unmanaged_end(%s, %s)
+SELECT det_user.unmanaged_end(%s, %s)

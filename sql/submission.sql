@@ -4,7 +4,7 @@
 -- name: template_expand
 -- A template of a workspace, secrets included, to merge under a submitted config; takes Editor
 -- on the workspace, as the submission does.
-SELECT det_template_expand(%s, %s) AS c
+SELECT det_user.template_expand(%s, %s) AS c
 
 -- name: pool_capacity
 -- Each live agent of a pool with its number of slots: whether any could ever hold the job.
@@ -23,7 +23,7 @@ SELECT w.default_compute_pool, w.default_aux_pool,
 -- name: create_task
 -- Store an interactive task: kind, expanded config, packed context, placement, the
 -- TensorBoard's experiments and trials, and the task's secrets.
-SELECT det_create_task(%s, %s, %s, %s, %s, %s, %s, %s) AS id
+SELECT det_internal.create_task(%s, %s, %s, %s, %s, %s, %s, %s) AS id
 
 -- name: source_experiment
 -- An experiment as the source of a new one: its original config, packed context, workspace

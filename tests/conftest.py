@@ -348,7 +348,7 @@ class EndedExperiments:
         cfg["checkpoint_storage"].update(save_experiment_best=seb, save_trial_best=stb,
                                          save_trial_latest=stl)
         c = self.conn
-        eid = c.execute("SELECT det_create_experiment(%s, %s, NULL) AS id",
+        eid = c.execute("SELECT det_user.create_experiment(%s, %s, NULL) AS id",
                         (Jsonb(cfg), text)).fetchone()["id"]
         job = c.execute("SELECT job_id FROM experiments WHERE id = %s", (eid,)).fetchone()
         uuids: list[list[str]] = []

@@ -82,27 +82,27 @@ def test_a_token_enrolls_one_agent_once_before_it_expires(det, conn, db_url, tmp
 def _calls(me: str, other: str, alloc: int) -> dict[str, tuple[str, tuple]]:
     """Each agent function naming agent ``other`` (and its live allocation ``alloc``)."""
     return {
-        "register": ("SELECT det_agent_register(%s, 'x', 'default', 'process', '[]')", (other,)),
-        "heartbeat": ("SELECT det_agent_heartbeat(%s)", (other,)),
-        "listen": ("SELECT det_agent_listen(%s)", (other,)),
-        "assignments": ("SELECT * FROM det_agent_assignments(%s)", (other,)),
-        "live_allocations": ("SELECT * FROM det_agent_live_allocations(%s)", (other,)),
-        "context": ("SELECT det_agent_context(%s, 1)", (other,)),
-        "claim": ("SELECT det_agent_claim(%s, %s)", (other, alloc)),
-        "claim_each": ("SELECT * FROM det_agent_claim_each(%s, %s)", (other, [alloc])),
-        "report": ("SELECT det_agent_report(%s, %s, 'TERMINATED', 1, 'x')", (other, alloc)),
-        "report_each": ("SELECT det_agent_report_each(%s, %s, 'TERMINATED', '{1}', '{x}')",
+        "register": ("SELECT det_agent.register(%s, 'x', 'default', 'process', '[]')", (other,)),
+        "heartbeat": ("SELECT det_agent.heartbeat(%s)", (other,)),
+        "listen": ("SELECT det_agent.listen(%s)", (other,)),
+        "assignments": ("SELECT * FROM det_agent.assignments(%s)", (other,)),
+        "live_allocations": ("SELECT * FROM det_agent.live_allocations(%s)", (other,)),
+        "context": ("SELECT det_agent.context(%s, 1)", (other,)),
+        "claim": ("SELECT det_agent.claim(%s, %s)", (other, alloc)),
+        "claim_each": ("SELECT * FROM det_agent.claim_each(%s, %s)", (other, [alloc])),
+        "report": ("SELECT det_agent.report(%s, %s, 'TERMINATED', 1, 'x')", (other, alloc)),
+        "report_each": ("SELECT det_agent.report_each(%s, %s, 'TERMINATED', '{1}', '{x}')",
                         (other, [alloc])),
-        "set_rendezvous": ("SELECT det_agent_set_rendezvous(%s, %s, 'h:1')", (other, alloc)),
-        "claim_node": ("SELECT det_agent_claim_node(%s, %s)", (other, alloc)),
-        "report_node": ("SELECT det_agent_report_node(%s, %s, 'TERMINATED', 1, 'x')",
+        "set_rendezvous": ("SELECT det_agent.set_rendezvous(%s, %s, 'h:1')", (other, alloc)),
+        "claim_node": ("SELECT det_agent.claim_node(%s, %s)", (other, alloc)),
+        "report_node": ("SELECT det_agent.report_node(%s, %s, 'TERMINATED', 1, 'x')",
                         (other, alloc)),
-        "stop_runs": ("SELECT det_agent_stop_runs(%s)", (other,)),
-        "leave": ("SELECT det_agent_leave(%s)", (other,)),
-        "retire": ("SELECT det_agent_retire(%s)", (other,)),
-        "mark_fenced": ("SELECT det_agent_mark_fenced(%s, %s)", (other, [alloc])),
+        "stop_runs": ("SELECT det_agent.stop_runs(%s)", (other,)),
+        "leave": ("SELECT det_agent.leave(%s)", (other,)),
+        "retire": ("SELECT det_agent.retire(%s)", (other,)),
+        "mark_fenced": ("SELECT det_agent.mark_fenced(%s, %s)", (other, [alloc])),
         # names the allocation, not its agent: refused as acting for its chief
-        "append_logs": ("SELECT det_append_logs(%s, '{stdout}', '{x}')", (alloc,)),
+        "append_logs": ("SELECT det_agent.append_logs(%s, '{stdout}', '{x}')", (alloc,)),
     }
 
 
@@ -159,7 +159,7 @@ max_restarts: 1
                 assert "agent a1: login det_agent_a2 acts only for agent a2" in str(e.value), \
                     name
             # its own name it may use
-            assert a2.execute("SELECT det_agent_heartbeat('a2') AS s").fetchone()["s"] \
+            assert a2.execute("SELECT det_agent.heartbeat('a2') AS s").fetchone()["s"] \
                 == "ACTIVE"
         assert (conn.execute(AGENT_ROW, ("a1",)).fetchone(),
                 conn.execute(RUN_ROW, (alloc,)).fetchone()) == before

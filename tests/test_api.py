@@ -66,7 +66,7 @@ class Server:
         self.user, self.password = "tester", "tester's password"
         with psycopg.connect(env["DET_DB_URL"], autocommit=True) as c:
             if not c.execute("SELECT 1 FROM users WHERE username = %s", (self.user,)).fetchone():
-                c.execute("SELECT det_user_create(%s, %s, true)",
+                c.execute("SELECT det_user.user_create(%s, %s, true)",
                           (self.user, password_verifier(c, self.user, self.password)))
         self.token = self.login().json()["token"]
         self.client = httpx.Client(base_url=self.url, timeout=30,
@@ -117,7 +117,7 @@ def error(r: httpx.Response, status: int) -> str:
 def running_trial(conn, exp_id: int) -> tuple[int, str]:
     """Give the experiment a trial with a live run (as the reconciler and an agent would);
     returns (trial id, the run's token)."""
-    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+    conn.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": 0, "type": "cpu"}, {"slot_id": 1, "type": "cpu"}]),))
     trial = conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
                          "VALUES (%s, gen_random_uuid(), '{\"lr\": 0.1}', 0) RETURNING id",
@@ -128,8 +128,8 @@ def running_trial(conn, exp_id: int) -> tuple[int, str]:
         "FROM experiments WHERE id = %s RETURNING id", (trial, exp_id)).fetchone()["id"]
     conn.execute("INSERT INTO allocation_slots (allocation_id, agent_id, slot_id) "
                  "VALUES (%s, 'a1', 0)", (alloc,))
-    token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
-    conn.execute("SELECT det_task_info(%s)", (token,))
+    token = conn.execute("SELECT det_agent.claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+    conn.execute("SELECT det_task.info(%s)", (token,))
     return trial, token
 
 
@@ -268,7 +268,7 @@ def test_priority_and_weight(api: httpx.Client, ctx: Path, det) -> None:
     exp = create(api, ctx)
     assert api.patch(f"/api/v1/experiments/{exp}", json={"weight": 2.5}).json()["weight"] == 2.5
     assert api.get(f"/api/v1/experiments/{exp}").json()["weight"] == 2.5
-    # fair share is the default scheduler: priority is refused by det_job_update's rule
+    # fair share is the default scheduler: priority is refused by det_user.job_update's rule
     msg = error(api.patch(f"/api/v1/experiments/{exp}", json={"priority": 5}), 400)
     assert "priority applies only under the priority scheduler" in msg
     assert error(api.patch(f"/api/v1/experiments/{exp}", json={"weight": -1}), 400).startswith(
@@ -287,12 +287,12 @@ def test_trial_metrics_logs_and_checkpoints(api: httpx.Client, ctx: Path, conn,
     exp = create(api, ctx)
     trial, token = running_trial(conn, exp)
     for step in range(1, 101):
-        conn.execute("SELECT det_report_metrics(%s, 'training', %s, %s)",
+        conn.execute("SELECT det_task.report_metrics(%s, 'training', %s, %s)",
                      (token, step * 10, Jsonb({"loss": 1.0 / step})))
-    conn.execute("SELECT det_report_metrics(%s, 'validation', 1000, %s)",
+    conn.execute("SELECT det_task.report_metrics(%s, 'validation', 1000, %s)",
                  (token, Jsonb({"loss": 0.01})))
     alloc = conn.execute("SELECT id FROM allocations WHERE trial_id = %s", (trial,)).fetchone()
-    conn.execute("SELECT det_append_logs(%s, %s, %s)",
+    conn.execute("SELECT det_agent.append_logs(%s, %s, %s)",
                  (alloc["id"], ["stdout"] * 3, ["one", "two", "three"]))
     t = api.get(f"/api/v1/trials/{trial}").json()
     # batches trained show before any checkpoint
@@ -320,7 +320,7 @@ def test_trial_metrics_logs_and_checkpoints(api: httpx.Client, ctx: Path, conn,
     after = api.get(f"/api/v1/trials/{trial}/logs", params={"after": logs[0]["id"]}).json()
     assert [x["line"] for x in after["logs"]] == ["two", "three"]
     uuid = "5a1e0c6e-3d3f-4c1e-9a53-0b6f3c1d2e4f"
-    conn.execute("SELECT det_report_checkpoint(%s, %s, 1000, %s, '{}')",
+    conn.execute("SELECT det_task.report_checkpoint(%s, %s, 1000, %s, '{}')",
                  (token, uuid, Jsonb({"model.pt": 123})))
     ckpts = api.get(f"/api/v1/trials/{trial}/checkpoints").json()["checkpoints"]
     assert [(c["steps_completed"], c["size_bytes"], c["state"]) for c in ckpts] == \
@@ -392,7 +392,7 @@ def test_job_queue_update_and_move_to_top(api: httpx.Client, ctx: Path, det,
 
 
 def test_agents_slots_pools_and_cluster(api: httpx.Client, conn) -> None:
-    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+    conn.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": 0, "type": "cpu"}, {"slot_id": 1, "type": "cpu"}]),))
     agents = api.get("/api/v1/agents").json()["agents"]
     assert [(a["id"], a["state"], a["slots"], a["used"]) for a in agents] == \
@@ -465,11 +465,11 @@ def test_experiment_stream_sends_state_and_new_metrics(server: Server, api, ctx,
         events.wait("experiment", lambda d: d["state"] == "ACTIVE" and len(d["trials"]) == 1)
         # the server takes its lease on events within a tick of its first stream
         deadline = time.monotonic() + 5
-        while not conn.execute("SELECT det_web_watched() AS w").fetchone()["w"]:
+        while not conn.execute("SELECT det_internal.web_watched() AS w").fetchone()["w"]:
             assert time.monotonic() < deadline, "det serve took no lease on det_web events"
             time.sleep(0.05)
         sent = time.monotonic()
-        conn.execute("SELECT det_report_metrics(%s, 'training', 10, %s)",
+        conn.execute("SELECT det_task.report_metrics(%s, 'training', 10, %s)",
                      (token, Jsonb({"loss": 0.5})))
         rows, at = events.wait("metrics")
         assert [(r["trial_id"], r["steps_completed"], r["values"]) for r in rows] == \
@@ -489,7 +489,8 @@ def test_trial_stream_tails_logs(server: Server, api, ctx, conn) -> None:
     events = Events(server, f"/api/v1/events/trials/{trial}")
     try:
         events.wait("ready")
-        conn.execute("SELECT det_append_logs(%s, %s, %s)", (alloc["id"], ["stdout"], ["hello"]))
+        conn.execute("SELECT det_agent.append_logs(%s, %s, %s)",
+                     (alloc["id"], ["stdout"], ["hello"]))
         lines, _ = events.wait("logs")
         assert [x["line"] for x in lines] == ["hello"]
     finally:
@@ -507,7 +508,7 @@ def test_queue_and_cluster_streams(server: Server, api, ctx, conn) -> None:
         exp = create(api, ctx)
         queue.wait("queue", lambda d: [j["experiment_id"] for j in d["jobs"]] == [exp])
         cluster.wait("cluster", lambda d: d["agents"] == [])
-        conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+        conn.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                      (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
         cluster.wait("cluster", lambda d: [a["id"] for a in d["agents"]] == ["a1"])
         api.post("/api/v1/agents/a1/disable")
@@ -520,18 +521,18 @@ def test_queue_and_cluster_streams(server: Server, api, ctx, conn) -> None:
 def test_metrics_notify_sparingly(conn, db_url: str) -> None:
     """A trial reporting many batches a second wakes the servers a few times a second, not
     once per batch (web_event_marks); each NOTIFY is one statement's, never one per row."""
-    exp = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id", (Jsonb({
+    exp = conn.execute("SELECT det_user.create_experiment(%s, '', NULL) AS id", (Jsonb({
         "name": "x", "resources": {"slots_per_trial": 1, "resource_pool": "default",
                                    "weight": 1.0},
         "searcher": {"name": "single", "metric": "loss", "smaller_is_better": True}}),)
     ).fetchone()["id"]
     _, token = running_trial(conn, exp)
-    conn.execute("SELECT det_web_watch('test', 60)")
+    conn.execute("SELECT det_web.watch('test', 60)")
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as listener:
         channels.listen(listener, channels.WEB)
         start = time.monotonic()
         for step in range(200):
-            conn.execute("SELECT det_report_metrics_batch(%s, NULL, NULL, %s, %s, %s)",
+            conn.execute("SELECT det_task.report_metrics_batch(%s, NULL, NULL, %s, %s, %s)",
                          (token, ["training"] * 50, list(range(step * 50, step * 50 + 50)),
                           [Jsonb({"loss": 1.0})] * 50))
         elapsed = time.monotonic() - start
@@ -551,17 +552,17 @@ def test_events_only_while_a_server_watches(conn, db_url: str) -> None:
     def events_of_a_submission() -> list[str]:
         with psycopg.connect(db_url, autocommit=True) as listener:
             channels.listen(listener, channels.WEB)
-            exp = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
+            exp = conn.execute("SELECT det_user.create_experiment(%s, '', NULL) AS id",
                                (config,)).fetchone()["id"]
             return [n.payload for n in listener.notifies(timeout=0.3)
                     if f"experiment:{exp}" in n.payload.split()]
 
     assert events_of_a_submission() == []
-    conn.execute("SELECT det_web_watch('server-a', 60)")
+    conn.execute("SELECT det_web.watch('server-a', 60)")
     assert len(events_of_a_submission()) == 1
-    conn.execute("SELECT det_web_watch('server-a', 0)")
+    conn.execute("SELECT det_web.watch('server-a', 0)")
     assert events_of_a_submission() == []
-    conn.execute("SELECT det_web_watch('server-b', 0.2)")
+    conn.execute("SELECT det_web.watch('server-b', 0.2)")
     time.sleep(0.3)
     assert events_of_a_submission() == []
 
@@ -569,15 +570,16 @@ def test_events_only_while_a_server_watches(conn, db_url: str) -> None:
 def test_progress_counts_batches_before_any_validation(api, ctx: Path, conn, det) -> None:
     """A single-trial experiment's progress moves with the batches its training metrics
     report, before any validation or checkpoint (issue 15); the CLI shows the same figure."""
-    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+    conn.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
     exp = create(api, ctx)  # max_length: 100 batches
     det("reconcile", "--once")
     alloc = conn.execute("SELECT id FROM allocations WHERE state = 'ASSIGNED'").fetchone()["id"]
-    token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
-    conn.execute("SELECT det_task_info(%s)", (token,))
+    token = conn.execute("SELECT det_agent.claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+    conn.execute("SELECT det_task.info(%s)", (token,))
     assert api.get(f"/api/v1/experiments/{exp}").json()["progress"] == 0
-    conn.execute("SELECT det_report_metrics(%s, 'training', 50, %s)", (token, Jsonb({"loss": 1})))
+    conn.execute("SELECT det_task.report_metrics(%s, 'training', 50, %s)",
+                 (token, Jsonb({"loss": 1})))
     assert api.get(f"/api/v1/experiments/{exp}").json()["progress"] == 0.5
     assert api.get("/api/v1/experiments").json()["experiments"][0]["progress"] == 50
     listed = json.loads(det("experiment", "list", "--json").stdout)
@@ -611,7 +613,7 @@ def test_the_server_rides_out_a_database_restart(private_pg, tmp_path: Path) -> 
         private_pg.restart()
         assert server.client.get("/api/v1/agents").json() == {"agents": []}
         with psycopg.connect(private_pg.url, autocommit=True) as c:
-            c.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+            c.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                       (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
         events.wait("cluster", lambda d: [a["id"] for a in d["agents"]] == ["a1"], timeout=30)
     finally:
@@ -643,13 +645,13 @@ def test_two_servers_behave_as_one(det_env, tmp_path: Path, ctx: Path) -> None:
 
 def test_the_api_runs_as_the_logged_in_user(server: Server, api, ctx: Path, conn) -> None:
     """Row-level security applies to the API as to psql: a request runs as its user's role."""
-    conn.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
-    conn.execute("SELECT det_project_create('vision', 'p', '')")
+    conn.execute("SELECT det_user.workspace_create('vision', NULL, NULL, NULL)")
+    conn.execute("SELECT det_user.project_create('vision', 'p', '')")
     for name in ("vic", "olga"):
-        conn.execute("SELECT det_user_create(%s, %s, false)",
+        conn.execute("SELECT det_user.user_create(%s, %s, false)",
                      (name, password_verifier(conn, name, "pw of " + name)))
-    conn.execute("SELECT det_role_assign('Viewer', 'vic', NULL, 'vision', true)")
-    exp = conn.execute("SELECT det_create_experiment(%s, '', NULL, 'vision', 'p') AS id",
+    conn.execute("SELECT det_user.role_assign('Viewer', 'vic', NULL, 'vision', true)")
+    exp = conn.execute("SELECT det_user.create_experiment(%s, '', NULL, 'vision', 'p') AS id",
                        (Jsonb({"name": "theirs", "entrypoint": "true", "resources": {
                            "slots_per_trial": 1, "resource_pool": "default", "weight": 1.0},
                            "searcher": {"name": "single", "metric": "loss",
@@ -669,5 +671,5 @@ def test_the_api_runs_as_the_logged_in_user(server: Server, api, ctx: Path, conn
         assert error(olga.get(f"/api/v1/experiments/{exp}"), 404) == f"experiment {exp} not found"
         assert error(olga.post(f"/api/v1/experiments/{exp}/kill"), 404).startswith("cannot kill")
         assert olga.get("/api/v1/me").json() == {"username": "olga"}
-        conn.execute("SELECT det_user_set_active('olga', false)")
+        conn.execute("SELECT det_user.user_set_active('olga', false)")
         assert olga.get("/api/v1/me").status_code == 401

@@ -322,7 +322,7 @@ def test_serve_over_tls_sets_a_secure_cookie(det_env: dict[str, str], tmp_path: 
                        json={"username": "nobody", "password": "wrong password"})
         assert r.status_code == 401
         with psycopg.connect(det_env["DET_DB_URL"], autocommit=True) as c:
-            c.execute("SELECT det_user_create('tls', %s, false)",
+            c.execute("SELECT det_user.user_create('tls', %s, false)",
                       (password_verifier(c, "tls", "tls password"),))
         r = httpx.post(f"{url}/api/v1/auth/login", verify=tls,
                        json={"username": "tls", "password": "tls password"})

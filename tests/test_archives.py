@@ -246,11 +246,11 @@ def test_a_viewer_is_refused_before_the_context_is_unpacked(server: Server, conn
     its temp dir: garbage (the old code: a 500 from tarfile), the CVE-2025-4517 archive (the
     old code: wrote into ``victim``) or a decompression bomb (the old code: 400 MiB in the
     server's temp dir, then the 403)."""
-    conn.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
-    conn.execute("SELECT det_project_create('vision', 'p', '')")
-    conn.execute("SELECT det_user_create('vic', %s, false)",
+    conn.execute("SELECT det_user.workspace_create('vision', NULL, NULL, NULL)")
+    conn.execute("SELECT det_user.project_create('vision', 'p', '')")
+    conn.execute("SELECT det_user.user_create('vic', %s, false)",
                  (password_verifier(conn, "vic", "pw of vic"),))
-    conn.execute("SELECT det_role_assign('Viewer', 'vic', NULL, 'vision', true)")
+    conn.execute("SELECT det_user.role_assign('Viewer', 'vic', NULL, 'vision', true)")
     denied = "permission denied: needs Editor on workspace 'vision' to create an experiment " \
              "in project \"p\""
     with login(server, "vic") as vic, Watch(tmp_path / "server-tmp") as watch:

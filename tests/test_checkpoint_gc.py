@@ -53,14 +53,15 @@ def test_keep_rule(ended, conn, trials, policy, smaller, deleted) -> None:
     eid, uuids = ended.make(trials, policy=policy, smaller_is_better=smaller)
     want = {uuids[t][i] for t, i in deleted}
     got = {str(r["uuid"]) for r in conn.execute(
-        "SELECT uuid FROM det_checkpoints_to_delete(%s)", (eid,))}
+        "SELECT uuid FROM det_user.checkpoints_to_delete(%s)", (eid,))}
     assert got == want
     # Applying it marks exactly those DELETING; applying it again decides nothing more.
-    assert conn.execute("SELECT det_checkpoint_gc(%s) AS n", (eid,)).fetchone()["n"] == len(want)
+    assert conn.execute("SELECT det_internal.checkpoint_gc(%s) AS n",
+                        (eid,)).fetchone()["n"] == len(want)
     deleting = {str(r["uuid"]) for r in conn.execute(
         "SELECT uuid FROM checkpoints WHERE state = 'DELETING'")}
     assert deleting == want
-    assert conn.execute("SELECT count(*) AS n FROM det_checkpoints_to_delete(%s)",
+    assert conn.execute("SELECT count(*) AS n FROM det_user.checkpoints_to_delete(%s)",
                         (eid,)).fetchone()["n"] == 0
 
 
@@ -70,20 +71,20 @@ def test_pinned_checkpoints_survive_0_0_0(ended, conn) -> None:
     pinned = uuids[0][0]
     ended.make([[(10, 0.3)]], searcher_extra=f", source_checkpoint_uuid: '{pinned}'")
     got = {str(r["uuid"]) for r in conn.execute(
-        "SELECT uuid FROM det_checkpoints_to_delete(%s)", (eid,))}
+        "SELECT uuid FROM det_user.checkpoints_to_delete(%s)", (eid,))}
     assert got == {uuids[0][1]}
     with pytest.raises(Exception, match="is pinned"):
-        conn.execute("SELECT det_delete_checkpoints(%s::uuid[])", ([pinned],))
+        conn.execute("SELECT det_user.delete_checkpoints(%s::uuid[])", ([pinned],))
     with pytest.raises(Exception, match="is pinned"):
-        conn.execute("SELECT det_experiment_delete(%s)", (eid,))
+        conn.execute("SELECT det_user.experiment_delete(%s)", (eid,))
 
 
 def test_pin_made_after_marking_is_put_back(ended, conn) -> None:
     """A checkpoint pinned after GC marked it DELETING is never handed to a GC task."""
     eid, uuids = ended.make([[(10, 0.1), (20, 0.2)]], policy=(0, 0, 0))
-    conn.execute("SELECT det_checkpoint_gc(%s)", (eid,))
+    conn.execute("SELECT det_internal.checkpoint_gc(%s)", (eid,))
     ended.make([[(10, 0.3)]], searcher_extra=f", source_checkpoint_uuid: '{uuids[0][0]}'")
-    assert conn.execute("SELECT det_unpin_deleting() AS n").fetchone()["n"] == 1
+    assert conn.execute("SELECT det_internal.unpin_deleting() AS n").fetchone()["n"] == 1
     state = conn.execute("SELECT state FROM checkpoints WHERE uuid = %s",
                          (uuids[0][0],)).fetchone()["state"]
     assert state == "COMPLETED"
@@ -158,7 +159,7 @@ def test_gc_task_removes_files_then_delete_removes_rows(det, ended, conn, tmp_pa
     removes the rest and then every row."""
     eid, uuids = ended.make([[(10, 0.5), (20, 0.3), (30, 0.4)], [(10, None), (20, None)]],
                             file_bytes=1000)
-    conn.execute("SELECT det_checkpoint_gc(%s)", (eid,))  # as the pass that ended it does
+    conn.execute("SELECT det_internal.checkpoint_gc(%s)", (eid,))  # as the pass that ended it does
     gone = {uuids[0][0], uuids[1][0]}
     det.start("reconciler", "reconcile", "--interval", "0.2")
     det.start("agent", "agent", "run", "--id", "a1", "--work-dir", str(tmp_path / "agent"))
@@ -190,7 +191,7 @@ def test_gc_killed_half_way_finishes_on_the_next_run(det, ended, conn, db_url, t
     """A GC task SIGKILLed half-way (first batch DELETED, the second's files removed but its
     rows not yet marked) is finished by the next one; the kept checkpoints stay."""
     eid, uuids = ended.make([[(s, None) for s in range(1, 301)]], policy=(0, 0, 1))
-    conn.execute("SELECT det_checkpoint_gc(%s)", (eid,))
+    conn.execute("SELECT det_internal.checkpoint_gc(%s)", (eid,))
     # Hold the lock of a checkpoint in the second batch: the task blocks marking it DELETED.
     hold = psycopg.connect(db_url, autocommit=False)
     hold.execute("SELECT 1 FROM checkpoints WHERE uuid = %s FOR UPDATE", (uuids[0][150],))
@@ -246,7 +247,7 @@ def test_storage_error_is_shown_on_the_experiment(det, ended, conn, tmp_path) ->
     """A GC task that cannot remove files says why on the experiment, and is retried only a
     few times; asking again retries."""
     eid, uuids = ended.make([[(10, None), (20, None)]])
-    conn.execute("SELECT det_checkpoint_gc(%s)", (eid,))
+    conn.execute("SELECT det_internal.checkpoint_gc(%s)", (eid,))
     locked = ended.storage / uuids[0][0]
     with undeletable(locked):
         det.start("reconciler", "reconcile", "--interval", "0.2")
@@ -267,17 +268,17 @@ def test_storage_error_is_shown_on_the_experiment(det, ended, conn, tmp_path) ->
 def test_only_a_gc_task_may_remove_checkpoints(ended, conn) -> None:
     """A trial's token cannot mark checkpoints DELETED or fetch what GC would remove."""
     eid, uuids = ended.make([[(10, None), (20, None)]], policy=(0, 0, 0))
-    conn.execute("SELECT det_checkpoint_gc(%s)", (eid,))
-    conn.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', '[]')")
+    conn.execute("SELECT det_internal.checkpoint_gc(%s)", (eid,))
+    conn.execute("SELECT det_agent.register('a1', 'h', 'default', 'process', '[]')")
     alloc = conn.execute(
         "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec, "
         "state, agent_id) SELECT e.job_id, t.id, 2, 'default', 0, '{\"kind\": \"trial\"}', "
         "'ASSIGNED', 'a1' FROM experiments e JOIN trials t ON t.experiment_id = e.id "
         "WHERE e.id = %s RETURNING id", (eid,)).fetchone()["id"]
-    token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
-    for sql, args in (("SELECT det_gc_task_deleted(%s, %s::uuid[])", (token, uuids[0])),
-                      ("SELECT * FROM det_gc_task_checkpoints(%s, 10)", (token,)),
-                      ("SELECT det_gc_task_failed(%s, 'x')", (token,))):
+    token = conn.execute("SELECT det_agent.claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+    for sql, args in (("SELECT det_task.gc_task_deleted(%s, %s::uuid[])", (token, uuids[0])),
+                      ("SELECT * FROM det_task.gc_task_checkpoints(%s, 10)", (token,)),
+                      ("SELECT det_task.gc_task_failed(%s, 'x')", (token,))):
         with pytest.raises(psycopg.Error, match="only a checkpoint GC task"):
             conn.execute(sql, args)
     assert set(states(conn, eid).values()) == {"DELETING"}
@@ -315,7 +316,7 @@ def test_download_errors_are_one_line(det, ended, conn, tmp_path) -> None:
     assert (tmp_path / "checkpoints" / uuids[0][1] / "state.bin").read_bytes() == b"x" * 64
     r = det("checkpoint", "download", "", check=False)
     assert r.returncode == 1 and r.stderr.strip() == "Error: checkpoint  not found"
-    conn.execute("SELECT det_checkpoint_gc(%s)", (eid,))
+    conn.execute("SELECT det_internal.checkpoint_gc(%s)", (eid,))
     r = det("checkpoint", "download", uuids[0][0], "-o", str(out), check=False)
     assert r.returncode == 1 and r.stderr.strip() == f"Error: checkpoint {uuids[0][0]} is DELETING"
     for child in (ended.storage / uuids[0][1]).iterdir():

@@ -147,10 +147,10 @@ def test_database_refuses_non_finite_weight(det, conn, ctx, tmp_path) -> None:
     job = conn.execute("SELECT job_id FROM experiments WHERE id = 1").fetchone()["job_id"]
     for value in ("NaN", "Infinity", "-Infinity", "1e400", "1e7", "0"):
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="weight"):
-            conn.execute("SELECT det_job_update(%s, 'weight', %s)", (job, value))
+            conn.execute("SELECT det_user.job_update(%s, 'weight', %s)", (job, value))
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("UPDATE jobs SET weight = 'NaN' WHERE id = %s", (job,))
-    conn.execute("SELECT det_job_update(%s, 'weight', '2.5')", (job,))
+    conn.execute("SELECT det_user.job_update(%s, 'weight', '2.5')", (job,))
     assert conn.execute("SELECT weight FROM jobs WHERE id = %s", (job,)).fetchone()["weight"] == 2.5
 
 

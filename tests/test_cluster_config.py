@@ -77,9 +77,9 @@ def test_the_databases_defaults_are_det_configs(conn) -> None:
     """det.configs.cluster is the home of each default; the database's own fallbacks (a
     pool's scheduler before any cluster config is applied, a pool's zero-slot limit from a
     config that omits it, the columns' defaults) hold the same values, so they cannot drift."""
-    assert (conn.execute("SELECT det_pool_scheduler('default') AS s").fetchone()["s"]
+    assert (conn.execute("SELECT det_user.pool_scheduler('default') AS s").fetchone()["s"]
             == SchedulerConfig().model_dump())
-    conn.execute("SELECT det_apply_cluster_config(%s, '')",
+    conn.execute("SELECT det_user.apply_cluster_config(%s, '')",
                  (Jsonb({"resource_pools": [{"name": "default"}, {"name": "aux"}]}),))
     limits = conn.execute("SELECT array_agg(DISTINCT max_aux_containers_per_agent) AS n "
                           "FROM resource_pools").fetchone()["n"]
@@ -114,7 +114,7 @@ tasks:
 
 
 def test_drained_agents_and_slots_take_no_new_work(det, conn, tmp_path: Path) -> None:
-    conn.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', "
+    conn.execute("SELECT det_agent.register('a1', 'h', 'default', 'process', "
                  "'[{\"slot_id\": 0, \"type\": \"cpu\"}, {\"slot_id\": 1, \"type\": \"cpu\"}]')")
     ctx = tmp_path / "ctx"
     ctx.mkdir()

@@ -105,7 +105,7 @@ def test_the_pattern_finds_the_reads_it_forbids() -> None:
 
 
 def _submit(conn, config: dict) -> int:
-    return conn.execute("SELECT det_create_experiment(%s, 'name: columns', NULL) AS id",
+    return conn.execute("SELECT det_user.create_experiment(%s, 'name: columns', NULL) AS id",
                         (Jsonb(config),)).fetchone()["id"]
 
 
@@ -131,7 +131,8 @@ def test_a_submitted_experiment_s_columns_are_its_config_s_values(conn) -> None:
 
 def test_the_columns_follow_an_edit_of_the_config(conn) -> None:
     eid = _submit(conn, parse_experiment_config(RAW).expanded())
-    conn.execute("SELECT det_set_gc_policy(%s, 4, 5, 6)", (eid,))  # det experiment set gc-policy
+    # det experiment set gc-policy
+    conn.execute("SELECT det_user.set_gc_policy(%s, 4, 5, 6)", (eid,))
     conn.execute("UPDATE experiments SET config = jsonb_set(config, '{max_restarts}', '9') "
                  "WHERE id = %s", (eid,))
     got, want = _columns(conn, "experiments", "id", eid, EXPERIMENT_COLUMNS)
@@ -141,7 +142,7 @@ def test_the_columns_follow_an_edit_of_the_config(conn) -> None:
 
 
 def test_a_whole_number_written_as_2_0_is_accepted_as_2(conn) -> None:
-    """det_experiment_config_problem accepts 2.0 where a whole number is expected (a config
+    """det_internal.experiment_config_problem accepts 2.0 where a whole number is expected (a config
     stored from psql): its column is 2, not a failed cast."""
     config = parse_experiment_config(RAW).expanded()
     config["max_restarts"] = 2.0
@@ -174,7 +175,7 @@ def test_the_cluster_config_s_columns_are_its_values(conn) -> None:
         "resource_manager: {default_aux_resource_pool: default,\n"
         "                   scheduler: {type: priority, default_priority: 30}}\n"
         "resource_pools: [{pool_name: default}]\n")
-    conn.execute("SELECT det_apply_cluster_config(%s, '')",
+    conn.execute("SELECT det_user.apply_cluster_config(%s, '')",
                  (Jsonb(config.model_dump(mode="json")),))
     got, want = _columns(conn, "cluster_config", "singleton", True, CLUSTER_COLUMNS)
     assert got == want and got["scheduler"]["default_priority"] == 30

@@ -184,7 +184,7 @@ def test_end_reasons_a_user_can_read() -> None:
 
 def test_discovered_cuda_slots_are_listed_with_uuid_and_memory(det, conn) -> None:
     slots = cuda_slots(FakeNVML(["GPU-aaa", "GPU-bbb"]))
-    conn.execute("SELECT det_agent_register('gpu-host', 'gpu-host', 'default', 'docker', %s)",
+    conn.execute("SELECT det_agent.register('gpu-host', 'gpu-host', 'default', 'docker', %s)",
                  (Jsonb([s.as_row() for s in slots]),))
     listed = json.loads(det("slot", "list", "--json").stdout)
     assert [(s["slot_id"], s["type"], s["device_uuid"], s["memory_mb"]) for s in listed] == [

@@ -193,7 +193,7 @@ def test_a_pool_whose_scheduling_fails_says_why_and_others_go_on(det, conn, tmp_
     """Issue 10, item 3: a pass isolates the faulty object, records why on it, and goes on."""
     conn.execute("INSERT INTO resource_pools (name, scheduler) "
                  "VALUES ('broken', '{\"type\": \"no-such-scheduler\"}')")
-    conn.execute("SELECT det_agent_register('ok', 'h', 'default', 'process', "
+    conn.execute("SELECT det_agent.register('ok', 'h', 'default', 'process', "
                  "'[{\"slot_id\": 0, \"type\": \"cpu\"}]')")
     det("experiment", "create", str(config(tmp_path, "true", **{
         "resources": "{resource_pool: broken}"})), str(tmp_path / "ctx"), "--force")

@@ -84,12 +84,12 @@ def world(det, db_url, tmp_path):
 
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as owner:
         for user in ("ann", "bob", "vic"):
-            owner.execute("SELECT det_user_create(%s, %s, false)",
+            owner.execute("SELECT det_user.user_create(%s, %s, false)",
                           (user, password_verifier(owner, user, PASSWORD)))
-        owner.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
-        owner.execute("SELECT det_project_create('vision', 'p', '')")
+        owner.execute("SELECT det_user.workspace_create('vision', NULL, NULL, NULL)")
+        owner.execute("SELECT det_user.project_create('vision', 'p', '')")
         for role, user in (("Editor", "ann"), ("Editor", "bob"), ("Viewer", "vic")):
-            owner.execute("SELECT det_role_assign(%s, %s, NULL, 'vision', true)", (role, user))
+            owner.execute("SELECT det_user.role_assign(%s, %s, NULL, 'vision', true)", (role, user))
     det.start("reconciler", "reconcile", "--interval", "0.3")
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as owner:
         yield owner
@@ -192,9 +192,9 @@ def test_only_the_owner_reports_into_an_unmanaged_trial(world, det, db_url, tmp_
     from det.submission import validated_config
 
     expanded = json.dumps(validated_config(json.loads(config), "test").expanded())
-    report = "SELECT det_unmanaged_report_metrics(%s, 'training', 1, '{\"loss\": 1}')"
+    report = "SELECT det_user.unmanaged_report_metrics(%s, 'training', 1, '{\"loss\": 1}')"
     with psycopg.connect(_url(db_url, "ann"), autocommit=True, row_factory=dict_row) as ann:
-        start = ("SELECT det_unmanaged_start(%s, '', NULL, NULL, 'x', 't', NULL) "
+        start = ("SELECT det_user.unmanaged_start(%s, '', NULL, NULL, 'x', 't', NULL) "
                  "-> 'allocation_id' AS a")
         first = ann.execute(start, (expanded,)).fetchone()["a"]
         ann.execute(report, (first,))
@@ -209,10 +209,10 @@ def test_only_the_owner_reports_into_an_unmanaged_trial(world, det, db_url, tmp_
         second = ann.execute(start, (expanded,)).fetchone()["a"]
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="replaced"):
             ann.execute(report, (first,))
-        ann.execute("SELECT det_unmanaged_end(%s, NULL)", (second,))
+        ann.execute("SELECT det_user.unmanaged_end(%s, NULL)", (second,))
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="COMPLETED"):
             ann.execute(report, (second,))
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="external_experiment"):
-            ann.execute("SELECT det_unmanaged_start(%s, '', NULL, NULL, NULL, 't', NULL)",
+            ann.execute("SELECT det_user.unmanaged_start(%s, '', NULL, NULL, NULL, 't', NULL)",
                         (expanded,))
     assert owner.execute("SELECT count(*) AS n FROM metrics").fetchone()["n"] == 1

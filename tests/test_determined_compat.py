@@ -211,9 +211,9 @@ def asha_time_config(**searcher: object) -> dict:
 
 def task_token(conn, config: dict) -> tuple[int, str]:
     """A trial of a new experiment with ``config`` and the token of its claimed run."""
-    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
+    eid = conn.execute("SELECT det_user.create_experiment(%s, '', NULL) AS id",
                        (Jsonb(config),)).fetchone()["id"]
-    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+    conn.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
     trial = conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
                          "VALUES (%s, gen_random_uuid(), '{}', 0) RETURNING id",
@@ -222,7 +222,7 @@ def task_token(conn, config: dict) -> tuple[int, str]:
         "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec, "
         "state, agent_id) SELECT job_id, %s, 1, 'default', 1, '{}', 'ASSIGNED', 'a1' "
         "FROM experiments WHERE id = %s RETURNING id", (trial, eid)).fetchone()["id"]
-    return trial, conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+    return trial, conn.execute("SELECT det_agent.claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
 
 
 def test_validation_metrics_without_the_time_metric_are_refused() -> None:
@@ -245,18 +245,18 @@ def test_validation_rows_are_the_searchers_events_under_max_time(conn) -> None:
     worst; training rows and the op's completion are none. Every row is recorded and the pass
     that reads the events consumes them all; a second pass changes nothing."""
     config = asha_time_config(divisor=2, mode="aggressive")  # rungs at 4 and 8 batches
-    conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(config),))
-    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+    conn.execute("SELECT det_user.create_experiment(%s, '', NULL)", (Jsonb(config),))
+    conn.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": i, "type": "cpu"} for i in range(2)]),))
     run_pass(conn, Settings(), "test")
     runs = conn.execute(
-        "SELECT t.request_id::text AS rid, det_agent_claim('a1', a.id) AS token, o.id AS op "
+        "SELECT t.request_id::text AS rid, det_agent.claim('a1', a.id) AS token, o.id AS op "
         "  FROM allocations a JOIN trials t ON t.id = a.trial_id "
         "  JOIN searcher_ops o ON o.trial_id = t.id ORDER BY t.id").fetchall()
     (a, a_token, a_op), (b, b_token, _) = (r.values() for r in runs)
 
     def report(token: str, rows: list[tuple[str, int, dict]]) -> None:
-        conn.execute("SELECT det_report_metrics_batch(%s, NULL, NULL, %s, %s, %s::jsonb[])",
+        conn.execute("SELECT det_task.report_metrics_batch(%s, NULL, NULL, %s, %s, %s::jsonb[])",
                      (token, [r[0] for r in rows], [r[1] for r in rows],
                       [Jsonb(r[2]) for r in rows]))
 
@@ -265,7 +265,7 @@ def test_validation_rows_are_the_searchers_events_under_max_time(conn) -> None:
     report(a_token, [("training", 8, {"loss": 0.1, "batches": 8}),
                      ("validation", 4, {"loss": 1.0, "batches": 4.7}),
                      ("validation", 6, {"loss": 0.5})])
-    conn.execute("SELECT det_complete_op(%s, %s, 0.5)", (a_token, a_op))
+    conn.execute("SELECT det_task.complete_op(%s, %s, 0.5)", (a_token, a_op))
     report(b_token, [("validation", 4, {"loss": "NaN", "batches": 4})])  # behind a: stopped
     run_pass(conn, Settings(), "test")
     state = conn.execute("SELECT config, searcher_state FROM experiments").fetchone()
@@ -325,15 +325,15 @@ def test_trial_metadata_is_set_and_read_by_the_trials_code(det, conn, tmp_path) 
 def test_trial_metadata_functions_check_the_token_and_the_shape(conn) -> None:
     _, token = task_token(conn, asha_time_config())
     with pytest.raises(psycopg.errors.InvalidAuthorizationSpecification):
-        conn.execute("SELECT det_set_trial_metadata('forged', '{}')")
+        conn.execute("SELECT det_task.set_trial_metadata('forged', '{}')")
     with pytest.raises(psycopg.errors.InvalidParameterValue,
                        match="must be a JSON object, not array"):
-        conn.execute("SELECT det_set_trial_metadata(%s, '[1]')", (token,))
-    assert conn.execute("SELECT det_set_trial_metadata(%s, %s) AS m",
+        conn.execute("SELECT det_task.set_trial_metadata(%s, '[1]')", (token,))
+    assert conn.execute("SELECT det_task.set_trial_metadata(%s, %s) AS m",
                         (token, Jsonb({"a": {"b": 1}}))).fetchone()["m"] == {"a": {"b": 1}}
     with pytest.raises(psycopg.errors.InvalidParameterValue, match='key "a" is already set'):
-        conn.execute("SELECT det_set_trial_metadata(%s, '{\"a\": 2}')", (token,))
-    assert conn.execute("SELECT det_trial_metadata(%s) AS m", (token,)).fetchone()["m"] == {
+        conn.execute("SELECT det_task.set_trial_metadata(%s, '{\"a\": 2}')", (token,))
+    assert conn.execute("SELECT det_task.trial_metadata(%s) AS m", (token,)).fetchone()["m"] == {
         "a": {"b": 1}}
 
 

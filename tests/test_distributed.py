@@ -387,7 +387,7 @@ def test_a_gang_is_running_only_when_every_agent_started_its_share(det, conn,
     the other agent claims its node; RUNNING waits for both; a failed share ends the run."""
     slot = '[{"slot_id": 0, "type": "cpu"}]'
     for agent in ("a1", "a2"):
-        conn.execute("SELECT det_agent_register(%s, 'h', 'default', 'process', %s)",
+        conn.execute("SELECT det_agent.register(%s, 'h', 'default', 'process', %s)",
                      (agent, slot))
     cfg = digits_config(tmp_path, **{"resources.slots_per_trial": 2})
     det("experiment", "create", str(cfg), str(DIGITS))
@@ -398,23 +398,23 @@ def test_a_gang_is_running_only_when_every_agent_started_its_share(det, conn,
 
     alloc = conn.execute("SELECT id, agent_id FROM allocations").fetchone()
     assert alloc["agent_id"] == "a1" and state() == "ASSIGNED"
-    assert conn.execute("SELECT det_gang_agents(%s) AS g", (alloc["id"],)).fetchone()["g"] \
+    assert conn.execute("SELECT det_agent.gang_agents(%s) AS g", (alloc["id"],)).fetchone()["g"] \
         == ["a1", "a2"]
-    claim_node = "SELECT det_agent_claim_node('a2', %s) AS n"
+    claim_node = "SELECT det_agent.claim_node('a2', %s) AS n"
     assert conn.execute(claim_node, (alloc["id"],)).fetchone()["n"] is None, \
         "no share starts before the chief's agent says where to meet"
-    assert conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc["id"],)).fetchone()["t"]
-    conn.execute("SELECT det_agent_set_rendezvous('a1', %s, '10.0.0.1:29500')", (alloc["id"],))
-    conn.execute("SELECT det_agent_report('a1', %s, 'RUNNING')", (alloc["id"],))
+    assert conn.execute("SELECT det_agent.claim('a1', %s) AS t", (alloc["id"],)).fetchone()["t"]
+    conn.execute("SELECT det_agent.set_rendezvous('a1', %s, '10.0.0.1:29500')", (alloc["id"],))
+    conn.execute("SELECT det_agent.report('a1', %s, 'RUNNING')", (alloc["id"],))
     assert state() == "STARTING", "the other agent has not started its share"
     node = conn.execute(claim_node, (alloc["id"],)).fetchone()["n"]
     assert (node["node_rank"], node["nodes"], node["rendezvous"]) == (
         1, ["a1", "a2"], "10.0.0.1:29500")
-    conn.execute("SELECT det_agent_report_node('a2', %s, 'RUNNING')", (alloc["id"],))
+    conn.execute("SELECT det_agent.report_node('a2', %s, 'RUNNING')", (alloc["id"],))
     assert state() == "RUNNING"
-    info = conn.execute("SELECT det_task_info(%s) AS i", (node["token"],)).fetchone()["i"]
+    info = conn.execute("SELECT det_task.info(%s) AS i", (node["token"],)).fetchone()["i"]
     assert info["allocation_id"] == alloc["id"], "the node's token is the allocation's"
-    conn.execute("SELECT det_agent_report_node('a2', %s, 'TERMINATED', 1, NULL)",
+    conn.execute("SELECT det_agent.report_node('a2', %s, 'TERMINATED', 1, NULL)",
                  (alloc["id"],))
     ended = conn.execute("SELECT state::text, exit_code, exit_reason FROM allocations"
                          ).fetchone()

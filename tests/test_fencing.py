@@ -220,7 +220,7 @@ def test_after_a_database_restart_agents_get_the_timeout_to_heartbeat_again(
     does not declare every agent lost at once; silence counts from the server's start."""
     det = Det(private_env(det_env, private_pg.url), tmp_path)
     with psycopg.connect(private_pg.url, autocommit=True) as c:
-        c.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', '[]')")
+        c.execute("SELECT det_agent.register('a1', 'h', 'default', 'process', '[]')")
         c.execute("UPDATE agents SET last_heartbeat = now() - interval '1 hour'")
     private_pg.restart()
     restarted = time.monotonic()

@@ -187,7 +187,7 @@ def test_unknown_sources_are_named(det: Det) -> None:
     assert r.returncode == 1 and "trial 999 not found" in r.stderr
 
 
-# -- the rule in SQL: det_trial_continue ----------------------------------------------------------
+# -- the rule in SQL: det_user.trial_continue ---------------------------------------------------
 
 def continuable(ended: EndedExperiments, conn) -> tuple[int, str, dict]:
     """An ended experiment whose trial's latest checkpoint is at batch 10. Returns (trial id,
@@ -207,7 +207,7 @@ def continuable(ended: EndedExperiments, conn) -> tuple[int, str, dict]:
 
 def test_a_continued_trial_starts_at_the_checkpoint(ended, conn) -> None:
     trial, ckpt, cfg = continuable(ended, conn)
-    eid = conn.execute("SELECT det_trial_continue(%s, %s, 'c', NULL, NULL) AS id",
+    eid = conn.execute("SELECT det_user.trial_continue(%s, %s, 'c', NULL, NULL) AS id",
                        (trial, Jsonb(cfg))).fetchone()["id"]
     # the trial the searcher creates (sql/reconciler.sql create_trials)
     conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
@@ -216,7 +216,7 @@ def test_a_continued_trial_starts_at_the_checkpoint(ended, conn) -> None:
                        "WHERE experiment_id = %s", (eid,)).fetchone()
     assert row == {"c": ckpt, "steps_completed": 10}
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="pinned"):
-        conn.execute("SELECT det_delete_checkpoints(%s::uuid[])", ([ckpt],))
+        conn.execute("SELECT det_user.delete_checkpoints(%s::uuid[])", ([ckpt],))
 
 
 @pytest.mark.parametrize(("change", "error"), [
@@ -234,7 +234,7 @@ def test_continue_refuses_what_would_not_resume_the_trial(ended, conn, change, e
     change(cfg, other)
     before = conn.execute("SELECT count(*) AS n FROM experiments").fetchone()["n"]
     with pytest.raises(psycopg.errors.InvalidParameterValue, match=error):
-        conn.execute("SELECT det_trial_continue(%s, %s, 'c', NULL, NULL)", (trial, Jsonb(cfg)))
+        conn.execute("SELECT det_user.trial_continue(%s, %s, 'c', NULL, NULL)", (trial, Jsonb(cfg)))
     assert conn.execute("SELECT count(*) AS n FROM experiments").fetchone()["n"] == before
 
 
@@ -242,7 +242,7 @@ def test_a_trial_without_a_checkpoint_is_not_continued(ended, conn) -> None:
     trial, _, cfg = continuable(ended, conn)
     conn.execute("UPDATE trials SET latest_checkpoint = NULL WHERE id = %s", (trial,))
     with pytest.raises(psycopg.errors.CheckViolation, match="no checkpoint to continue from"):
-        conn.execute("SELECT det_trial_continue(%s, %s, 'c', NULL, NULL)", (trial, Jsonb(cfg)))
+        conn.execute("SELECT det_user.trial_continue(%s, %s, 'c', NULL, NULL)", (trial, Jsonb(cfg)))
 
 
 # -- the API ------------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def test_fork_and_continue_through_the_api(det_env, tmp_path: Path, conn, ctx: P
             f"checkpoint_storage: {{type: shared_fs, host_path: {tmp_path / 'ck'}}}\n"
             "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n")
     cfg = load_experiment_config(text).expanded()
-    eid = conn.execute("SELECT det_create_experiment(%s, %s, %s) AS id",
+    eid = conn.execute("SELECT det_user.create_experiment(%s, %s, %s) AS id",
                        (Jsonb(cfg), text, context.pack(ctx))).fetchone()["id"]
     trial = conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) VALUES "
                          "(%s, gen_random_uuid(), '{\"lr\": 0.1}', 1) RETURNING id",

@@ -116,7 +116,7 @@ def make_search(conn, ended: EndedExperiments) -> int:
                 "INSERT INTO metrics (trial_id, allocation_id, \"group\", steps_completed, "
                 "\"values\") SELECT %s, id, 'validation', %s, %s FROM allocations "
                 "WHERE trial_id = %s", (tid, steps, Jsonb(values), tid))
-        conn.execute("UPDATE trials SET best_validation = det_trial_best_validation(id) "
+        conn.execute("UPDATE trials SET best_validation = det_internal.trial_best_validation(id) "
                      "WHERE id = %s", (tid,))
     conn.execute("UPDATE trials SET exit_reason = 'the searcher stopped it: its loss was "
                  "worse than the rung''s best at 100 batches' WHERE id = %s", (trials[1],))

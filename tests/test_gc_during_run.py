@@ -83,7 +83,7 @@ def test_superseded_checkpoints_are_collected_while_the_trial_runs(det, conn, tm
     rows = _checkpoints(conn)
     kept = [c for c in rows if c["state"] == "COMPLETED"]
     assert kept[-1]["steps_completed"] == 4000 and _kept_beyond_policy(conn) == [], rows
-    assert conn.execute("SELECT count(*) AS n FROM det_checkpoints_to_delete(1)"
+    assert conn.execute("SELECT count(*) AS n FROM det_user.checkpoints_to_delete(1)"
                         ).fetchone()["n"] == 0
     on_disk = {c["uuid"] for c in rows if (storage / c["uuid"]).exists()}
     assert on_disk == {c["uuid"] for c in kept}, "only what is kept has files"

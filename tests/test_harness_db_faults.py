@@ -38,7 +38,7 @@ CONFIG = {"name": "faults", "entrypoint": "true",
 
 @dataclass
 class Allocation:
-    """A trial allocation claimed as the agent claims it (``det_agent_claim`` gives the token)."""
+    """A trial allocation claimed as the agent claims it (``det_agent.claim`` gives the token)."""
 
     url: str
     id: int
@@ -55,9 +55,9 @@ def claim_allocation(url: str, storage: Path) -> Allocation:
     """``storage``: the experiment's shared_fs checkpoint directory."""
     config = {**CONFIG, "checkpoint_storage": {"type": "shared_fs", "host_path": str(storage)}}
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as c:
-        c.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+        c.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                   (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
-        eid = c.execute("SELECT det_create_experiment(%s, 'name: faults', NULL) AS id",
+        eid = c.execute("SELECT det_user.create_experiment(%s, 'name: faults', NULL) AS id",
                         (Jsonb(config),)).fetchone()["id"]
         tid = c.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
                         "VALUES (%s, gen_random_uuid(), '{}', 0) RETURNING id",
@@ -67,7 +67,7 @@ def claim_allocation(url: str, storage: Path) -> Allocation:
             "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec, "
             "state, agent_id) SELECT job_id, %s, 1, 'default', 1, '{}', 'ASSIGNED', 'a1' "
             "FROM experiments WHERE id = %s RETURNING id", (tid, eid)).fetchone()["id"]
-        token = c.execute("SELECT det_agent_claim('a1', %s) AS t", (aid,)).fetchone()["t"]
+        token = c.execute("SELECT det_agent.claim('a1', %s) AS t", (aid,)).fetchone()["t"]
     assert token
     return Allocation(url, aid, tid, eid, token)
 
@@ -86,8 +86,8 @@ def test_a_pass_holding_its_experiment_does_not_hold_up_its_tasks(db_url: str,
         assert alloc.experiment_id in held
         with psycopg.connect(db_url, autocommit=True) as task:
             task.execute("SET lock_timeout = '2s'")
-            task.execute("SELECT det_complete_op(%s, %s, 0.5)", (alloc.token, op_id))
-            task.execute("SELECT det_report_metrics(%s, 'validation', 1, %s)",
+            task.execute("SELECT det_task.complete_op(%s, %s, 0.5)", (alloc.token, op_id))
+            task.execute("SELECT det_task.report_metrics(%s, 'validation', 1, %s)",
                          (alloc.token, Jsonb({"loss": 0.5})))
         pass_conn.rollback()
     assert query(db_url, "SELECT kind FROM searcher_events WHERE trial_id = %s ORDER BY id",
@@ -187,7 +187,7 @@ def test_core_api_loop_trains_through_two_database_restarts(
     loop.checkpoint()
 
     query(alloc.url, "UPDATE allocations SET desired_state = 'STOPPED' WHERE id = %s "
-          "RETURNING pg_notify(det_channel('alloc', %s), '')", alloc.id, str(alloc.id))
+          "RETURNING pg_notify(det_internal.channel('alloc', %s), '')", alloc.id, str(alloc.id))
     loop.thread.join(60)
     assert not loop.thread.is_alive() and loop.error is None, loop.error
 
@@ -292,7 +292,8 @@ def lose_first_ack(monkeypatch: pytest.MonkeyPatch, function: str) -> list[int]:
     return lost
 
 
-@pytest.mark.parametrize("function", ["det_report_metrics_batch", "det_report_checkpoint"])
+@pytest.mark.parametrize("function",
+                         ["det_task.report_metrics_batch", "det_task.report_checkpoint"])
 def test_a_report_resent_after_a_lost_acknowledgement_is_recorded_once(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, function: str
 ) -> None:
@@ -449,7 +450,7 @@ def test_wait_and_log_followers_ride_out_a_database_restart(
     url = alloc.url
 
     def log(*lines: str) -> None:
-        query(url, "SELECT det_append_logs(%s, %s, %s)", alloc.id, ["stdout"] * len(lines),
+        query(url, "SELECT det_agent.append_logs(%s, %s, %s)", alloc.id, ["stdout"] * len(lines),
               list(lines))
 
     log("line 1", "line 2", "line 3")
@@ -487,7 +488,7 @@ def test_close_wakes_the_preemption_watcher_instead_of_waiting_out_its_poll(
     alloc = claim_allocation(db_url, tmp_path / "ckpt")
     t = DbTransport(db_url, alloc.id, alloc.token)
     wait_for(lambda: query(db_url, "SELECT 1 FROM pg_stat_activity WHERE state = 'idle' "
-                                   "AND query LIKE 'SELECT det_should_preempt%%'"),
+                                   "AND query LIKE 'SELECT det_task.should_preempt%%'"),
              10, "the watcher waiting for a NOTIFY", interval=0.02)
     monkeypatch.setattr(transport, "PREEMPT_POLL_SECONDS", 1.0)
     t.close()

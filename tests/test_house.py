@@ -37,7 +37,7 @@ TERMINAL_SQL_LIST = re.compile(r"\(\s*'(?:COMPLETED|CANCELED|ERROR)'(?:\s*,\s*"
                                r"'(?:COMPLETED|CANCELED|ERROR)'){2}\s*\)")
 """The terminal states written out as an SQL list, in any order."""
 
-CHANNEL_SQL = re.compile(r"\b(?:pg_notify|det_channel|det_\w*listen)\s*\(|"
+CHANNEL_SQL = re.compile(r"\b(?:pg_notify|det_internal\.channel|det_\w+\.listen)\s*\(|"
                          r"(?:^|;)\s*(?:LISTEN|NOTIFY)\s+[\w\"]", re.IGNORECASE | re.MULTILINE)
 """SQL that names, listens on or notifies a channel."""
 
@@ -174,7 +174,8 @@ def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
         "a.py:1", "schema.sql:2"]
     assert missing_citations(tmp_path) == ["a.py: db/gone.py", "a.py: DESIGN.md"]
 
-    (tmp_path / "db" / "channels.py").write_text('X = "SELECT pg_notify(det_channel(%s))"\n')
+    (tmp_path / "db" / "channels.py").write_text(
+        'X = "SELECT pg_notify(det_internal.channel(%s))"\n')
     (tmp_path / "states.py").write_text('TERMINAL = {"COMPLETED", "CANCELED", "ERROR"}\n')
     (tmp_path / "b.py").write_text(
         '"""Ends in COMPLETED, CANCELED or ERROR; LISTENs (pg_notify(...)) on its channel."""\n'
@@ -184,7 +185,7 @@ def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
         'Q = "SELECT 1 WHERE state NOT IN (\'CANCELED\', \'ERROR\', \'COMPLETED\')"\n'
         'L = "LISTEN det_reconciler"\n'
         'N = "SELECT 1; NOTIFY x"\n'
-        'R = "UNLISTEN *; SELECT det_agent_listen(%s)"\n'
+        'R = "UNLISTEN *; SELECT det_agent.listen(%s)"\n'
         'OK = "UNLISTEN *; DISCARD TEMP"\n')
     assert respelled_terminal_states(tmp_path) == ["b.py:2", "b.py:3", "b.py:5"]
     assert channels_named_elsewhere(tmp_path) == ["b.py:6", "b.py:7", "b.py:8"]

@@ -1,6 +1,6 @@
 """Ids users type do not jump (issue 39, item 7): experiments, trials and jobs take their ids
-from counter rows (det_next_id), not sequences, which PostgreSQL WAL-logs 32 values ahead, so
-that every crash of the postmaster skipped ~32 experiment ids."""
+from counter rows (det_internal.next_id), not sequences, which PostgreSQL WAL-logs 32 values
+ahead, so that every crash of the postmaster skipped ~32 experiment ids."""
 
 import re
 import threading
@@ -64,7 +64,7 @@ def test_ids_are_consecutive_across_postmaster_crashes(private_pg, det_env, tmp_
 
 def test_concurrent_creates_both_succeed_and_a_rollback_leaves_no_gap(db_url, conn) -> None:
     def create(c: psycopg.Connection) -> int:
-        return c.execute("SELECT det_create_experiment(%s, 'name: x', NULL)",
+        return c.execute("SELECT det_user.create_experiment(%s, 'name: x', NULL)",
                          (Jsonb(CONFIG),)).fetchone()[0]
 
     with psycopg.connect(db_url) as first, psycopg.connect(db_url) as second:

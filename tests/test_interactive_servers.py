@@ -55,13 +55,13 @@ class Claimed:
 def claim_task(conn: psycopg.Connection, url: str, kind: str, overrides: tuple[str, ...] = (),
                experiment_ids: tuple[int, ...] = (), trial_ids: tuple[int, ...] = ()) -> Claimed:
     """Submit a task (det.submission, as the CLI does) and claim its run on agent ``h3``."""
-    conn.execute("SELECT det_agent_register('h3', 'host', 'default', 'process', %s)",
+    conn.execute("SELECT det_agent.register('h3', 'host', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
     expanded = expand_task_config(conn, kind, None, "test", ("resources.slots=0", *overrides))
     job = submit_task(conn, kind, expanded, experiment_ids=experiment_ids, trial_ids=trial_ids)
     row = conn.execute("UPDATE allocations SET state = 'ASSIGNED', agent_id = 'h3' "
                        "WHERE job_id = %s RETURNING id, spec", (job,)).fetchone()
-    token = conn.execute("SELECT det_agent_claim('h3', %s) AS t", (row["id"],)).fetchone()["t"]
+    token = conn.execute("SELECT det_agent.claim('h3', %s) AS t", (row["id"],)).fetchone()["t"]
     assert token
     return Claimed(url, job, row["id"], token, row["spec"])
 
@@ -364,7 +364,7 @@ def place(conn: psycopg.Connection, kind: str, agent: str, *overrides: str,
     job = submit_task(conn, kind, expanded, experiment_ids=experiment_ids)
     alloc = conn.execute("UPDATE allocations SET state = 'ASSIGNED', agent_id = %s "
                          "WHERE job_id = %s RETURNING id", (agent, job)).fetchone()["id"]
-    conn.execute("SELECT pg_notify(det_channel('agent', %s), 'assigned')", (agent,))
+    conn.execute("SELECT pg_notify(det_internal.channel('agent', %s), 'assigned')", (agent,))
     return job, alloc
 
 
@@ -411,7 +411,7 @@ def notebook_through_an_agent(det, conn: psycopg.Connection, runtime: str) -> No
     if runtime == "process":
         assert len(marked(marker)) >= 3  # the harness, JupyterLab, the kernel, the terminal
     conn.execute("UPDATE allocations SET desired_state = 'KILLED' WHERE id = %s", (alloc,))
-    conn.execute("SELECT pg_notify(det_channel('agent', %s), 'kill')", (agent,))
+    conn.execute("SELECT pg_notify(det_internal.channel('agent', %s), 'kill')", (agent,))
     wait_for(lambda: conn.execute("SELECT state FROM allocations WHERE id = %s",
                                   (alloc,)).fetchone()["state"] == "TERMINATED",
              60, "the killed notebook's end")
@@ -440,7 +440,7 @@ def test_a_killed_shell_ends_its_open_ssh_sessions(det, conn: psycopg.Connection
     session = open_session(addr, key)
     try:
         conn.execute("UPDATE allocations SET desired_state = 'KILLED' WHERE id = %s", (alloc,))
-        conn.execute("SELECT pg_notify(det_channel('agent', %s), 'kill')", (agent,))
+        conn.execute("SELECT pg_notify(det_internal.channel('agent', %s), 'kill')", (agent,))
         wait_for(lambda: conn.execute("SELECT state FROM allocations WHERE id = %s",
                                       (alloc,)).fetchone()["state"] == "TERMINATED",
                  60, "the killed shell's end")
@@ -532,20 +532,20 @@ def test_tensorboard_sources_are_the_tasks_own_without_credentials(
     assert "access_key" not in rows[1]["storage"] and "secret_key" not in rows[1]["storage"]
     # another kind of task has no sources
     notebook = claim_task(conn, db_url, "NOTEBOOK")
-    assert conn.execute("SELECT count(*) AS n FROM det_task_tensorboard_sources(%s)",
+    assert conn.execute("SELECT count(*) AS n FROM det_task.tensorboard_sources(%s)",
                         (notebook.token,)).fetchone()["n"] == 0
     # and a token that is no live run's is refused
     with pytest.raises(psycopg.errors.InvalidAuthorizationSpecification):
-        conn.execute("SELECT * FROM det_task_tensorboard_sources('nope')")
+        conn.execute("SELECT * FROM det_task.tensorboard_sources('nope')")
 
 
 def test_a_task_records_host_port_or_a_shells_user_at_host_port(
         conn: psycopg.Connection, db_url: str) -> None:
     shell = claim_task(conn, db_url, "SHELL")
     for good in ("10.0.0.5:2222", "root@10.0.0.5:2222", "det-user_1@host.example:22"):
-        conn.execute("SELECT det_task_ready(%s, %s)", (shell.token, good))
+        conn.execute("SELECT det_task.ready(%s, %s)", (shell.token, good))
         assert conn.execute("SELECT address FROM allocations WHERE id = %s",
                             (shell.allocation_id,)).fetchone()["address"] == good
     for bad in ("10.0.0.5", "a b@host:22", "@host:22", "root@host:22; rm", None):
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="address: expected"):
-            conn.execute("SELECT det_task_ready(%s, %s)", (shell.token, bad))
+            conn.execute("SELECT det_task.ready(%s, %s)", (shell.token, bad))

@@ -1,6 +1,6 @@
 """A control plane that survives losing its database server (issue 35), on one plain database:
 a write whose commit acknowledgement was lost (a failover) is retried without being written
-twice (task log lines: det_append_logs, keyed by the shipper's uuid and each line's number),
+twice (task log lines: det_agent.append_logs, keyed by the shipper's uuid and each line's number),
 a replica answering a write (SQLSTATE 25006) sends the retry layer to a new connection, and
 the task pooler refuses a URL of several hosts (PgBouncer cannot fail over between them)."""
 
@@ -26,7 +26,7 @@ def stored(url: str, alloc: int) -> list[str]:
 def test_a_log_batch_sent_again_is_written_once(db_url: str, tmp_path) -> None:
     alloc = claim_allocation(db_url, tmp_path).id
     writer, other = uuid.uuid4(), uuid.uuid4()
-    append = ("SELECT det_append_logs(%s, %s, %s, NULL, %s, %s::bigint[])")
+    append = ("SELECT det_agent.append_logs(%s, %s, %s, NULL, %s, %s::bigint[])")
     with psycopg.connect(db_url, autocommit=True) as c:
         c.execute(append, (alloc, ["stdout"] * 2, ["a", "b"], writer, [1, 2]))
         c.execute(append, (alloc, ["stdout"] * 2, ["a", "b"], writer, [1, 2]))  # replayed

@@ -115,7 +115,7 @@ def test_a_short_password_takes_a_cluster_admin_and_weak_ok(server: Server, det,
     with psycopg.connect(make_conninfo(conn.info.dsn, user="ann", password=PASSWORD),
                          autocommit=True) as ann, \
             pytest.raises(psycopg.errors.InvalidParameterValue, match="password length"):
-        ann.execute("SELECT det_user_set_password('ann', %s)",
+        ann.execute("SELECT det_user.user_set_password('ann', %s)",
                     (roles.verifier(ann, "ann", "x"),))
     assert [r["detail"]["weak_ok"] for r in audit(conn, "create", "bob")] == [True]
 
@@ -195,13 +195,13 @@ def test_parallel_guesses_cannot_pass_the_lock(server: Server) -> None:
 
 def test_the_throttle_is_only_det_serves(conn, db_url) -> None:
     """A det user cannot reset or read the counters, nor call det serve's login functions."""
-    conn.execute("SELECT det_user_create('carl', %s, false, 20)",
+    conn.execute("SELECT det_user.user_create('carl', %s, false, 20)",
                  (roles.verifier(conn, "carl", PASSWORD),))
     with psycopg.connect(make_conninfo(db_url, user="carl", password=PASSWORD),
                          row_factory=dict_row, autocommit=True) as carl:
         for stmt in ("SELECT * FROM login_throttle", "DELETE FROM login_throttle",
-                     "SELECT det_login_begin('carl', 'x')",
-                     "SELECT det_web_login(repeat('t', 40), 'carl', 60, 'x')",
-                     "SELECT det_password_stamp('carl')"):
+                     "SELECT det_web.login_begin('carl', 'x')",
+                     "SELECT det_web.login(repeat('t', 40), 'carl', 60, 'x')",
+                     "SELECT det_internal.password_stamp('carl')"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 carl.execute(stmt)

@@ -4,7 +4,7 @@
 The harness logs each workload (start with the hyperparameters, validations to 4 significant
 digits, checkpoints with uuid and size, a preemption and why, the end and why); the agent stores
 each line's rank beside it (the run is its allocation's); `det trial logs` and `det experiment
-logs` print them after ``[run N]`` / ``[trial T run N]`` and ``[rank=R]``; det_log_level tells
+logs` print them after ``[run N]`` / ``[trial T run N]`` and ``[rank=R]``; det_user.log_level tells
 each line's level for the WebUI's filter.
 """
 
@@ -42,7 +42,7 @@ UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 ])
 def test_a_lines_level_is_read_from_its_text(conn: psycopg.Connection, line: str,
                                              level: str) -> None:
-    assert conn.execute("SELECT det_log_level('stderr', %s) AS l",
+    assert conn.execute("SELECT det_user.log_level('stderr', %s) AS l",
                         (line,)).fetchone()["l"] == level
 
 
@@ -159,7 +159,7 @@ def test_trial_logs_say_what_ran_in_each_run(det, conn, tmp_path) -> None:
     r = det("experiment", "logs", "99", check=False)
     assert r.returncode != 0 and "experiment 99 not found" in r.stderr
     assert {row["level"] for row in conn.execute(
-        "SELECT det_log_level(stream, line) AS level FROM task_logs "
+        "SELECT det_user.log_level(stream, line) AS level FROM task_logs "
         "WHERE line LIKE 'INFO: [%%] det.harness: %%'")} == {"info"}
     assert re.match(UUID, paused["uuid"])
 

@@ -185,7 +185,7 @@ def test_migrations_and_schema_sql_build_the_same_catalog(new_database) -> None:
         for stmt in pglast.split(SCHEMA_SQL.read_text()):
             conn.execute(stmt)
     a, b = render(catalog(migrated)), render(catalog(from_schema))
-    assert any(line.startswith("function det_create_experiment(") for line in a)
+    assert any(line.startswith("function det_user.create_experiment(") for line in a)
     if a != b:
         diff = "\n".join(difflib.unified_diff(a, b, "migrations", "schema.sql", lineterm=""))
         pytest.fail(f"schema.sql and db/migrations build different catalogs:\n{diff}")
@@ -241,7 +241,7 @@ def test_schema_sql_defines_each_object_once() -> None:
         assert obj not in seen, f"schema.sql defines {obj[0]} {obj[1]} twice"
         if obj is not None:
             seen.add(obj)
-    assert ("function", "det_create_experiment(jsonb, text, bytea, text, text)") in seen
+    assert ("function", "det_user.create_experiment(jsonb, text, bytea, text, text)") in seen
 
 
 def _granted_objects(stmt: ast.GrantStmt) -> list[str]:

@@ -245,12 +245,13 @@ def test_a_registered_checkpoint_survives_a_0_0_0_policy(det, conn, ckpts) -> No
     experiment = conn.execute(
         "SELECT t.experiment_id AS id FROM checkpoints c JOIN trials t ON t.id = c.trial_id "
         "WHERE c.uuid = %s", (ckpts[0],)).fetchone()["id"]
-    assert conn.execute("SELECT count(*) AS n FROM det_checkpoints_to_delete(%s, 0, 0, 0)",
+    assert conn.execute("SELECT count(*) AS n FROM det_user.checkpoints_to_delete(%s, 0, 0, 0)",
                         (experiment,)).fetchone()["n"] == 0
     for state in ("STOPPING_COMPLETED", "COMPLETED"):
         conn.execute("UPDATE trials SET state = %s WHERE experiment_id = %s", (state, experiment))
-    doomed = conn.execute("SELECT uuid::text AS uuid FROM det_checkpoints_to_delete(%s, 0, 0, 0)",
-                          (experiment,)).fetchall()
+    doomed = conn.execute(
+        "SELECT uuid::text AS uuid FROM det_user.checkpoints_to_delete(%s, 0, 0, 0)",
+        (experiment,)).fetchall()
     assert [row["uuid"] for row in doomed] == [ckpts[1]]
 
 
@@ -269,11 +270,12 @@ def test_a_registered_checkpoint_stays_completed(det, conn, ckpts) -> None:
 def test_a_version_registered_while_gc_waits_still_pins(db_url, conn, ckpts) -> None:
     """Two sessions: a registration holds its checkpoint; a GC statement that decided from an
     earlier snapshot that nothing pins it waits, then is refused once the version commits."""
-    conn.execute("SELECT det_model_create('m', '', '{}', NULL)")
+    conn.execute("SELECT det_user.model_create('m', '', '{}', NULL)")
     outcome: list[BaseException | None] = []
     with psycopg.connect(db_url) as registering:
-        registering.execute("SELECT det_model_register_version('m', %s, NULL, NULL, NULL, NULL)",
-                            (ckpts[0],))
+        registering.execute(
+            "SELECT det_user.model_register_version('m', %s, NULL, NULL, NULL, NULL)",
+            (ckpts[0],))
 
         def gc() -> None:
             with psycopg.connect(db_url, autocommit=True) as c:

@@ -98,16 +98,16 @@ def test_a_planned_stops_end_is_not_a_failure(run, expected) -> None:
 
 
 def test_stop_runs_marks_the_agents_runs_and_wakes_their_tasks(conn, db_url) -> None:
-    """det_agent_stop_runs, what the agent calls on SIGTERM: its live run becomes desired
+    """det_agent.stop_runs, what the agent calls on SIGTERM: its live run becomes desired
     STOPPED and planned_stop, its task's channel is notified at once (no reconciler, no
     poll), the agent is stopping until it registers again, and other agents' runs are left."""
-    conn.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', %s)",
+    conn.execute("SELECT det_agent.register('a1', 'h', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
     queue_runs(conn, 2)  # one placed on a1's slot, one waiting
     placed = conn.execute("SELECT id FROM allocations WHERE agent_id = 'a1'").fetchone()["id"]
     with psycopg.connect(db_url, autocommit=True) as listener:
         channels.listen(listener, channels.allocation(placed))
-        ids = conn.execute("SELECT det_agent_stop_runs('a1') AS ids").fetchone()["ids"]
+        ids = conn.execute("SELECT det_agent.stop_runs('a1') AS ids").fetchone()["ids"]
         woken = list(listener.notifies(timeout=5, stop_after=1))
     assert ids == [placed] and len(woken) == 1
     rows = conn.execute("SELECT id, desired_state::text AS d, planned_stop FROM allocations "
@@ -117,7 +117,7 @@ def test_stop_runs_marks_the_agents_runs_and_wakes_their_tasks(conn, db_url) -> 
         **{r["id"]: ("RUNNING", False) for r in rows if r["id"] != placed}}
     stopping = "SELECT stopping FROM agents WHERE id = 'a1'"
     assert conn.execute(stopping).fetchone()["stopping"]
-    conn.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', %s)",
+    conn.execute("SELECT det_agent.register('a1', 'h', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
     assert not conn.execute(stopping).fetchone()["stopping"]
 

@@ -5,8 +5,8 @@ page said it ran.
 The pure rule (det.reconciler.schedulers.preemption): a run is protected until it reports a
 checkpoint or has held its slots for scheduler.min_run_time; of the rest, the longest held
 goes first; fair-share ties keep slots where they are. Then, on a real database: every way a
-run ends leaves a reason (det_run_end_reason), a trial's latest run reads as the queue sees
-it (det_run_status), and the scenario itself with the real reconciler and agent.
+run ends leaves a reason (det_user.run_end_reason), a trial's latest run reads as the queue sees
+it (det_user.run_status), and the scenario itself with the real reconciler and agent.
 """
 
 import math
@@ -118,12 +118,12 @@ def test_min_run_time_is_a_scheduler_key_with_default_60_s() -> None:
 END_PATHS = {
     "end_lost_allocations": "lost", "escalate_desired": "paused", "end_unstarted": "unstarted",
     "kill_overdue": "overdue", "preempt": "preempted",
-    "det_agent_report_each": "exit0", "det_stop_runs_of": "planned",
+    "det_agent.report_each": "exit0", "det_internal.stop_runs_of": "planned",
     # interactive tasks keep why they ended on the task too (reporting.tasks.end_reason);
     # their runs' reasons are those of end_tasks and the agent's
-    "end_tasks": "task", "kill_overdue_tasks": "task", "det_task_kill": "task",
+    "end_tasks": "task", "kill_overdue_tasks": "task", "det_user.task_kill": "task",
     # a gang's share that failed ends the run with 'workers of node N (agent A) ended: ...'
-    "det_agent_report_node": "gang",
+    "det_agent.report_node": "gang",
 }
 
 _SETS_END = re.compile(r"UPDATE allocations\b(?:(?!;).)*?\bSET\b((?:(?!\bWHERE\b|\bFROM\b|;).)*)",
@@ -143,7 +143,7 @@ def test_the_run_end_paths_are_all_listed() -> None:
         if _ends_runs(getattr(queries, name)):
             found.add(name)
     schema = (root / "schema.sql").read_text()
-    for name, body in re.findall(r"CREATE FUNCTION (\w+)\((.*?)\n(?:END )?\$\$;", schema, re.S):
+    for name, body in re.findall(r"CREATE FUNCTION ([\w.]+)\((.*?)\n(?:END )?\$\$;", schema, re.S):
         if _ends_runs(body):
             found.add(name)
     assert found == set(END_PATHS)
@@ -152,8 +152,8 @@ def test_the_run_end_paths_are_all_listed() -> None:
 def test_every_way_a_run_ends_leaves_a_reason(conn, db_url) -> None:
     """Issue 34: a preempted run's "Why it ended" was blank. Each path of END_PATHS that a
     trial's run takes, driven through the real pass and the agent's functions, ends with a
-    reason that says what happened (det_run_end_reason), and the run reads as the queue sees
-    it before and after (det_run_status)."""
+    reason that says what happened (det_user.run_end_reason), and the run reads as the queue sees
+    it before and after (det_user.run_status)."""
     import psycopg
     from psycopg.rows import dict_row
     from psycopg.types.json import Jsonb
@@ -163,7 +163,7 @@ def test_every_way_a_run_ends_leaves_a_reason(conn, db_url) -> None:
     from det.reconciler.placement import apply
     from det.reconciler.schedulers import Decision
 
-    conn.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', %s)",
+    conn.execute("SELECT det_agent.register('a1', 'h', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": i, "type": "cpu"} for i in range(16)]),))
     names = ["exit0", "reason", "code", "storage", "preempted", "paused", "killed", "canceled",
              "closed", "overdue", "planned", "unstarted", "lost"]
@@ -173,17 +173,18 @@ def test_every_way_a_run_ends_leaves_a_reason(conn, db_url) -> None:
                 "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n"
                 + ("resources: {slots_per_trial: 32}\n" if name == "unstarted" else ""))
         cfg = load_experiment_config(text).expanded()
-        exps[name] = conn.execute("SELECT det_create_experiment(%s, %s, NULL) AS id",
+        exps[name] = conn.execute("SELECT det_user.create_experiment(%s, %s, NULL) AS id",
                                   (Jsonb(cfg), text)).fetchone()["id"]
 
     def run(name: str) -> dict:
         return conn.execute(
-            "SELECT a.id, det_run_status(a.id) AS status, det_run_end_reason(a.id) AS why "
+            "SELECT a.id, det_user.run_status(a.id) AS status, "
+            "det_user.run_end_reason(a.id) AS why "
             "FROM allocations a JOIN trials t ON t.id = a.trial_id WHERE t.experiment_id = %s",
             (exps[name],)).fetchone()
 
     def report(name: str, code: int | None, reason: str | None = None) -> None:
-        conn.execute("SELECT det_agent_report('a1', %s, 'TERMINATED', %s, %s)",
+        conn.execute("SELECT det_agent.report('a1', %s, 'TERMINATED', %s, %s)",
                      (run(name)["id"], code, reason))
 
     def set_state(name: str, state: str) -> None:
@@ -197,7 +198,7 @@ def test_every_way_a_run_ends_leaves_a_reason(conn, db_url) -> None:
         assert (waiting["run_state"], waiting["run_reason"]) == (
             "waiting", "needs 32 slots but the pool has 16")
         for name in names[:-2]:
-            conn.execute("SELECT det_agent_report('a1', %s, 'RUNNING')", (run(name)["id"],))
+            conn.execute("SELECT det_agent.report('a1', %s, 'RUNNING')", (run(name)["id"],))
         assert {run(n)["status"] for n in names[:-2]} == {"running"}
         report("exit0", 0)
         report("reason", 137, "killed by signal 9 (SIGKILL)")
@@ -221,7 +222,7 @@ def test_every_way_a_run_ends_leaves_a_reason(conn, db_url) -> None:
         run_pass(leader, Settings(), "test")
         assert run("paused")["status"] == "stopping"
         # the agent stops its live runs (planned): the rest were told why already
-        conn.execute("SELECT det_stop_runs_of('a1')")
+        conn.execute("SELECT det_internal.stop_runs_of('a1')")
         conn.execute("UPDATE allocations SET stop_requested_at = now() - interval '1 hour' "
                      "WHERE id = %s", (run("overdue")["id"],))
         run_pass(leader, Settings(), "test")  # the overdue one is killed
@@ -285,7 +286,7 @@ def test_three_searches_on_two_slots_preempt_no_run_before_it_trains(det, conn,
         "SELECT state::text FROM experiments ORDER BY id").fetchall()] == ["COMPLETED"] * 3
     runs = conn.execute(RUNS, {"ids": [1, 2, 3]}).fetchone()
     assert runs["at_zero"] == 0 and runs["no_reason"] == 0, runs
-    for r in conn.execute("SELECT det_run_end_reason(a.id) AS why FROM allocations a "
-                          "WHERE det_run_status(a.id) = 'preempted'").fetchall():
+    for r in conn.execute("SELECT det_user.run_end_reason(a.id) AS why FROM allocations a "
+                          "WHERE det_user.run_status(a.id) = 'preempted'").fetchall():
         assert re.fullmatch(r"preempted: slots given to experiment [123] \(fair share\)",
                             r["why"]), r

@@ -77,7 +77,7 @@ def test_ended_progress_is_a_fraction(length: int, trained: float) -> None:
 
 def _experiment(det, conn, tmp_path, length: int, trained: int) -> int:
     """An experiment whose trial's run trained ``trained`` of ``length`` batches (its op's
-    reported progress, as det_report_progress writes it)."""
+    reported progress, as det_task.report_progress writes it)."""
     cfg = config(tmp_path, "true", max_restarts="0")
     cfg.write_text(cfg.read_text().replace("batches: 10", f"batches: {length}"))
     eid = int(det("experiment", "create", str(cfg), str(tmp_path / "ctx")).stdout.split()[-1])

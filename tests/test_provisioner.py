@@ -198,7 +198,7 @@ def test_an_instance_whose_agent_holds_a_run_is_not_terminated_as_idle(conn, end
     holds nothing: a run placed after the decision keeps its instance."""
     from det.reconciler import provision
 
-    conn.execute("SELECT det_agent_register('det-instance-1', 'h', 'default', 'process', "
+    conn.execute("SELECT det_agent.register('det-instance-1', 'h', 'default', 'process', "
                  "'[{\"slot_id\": 0, \"type\": \"cpu\"}]')")
     conn.execute(provision.Q.request, {"n": 1, "pool": "default", "provider": "local"})
     assert conn.execute(provision.Q.arrived).rowcount == 1
@@ -259,7 +259,7 @@ def test_passes_with_nothing_changed_neither_list_the_provider_nor_write_the_sta
     proc = subprocess.Popen([*sleep, str(p.local.work_dir("det-instance-1"))])
     other = subprocess.Popen([*sleep, str(tmp_path / "other" / "det-instance-1")])
     try:
-        conn.execute("SELECT det_agent_register('det-instance-1', 'h', 'elastic', 'process', "
+        conn.execute("SELECT det_agent.register('det-instance-1', 'h', 'elastic', 'process', "
                      "'[{\"slot_id\": 0, \"type\": \"cpu\"}]')")
         conn.execute(Q.request, {"n": 1, "pool": "elastic", "provider": "local"})
         conn.execute(Q.launched, {"id": 1, "pid": str(proc.pid)})

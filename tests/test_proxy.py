@@ -145,7 +145,7 @@ def start_notebook(server: Server, conn: psycopg.Connection, address: str | None
                    state: str = "RUNNING", workspace: str | None = None,
                    project: str | None = None) -> tuple[int, str]:
     """A notebook submitted through the API, its run moved to ``state`` with its server at
-    ``address`` (what the task's agent and det_task_ready record); returns (job id, its
+    ``address`` (what the task's agent and det_task.ready record); returns (job id, its
     Jupyter token)."""
     r = server.client.post("/api/v1/notebooks", json={
         "force": True, "workspace": workspace, "project": project,
@@ -164,7 +164,7 @@ def start_notebook(server: Server, conn: psycopg.Connection, address: str | None
 
 
 def login(server: Server, conn: psycopg.Connection, name: str) -> str:
-    conn.execute("SELECT det_user_create(%s, %s, false)",
+    conn.execute("SELECT det_user.user_create(%s, %s, false)",
                  (name, password_verifier(conn, name, "pw of " + name)))
     r = httpx.post(f"{server.url}/api/v1/auth/login",
                    json={"username": name, "password": "pw of " + name})
@@ -172,13 +172,13 @@ def login(server: Server, conn: psycopg.Connection, name: str) -> str:
 
 
 def test_only_a_login_that_may_open_the_task_reaches_it(serve, conn, task_server) -> None:
-    conn.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
-    conn.execute("SELECT det_project_create('vision', 'p', '')")
+    conn.execute("SELECT det_user.workspace_create('vision', NULL, NULL, NULL)")
+    conn.execute("SELECT det_user.project_create('vision', 'p', '')")
     job, task_server.token = start_notebook(serve, conn, task_server.address,
                                             workspace="vision", project="p")
     url = f"{serve.url}/proxy/{job}/echo"
     vic, olga = login(serve, conn, "vic"), login(serve, conn, "olga")
-    conn.execute("SELECT det_role_assign('Viewer', 'vic', NULL, 'vision', true)")
+    conn.execute("SELECT det_user.role_assign('Viewer', 'vic', NULL, 'vision', true)")
 
     r = httpx.get(url)
     assert r.status_code == 401 and "not logged in" in r.json()["error"]
@@ -197,7 +197,7 @@ def test_only_a_login_that_may_open_the_task_reaches_it(serve, conn, task_server
 
     before = conn.execute("SELECT last_activity FROM tasks WHERE job_id = %s",
                           (job,)).fetchone()["last_activity"]
-    time.sleep(5.1)  # det_task_open touches last_activity at most once per 5 s
+    time.sleep(5.1)  # det_user.task_open touches last_activity at most once per 5 s
     r = serve.client.get(url)
     assert r.status_code == 200, r.text
     after = conn.execute("SELECT last_activity FROM tasks WHERE job_id = %s",
@@ -207,18 +207,18 @@ def test_only_a_login_that_may_open_the_task_reaches_it(serve, conn, task_server
 
 def test_a_role_taken_away_or_a_logout_closes_the_proxy_within_a_grant(
         serve, conn, task_server) -> None:
-    """det_task_open's answer is reused for GRANT_TTL_S (det.api.proxy.Grants): a role taken
+    """det_user.task_open's answer is reused for GRANT_TTL_S (det.api.proxy.Grants): a role taken
     away, or a logout, stops the next request once that has passed, HTTP and WebSocket."""
-    conn.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
-    conn.execute("SELECT det_project_create('vision', 'p', '')")
+    conn.execute("SELECT det_user.workspace_create('vision', NULL, NULL, NULL)")
+    conn.execute("SELECT det_user.project_create('vision', 'p', '')")
     job, task_server.token = start_notebook(serve, conn, task_server.address,
                                             workspace="vision", project="p")
     eve = login(serve, conn, "eve")
-    conn.execute("SELECT det_role_assign('Editor', 'eve', NULL, 'vision', true)")
+    conn.execute("SELECT det_user.role_assign('Editor', 'eve', NULL, 'vision', true)")
     url = f"{serve.url}/proxy/{job}/echo"
     headers = {"Authorization": f"Bearer {eve}"}
     assert httpx.get(url, headers=headers).status_code == 200
-    conn.execute("SELECT det_role_assign('Editor', 'eve', NULL, 'vision', false)")
+    conn.execute("SELECT det_user.role_assign('Editor', 'eve', NULL, 'vision', false)")
     time.sleep(GRANT_TTL_S + 0.2)
     assert httpx.get(url, headers=headers).status_code == 404
     with pytest.raises(websockets.InvalidStatus) as refused:
@@ -388,8 +388,8 @@ def test_a_task_not_running_answers_a_page_naming_its_state(serve, conn, task_se
 
 def test_the_tasks_api_starts_lists_kills_and_refuses_bad_input(serve, conn) -> None:
     api = serve.client
-    conn.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
-    conn.execute("SELECT det_project_create('vision', 'p', '')")
+    conn.execute("SELECT det_user.workspace_create('vision', NULL, NULL, NULL)")
+    conn.execute("SELECT det_user.project_create('vision', 'p', '')")
     r = api.post("/api/v1/notebooks", json={
         "config": "description: my lab\nidle_timeout: 10m\n", "overrides": ["resources.slots=0"],
         "workspace": "vision", "project": "p"})
@@ -419,7 +419,7 @@ def test_the_tasks_api_starts_lists_kills_and_refuses_bad_input(serve, conn) -> 
 
     # roles: a Viewer sees it but may not kill it; a user of no role there does not see it
     vic, olga = login(serve, conn, "vic"), login(serve, conn, "olga")
-    conn.execute("SELECT det_role_assign('Viewer', 'vic', NULL, 'vision', true)")
+    conn.execute("SELECT det_user.role_assign('Viewer', 'vic', NULL, 'vision', true)")
     with httpx.Client(base_url=serve.url, headers={"Authorization": f"Bearer {vic}"}) as v:
         assert [t["id"] for t in v.get("/api/v1/tasks?all=true").json()["tasks"]] == [job]
         assert v.post(f"/api/v1/tasks/{job}/kill").status_code == 403

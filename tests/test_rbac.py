@@ -29,7 +29,7 @@ class Cluster:
 
     def user(self, name: str, admin: bool = False) -> None:
         verifier = password_verifier(self.owner, name, PASSWORD)
-        self.owner.execute("SELECT det_user_create(%s, %s, %s)", (name, verifier, admin))
+        self.owner.execute("SELECT det_user.user_create(%s, %s, %s)", (name, verifier, admin))
 
     def url_of(self, name: str) -> str:
         return make_conninfo(self.url, user=name, password=PASSWORD)
@@ -38,7 +38,7 @@ class Cluster:
         return psycopg.connect(self.url_of(name), autocommit=True, row_factory=dict_row)
 
     def experiment(self, workspace: str | None = None, project: str | None = None) -> int:
-        return self.owner.execute("SELECT det_create_experiment(%s, '', NULL, %s, %s) AS id",
+        return self.owner.execute("SELECT det_user.create_experiment(%s, '', NULL, %s, %s) AS id",
                                   (Jsonb(CONFIG), workspace, project)).fetchone()["id"]
 
 
@@ -78,9 +78,9 @@ def test_each_user_sees_only_their_workspaces_rows_in_raw_sql(cluster: Cluster) 
     c = cluster
     for name in ("alice", "bob"):
         c.user(name)
-        c.owner.execute("SELECT det_workspace_create(%s, NULL, NULL, NULL)", (f"ws-{name}",))
-        c.owner.execute("SELECT det_project_create(%s, 'p', '')", (f"ws-{name}",))
-        c.owner.execute("SELECT det_role_assign('Editor', %s, NULL, %s, true)",
+        c.owner.execute("SELECT det_user.workspace_create(%s, NULL, NULL, NULL)", (f"ws-{name}",))
+        c.owner.execute("SELECT det_user.project_create(%s, 'p', '')", (f"ws-{name}",))
+        c.owner.execute("SELECT det_user.role_assign('Editor', %s, NULL, %s, true)",
                         (name, f"ws-{name}"))
         _seed_experiment_data(c, c.experiment(f"ws-{name}", "p"))
     # Uncategorized is everyone's: nothing of alice's or bob's there
@@ -96,9 +96,10 @@ def test_each_user_sees_only_their_workspaces_rows_in_raw_sql(cluster: Cluster) 
                                "ON p.id = e.project_id JOIN workspaces w ON w.id = p.workspace_id "
                                "WHERE w.name = 'ws-bob'").fetchone()["id"]
         # bob's experiment does not exist for alice, whatever she calls
-        for call in ("det_experiment_action(%s, 'pause')", "det_experiment_archive(%s, true)",
-                     "det_experiment_delete(%s)", "det_set_gc_policy(%s, 0, 0, 0)",
-                     "det_experiment_move(%s, 'ws-alice', 'p')"):
+        for call in ("det_user.experiment_action(%s, 'pause')",
+                     "det_user.experiment_archive(%s, true)",
+                     "det_user.experiment_delete(%s)", "det_user.set_gc_policy(%s, 0, 0, 0)",
+                     "det_user.experiment_move(%s, 'ws-alice', 'p')"):
             with pytest.raises(psycopg.errors.NoDataFound, match="not found"):
                 alice.execute(f"SELECT {call}", (bobs,))
         # nothing in psql beyond det's own rules: no writes, no audit log, no tokens
@@ -119,31 +120,31 @@ ROLES = ["Viewer", "Editor", "WorkspaceAdmin", "ClusterAdmin", None]
 ACTIONS = [
     ("view", "SELECT 1 / count(*) FROM experiments WHERE id = {e}",
      {"Viewer", "Editor", "WorkspaceAdmin", "ClusterAdmin"}),
-    ("pause", "SELECT det_experiment_action({e}, 'pause')",
+    ("pause", "SELECT det_user.experiment_action({e}, 'pause')",
      {"Editor", "WorkspaceAdmin", "ClusterAdmin"}),
-    ("kill", "SELECT det_experiment_action({e}, 'kill')",
+    ("kill", "SELECT det_user.experiment_action({e}, 'kill')",
      {"Editor", "WorkspaceAdmin", "ClusterAdmin"}),
-    ("priority", "SELECT det_job_update({j}, 'priority', '10')",
+    ("priority", "SELECT det_user.job_update({j}, 'priority', '10')",
      {"Editor", "WorkspaceAdmin", "ClusterAdmin"}),
     ("create experiment",
-     f"SELECT det_create_experiment('{json.dumps(CONFIG)}', '', NULL, 'vision', 'p')",
+     f"SELECT det_user.create_experiment('{json.dumps(CONFIG)}', '', NULL, 'vision', 'p')",
      {"Editor", "WorkspaceAdmin", "ClusterAdmin"}),
-    ("move experiment", "SELECT det_experiment_move({e}, 'Uncategorized', 'Uncategorized')",
+    ("move experiment", "SELECT det_user.experiment_move({e}, 'Uncategorized', 'Uncategorized')",
      {"Editor", "WorkspaceAdmin", "ClusterAdmin"}),
-    ("create project", "SELECT det_project_create('vision', 'q', '')",
+    ("create project", "SELECT det_user.project_create('vision', 'q', '')",
      {"Editor", "WorkspaceAdmin", "ClusterAdmin"}),
-    ("create model", "SELECT det_model_create('m', '', NULL, 'vision')",
+    ("create model", "SELECT det_user.model_create('m', '', NULL, 'vision')",
      {"Editor", "WorkspaceAdmin", "ClusterAdmin"}),
-    ("archive workspace", "SELECT det_workspace_set_archived('vision', true)",
+    ("archive workspace", "SELECT det_user.workspace_set_archived('vision', true)",
      {"WorkspaceAdmin", "ClusterAdmin"}),
     ("assign a role in the workspace",
-     "SELECT det_role_assign('Viewer', 'someone', NULL, 'vision', true)",
+     "SELECT det_user.role_assign('Viewer', 'someone', NULL, 'vision', true)",
      {"WorkspaceAdmin", "ClusterAdmin"}),
-    ("create workspace", "SELECT det_workspace_create('other', NULL, NULL, NULL)",
+    ("create workspace", "SELECT det_user.workspace_create('other', NULL, NULL, NULL)",
      {"ClusterAdmin"}),
-    ("create user", "SELECT det_user_create('newcomer', NULL, false)", {"ClusterAdmin"}),
-    ("disable agent", "SELECT det_agent_set_enabled('a1', false)", {"ClusterAdmin"}),
-    ("apply cluster config", "SELECT det_apply_cluster_config("
+    ("create user", "SELECT det_user.user_create('newcomer', NULL, false)", {"ClusterAdmin"}),
+    ("disable agent", "SELECT det_user.agent_set_enabled('a1', false)", {"ClusterAdmin"}),
+    ("apply cluster config", "SELECT det_user.apply_cluster_config("
      "'{\"resource_pools\": [{\"name\": \"default\"}]}', '')", {"ClusterAdmin"}),
     ("read the audit log", "SELECT 1 / count(*) FROM audit_log", {"ClusterAdmin"}),
 ]
@@ -151,11 +152,11 @@ ACTIONS = [
 
 def test_each_role_is_allowed_exactly_its_actions(cluster: Cluster) -> None:
     c = cluster
-    c.owner.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+    c.owner.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                     (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
-    c.owner.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
-    c.owner.execute("SELECT det_project_create('vision', 'p', '')")
-    c.owner.execute("SELECT det_apply_cluster_config(%s, '')", (Jsonb(
+    c.owner.execute("SELECT det_user.workspace_create('vision', NULL, NULL, NULL)")
+    c.owner.execute("SELECT det_user.project_create('vision', 'p', '')")
+    c.owner.execute("SELECT det_user.apply_cluster_config(%s, '')", (Jsonb(
         {"resource_manager": {"scheduler": {"type": "priority"}},
          "resource_pools": [{"name": "default"}]}),))
     exp = c.experiment("vision", "p")
@@ -167,7 +168,8 @@ def test_each_role_is_allowed_exactly_its_actions(cluster: Cluster) -> None:
         name = f"user{i}"
         c.user(name, admin=role == "ClusterAdmin")
         if role not in (None, "ClusterAdmin"):
-            c.owner.execute("SELECT det_role_assign(%s, %s, NULL, 'vision', true)", (role, name))
+            c.owner.execute("SELECT det_user.role_assign(%s, %s, NULL, 'vision', true)",
+                            (role, name))
         with c.connect(name) as conn:
             for action, stmt, _ in ACTIONS:
                 try:
@@ -185,9 +187,9 @@ def test_each_role_is_allowed_exactly_its_actions(cluster: Cluster) -> None:
 def test_a_refusal_names_role_and_scope_and_writes_nothing(cluster: Cluster, det) -> None:
     c = cluster
     c.user("vic")
-    c.owner.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
-    c.owner.execute("SELECT det_project_create('vision', 'p', '')")
-    c.owner.execute("SELECT det_role_assign('Viewer', 'vic', NULL, 'vision', true)")
+    c.owner.execute("SELECT det_user.workspace_create('vision', NULL, NULL, NULL)")
+    c.owner.execute("SELECT det_user.project_create('vision', 'p', '')")
+    c.owner.execute("SELECT det_user.role_assign('Viewer', 'vic', NULL, 'vision', true)")
     exp = c.experiment("vision", "p")
     audit = c.owner.execute("SELECT count(*) AS n FROM audit_log").fetchone()["n"]
     r = det("experiment", "pause", str(exp), check=False, DET_DB_URL=c.url_of("vic"))
@@ -249,8 +251,8 @@ def test_the_cli_end_to_end_as_two_users(cluster: Cluster, det, tmp_path) -> Non
 
 def test_a_workspace_with_experiments_cannot_be_deleted(cluster: Cluster, det) -> None:
     c = cluster
-    c.owner.execute("SELECT det_workspace_create('vision', NULL, NULL, NULL)")
-    c.owner.execute("SELECT det_project_create('vision', 'p', '')")
+    c.owner.execute("SELECT det_user.workspace_create('vision', NULL, NULL, NULL)")
+    c.owner.execute("SELECT det_user.project_create('vision', 'p', '')")
     exp = c.experiment("vision", "p")
     r = det("workspace", "delete", "vision", "--yes", check=False)
     assert r.returncode == 1
@@ -263,7 +265,7 @@ def test_a_workspace_with_experiments_cannot_be_deleted(cluster: Cluster, det) -
 
 def test_bound_pools_serve_only_their_workspaces(cluster: Cluster, det, tmp_path) -> None:
     c = cluster
-    c.owner.execute("SELECT det_apply_cluster_config(%s, '')", (Jsonb(
+    c.owner.execute("SELECT det_user.apply_cluster_config(%s, '')", (Jsonb(
         {"resource_pools": [{"name": "default"}, {"name": "gpus"}]}),))
     for ws in ("vision", "nlp"):
         det("workspace", "create", ws, *(["--default-compute-pool", "gpus"]
@@ -302,7 +304,7 @@ def test_names_are_stored_and_shown_verbatim(cluster: Cluster, det) -> None:
     assert NASTY in det("project", "list", NASTY).stdout
     assert NASTY in det("user-group", "list").stdout
     with c.connect(NASTY) as conn:
-        assert conn.execute("SELECT det_caller() AS u").fetchone()["u"] == NASTY
+        assert conn.execute("SELECT det_user.caller() AS u").fetchone()["u"] == NASTY
         assert [r["name"] for r in conn.execute("SELECT name FROM workspaces ORDER BY id")] == [
             "Uncategorized", NASTY]
     assert c.owner.execute("SELECT count(*) AS n FROM experiments").fetchone()["n"] == 0
@@ -315,7 +317,7 @@ def test_passwords_are_postgres_scram_verifiers(cluster: Cluster, det) -> None:
                              ).fetchone()["rolpassword"]
     assert stored.startswith("SCRAM-SHA-256$") and PASSWORD not in stored
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="SCRAM-SHA-256 verifier"):
-        c.owner.execute("SELECT det_user_set_password('carol', 'plain text')")
+        c.owner.execute("SELECT det_user.user_set_password('carol', 'plain text')")
     det("user", "change-password", "carol", input=f"{PASSWORD}2\n{PASSWORD}2\n")
     with psycopg.connect(make_conninfo(c.url, user="carol", password=f"{PASSWORD}2")) as conn:
         assert conn.execute("SELECT session_user").fetchone()[0] == "carol"

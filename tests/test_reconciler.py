@@ -227,7 +227,7 @@ def test_a_burst_of_tiny_tasks_is_claimed_started_and_reported_once_each(det, co
     cfg = load_experiment_config(BURST).expanded()
     with conn.transaction():
         for _ in range(40):
-            conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(cfg),))
+            conn.execute("SELECT det_user.create_experiment(%s, '', NULL)", (Jsonb(cfg),))
     det.start("reconciler", "reconcile", "--interval", "0.5")
     det.start("agent", "agent", "run", "--slots", "8", "--runtime", "process")
     wait_for(lambda: conn.execute(
@@ -264,13 +264,13 @@ def test_a_task_waiting_for_its_next_op_is_woken_by_the_pass_that_decides(
     from det.reconciler.passes import Settings, run_pass
 
     monkeypatch.setattr(transport, "OP_POLL_SECONDS", 60.0)
-    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+    conn.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
     det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as leader:
         run_pass(leader, Settings(), "test")  # the trial, its op, its run placed on a1
         alloc = conn.execute("SELECT id FROM allocations").fetchone()["id"]
-        token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+        token = conn.execute("SELECT det_agent.claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
         task = transport.DbTransport(db_url, alloc, token)
         try:
             op = task.current_op()
@@ -279,7 +279,8 @@ def test_a_task_waiting_for_its_next_op_is_woken_by_the_pass_that_decides(
             waiting = threading.Thread(target=lambda: answers.append(task.current_op()))
             waiting.start()
             wait_for(lambda: conn.execute(
-                "SELECT count(*) AS n FROM pg_stat_activity WHERE query LIKE '%det_current_op%'"
+                "SELECT count(*) AS n FROM pg_stat_activity "
+                "WHERE query LIKE '%det_task.current_op%'"
                 " AND state = 'idle'").fetchone()["n"] > 0, 20, "the task's first wait")
             run_pass(leader, Settings(), "test")  # single: no more ops for the trial
             waiting.join(20)
@@ -297,7 +298,7 @@ def one_ended_one_waiting(det, conn, leader, tmp_path: Path) -> tuple[dict, dict
 
     from det.reconciler.passes import Settings, run_pass
 
-    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+    conn.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
     for _ in range(2):
         det("experiment", "create", str(config(tmp_path, "true")), str(tmp_path / "ctx"))
@@ -306,8 +307,8 @@ def one_ended_one_waiting(det, conn, leader, tmp_path: Path) -> tuple[dict, dict
         "SELECT a.id, a.state::text, t.experiment_id FROM allocations a "
         "JOIN trials t ON t.id = a.trial_id")}
     ended, waiting = runs["ASSIGNED"], runs["PENDING"]
-    conn.execute("SELECT det_agent_claim('a1', %s)", (ended["id"],))
-    conn.execute("SELECT det_agent_report_each('a1', %s, 'TERMINATED', %s, %s)",
+    conn.execute("SELECT det_agent.claim('a1', %s)", (ended["id"],))
+    conn.execute("SELECT det_agent.report_each('a1', %s, 'TERMINATED', %s, %s)",
                  ([ended["id"]], [0], [None]))
     return ended, waiting
 
@@ -430,7 +431,7 @@ def queue_runs(conn, n: int) -> None:
     config = one_trial_config()
     with conn.transaction():
         for _ in range(n):
-            conn.execute("SELECT det_create_experiment(%s, '', NULL)", (config,))
+            conn.execute("SELECT det_user.create_experiment(%s, '', NULL)", (config,))
     while run_pass(conn, Settings(), "test").changes:
         pass
 
@@ -560,7 +561,7 @@ def test_a_search_resumed_from_the_database_draws_as_one_kept_in_memory(conn) ->
         "name: r\nentrypoint: 'true'\nhyperparameters: {lr: {type: double, minval: 0, maxval: 1}}"
         "\nsearcher: {name: random, metric: loss, max_trials: 3, max_concurrent_trials: 2,"
         " max_length: {batches: 5}}\n").expanded()
-    conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(expanded),))
+    conn.execute("SELECT det_user.create_experiment(%s, '', NULL)", (Jsonb(expanded),))
     run_pass(conn, Settings(), "test")  # trials 1 and 2: two draws each
     stored = conn.execute("SELECT searcher_state, searcher_rng FROM experiments").fetchone()
     assert "rng" not in stored["searcher_state"] and stored["searcher_rng"] is not None
@@ -599,7 +600,7 @@ def test_events_that_mean_nothing_are_consumed_without_rewriting_the_experiment(
     expanded = load_experiment_config(
         "name: r\nentrypoint: 'true'\n"
         "searcher: {name: single, metric: loss, max_length: {batches: 5}}\n").expanded()
-    conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(expanded),))
+    conn.execute("SELECT det_user.create_experiment(%s, '', NULL)", (Jsonb(expanded),))
     run_pass(conn, Settings(), "test")
     version = conn.execute("SELECT xmin::text AS v FROM experiments").fetchone()["v"]
     conn.execute("INSERT INTO searcher_events (experiment_id, trial_id, kind, payload) "

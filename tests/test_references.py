@@ -3,7 +3,7 @@
 An experiment that warm-starts from a checkpoint (``searcher.source_trial_id`` /
 ``source_checkpoint_uuid``) and a model version pin that checkpoint: its owner can no longer
 delete it or its experiment. So only an Editor of the checkpoint's workspace may make the pin;
-a Viewer could otherwise pin another team's checkpoints forever. ``det_create_experiment``
+a Viewer could otherwise pin another team's checkpoints forever. ``det_user.create_experiment``
 checks the config keys the control plane reads, so a caller from psql cannot store a config
 that breaks the reconciler or the readers, and the readers show an old or partial stored
 config without a traceback.
@@ -53,15 +53,16 @@ class Cluster:
         self.url = url
         self.owner = psycopg.connect(url, autocommit=True, row_factory=dict_row)
         for w in ("w1", "w2"):
-            self.owner.execute("SELECT det_workspace_create(%s, NULL, NULL, NULL)", (w,))
-            self.owner.execute("SELECT det_project_create(%s, 'p', '')", (w,))
+            self.owner.execute("SELECT det_user.workspace_create(%s, NULL, NULL, NULL)", (w,))
+            self.owner.execute("SELECT det_user.project_create(%s, 'p', '')", (w,))
         for name in ("vic", "olga", "eve"):
-            self.owner.execute("SELECT det_user_create(%s, %s, false)",
+            self.owner.execute("SELECT det_user.user_create(%s, %s, false)",
                                (name, password_verifier(self.owner, name, PASSWORD)))
         for role, user, ws in (("Editor", "vic", "w1"), ("Viewer", "vic", "w2"),
                                ("Editor", "olga", "w2"), ("Editor", "olga", "w1"),
                                ("Editor", "eve", "w1")):
-            self.owner.execute("SELECT det_role_assign(%s, %s, NULL, %s, true)", (role, user, ws))
+            self.owner.execute("SELECT det_user.role_assign(%s, %s, NULL, %s, true)",
+                               (role, user, ws))
 
     def connect(self, name: str) -> psycopg.Connection:
         return psycopg.connect(make_conninfo(self.url, user=name, password=PASSWORD),
@@ -70,7 +71,7 @@ class Cluster:
     def source(self) -> Source:
         """An ended experiment of w2 whose one trial wrote one checkpoint (rows only)."""
         c = self.owner
-        eid = c.execute("SELECT det_create_experiment(%s, '', NULL, 'w2', 'p') AS id",
+        eid = c.execute("SELECT det_user.create_experiment(%s, '', NULL, 'w2', 'p') AS id",
                         (Jsonb(expanded()),)).fetchone()["id"]
         job = c.execute("SELECT job_id FROM experiments WHERE id = %s", (eid,)).fetchone()
         tid = c.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed, state, "
@@ -107,10 +108,10 @@ def pin_of(src: Source, field: str) -> dict:
 def assert_owner_can_delete(cluster: Cluster, src: Source) -> None:
     """The pin rule's point: w2's Editor can still delete the checkpoint and its experiment."""
     with cluster.connect("olga") as olga:
-        n = olga.execute("SELECT det_delete_checkpoints(%s::uuid[]) AS n",
+        n = olga.execute("SELECT det_user.delete_checkpoints(%s::uuid[]) AS n",
                          ([src.checkpoint],)).fetchone()["n"]
         assert n == 1
-        olga.execute("SELECT det_experiment_delete(%s)", (src.experiment,))
+        olga.execute("SELECT det_user.experiment_delete(%s)", (src.experiment,))
     row = cluster.owner.execute(
         "SELECT c.state, e.delete_requested_at FROM checkpoints c JOIN trials t "
         "ON t.id = c.trial_id JOIN experiments e ON e.id = t.experiment_id WHERE c.uuid = %s",
@@ -125,7 +126,7 @@ def test_viewer_cannot_pin_a_checkpoint_of_another_workspace(cluster: Cluster, f
     src = cluster.source()
     ident = str(src.trial if field == "source_trial_id" else src.checkpoint)
     with cluster.connect("vic") as vic, pytest.raises(psycopg.errors.InsufficientPrivilege) as e:
-        vic.execute("SELECT det_create_experiment(%s, '', NULL, 'w1', 'p')",
+        vic.execute("SELECT det_user.create_experiment(%s, '', NULL, 'w1', 'p')",
                     (Jsonb(pin_of(src, field)),))
     message = str(e.value)
     assert f"searcher.{field}" in message and ident in message and "Editor" in message
@@ -138,10 +139,10 @@ def test_an_editor_of_the_source_may_pin(cluster: Cluster, field) -> None:
     """Editor of the checkpoint's workspace is enough: the pin is made and holds."""
     src = cluster.source()
     with cluster.connect("olga") as olga:
-        olga.execute("SELECT det_create_experiment(%s, '', NULL, 'w1', 'p')",
+        olga.execute("SELECT det_user.create_experiment(%s, '', NULL, 'w1', 'p')",
                      (Jsonb(pin_of(src, field)),))
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="is pinned"):
-            olga.execute("SELECT det_experiment_delete(%s)", (src.experiment,))
+            olga.execute("SELECT det_user.experiment_delete(%s)", (src.experiment,))
 
 
 @pytest.mark.parametrize("field", ["source_trial_id", "source_checkpoint_uuid"])
@@ -154,7 +155,7 @@ def test_an_unseen_or_missing_source_is_not_found(cluster: Cluster, field) -> No
     with cluster.connect("eve") as eve:
         for config in (pin_of(src, field), missing):
             with pytest.raises(psycopg.errors.NoDataFound, match=f"searcher.{field}: .* not found"):
-                eve.execute("SELECT det_create_experiment(%s, '', NULL, 'w1', 'p')",
+                eve.execute("SELECT det_user.create_experiment(%s, '', NULL, 'w1', 'p')",
                             (Jsonb(config),))
     assert_owner_can_delete(cluster, src)
 
@@ -164,18 +165,18 @@ def test_model_version_of_a_view_only_checkpoint_is_refused(cluster: Cluster) ->
     model in w1; before the fix the version pinned it for good."""
     src = cluster.source()
     with cluster.connect("vic") as vic:
-        vic.execute("SELECT det_model_create('stolen', '', NULL, 'w1')")
+        vic.execute("SELECT det_user.model_create('stolen', '', NULL, 'w1')")
         with pytest.raises(psycopg.errors.InsufficientPrivilege,
                            match=f"needs Editor on workspace 'w2' to register checkpoint "
                                  f"{src.checkpoint}"):
-            vic.execute("SELECT det_model_register_version('stolen', %s, NULL, NULL, NULL, "
+            vic.execute("SELECT det_user.model_register_version('stolen', %s, NULL, NULL, NULL, "
                         "NULL)", (src.checkpoint,))
     assert cluster.owner.execute(
         "SELECT count(*) AS n FROM model_versions").fetchone()["n"] == 0
     with cluster.connect("olga") as olga:  # an Editor of both may still register it
-        olga.execute("SELECT det_model_register_version('stolen', %s, NULL, NULL, NULL, NULL)",
+        olga.execute("SELECT det_user.model_register_version('stolen', %s, NULL, NULL, NULL, NULL)",
                      (src.checkpoint,))
-        olga.execute("SELECT det_model_version_delete('stolen', 1)")
+        olga.execute("SELECT det_user.model_version_delete('stolen', 1)")
     assert_owner_can_delete(cluster, src)
 
 
@@ -261,13 +262,13 @@ BAD_CONFIGS = [
                          ids=[c[0] for c in BAD_CONFIGS])
 def test_create_from_psql_checks_what_the_control_plane_reads(cluster: Cluster, config,
                                                              message) -> None:
-    """The attack: a user calls det_create_experiment from psql with a config det.configs
+    """The attack: a user calls det_user.create_experiment from psql with a config det.configs
     would refuse; before the fix it was stored (and describe then failed with a KeyError, or
     a pass's cast failed for every experiment). Now: one line naming the key, nothing
     stored."""
     with (cluster.connect("vic") as vic,
           pytest.raises(psycopg.errors.InvalidParameterValue, match=message)):
-        vic.execute("SELECT det_create_experiment(%s, '', NULL, 'w1', 'p')", (Jsonb(config),))
+        vic.execute("SELECT det_user.create_experiment(%s, '', NULL, 'w1', 'p')", (Jsonb(config),))
     assert cluster.owner.execute("SELECT count(*) AS n FROM experiments").fetchone()["n"] == 0
 
 
@@ -290,7 +291,7 @@ def test_every_expanded_config_passes(cluster: Cluster) -> None:
                 "resources: {resource_pool: [default], priority: 5, max_slots: 2}\n"
                 "checkpoint_storage: {type: shared_fs, host_path: /tmp}\n"
                 f"searcher: {s}\n").expanded()
-            vic.execute("SELECT det_create_experiment(%s, '', NULL, 'w1', 'p')", (Jsonb(cfg),))
+            vic.execute("SELECT det_user.create_experiment(%s, '', NULL, 'w1', 'p')", (Jsonb(cfg),))
     assert cluster.owner.execute(
         "SELECT count(*) AS n FROM experiments").fetchone()["n"] == len(searchers)
 
@@ -305,7 +306,7 @@ OLD_CONFIGS = [
 
 
 def test_describe_shows_an_old_config(det, conn) -> None:
-    """Rows stored before det_create_experiment checked configs (written here through the
+    """Rows stored before det_user.create_experiment checked configs (written here through the
     owner's connection: no searcher, a partial one, one that is not a mapping, a bare
     max_length; running and ended) are described, as text and JSON, and listed without a
     traceback: before the fix `det experiment describe` raised KeyError for every viewer."""
@@ -315,7 +316,7 @@ def test_describe_shows_an_old_config(det, conn) -> None:
 
     ids = []
     for config, state in OLD_CONFIGS:
-        eid = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
+        eid = conn.execute("SELECT det_user.create_experiment(%s, '', NULL) AS id",
                            (Jsonb(expanded()),)).fetchone()["id"]
         conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed, "
                      "steps_completed) VALUES (%s, gen_random_uuid(), '{}', 1, 5)", (eid,))

@@ -29,8 +29,8 @@ import psycopg
 tries = {
     "experiments": "SELECT * FROM experiments",
     "metrics": "SELECT * FROM metrics",
-    "user function": "SELECT det_experiment_action(1, 'kill')",
-    "agent function": "SELECT det_agent_assignments('x')",
+    "user function": "SELECT det_user.experiment_action(1, 'kill')",
+    "agent function": "SELECT det_agent.assignments('x')",
     "copy to program": "COPY (SELECT 1) TO PROGRAM 'true'",
 }
 out = {}
@@ -42,7 +42,7 @@ with psycopg.connect(os.environ["DET_DB_URL"], autocommit=True) as c:
             out[name] = "allowed"
         except psycopg.Error as e:
             out[name] = e.sqlstate
-    info = c.execute("SELECT det_task_info(%s)", (os.environ["DET_ALLOCATION_TOKEN"],))
+    info = c.execute("SELECT det_task.info(%s)", (os.environ["DET_ALLOCATION_TOKEN"],))
     out["task info"] = info.fetchone()[0]["trial_id"]
     print("PROBE " + json.dumps(out), flush=True)
     while not pathlib.Path(RELEASE).exists():  # its session stays open meanwhile
@@ -129,16 +129,17 @@ def test_det_agent_runs_agent_functions_and_reads_no_table(conn, db_url) -> None
     agent_url = make_conninfo(db_url, user=roles.AGENT, password=password)
     with psycopg.connect(agent_url, autocommit=True) as agent:
         assert agent.execute("SELECT session_user::text").fetchone()[0] == roles.AGENT
-        assert agent.execute("SELECT count(*) FROM det_agent_assignments('a1')").fetchone() \
+        assert agent.execute("SELECT count(*) FROM det_agent.assignments('a1')").fetchone() \
             == (0,)
         # A context no live allocation of this agent launches is not handed out.
-        assert agent.execute("SELECT det_agent_context('a1', %s)", (ctx,)).fetchone() == (None,)
+        assert agent.execute("SELECT det_agent.context('a1', %s)", (ctx,)).fetchone() == (None,)
         for q in ("SELECT * FROM allocations", "SELECT * FROM context_blobs",
-                  "SELECT * FROM experiments", "SELECT det_task_info('t')",
-                  "SELECT det_experiment_action(1, 'kill')",
+                  "SELECT * FROM experiments", "SELECT det_task.info('t')",
+                  "SELECT det_user.experiment_action(1, 'kill')",
                   # enrolling and revoking agents is a ClusterAdmin's, and a token's login's
-                  "SELECT det_agent_token_create(NULL, NULL, '1h')",
-                  "SELECT det_agent_enroll('a2', NULL)", "SELECT det_agent_revoke('a1')"):
+                  "SELECT det_user.agent_token_create(NULL, NULL, '1h')",
+                  "SELECT det_enroll.agent_enroll('a2', NULL)",
+                  "SELECT det_user.agent_revoke('a1')"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 agent.execute(q)
 
@@ -243,7 +244,7 @@ def test_a_container_gets_the_socket_directory_and_nothing_else_of_the_database(
 def test_login_against_a_server_named_by_det_db_url(det, conn, tmp_path) -> None:
     """With DET_DB_URL the URL's user is the CLI's until a login; the password is kept under
     that server's host, and the URL's own credentials come back at logout."""
-    conn.execute("SELECT det_user_create('carol', %s, false)",
+    conn.execute("SELECT det_user.user_create('carol', %s, false)",
                  (roles.verifier(conn, "carol", "pw-carol"),))
     owner = conn.execute("SELECT session_user::text AS u").fetchone()["u"]
     assert det("user", "whoami").stdout.strip() == owner

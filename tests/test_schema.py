@@ -24,14 +24,14 @@ def test_reporting_views_answer(conn) -> None:
 
 
 def make_experiment(conn) -> int:
-    return conn.execute("SELECT det_create_experiment(%s, 'name: x', NULL) AS id",
+    return conn.execute("SELECT det_user.create_experiment(%s, 'name: x', NULL) AS id",
                         (Jsonb(CONFIG),)).fetchone()["id"]
 
 
 def test_unknown_pool_writes_nothing(conn) -> None:
     bad = {**CONFIG, "resources": {**CONFIG["resources"], "resource_pool": "nope"}}
     with pytest.raises(psycopg.errors.ForeignKeyViolation, match='no resource pool named "nope"'):
-        conn.execute("SELECT det_create_experiment(%s, '', NULL)", (Jsonb(bad),))
+        conn.execute("SELECT det_user.create_experiment(%s, '', NULL)", (Jsonb(bad),))
     assert conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == 0
 
 
@@ -46,12 +46,12 @@ def test_terminal_states_are_final(conn) -> None:
         conn.execute("UPDATE experiments SET state = 'ACTIVE', end_time = NULL WHERE id = %s",
                      (eid,))
     with pytest.raises(psycopg.errors.CheckViolation, match="cannot pause"):
-        conn.execute("SELECT det_experiment_action(%s, 'pause')", (eid,))
+        conn.execute("SELECT det_user.experiment_action(%s, 'pause')", (eid,))
 
 
 def setup_run(conn) -> tuple[int, int]:
     """An agent with one slot and two trial allocations of one experiment."""
-    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+    conn.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
     eid = make_experiment(conn)
     ids = []
@@ -74,7 +74,7 @@ def test_a_slot_has_one_live_holder(conn) -> None:
         conn.execute("INSERT INTO allocation_slots (allocation_id, agent_id, slot_id) "
                      "VALUES (%s, 'a1', 0)", (b,))
     conn.execute("UPDATE allocations SET state = 'ASSIGNED', agent_id = 'a1' WHERE id = %s", (a,))
-    conn.execute("SELECT det_agent_report('a1', %s, 'TERMINATED', 0, NULL)", (a,))
+    conn.execute("SELECT det_agent.report('a1', %s, 'TERMINATED', 0, NULL)", (a,))
     # released with the run's end, the slot can be held again
     conn.execute("INSERT INTO allocation_slots (allocation_id, agent_id, slot_id) "
                  "VALUES (%s, 'a1', 0)", (b,))
@@ -158,22 +158,22 @@ def test_a_metrics_insert_and_its_allocation_delete_exclude_each_other(db_url, c
 def test_task_functions_need_the_allocation_token(conn) -> None:
     a, _ = setup_run(conn)
     conn.execute("UPDATE allocations SET state = 'ASSIGNED', agent_id = 'a1' WHERE id = %s", (a,))
-    assert conn.execute("SELECT det_agent_claim('other', %s) AS t", (a,)).fetchone()["t"] is None
-    token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (a,)).fetchone()["t"]
-    info = conn.execute("SELECT det_task_info(%s) AS i", (token,)).fetchone()["i"]
+    assert conn.execute("SELECT det_agent.claim('other', %s) AS t", (a,)).fetchone()["t"] is None
+    token = conn.execute("SELECT det_agent.claim('a1', %s) AS t", (a,)).fetchone()["t"]
+    info = conn.execute("SELECT det_task.info(%s) AS i", (token,)).fetchone()["i"]
     assert info["allocation_id"] == a and info["config"]["name"] == "x"
     stored = conn.execute("SELECT token_hash FROM allocations WHERE id = %s", (a,)).fetchone()
     assert token.encode() not in bytes(stored["token_hash"]), "only a hash is stored"
     with pytest.raises(psycopg.errors.InvalidAuthorizationSpecification):
-        conn.execute("SELECT det_report_metrics('forged', 'training', 1, '{}')")
-    conn.execute("SELECT det_agent_report('a1', %s, 'TERMINATED', 0, NULL)", (a,))
+        conn.execute("SELECT det_task.report_metrics('forged', 'training', 1, '{}')")
+    conn.execute("SELECT det_agent.report('a1', %s, 'TERMINATED', 0, NULL)", (a,))
     with pytest.raises(psycopg.errors.InvalidAuthorizationSpecification):
-        conn.execute("SELECT det_should_preempt(%s)", (token,))
+        conn.execute("SELECT det_task.should_preempt(%s)", (token,))
 
 
 def test_submission_takes_only_an_expanded_config(conn) -> None:
     """Defaults are filled once, by det.configs; SQL supplies none (issue 10)."""
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="expanded config"):
-        conn.execute("SELECT det_create_experiment(%s, '', NULL)",
+        conn.execute("SELECT det_user.create_experiment(%s, '', NULL)",
                      (Jsonb({"name": "x", "resources": {}}),))
     assert conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == 0

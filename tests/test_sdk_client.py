@@ -148,7 +148,7 @@ def test_login_acts_as_that_det_user_under_row_security(sdk, det, tmp_path) -> N
 
 
 def test_pause_activate_and_kill_act_as_the_cli_does(sdk, det, tmp_path) -> None:
-    """Experiment.pause / activate / kill call det_experiment_action as `det experiment`
+    """Experiment.pause / activate / kill call det_user.experiment_action as `det experiment`
     does; wait() on a PAUSED experiment raises ValueError (0.38's rule), and returns the end
     state once killed."""
     ctx = tmp_path / "core_api"

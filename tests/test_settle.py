@@ -24,7 +24,7 @@ from det.reconciler.trials import RunEnd, Settlement, settle
     (RunEnd("ACTIVE", 5, 5, 137, None), Settlement("ERROR", 5, True)),
     (RunEnd("ACTIVE", 0, 0, 1, None), Settlement("ERROR", 0, True)),
     # a stopping trial stays stopping whatever the exit code; the pass's finishing step
-    # (det_stopped_state) ends it once no run is left
+    # (det_user.stopped_state) ends it once no run is left
     (RunEnd("STOPPING_CANCELED", 0, 5, 0, None), Settlement("STOPPING_CANCELED", 0, False)),
     (RunEnd("STOPPING_KILLED", 0, 5, -9, None), Settlement("STOPPING_KILLED", 0, True)),
     (RunEnd("STOPPING_COMPLETED", 2, 5, 0, None), Settlement("STOPPING_COMPLETED", 2, False)),

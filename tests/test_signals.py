@@ -26,7 +26,7 @@ OLD_NAMES = ["det_reconciler", "det_web", "agent_a1", *(f"alloc_{i}" for i in ra
 @pytest.fixture
 def cluster(db_url: str) -> Iterator[Cluster]:
     c = Cluster(db_url)
-    c.owner.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+    c.owner.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                     (Jsonb([{"slot_id": 0, "type": "cpu"}, {"slot_id": 1, "type": "cpu"}]),))
     c.user("alice")  # a plain user: a member of no workspace
     yield c
@@ -38,7 +38,7 @@ def submit(c: Cluster) -> int:
     config = load_experiment_config(
         "name: x\nentrypoint: 'true'\n"
         "searcher: {name: single, metric: loss, max_length: {batches: 1}}\n").expanded()
-    return c.owner.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
+    return c.owner.execute("SELECT det_user.create_experiment(%s, '', NULL) AS id",
                            (Jsonb(config),)).fetchone()["id"]
 
 
@@ -54,7 +54,7 @@ def claimed_run(c: Cluster, exp: int, slot: int) -> tuple[int, str]:
         "FROM experiments WHERE id = %s RETURNING id", (trial, exp)).fetchone()["id"]
     c.owner.execute("INSERT INTO allocation_slots (allocation_id, agent_id, slot_id) "
                     "VALUES (%s, 'a1', %s)", (alloc, slot))
-    token = c.owner.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+    token = c.owner.execute("SELECT det_agent.claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
     return alloc, token
 
 
@@ -68,9 +68,9 @@ def names(c: Cluster, allocs: list[int]) -> dict[str, str]:
 
 
 def notify_only(source: str) -> str:
-    """``source`` without its ``pg_notify(det_channel(...), ...)`` calls: what is left must
+    """``source`` without its ``pg_notify(det_internal.channel(...), ...)`` calls: what is left must
     not mention a channel's name or secret (a function that only notifies returns neither)."""
-    return re.sub(r"pg_notify\(det_channel\('[a-z]+', [^)]*\)", "pg_notify(", source)
+    return re.sub(r"pg_notify\(det_internal.channel\('[a-z]+', [^)]*\)", "pg_notify(", source)
 
 
 def test_a_user_cannot_learn_a_channel_name(cluster: Cluster) -> None:
@@ -82,8 +82,8 @@ def test_a_user_cannot_learn_a_channel_name(cluster: Cluster) -> None:
     assert all(len(n.encode()) <= 63 and n.startswith("det_") for n in secret.values())
 
     with c.connect("alice") as alice:
-        for call in ("det_channel('reconciler', '')", "det_listen('web', '')",
-                     "det_web_listen()", "det_agent_listen('a1')", "det_task_listen('x')"):
+        for call in ("det_internal.channel('reconciler', '')", "det_internal.listen('web', '')",
+                     "det_web.listen()", "det_agent.listen('a1')", "det_task.listen('x')"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 alice.execute(f"SELECT {call}")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -92,16 +92,16 @@ def test_a_user_cannot_learn_a_channel_name(cluster: Cluster) -> None:
         # No function alice may call hands a name or the secret out: those that build a name
         # (the user actions that wake the reconciler) only notify with it.
         callable_ = alice.execute(
-            "SELECT p.proname, p.prosrc FROM pg_proc p "
-            "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public' "
+            "SELECT n.nspname || '.' || p.proname AS proname, p.prosrc FROM pg_proc p "
+            "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname LIKE 'det%' "
             "AND has_function_privilege(p.oid, 'EXECUTE')").fetchall()
         assert len(callable_) > 30
         leaks = [f["proname"] for f in callable_
-                 if re.search(r"det_channel|det_listen|channel_key|LISTEN",
+                 if re.search(r"det_internal\.channel|det_internal\.listen|channel_key|LISTEN",
                               notify_only(f["prosrc"]))]
         assert leaks == []
-        notifiers = [f["proname"] for f in callable_ if "det_channel" in f["prosrc"]]
-        assert "det_experiment_action" in notifiers
+        notifiers = [f["proname"] for f in callable_ if "det_internal.channel" in f["prosrc"]]
+        assert "det_user.experiment_action" in notifiers
 
         # Nor does any table or view alice may read hold one.
         readable = alice.execute(
@@ -122,7 +122,7 @@ def test_a_user_cannot_learn_a_channel_name(cluster: Cluster) -> None:
 
 def test_a_user_listening_hears_nothing_and_cannot_wake_det(cluster: Cluster) -> None:
     c = cluster
-    c.owner.execute("SELECT det_web_watch('test', 60)")  # det serve streams pages
+    c.owner.execute("SELECT det_web.watch('test', 60)")  # det serve streams pages
     with (c.connect("alice") as alice,
           psycopg.connect(c.url, autocommit=True) as reconciler,
           psycopg.connect(c.url, autocommit=True) as web,
@@ -136,8 +136,8 @@ def test_a_user_listening_hears_nothing_and_cannot_wake_det(cluster: Cluster) ->
 
         # Submissions, a pause, and the passes that place the trial and wake its agent.
         exp = submit(c)
-        c.owner.execute("SELECT det_experiment_action(%s, 'pause')", (exp,))
-        c.owner.execute("SELECT det_experiment_action(%s, 'activate')", (exp,))
+        c.owner.execute("SELECT det_user.experiment_action(%s, 'pause')", (exp,))
+        c.owner.execute("SELECT det_user.experiment_action(%s, 'activate')", (exp,))
         with psycopg.connect(c.url, autocommit=True, row_factory=dict_row) as leader:
             while run_pass(leader, Settings(), "test").changes:
                 pass
@@ -169,7 +169,7 @@ def test_a_task_listens_only_on_its_own_channel(cluster: Cluster, db_url: str) -
         # The other task, of the same role, reads the first's last statement: no name in it.
         seen = " ".join(q or "" for (q,) in other_task.execute(
             "SELECT query FROM pg_stat_activity WHERE usename = 'det_task'").fetchall())
-        assert "det_task_listen" in seen
+        assert "det_task.listen" in seen
         assert not any(n in seen for n in secret.values())
 
         listening = task.execute("SELECT pg_listening_channels()").fetchall()
@@ -179,17 +179,17 @@ def test_a_task_listens_only_on_its_own_channel(cluster: Cluster, db_url: str) -
         got = [n.channel for n in task.notifies(timeout=0.5)]
         assert got == [secret[f"alloc {mine}"]]
 
-        for call in ("det_channel('alloc', %s)", "det_listen('alloc', %s)",
-                     "det_agent_listen(%s)"):
+        for call in ("det_internal.channel('alloc', %s)", "det_internal.listen('alloc', %s)",
+                     "det_agent.listen(%s)"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 task.execute(f"SELECT {call}", (str(other),))
         with pytest.raises(psycopg.errors.InvalidAuthorizationSpecification):
-            task.execute("SELECT det_task_listen('not a token')")
+            task.execute("SELECT det_task.listen('not a token')")
 
 
 def test_an_agent_listens_on_its_own_channel(cluster: Cluster) -> None:
     """det_agent (an agent's role, which names itself in every call) hears its channel through
-    det_agent_listen, and may neither name channels nor listen as the reconciler."""
+    det_agent.listen, and may neither name channels nor listen as the reconciler."""
     c = cluster
     with psycopg.connect(make_conninfo(c.url), autocommit=True) as agent:
         agent.execute("SET ROLE det_agent")
@@ -198,7 +198,7 @@ def test_an_agent_listens_on_its_own_channel(cluster: Cluster) -> None:
             channels.notify(c.owner, channels.agent(a), "")
         assert [n.channel for n in agent.notifies(timeout=0.5)] == \
             [channels.name(c.owner, channels.agent("a1"))]
-        for call in ("det_channel('agent', 'a2')", "det_listen('reconciler', '')",
-                     "det_web_listen()"):
+        for call in ("det_internal.channel('agent', 'a2')", "det_internal.listen('reconciler', '')",
+                     "det_web.listen()"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 agent.execute(f"SELECT {call}")

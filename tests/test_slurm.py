@@ -83,20 +83,20 @@ def test_job_names_carry_the_det_cluster_so_two_clusters_never_see_each_others_j
 
 
 def test_a_retired_or_gone_agent_leaves_the_lists_and_its_runs_keep_its_name(conn) -> None:
-    """A one-shot agent that retired (det_agent_retire) is LOST and gone: `det agent list`
+    """A one-shot agent that retired (det_agent.retire) is LOST and gone: `det agent list`
     (and det serve's list), `det slot list` hide it, nothing is placed on it, its runs still
     name it; registering again lists it again."""
     read = named("queries")
     for agent in ("det-instance-1", "static"):
-        conn.execute("SELECT det_agent_register(%s, 'h', 'default', 'process', "
+        conn.execute("SELECT det_agent.register(%s, 'h', 'default', 'process', "
                      "'[{\"slot_id\": 0, \"type\": \"cpu\"}]')", (agent,))
-    conn.execute("SELECT det_agent_retire('det-instance-1')")
+    conn.execute("SELECT det_agent.retire('det-instance-1')")
     row = conn.execute("SELECT state::text AS state, stopping, gone_at FROM agents "
                        "WHERE id = 'det-instance-1'").fetchone()
     assert row["state"] == "LOST" and row["stopping"] and row["gone_at"] is not None
     assert [r["id"] for r in conn.execute(read.agents).fetchall()] == ["static"]
     assert [r["agent_id"] for r in conn.execute(read.slots, {"agent": None})] == ["static"]
-    conn.execute("SELECT det_agent_register('det-instance-1', 'h', 'default', 'process', "
+    conn.execute("SELECT det_agent.register('det-instance-1', 'h', 'default', 'process', "
                  "'[{\"slot_id\": 0, \"type\": \"cpu\"}]')")
     assert [r["id"] for r in conn.execute(read.agents).fetchall()] == ["det-instance-1", "static"]
 

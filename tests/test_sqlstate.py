@@ -14,7 +14,7 @@ def _error(conn, sql: str, *args) -> psycopg.Error:
 
 
 def test_missing_object_is_not_found(conn) -> None:
-    e = translate(_error(conn, "SELECT det_experiment_action(42, 'pause')"))
+    e = translate(_error(conn, "SELECT det_user.experiment_action(42, 'pause')"))
     assert isinstance(e, NotFoundError) and str(e) == "experiment 42 not found"
 
 
@@ -45,7 +45,7 @@ def test_early_exit_reasons_are_one_vocabulary(conn) -> None:
 
 @pytest.mark.parametrize("agent_id", ["a" * 64, "", "-x", "has space", "semi;colon"])
 def test_agent_ids_are_bounded_and_plain(conn, agent_id) -> None:
-    e = translate(_error(conn, "SELECT det_agent_register(%s, 'h', 'default', 'process', "
+    e = translate(_error(conn, "SELECT det_agent.register(%s, 'h', 'default', 'process', "
                                "'[]'::jsonb)", agent_id))
     assert str(e).startswith("agent id: expected 1 to 63 letters")
     assert conn.execute("SELECT count(*) AS n FROM agents").fetchone()["n"] == 0

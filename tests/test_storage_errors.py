@@ -148,13 +148,14 @@ def test_gc_sweeps_what_crashed_runs_left(db_url: str, tmp_path: Path) -> None:
         for p in (storage_dir / d, storage_dir / d / "f"):
             os.utime(p, (old, old))
     with psycopg.connect(db_url, autocommit=True) as c:
-        c.execute("SELECT det_report_checkpoint(%s, %s, 1, '{}', '{}')", (alloc.token, recorded))
+        c.execute("SELECT det_task.report_checkpoint(%s, %s, 1, '{}', '{}')",
+                  (alloc.token, recorded))
         gc_id = c.execute(
             "INSERT INTO allocations (job_id, run, resource_pool, slots_needed, spec, state, "
             "agent_id) SELECT job_id, 1, 'default', 0, '{\"kind\": \"checkpoint_gc\"}', "
             "'ASSIGNED', 'a1' FROM experiments WHERE id = %s RETURNING id",
             (alloc.experiment_id,)).fetchone()[0]
-        token = c.execute("SELECT det_agent_claim('a1', %s)", (gc_id,)).fetchone()[0]
+        token = c.execute("SELECT det_agent.claim('a1', %s)", (gc_id,)).fetchone()[0]
     task = GcTask(db_url, token)
     try:
         task._storage({"type": "shared_fs", "host_path": str(storage_dir)})

@@ -33,7 +33,7 @@ def refused(conn: psycopg.Connection, sql: str, args: tuple, field: str) -> str:
     return message
 
 
-METRICS = "SELECT det_report_metrics_batch(%s, NULL, NULL, %s, %s, %s::jsonb[])"
+METRICS = "SELECT det_task.report_metrics_batch(%s, NULL, NULL, %s, %s, %s::jsonb[])"
 
 
 @pytest.mark.parametrize(("group", "steps", "values", "field"), [
@@ -65,19 +65,19 @@ def test_metrics_within_the_bounds_are_stored(conn, token) -> None:
 @pytest.mark.parametrize("units", [float("nan"), float("-inf"), float("inf"), -1.0])
 def test_progress_is_finite_and_not_negative(conn, token, units) -> None:
     op = conn.execute("SELECT id FROM searcher_ops").fetchone()["id"]
-    refused(conn, "SELECT det_report_progress(%s, %s, %s)", (token, op, units), "progress")
+    refused(conn, "SELECT det_task.report_progress(%s, %s, %s)", (token, op, units), "progress")
 
 
 def test_progress_past_the_length_is_the_length(conn, token) -> None:
     """Units, not a fraction: an epoch length trained in whole batches may pass it a little."""
     op = conn.execute("SELECT id FROM searcher_ops").fetchone()["id"]
-    conn.execute("SELECT det_report_progress(%s, %s, %s)", (token, op, 4.5))
+    conn.execute("SELECT det_task.report_progress(%s, %s, %s)", (token, op, 4.5))
     assert conn.execute("SELECT progress FROM searcher_ops").fetchone()["progress"] == 4.5
-    conn.execute("SELECT det_report_progress(%s, %s, %s)", (token, op, 12.8))
+    conn.execute("SELECT det_task.report_progress(%s, %s, %s)", (token, op, 12.8))
     assert conn.execute("SELECT progress FROM searcher_ops").fetchone()["progress"] == 10
 
 
-CHECKPOINT = "SELECT det_report_checkpoint(%s, gen_random_uuid(), %s, %s::jsonb, %s::jsonb)"
+CHECKPOINT = "SELECT det_task.report_checkpoint(%s, gen_random_uuid(), %s, %s::jsonb, %s::jsonb)"
 
 
 @pytest.mark.parametrize(("steps", "resources", "metadata", "field"), [
@@ -111,7 +111,7 @@ def test_checkpoint_with_subdirectories_is_stored(conn, token) -> None:
     ('"text"', "metadata must be a JSON object"),
 ])
 def test_trial_metadata_is_bounded(conn, token, metadata, field) -> None:
-    refused(conn, "SELECT det_set_trial_metadata(%s, %s::jsonb)", (token, metadata), field)
+    refused(conn, "SELECT det_task.set_trial_metadata(%s, %s::jsonb)", (token, metadata), field)
 
 
 def test_describe_shows_deep_metadata_stored_before(det, conn, token) -> None:
@@ -147,9 +147,9 @@ def test_the_harness_raises_a_refusal_as_one_line(conn, db_url) -> None:
 def test_trial_metadata_is_bounded_as_merged(conn, token) -> None:
     """Each call within bounds, the trial's metadata still stops at 1 MiB of JSON."""
     for i in range(17):
-        conn.execute("SELECT det_set_trial_metadata(%s, %s::jsonb)",
+        conn.execute("SELECT det_task.set_trial_metadata(%s, %s::jsonb)",
                      (token, json.dumps({f"k{i}": "x" * 60_000})))
-    refused(conn, "SELECT det_set_trial_metadata(%s, %s::jsonb)",
+    refused(conn, "SELECT det_task.set_trial_metadata(%s, %s::jsonb)",
             (token, json.dumps({"k17": "x" * 60_000})), "metadata: the trial's metadata would be")
     assert len(conn.execute("SELECT metadata FROM trials").fetchone()["metadata"]) == 17
 

@@ -41,7 +41,7 @@ def start_task(alloc: Allocation, tmp_path: Path, after: str = "pass") -> subpro
 
 
 def end_allocation(alloc: Allocation) -> None:
-    """What the reconciler does to a lost agent's allocation: TERMINATED, so det_auth
+    """What the reconciler does to a lost agent's allocation: TERMINATED, so det_internal.auth
     refuses its token from now on."""
     with psycopg.connect(alloc.url, autocommit=True) as c:
         c.execute("UPDATE allocations SET state = 'TERMINATED', ended_at = now(), "
@@ -98,7 +98,7 @@ def leftovers(storage: Path) -> list[str]:
 
 
 def test_a_fenced_run_writes_no_checkpoint_file(db_url: str, tmp_path: Path) -> None:
-    """The run was ended before it began a checkpoint: det_checkpoint_begin refuses it before
+    """The run was ended before it began a checkpoint: det_task.checkpoint_begin refuses it before
     a file is written (before issue 39 the files were written, then the record refused: an
     orphan directory that no GC removed)."""
     alloc = claim_allocation(db_url, tmp_path / "storage")

@@ -113,7 +113,7 @@ def test_tensorboard_timeout_is_seconds_and_bad_values_name_the_key(text, why) -
 
 def start(conn, job: int, *, address: str | None = "127.0.0.1:8888") -> int:
     """Place task ``job``, have the agent run it and, unless ``address`` is None, its server
-    answer there (det_task_ready with the run's token); its allocation id."""
+    answer there (det_task.ready with the run's token); its allocation id."""
     converge(conn)
     alloc = conn.execute("SELECT id, state::text AS s FROM allocations WHERE job_id = %s",
                          (job,)).fetchone()
@@ -124,7 +124,7 @@ def start(conn, job: int, *, address: str | None = "127.0.0.1:8888") -> int:
                              "sha256(convert_to('t-' || id, 'UTF8'))"
                              " WHERE id = %s RETURNING 't-' || id AS t", (alloc["id"],)
                              ).fetchone()["t"]
-        conn.execute("SELECT det_task_ready(%s, %s)", (token, address))
+        conn.execute("SELECT det_task.ready(%s, %s)", (token, address))
     return alloc["id"]
 
 
@@ -174,7 +174,7 @@ def test_use_keeps_a_task_and_a_command_is_never_idle(conn) -> None:
     start(conn, shell)
     unused_for(conn, shell, 21)
     unused_for(conn, command, 10**4)
-    conn.execute("SELECT det_task_activity('t-' || id, now()) FROM allocations "
+    conn.execute("SELECT det_task.activity('t-' || id, now()) FROM allocations "
                  "WHERE job_id = %s", (shell,))  # an SSH session open just now
     converge(conn)
     assert ended(conn, shell)["desired"] == ended(conn, command)["desired"] == "RUNNING"
@@ -215,7 +215,7 @@ def test_a_task_run_ends_once_settled_with_its_exit_and_no_trial_touched(conn) -
     register(conn, "a1", 1)
     command = task(conn, "COMMAND")
     alloc = start(conn, command, address=None)
-    conn.execute("SELECT det_agent_report('a1', %s, 'TERMINATED', 3, NULL)", (alloc,))
+    conn.execute("SELECT det_agent.report('a1', %s, 'TERMINATED', 3, NULL)", (alloc,))
     converge(conn)
     assert ended(conn, command) == {"desired": "RUNNING", "state": "TERMINATED",
                                     "settled": True, "end_reason": "exited with code 3"}
@@ -235,7 +235,7 @@ def test_a_task_asked_to_stop_that_does_not_is_killed_after_the_grace(conn, why)
     if why == "idle":
         unused_for(conn, job, 21)
     else:
-        conn.execute("SELECT det_agent_drain('a1')")
+        conn.execute("SELECT det_user.agent_drain('a1')")
     run_pass(conn, Settings(), "test")
     assert ended(conn, job)["desired"] == "STOPPED"
     conn.execute("UPDATE allocations SET stop_requested_at = now() - make_interval(secs => %s)"

@@ -72,7 +72,7 @@ def test_bad_task_configs_name_the_key(conn) -> None:
 
 
 def test_slots_no_agent_can_hold_are_refused_and_nothing_is_written(conn) -> None:
-    conn.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', "
+    conn.execute("SELECT det_agent.register('a1', 'h', 'default', 'process', "
                  "'[{\"slot_id\": 0, \"type\": \"cpu\"}]'::jsonb)")
     big = expand_task_config(conn, "COMMAND", None, "cmd", ["resources.slots=4"],
                              entrypoint=["true"])
@@ -84,12 +84,12 @@ def test_slots_no_agent_can_hold_are_refused_and_nothing_is_written(conn) -> Non
 
 def test_who_may_submit_see_open_and_kill(cluster: Cluster) -> None:
     owner = cluster.owner
-    owner.execute("SELECT det_workspace_create('team', NULL, NULL, NULL)")
-    owner.execute("SELECT det_project_create('team', 'p', '')")
+    owner.execute("SELECT det_user.workspace_create('team', NULL, NULL, NULL)")
+    owner.execute("SELECT det_user.project_create('team', 'p', '')")
     for name in ("ed", "viewer", "outsider"):
         cluster.user(name)
-    owner.execute("SELECT det_role_assign('Editor', 'ed', NULL, 'team', true)")
-    owner.execute("SELECT det_role_assign('Viewer', 'viewer', NULL, 'team', true)")
+    owner.execute("SELECT det_user.role_assign('Editor', 'ed', NULL, 'team', true)")
+    owner.execute("SELECT det_user.role_assign('Viewer', 'viewer', NULL, 'team', true)")
     ed, viewer, outsider = (cluster.connect(n) for n in ("ed", "viewer", "outsider"))
     exp = cluster.experiment("team", "p")
     nb = _notebook(ed, workspace="team", project="p")
@@ -103,9 +103,9 @@ def test_who_may_submit_see_open_and_kill(cluster: Cluster) -> None:
     # outsiders see nothing of it, in SQL or through the functions
     assert outsider.execute("SELECT count(*) AS n FROM tasks").fetchone()["n"] == 0
     with pytest.raises(psycopg.errors.NoDataFound):
-        outsider.execute("SELECT * FROM det_task_open(%s)", (tb,))
+        outsider.execute("SELECT * FROM det_user.task_open(%s)", (tb,))
     with pytest.raises(psycopg.errors.NoDataFound):
-        outsider.execute("SELECT det_task_kill(%s)", (nb,))
+        outsider.execute("SELECT det_user.task_kill(%s)", (nb,))
     # TensorBoard submissions by an outsider over the team's experiment are refused
     with pytest.raises(psycopg.errors.NoDataFound):
         submit_task(outsider, "TENSORBOARD",
@@ -113,18 +113,18 @@ def test_who_may_submit_see_open_and_kill(cluster: Cluster) -> None:
                     experiment_ids=[exp])
     # a Viewer sees both and opens the TensorBoard, not the notebook (it runs code)
     assert viewer.execute("SELECT count(*) AS n FROM tasks").fetchone()["n"] == 2
-    opened = viewer.execute("SELECT * FROM det_task_open(%s)", (tb,)).fetchone()
+    opened = viewer.execute("SELECT * FROM det_user.task_open(%s)", (tb,)).fetchone()
     assert (opened["type"], opened["state"], opened["address"]) == ("TENSORBOARD", "PENDING",
                                                                      None)
     with pytest.raises(psycopg.errors.InsufficientPrivilege, match="Editor"):
-        viewer.execute("SELECT * FROM det_task_open(%s)", (nb,))
+        viewer.execute("SELECT * FROM det_user.task_open(%s)", (nb,))
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        viewer.execute("SELECT det_task_kill(%s)", (nb,))
+        viewer.execute("SELECT det_user.task_kill(%s)", (nb,))
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         viewer.execute("SELECT * FROM task_secrets")
-    assert ed.execute("SELECT jupyter_token FROM det_task_open(%s)",
+    assert ed.execute("SELECT jupyter_token FROM det_user.task_open(%s)",
                       (nb,)).fetchone()["jupyter_token"]
-    ed.execute("SELECT det_task_kill(%s)", (nb,))
+    ed.execute("SELECT det_user.task_kill(%s)", (nb,))
     row = owner.execute("SELECT a.desired_state::text, t.end_reason FROM allocations a "
                         "JOIN tasks t ON t.job_id = a.job_id WHERE a.job_id = %s",
                         (nb,)).fetchone()
@@ -135,19 +135,19 @@ def test_who_may_submit_see_open_and_kill(cluster: Cluster) -> None:
 
 def test_the_task_reports_its_address_and_activity_with_its_token(conn, db_url) -> None:
     job = _notebook(conn)
-    conn.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', "
+    conn.execute("SELECT det_agent.register('a1', 'h', 'default', 'process', "
                  "'[{\"slot_id\": 0, \"type\": \"cpu\"}]'::jsonb)")
     alloc = conn.execute("SELECT id FROM allocations WHERE job_id = %s", (job,)).fetchone()["id"]
     conn.execute("UPDATE allocations SET state = 'ASSIGNED', agent_id = 'a1', assigned_at = now()"
                  " WHERE id = %s", (alloc,))
-    token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+    token = conn.execute("SELECT det_agent.claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as task:
-        secrets = task.execute("SELECT det_task_secrets(%s) AS s", (token,)).fetchone()["s"]
+        secrets = task.execute("SELECT det_task.secrets(%s) AS s", (token,)).fetchone()["s"]
         assert set(secrets) == {"job_id", "jupyter_token", "ssh_public_key"}
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="host:port"):
-            task.execute("SELECT det_task_ready(%s, 'no port')", (token,))
-        task.execute("SELECT det_task_ready(%s, '127.0.0.1:8888')", (token,))
-        task.execute("SELECT det_task_activity(%s, now() + interval '1 hour')", (token,))
+            task.execute("SELECT det_task.ready(%s, 'no port')", (token,))
+        task.execute("SELECT det_task.ready(%s, '127.0.0.1:8888')", (token,))
+        task.execute("SELECT det_task.activity(%s, now() + interval '1 hour')", (token,))
     row = conn.execute("SELECT a.address, t.last_activity <= now() AS sane FROM allocations a "
                        "JOIN tasks t ON t.job_id = a.job_id WHERE a.id = %s", (alloc,)).fetchone()
     assert row == {"address": "127.0.0.1:8888", "sane": True}

@@ -30,13 +30,13 @@ SELECT a.job_id, sum(a.slots_needed)::integer AS slots, count(*)::integer AS run
 def apply_cluster(conn, text: str) -> None:
     """Apply a cluster config as ``det cluster config apply`` does."""
     cfg = load_cluster_config(text)
-    conn.execute("SELECT det_apply_cluster_config(%s, %s)",
+    conn.execute("SELECT det_user.apply_cluster_config(%s, %s)",
                  (Jsonb(cfg.model_dump(mode="json")), text))
 
 
 def register(conn, agent: str, slots: int, pool: str = "default") -> None:
     """Register ``agent`` in ``pool`` with ``slots`` CPU slots, as an agent does on start."""
-    conn.execute("SELECT det_agent_register(%s, 'h', %s, 'process', %s)",
+    conn.execute("SELECT det_agent.register(%s, 'h', %s, 'process', %s)",
                  (agent, pool, Jsonb([{"slot_id": i, "type": "cpu"} for i in range(slots)])))
 
 
@@ -47,7 +47,7 @@ def experiment(conn, name: str, *, slots: int = 1, trials: int = 1, priority: in
         f"searcher: {{name: random, metric: loss, max_trials: {trials}, "
         f"max_concurrent_trials: {trials}, max_length: {{batches: 1000}}}}\n"
         f"resources: {{slots_per_trial: {slots}, priority: {priority}}}\n").expanded()
-    eid = conn.execute("SELECT det_create_experiment(%s, '', NULL) AS id",
+    eid = conn.execute("SELECT det_user.create_experiment(%s, '', NULL) AS id",
                        (Jsonb(cfg),)).fetchone()["id"]
     return conn.execute("SELECT job_id FROM experiments WHERE id = %s", (eid,)).fetchone()[
         "job_id"]
@@ -70,14 +70,14 @@ def play_agent(conn, agent: str) -> int:
         "SELECT id FROM allocations WHERE agent_id = %s AND state = 'ASSIGNED' "
         "AND desired_state = 'RUNNING'", (agent,))]
     if started:
-        conn.execute("SELECT * FROM det_agent_claim_each(%s, %s)", (agent, started))
-        conn.execute("SELECT det_agent_report_each(%s, %s, 'RUNNING')", (agent, started))
+        conn.execute("SELECT * FROM det_agent.claim_each(%s, %s)", (agent, started))
+        conn.execute("SELECT det_agent.report_each(%s, %s, 'RUNNING')", (agent, started))
     stopped = conn.execute(
         "SELECT id, desired_state = 'KILLED' AS killed FROM allocations "
         "WHERE agent_id = %s AND state <> 'TERMINATED' AND desired_state <> 'RUNNING'",
         (agent,)).fetchall()
     for row in stopped:
-        conn.execute("SELECT det_agent_report(%s, %s, 'TERMINATED', %s, %s)",
+        conn.execute("SELECT det_agent.report(%s, %s, 'TERMINATED', %s, %s)",
                      (agent, row["id"], -9 if row["killed"] else 0,
                       "killed" if row["killed"] else "preempted: checkpointed and exited"))
     return len(started) + len(stopped)
@@ -131,7 +131,7 @@ def test_the_seeds_seven_step_task_priority_example(conn) -> None:
     assert "behind" in reason(conn, notebook)
     # 4. Both experiments end: the notebook runs.
     for job in (asha, dist1):
-        conn.execute("SELECT det_experiment_action(id, 'kill') FROM experiments "
+        conn.execute("SELECT det_user.experiment_action(id, 'kill') FROM experiments "
                      "WHERE job_id = %s", (job,))
     converge(conn)
     assert running(conn) == {notebook: 1}
@@ -145,7 +145,7 @@ def test_the_seeds_seven_step_task_priority_example(conn) -> None:
     converge(conn)
     assert running(conn) == {notebook: 1, dist2: 4}
     # 7. The notebook is killed: the priority-2 experiment is preempted, priority 1 runs ...
-    conn.execute("SELECT det_task_kill(%s)", (notebook,))
+    conn.execute("SELECT det_user.task_kill(%s)", (notebook,))
     converge(conn)
     assert running(conn) == {dist8: 8}
     preempted = conn.execute(
@@ -154,7 +154,7 @@ def test_the_seeds_seven_step_task_priority_example(conn) -> None:
         "WHERE e.job_id = %s AND a.state = 'TERMINATED'", (dist2,)).fetchall()
     assert preempted == [{"exit_code": 0, "s": "ACTIVE"}]
     # ... and once that experiment is done, the priority-2 experiment runs again.
-    conn.execute("SELECT det_experiment_action(id, 'kill') FROM experiments WHERE job_id = %s",
+    conn.execute("SELECT det_user.experiment_action(id, 'kill') FROM experiments WHERE job_id = %s",
                  (dist8,))
     converge(conn)
     assert running(conn) == {dist2: 4}
@@ -175,8 +175,8 @@ def test_slot_tasks_go_to_the_compute_pool_zero_slot_tasks_to_the_aux_pool(conn)
     tensorboard_source = experiment(conn, "x")
     tb = task(conn, "TENSORBOARD", experiment_ids=[conn.execute(
         "SELECT id FROM experiments WHERE job_id = %s", (tensorboard_source,)).fetchone()["id"]])
-    conn.execute("SELECT det_workspace_create('w', 'gpu', 'spare', NULL)")
-    conn.execute("SELECT det_project_create('w', 'p', '')")
+    conn.execute("SELECT det_user.workspace_create('w', 'gpu', 'spare', NULL)")
+    conn.execute("SELECT det_user.project_create('w', 'p', '')")
     aux_in_w = task(conn, "COMMAND", "resources: {slots: 0}", workspace="w", project="p")
     pools = {r["job_id"]: r["resource_pool"] for r in conn.execute(
         "SELECT a.job_id, a.resource_pool FROM allocations a JOIN tasks k ON k.job_id = a.job_id")}
@@ -224,7 +224,7 @@ def test_a_running_task_is_never_preempted_and_a_new_priority_changes_nothing(
     urgent = experiment(conn, "urgent", slots=2, trials=2, priority=1)
     converge(conn)
     if scheduler == "priority":
-        conn.execute("SELECT det_job_update(%s, 'priority', '99')", (notebook,))
+        conn.execute("SELECT det_user.job_update(%s, 'priority', '99')", (notebook,))
         converge(conn)
     assert running(conn) == {notebook: 2}
     assert conn.execute("SELECT desired_state::text AS d, preemptible FROM allocations "

@@ -169,7 +169,7 @@ def test_bad_input_is_one_line_and_writes_nothing(det, conn) -> None:
     assert "EXPERIMENT_ID" in one_line_error(r)
     r = det("tensorboard", "start", "--no-browser", "4242", check=False)
     assert "experiment 4242: not found" in one_line_error(r)
-    conn.execute("SELECT det_agent_register('small', 'host', 'default', 'process', %s)",
+    conn.execute("SELECT det_agent.register('small', 'host', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": 0, "type": "cpu"}]),))
     r = det("cmd", "run", "--config", "resources.slots=4", "--", "true", check=False)
     assert "resources.slots" in one_line_error(r) and "--force" in r.stderr
@@ -268,12 +268,12 @@ def test_notebook_and_tensorboard_start_print_the_proxy_url(det, conn, tmp_path)
     assert "/proxy/1/ (no det serve found: set DET_MASTER" in det(
         "notebook", "open", "1", "--no-browser").stdout
     # an experiment whose storage TensorBoard cannot read: its server never answers
-    exp = conn.execute("SELECT det_create_experiment(%s, '', NULL, NULL, NULL) AS id",
+    exp = conn.execute("SELECT det_user.create_experiment(%s, '', NULL, NULL, NULL) AS id",
                        (Jsonb(CONFIG),)).fetchone()["id"]
     r = det("tensorboard", "start", str(exp), "--no-browser", check=False, timeout=240)
     assert r.returncode == 1 and "has no event files" in r.stderr.splitlines()[-1], r.stderr
     storage = {"type": "shared_fs", "host_path": str(tmp_path / "checkpoints")}
-    exp = conn.execute("SELECT det_create_experiment(%s, '', NULL, NULL, NULL) AS id",
+    exp = conn.execute("SELECT det_user.create_experiment(%s, '', NULL, NULL, NULL) AS id",
                        (Jsonb({**CONFIG, "checkpoint_storage": storage}),)).fetchone()["id"]
     r = det("tensorboard", "start", str(exp), "--no-browser", timeout=240, check=False,
             DET_MASTER="det.example:8080")

@@ -45,12 +45,12 @@ def team(db_url: str, det, tmp_path: Path):
     """Workspace 'team' (project p) with alice its Editor, carol its Viewer and bob outside;
     alice has set template 'shared' there, with secrets. Yields (cluster, run det as a user)."""
     c = Cluster(db_url)
-    c.owner.execute("SELECT det_workspace_create('team', NULL, NULL, NULL)")
-    c.owner.execute("SELECT det_project_create('team', 'p', '')")
+    c.owner.execute("SELECT det_user.workspace_create('team', NULL, NULL, NULL)")
+    c.owner.execute("SELECT det_user.project_create('team', 'p', '')")
     for name, role in (("alice", "Editor"), ("carol", "Viewer"), ("bob", None)):
         c.user(name)
         if role is not None:
-            c.owner.execute("SELECT det_role_assign(%s, %s, NULL, 'team', true)", (role, name))
+            c.owner.execute("SELECT det_user.role_assign(%s, %s, NULL, 'team', true)", (role, name))
 
     def as_user(user: str, *args: str, check: bool = True):
         return det(*args, check=check, DET_DB_URL=c.url_of(user), DET_USER=user)
@@ -70,9 +70,9 @@ def test_a_user_outside_the_workspace_sees_none_of_its_templates(team) -> None:
         assert bob.execute("SELECT count(*) AS n FROM templates WHERE workspace_id = "
                            "(SELECT id FROM workspaces WHERE name = 'team')"
                            ).fetchone()["n"] == 0
-        for call in ("det_template_expand('team', 'shared')",
-                     "det_template_remove('team', 'shared')",
-                     "det_template_set('team', 'shared', '{}', '')"):
+        for call in ("det_user.template_expand('team', 'shared')",
+                     "det_user.template_remove('team', 'shared')",
+                     "det_user.template_set('team', 'shared', '{}', '')"):
             with pytest.raises(psycopg.errors.NoDataFound, match="not found"):
                 bob.execute(f"SELECT {call}")
     assert json.loads(as_user("bob", "template", "list", "--json").stdout) == []
@@ -82,7 +82,7 @@ def test_a_user_outside_the_workspace_sees_none_of_its_templates(team) -> None:
     # and a workspace that does not exist reads the same as one bob may not see
     with c.connect("bob") as bob, pytest.raises(psycopg.errors.NoDataFound,
                                                  match="cannot use template .* not found"):
-        bob.execute("SELECT det_template_expand('nowhere', 'shared')")
+        bob.execute("SELECT det_user.template_expand('nowhere', 'shared')")
     assert c.owner.execute("SELECT count(*) AS n FROM templates").fetchone()["n"] == 1
 
 
@@ -109,7 +109,7 @@ def test_a_member_reads_secrets_redacted_and_a_submission_gets_them(team, ctx,
         # a Viewer may not submit there, so may not expand it either
         with pytest.raises(psycopg.errors.InsufficientPrivilege,
                            match="needs Editor on workspace 'team' to use template"):
-            carol.execute("SELECT det_template_expand('team', 'shared')")
+            carol.execute("SELECT det_user.template_expand('team', 'shared')")
     for user in ("carol", "alice"):  # the CLI shows them redacted, even to its author
         described = as_user(user, "template", "describe", "shared", "-w", "team")
         listed = as_user(user, "template", "list", "--details", "--json").stdout
@@ -169,13 +169,13 @@ def test_secret_names(conn) -> None:
               "db-password", "credentials", "connection_string", "--api_key"]
     plain = ["bucket", "username", "max_tokens", "tokenizer", "author", "LR", "keys",
              "secretariat", "endpoint_url"]
-    got = conn.execute("SELECT n, det_secret_name(n) AS s FROM unnest(%s::text[]) n",
+    got = conn.execute("SELECT n, det_user.secret_name(n) AS s FROM unnest(%s::text[]) n",
                        (secret + plain,)).fetchall()
     assert {r["n"]: r["s"] for r in got} == {**dict.fromkeys(secret, True),
                                              **dict.fromkeys(plain, False)}
     nested = {"hyperparameters": {"opt": {"api_key": "k", "lr": 1}},
               "entrypoint": ["python", "--api_key=k", "x=1"], "password": None}
-    assert conn.execute("SELECT det_redact_secrets(%s) AS r", (Jsonb(nested),)).fetchone()[
+    assert conn.execute("SELECT det_user.redact_secrets(%s) AS r", (Jsonb(nested),)).fetchone()[
         "r"] == {"hyperparameters": {"opt": {"api_key": "********", "lr": 1}},
                  "entrypoint": ["python", "--api_key=********", "x=1"], "password": None}
 
@@ -221,8 +221,8 @@ def test_the_api_submits_with_a_template_of_the_experiments_workspace(det, det_e
         body = {"config": EXPERIMENT, "context": packed(ctx), "template": "shared"}
         r = server.client.post("/api/v1/experiments", json=body)
         assert r.status_code == 201, r.text
-        conn.execute("SELECT det_workspace_create('team', NULL, NULL, NULL)")
-        conn.execute("SELECT det_project_create('team', 'p', '')")
+        conn.execute("SELECT det_user.workspace_create('team', NULL, NULL, NULL)")
+        conn.execute("SELECT det_user.project_create('team', 'p', '')")
         # the template of the experiment's own workspace: none of that name in 'team'
         assert error(server.client.post("/api/v1/experiments", json={
             **body, "workspace": "team", "project": "p"}), 404) == (

@@ -2,7 +2,7 @@
 supersedes what earlier runs reported after S, and every reader shows and counts only the
 surviving rows.
 
-The fault injected: a run is killed (ended with exit code 137 through det_agent_report_each,
+The fault injected: a run is killed (ended with exit code 137 through det_agent.report_each,
 as its agent reports a SIGKILL) after reporting metrics past its last checkpoint; the next
 run resumes from that checkpoint and reports the same steps again, with other values.
 """
@@ -27,42 +27,42 @@ def a_trial(conn: psycopg.Connection) -> tuple[int, int]:
     """An active one-trial experiment and agent a1. Returns (job id, trial id)."""
     text = CONFIG
     cfg = load_experiment_config(text).expanded()
-    eid = conn.execute("SELECT det_create_experiment(%s, %s, NULL) AS id",
+    eid = conn.execute("SELECT det_user.create_experiment(%s, %s, NULL) AS id",
                        (Jsonb(cfg), text)).fetchone()["id"]
     job = conn.execute("SELECT job_id FROM experiments WHERE id = %s", (eid,)).fetchone()["job_id"]
     tid = conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
                        "VALUES (%s, gen_random_uuid(), '{}', 1) RETURNING id",
                        (eid,)).fetchone()["id"]
-    conn.execute("SELECT det_agent_register('a1', 'h', 'default', 'process', '[]')")
+    conn.execute("SELECT det_agent.register('a1', 'h', 'default', 'process', '[]')")
     return job, tid
 
 
 def start_run(conn: psycopg.Connection, job: int, trial: int, run: int) -> tuple[int, str]:
     """Run ``run`` of the trial placed on a1, claimed as the agent claims it, and started as
-    the harness starts (det_task_info). Returns (allocation id, token)."""
+    the harness starts (det_task.info). Returns (allocation id, token)."""
     alloc = conn.execute(
         "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec, "
         "state, agent_id) VALUES (%s, %s, %s, 'default', 0, '{\"kind\": \"trial\"}', "
         "'ASSIGNED', 'a1') RETURNING id", (job, trial, run)).fetchone()["id"]
-    token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
-    conn.execute("SELECT det_task_info(%s)", (token,))
+    token = conn.execute("SELECT det_agent.claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+    conn.execute("SELECT det_task.info(%s)", (token,))
     return alloc, token
 
 
 def report(conn: psycopg.Connection, token: str, rows: list[tuple[str, int, dict]]) -> None:
-    conn.execute("SELECT det_report_metrics_batch(%s, NULL, NULL, %s, %s, %s::jsonb[])",
+    conn.execute("SELECT det_task.report_metrics_batch(%s, NULL, NULL, %s, %s, %s::jsonb[])",
                  (token, [g for g, _, _ in rows], [s for _, s, _ in rows],
                   [json.dumps(v) for _, _, v in rows]))
 
 
 def checkpoint(conn: psycopg.Connection, token: str, steps: int) -> None:
-    conn.execute("SELECT det_report_checkpoint(%s, gen_random_uuid(), %s, %s, '{}')",
+    conn.execute("SELECT det_task.report_checkpoint(%s, gen_random_uuid(), %s, %s, '{}')",
                  (token, steps, Jsonb({"state.bin": 64})))
 
 
 def kill(conn: psycopg.Connection, alloc: int) -> None:
     """The run's process dies of SIGKILL, as its agent reports."""
-    conn.execute("SELECT det_agent_report_each('a1', %s, 'TERMINATED', %s, %s)",
+    conn.execute("SELECT det_agent.report_each('a1', %s, 'TERMINATED', %s, %s)",
                  ([alloc], [137], ["killed"]))
 
 
@@ -106,17 +106,17 @@ def test_a_restart_supersedes_what_dead_runs_reported_after_its_checkpoint(det, 
     from det.queries.trials import metric_series
     series = metric_series(conn, trial, "validation", None)
     assert [(r["steps_completed"], r["values"]["loss"]) for r in series] == [(2, 0.5), (4, 0.3)]
-    best = conn.execute("SELECT det_experiment_best_validation(%s) AS b", (t3,)).fetchone()
+    best = conn.execute("SELECT det_task.experiment_best_validation(%s) AS b", (t3,)).fetchone()
     assert best["b"] == 0.3
 
 
 def test_a_run_starting_twice_keeps_its_own_rows(conn) -> None:
-    """det_task_info called again by the same run (a gang's other workers, the compat path)
+    """det_task.info called again by the same run (a gang's other workers, the compat path)
     supersedes nothing of that run's own reports."""
     job, trial = a_trial(conn)
     _, t1 = start_run(conn, job, trial, 1)
     report(conn, t1, [("training", 1, {"loss": 0.9}), ("validation", 1, {"loss": 0.4})])
-    conn.execute("SELECT det_task_info(%s)", (t1,))
+    conn.execute("SELECT det_task.info(%s)", (t1,))
     rows = conn.execute("SELECT count(*) AS n FROM metrics WHERE superseded_by IS NULL"
                         ).fetchone()["n"]
     assert rows == 2

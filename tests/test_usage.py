@@ -1,5 +1,5 @@
 """Cluster historical usage (issue 34): slot-hours per UTC day by workspace, user, label and
-pool, from reporting.slot_hours and det_cluster_usage; `det cluster usage` (table, --json,
+pool, from reporting.slot_hours and det_user.cluster_usage; `det cluster usage` (table, --json,
 --csv) and GET /api/v1/cluster/usage (JSON and the CSV download)."""
 
 import csv
@@ -131,7 +131,7 @@ def test_api_json_and_csv_download(det_env, tmp_path, runs) -> None:
 
 
 def test_each_user_sees_the_usage_of_the_workspaces_they_may_view(db_url) -> None:
-    """Row-level security: det_cluster_usage runs as its caller (alice sees ws-alice's and
+    """Row-level security: det_user.cluster_usage runs as its caller (alice sees ws-alice's and
     the shared Uncategorized's slot-hours, not bob's)."""
     from test_rbac import Cluster, _seed_experiment_data
 
@@ -139,9 +139,10 @@ def test_each_user_sees_the_usage_of_the_workspaces_they_may_view(db_url) -> Non
     try:
         for name in ("alice", "bob"):
             c.user(name)
-            c.owner.execute("SELECT det_workspace_create(%s, NULL, NULL, NULL)", (f"ws-{name}",))
-            c.owner.execute("SELECT det_project_create(%s, 'p', '')", (f"ws-{name}",))
-            c.owner.execute("SELECT det_role_assign('Editor', %s, NULL, %s, true)",
+            c.owner.execute("SELECT det_user.workspace_create(%s, NULL, NULL, NULL)",
+                            (f"ws-{name}",))
+            c.owner.execute("SELECT det_user.project_create(%s, 'p', '')", (f"ws-{name}",))
+            c.owner.execute("SELECT det_user.role_assign('Editor', %s, NULL, %s, true)",
                             (name, f"ws-{name}"))
             _seed_experiment_data(c, c.experiment(f"ws-{name}", "p"))
         c.owner.execute("UPDATE allocations SET state = 'TERMINATED', "

@@ -1,5 +1,5 @@
 """The WebUI's charts in a real headless Chromium (as tests/test_webui.py) against ``det serve``
-and trials whose metrics are reported through det's own functions (det_report_metrics), as a
+and trials whose metrics are reported through det's own functions (det_task.report_metrics), as a
 harness reports them (issue 34): a `log` hyperparameter on a log axis with tick labels that
 do not repeat, hover naming the trial and a click opening it, parallel coordinates over every
 hyperparameter, learning curves with smoothing, log scale and x = batches / epochs / wall
@@ -43,7 +43,7 @@ def add_trials(conn, exp: int, hparams: list[dict], first_slot: int) -> list[int
     reconciler and an agent would), each reporting training loss every 10 batches to 100
     and validation (accuracy, with the harness's batches and epochs: 25 batches an epoch) at
     50 and 100; the i-th trial's accuracy is 0.5 + 0.1 i. Returns the trial ids."""
-    conn.execute("SELECT det_agent_register('a1', 'host', 'default', 'process', %s)",
+    conn.execute("SELECT det_agent.register('a1', 'host', 'default', 'process', %s)",
                  (Jsonb([{"slot_id": s, "type": "cpu"} for s in range(16)]),))
     ids = []
     for i, hp in enumerate(hparams):
@@ -56,13 +56,13 @@ def add_trials(conn, exp: int, hparams: list[dict], first_slot: int) -> list[int
             "FROM experiments WHERE id = %s RETURNING id", (trial, exp)).fetchone()["id"]
         conn.execute("INSERT INTO allocation_slots (allocation_id, agent_id, slot_id) "
                      "VALUES (%s, 'a1', %s)", (alloc, first_slot + i))
-        token = conn.execute("SELECT det_agent_claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
-        conn.execute("SELECT det_task_info(%s)", (token,))
+        token = conn.execute("SELECT det_agent.claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
+        conn.execute("SELECT det_task.info(%s)", (token,))
         for step in range(10, 101, 10):
-            conn.execute("SELECT det_report_metrics(%s, 'training', %s, %s)",
+            conn.execute("SELECT det_task.report_metrics(%s, 'training', %s, %s)",
                          (token, step, Jsonb({"loss": (1 + i) / step})))
         for step in (50, 100):
-            conn.execute("SELECT det_report_metrics(%s, 'validation', %s, %s)",
+            conn.execute("SELECT det_task.report_metrics(%s, 'validation', %s, %s)",
                          (token, step, Jsonb({"accuracy": 0.5 + 0.1 * i - (0.05 if step == 50
                                                                            else 0),
                                               "val_loss": 1.0 / (i + 1),

@@ -46,7 +46,7 @@ def test_search_filter_follow_and_download_a_trials_log(browser, det_env,  # noq
     alloc = claim_allocation(db_url, tmp_path)
     with psycopg.connect(db_url, autocommit=True) as c:
         c.execute("UPDATE allocations SET slots_needed = 2 WHERE id = %s", (alloc.id,))
-        c.execute("SELECT det_append_logs(%s, %s, %s, %s)",
+        c.execute("SELECT det_agent.append_logs(%s, %s, %s, %s)",
                   (alloc.id, [s for s, _, _ in LINES], [ln for _, _, ln in LINES],
                    [r for _, r, _ in LINES]))
     server = Server(det_env, tmp_path)
@@ -85,7 +85,7 @@ def test_search_filter_follow_and_download_a_trials_log(browser, det_env,  # noq
 
         # live: a line written now shows without a reload, and the view follows it
         with psycopg.connect(db_url, autocommit=True) as c:
-            c.execute("SELECT det_append_logs(%s, %s, %s, %s)",
+            c.execute("SELECT det_agent.append_logs(%s, %s, %s, %s)",
                       (alloc.id, ["stdout"], ["epoch 1: loss 1.234"], [1]))
         wait_for(lambda: visible(browser)[-1:] == ["[run 1] [rank=1] epoch 1: loss 1.234"], 30,
                  "the new line, live")

@@ -31,7 +31,7 @@ def finished_experiment(conn, ctx: Path, storage: Path) -> tuple[int, int, list[
              f"checkpoint_storage: {{type: shared_fs, host_path: {storage}}}\n"
              "searcher: {name: single, metric: loss, max_length: {batches: 100}}\n")
     cfg = load_experiment_config(text_).expanded()
-    eid = conn.execute("SELECT det_create_experiment(%s, %s, %s) AS id",
+    eid = conn.execute("SELECT det_user.create_experiment(%s, %s, %s) AS id",
                        (Jsonb(cfg), text_, context.pack(ctx))).fetchone()["id"]
     trial = conn.execute(
         "INSERT INTO trials (experiment_id, request_id, hparams, seed, state, end_time) "

@@ -46,7 +46,7 @@ def login(body: Login, request: Request, response: Response) -> Any:
     """Check the user and password (PostgreSQL does); answer a token good until
     ``expires_at`` (also set as the WebUI's HttpOnly cookie). 401 for a wrong user or
     password, or a deactivated user. 429 with ``Retry-After`` (seconds) while the user name or
-    the client's address is locked after failed attempts (det_login_begin: 5 per name, 20 per
+    the client's address is locked after failed attempts (det_web.login_begin: 5 per name, 20 per
     address), asked before any password is checked, a right one included. Every attempt is
     audited with the name tried and the client's address, never the password."""
     address = request.client.host if request.client else None

@@ -74,7 +74,7 @@ class CreateExperiment(BaseModel):
 def create_experiment(body: CreateExperiment, s: Session = session) -> dict:
     """Submit an experiment: the config is checked and expanded as `det experiment create`
     does (400 naming the field), the context unpacked and its entrypoint checked. Permission
-    to create in the target project (``det_experiment_create_check``: 403, or 404 for one the
+    to create in the target project (``det_user.experiment_create_check``: 403, or 404 for one the
     caller cannot see) is checked before a byte of the context is unpacked; a
     context that is not base64 of a tar.gz, or whose members det refuses
     (:mod:`det.archives`), is a 400 naming the member."""

@@ -1,7 +1,7 @@
 """``/api/v1/tasks``, ``/api/v1/{notebooks,tensorboards,commands,shells}``: interactive tasks:
 list, one task, its logs, kill, and starting each kind through det.submission
 (the same path as ``det notebook start`` & co.). Viewer lists, reads and opens a TensorBoard;
-Editor starts and kills (det_create_task, det_task_kill)."""
+Editor starts and kills (det_internal.create_task, det_user.task_kill)."""
 
 import base64
 import tempfile

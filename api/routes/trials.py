@@ -58,7 +58,7 @@ def trial_logs(
 ) -> dict:
     """The trial's output (stdout, stderr, and det's notes on its runs) by log id: each line
     with its time, run, rank (the worker that wrote it; null for det's notes) and level
-    (error, warning, info or debug: det_log_level)."""
+    (error, warning, info or debug: det_user.log_level)."""
     q.get_trial(s.conn, trial_id)
     if tail is not None:
         rows = s.conn.execute(READ.trial_logs_tail,

@@ -23,7 +23,7 @@ def cluster_usage(
     format: Literal["json", "csv"] = Query("json", description="csv: a download, "
                                                                "day,<group_by>,slot_hours."),
 ) -> dict | Response:
-    """Slot-hours the runs held per UTC day and group (det_cluster_usage: from a run's
+    """Slot-hours the runs held per UTC day and group (det_user.cluster_usage: from a run's
     assignment to its end; a run with several labels counts in each label), for the
     workspaces the user may view. 400 naming start or end for a period that ends before it
     starts or spans over ten years."""

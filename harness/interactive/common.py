@@ -53,9 +53,9 @@ class ServerError(Exception):
 
 class TaskTransport(DbTransport):
     """The task's side of the database: the allocation token's interactive functions
-    (``schema.sql``: ``det_task_secrets``, ``det_task_ready``, ``det_task_activity``,
-    ``det_task_tensorboard_sources``) over the harness's transport, which rides out database
-    restarts, watches ``det_should_preempt`` and ends the process when the cluster ended the
+    (``schema.sql``: ``det_task.secrets``, ``det_task.ready``, ``det_task.activity``,
+    ``det_task.tensorboard_sources``) over the harness's transport, which rides out database
+    restarts, watches ``det_task.should_preempt`` and ends the process when the cluster ended the
     run (its token refused)."""
 
     def secrets(self) -> dict[str, Any]:
@@ -80,7 +80,7 @@ class TaskTransport(DbTransport):
         return True
 
     def tensorboard_sources(self) -> list[dict[str, Any]]:
-        """``det_task_tensorboard_sources``: ``{experiment_id, trial_id, storage}`` rows."""
+        """``det_task.tensorboard_sources``: ``{experiment_id, trial_id, storage}`` rows."""
         def rows(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
             cur = conn.execute(Q.task_tensorboard_sources, (self._token,))
             return [dict(zip(("experiment_id", "trial_id", "storage"), r, strict=True))
@@ -151,7 +151,7 @@ def http_get(url: str, headers: Mapping[str, str] | None = None) -> Any:
 @dataclass
 class Server:
     """One server to run: ``what`` names it in the log (``JupyterLab``), ``argv``/``env`` start
-    it, ``address`` is what ``det_task_ready`` records; ``answers()`` says whether it answers
+    it, ``address`` is what ``det_task.ready`` records; ``answers()`` says whether it answers
     yet; ``activity()`` (None: the server reports none) the latest sign of its use, or None
     when there is none; ``pid`` is its process's once started."""
 

@@ -3,7 +3,7 @@
 The task's directory gets ``.det-shell/`` with a host key made for this task (``ssh-keygen``;
 clients skip host key checks, as the key is new each time), ``authorized_keys`` holding the
 task's public key (the private key stays in the database for users who may open the shell,
-``det_task_ssh_key``) and ``sshd_config``. The login user is the process's own user, the only
+``det_user.task_ssh_key``) and ``sshd_config``. The login user is the process's own user, the only
 one an unprivileged sshd can log in (root in det's image, whose sshd then needs its privilege
 separation directory, made here).
 """
@@ -85,7 +85,7 @@ def prepare(files: Path, public_key: str, host: str, port: int, user: str,
         ServerError: ssh-keygen failed, or there is no public key.
     """
     if not public_key.strip():
-        raise ServerError("the task has no SSH public key (det_task_secrets)")
+        raise ServerError("the task has no SSH public key (det_task.secrets)")
     files.mkdir(parents=True, exist_ok=True)
     key = files / "ssh_host_ed25519_key"
     for stale in (key, key.with_suffix(".pub")):

@@ -17,7 +17,7 @@ RELOAD_SECONDS = 5
 
 
 def event_dirs(sources: Iterable[Mapping[str, Any]]) -> tuple[list[tuple[str, str]], list[str]]:
-    """``(run name, directory)`` of each source (``det_task_tensorboard_sources`` rows: a whole
+    """``(run name, directory)`` of each source (``det_task.tensorboard_sources`` rows: a whole
     experiment when ``trial_id`` is None, else one trial) on local storage, and a line saying
     why each other one is left out. A name is ``exp<id>`` or ``exp<id>-trial<id>``; the
     directory is the storage's base (``shared_fs``: host_path/storage_path; ``directory``:

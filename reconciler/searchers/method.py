@@ -47,7 +47,7 @@ class SearchMethod(ABC):
     def interpret(self, event: Event) -> Event | None:
         """What a recorded event means to this method; None: nothing (it is consumed all the
         same). By default a trial's result is its op's ``ValidationCompleted``
-        (``det_complete_op``) and a validation report, which every validation row records, is
+        (``det_task.complete_op``) and a validation report, which every validation row records, is
         none."""
         return None if isinstance(event, ValidationReported) else event
 

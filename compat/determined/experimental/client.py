@@ -5,8 +5,8 @@ Names, signatures and return shapes follow 0.38.1 (``login``, ``create_experimen
 ``list_experiments``, ``get_workspace`` and the ``Experiment``, ``Trial``, ``Checkpoint``,
 ``Model``, ``ModelVersion`` objects they return). Each call does what the matching ``det``
 command does, through the same code: :mod:`det.submission` to create, :mod:`det.queries` to
-read, the SQL functions the CLI calls to act (``det_experiment_action``,
-``det_model_register_version``...), the CLI's checkpoint download. It connects as the CLI does
+read, the SQL functions the CLI calls to act (``det_user.experiment_action``,
+``det_user.model_register_version``...), the CLI's checkpoint download. It connects as the CLI does
 (see :mod:`determined.experimental._session` for who it acts as and ``login``), one
 transaction per call. Errors are det's (:mod:`det.errors`), with the database's message.
 """
@@ -214,7 +214,7 @@ class Checkpoint:
 
     def delete(self) -> None:
         """Have det delete the checkpoint's files (``det checkpoint delete``): it becomes
-        DELETING, then a GC task removes them. Raises what det_delete_checkpoints refuses
+        DELETING, then a GC task removes them. Raises what det_user.delete_checkpoints refuses
         (a pinned checkpoint, one of a live experiment) as det's errors."""
         with db() as conn:
             conn.execute(Q.delete_checkpoints, ([self.uuid],))
@@ -223,7 +223,7 @@ class Checkpoint:
     def add_metadata(self, metadata: dict[str, Any]) -> None:
         """Merge ``metadata``'s top-level keys into the checkpoint's metadata (a key already
         there takes the new value); det's row, not the storage's ``metadata.json``, as in
-        0.38 (det_checkpoint_add_metadata: Editor of its workspace).
+        0.38 (det_user.checkpoint_add_metadata: Editor of its workspace).
 
         Raises:
             det.errors.DetError: ``metadata`` is not a JSON object, or the result is over
@@ -551,7 +551,7 @@ class Model:
     def register_version(self, checkpoint_uuid: str) -> ModelVersion:
         """Register a COMPLETED checkpoint as the model's next version (``det model
         register-version``; the checkpoint is then pinned). Raises det's errors for what
-        det_model_register_version refuses."""
+        det_user.model_register_version refuses."""
         with db() as conn:
             row = conn.execute(Q.model_register_version, (self.name, checkpoint_uuid)).fetchone()
         return self._versions(row["version"])[0]
@@ -593,7 +593,7 @@ def create_experiment(config: str | pathlib.Path | dict, model_dir: str | None =
                       project_id: int | None = None, template: str | None = None) -> Experiment:
     """Submit an experiment as ``det experiment create CONFIG MODEL_DIR`` does (the same
     validation, workspace defaults, context packing and one transaction through
-    det_create_experiment); it starts ACTIVE. ``config``: a YAML file's path or the config as
+    det_user.create_experiment); it starts ACTIVE. ``config``: a YAML file's path or the config as
     a dict; ``model_dir``: the context directory (default: the working directory);
     ``includes``: files or directories added at the context's top level; ``project_id``: the
     project it goes to (default: the config's workspace/project, else Uncategorized);

@@ -4,7 +4,7 @@ runs: any script, run outside det (``python train.py``), reports to det as its u
 ``init(config=Config(name=..., hparams=..., searcher=..., checkpoint_storage=...,
 workspace=..., project=..., external_experiment_id=..., external_trial_id=...))`` (or 0.38's
 deprecated ``defaults=DefaultConfig(...)`` and ``unmanaged=UnmanagedConfig(...)``) makes an
-unmanaged experiment with one trial in det, in one transaction (``det_unmanaged_start``:
+unmanaged experiment with one trial in det, in one transaction (``det_user.unmanaged_start``:
 submitted as ``det experiment create`` submits, the experiment's config validated by
 det.configs), and fills the module attributes ``train``, ``checkpoint``, ``preempt``,
 ``distributed``, ``searcher`` (``None`` without ``searcher.max_length``, as upstream) and
@@ -130,11 +130,11 @@ class UnmanagedTransport:
             raise translate(e) from e
 
     def task_info(self) -> TaskInfo:
-        """What ``det_unmanaged_start`` answered."""
+        """What ``det_user.unmanaged_start`` answered."""
         return self._task
 
     def report_metrics(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
-        """One metrics row (det_append_metrics's checks)."""
+        """One metrics row (det_internal.append_metrics's checks)."""
         self._call("report metrics", Q.unmanaged_report_metrics, self._allocation, group,
                    steps_completed, Jsonb(json_safe(metrics)))
 
@@ -146,7 +146,8 @@ class UnmanagedTransport:
 
     @contextmanager
     def checkpoint_guard(self, uuid: str, discard: Callable[[], None]) -> Iterator[None]:
-        """Nothing to fence: det_unmanaged_report_checkpoint refuses a replaced run's report."""
+        """Nothing to fence: det_user.unmanaged_report_checkpoint refuses a replaced run's
+        report."""
         yield
 
     def report_storage_error(self, message: str) -> None:
@@ -190,7 +191,7 @@ class UnmanagedTransport:
         return None if row is None else row["best"]
 
     def set_trial_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
-        """Refused: trial metadata is a managed task's (det_set_trial_metadata)."""
+        """Refused: trial metadata is a managed task's (det_task.set_trial_metadata)."""
         raise DetError("set_metadata: not supported for an unmanaged trial")
 
     def trial_metadata(self) -> dict[str, Any]:
@@ -285,7 +286,7 @@ def _entrypoint() -> str:
 
 def _start(cfg: Config, storage: dict[str, Any]) -> TaskInfo:
     """Create or resume the experiment and trial and start a run (one transaction of
-    det_unmanaged_start); its TaskInfo."""
+    det_user.unmanaged_start); its TaskInfo."""
     import yaml
 
     from det.queries.workspaces import placement, workspace_defaults

@@ -14,9 +14,9 @@
 -- Order: roles and default privileges; the schemas of the actors' functions; types; tables (each
 -- with its comments, indexes and grants); the transition trigger; functions by actor (user
 -- actions in det_user, agents' in det_agent, tasks' in det_task, det serve's in det_web, the
--- reconciler's helpers in det_internal); reporting views; row-level security. Grants sit beside their definitions: each
--- table's, view's and schema's after it, each function's after it (and its COMMENT), one
--- GRANT EXECUTE per function naming every role that may call it.
+-- reconciler's helpers in det_internal); reporting views; row-level security. Grants sit beside
+-- their definitions: each table's, view's and schema's after it, each function's after it (and its
+-- COMMENT), one GRANT EXECUTE per function naming every role that may call it.
 --
 -- How databases get here. This file is not executed by det: databases are built and upgraded
 -- by the migrations in db/migrations/ (NNNN_name.sql, applied in order, each in its own
@@ -246,10 +246,11 @@ CREATE TABLE agent_logins (
     revoked_at    timestamptz
 );
 COMMENT ON TABLE agent_logins IS
-    'Agents enrolled with a login of their own (det_enroll.agent_enroll): role_name (det_agent_<id>, '
-    'a member of det_agent) may act only for agent_id (det_internal.agent_check_self), in resource_pool '
-    'when set. Revoked (det_user.agent_revoke): the role may no longer log in. Agents without a row '
-    'log in as the shared det_agent role: the single-host mode of `det cluster up`.';
+    'Agents enrolled with a login of their own (det_enroll.agent_enroll): role_name '
+    '(det_agent_<id>, a member of det_agent) may act only for agent_id '
+    '(det_internal.agent_check_self), in resource_pool when set. Revoked (det_user.agent_revoke): '
+    'the role may no longer log in. Agents without a row log in as the shared det_agent role: the '
+    'single-host mode of `det cluster up`.';
 
 CREATE TABLE agent_enrollment_tokens (
     role_name     text PRIMARY KEY,
@@ -365,7 +366,8 @@ CREATE TABLE user_groups (
     name       text NOT NULL UNIQUE CHECK (det_user.name_problem(name, 255) IS NULL),
     created_at timestamptz NOT NULL DEFAULT now()
 );
-COMMENT ON TABLE user_groups IS 'Groups of users: a role assigned to a group holds for each member.';
+COMMENT ON TABLE user_groups IS
+    'Groups of users: a role assigned to a group holds for each member.';
 GRANT SELECT ON user_groups TO det_user;
 
 CREATE TABLE user_group_members (
@@ -539,7 +541,8 @@ COMMENT ON TABLE jobs IS
 COMMENT ON COLUMN jobs.fallback_pools IS
     'Pools to try, in order, after resource_pool when it cannot take a waiting run now '
     '(resources.resource_pool given as a list).';
-COMMENT ON COLUMN jobs.max_slots IS 'Caps the job''s demand under fair share (resources.max_slots).';
+COMMENT ON COLUMN jobs.max_slots IS
+    'Caps the job''s demand under fair share (resources.max_slots).';
 COMMENT ON COLUMN jobs.workspace_id IS
     'The workspace of the job''s experiment (its project''s): what row-level security keys '
     'jobs, runs and their logs on.';
@@ -608,7 +611,7 @@ CREATE TABLE experiments (
 );
 COMMENT ON COLUMN experiments.unmanaged IS
     'Made by a script that reports from outside det (core_v2.init, det_user.unmanaged_start): no '
-    'searcher, no runs placed; its owner''s script reports through det_unmanaged_*.';
+    'searcher, no runs placed; its owner''s script reports through det_user.unmanaged_*.';
 COMMENT ON COLUMN experiments.external_id IS
     'core_v2''s external_experiment_id: a later start with the same id (and owner) resumes it.';
 -- Determined's core_v2: external ids find the experiment (and trial) a script resumes.
@@ -624,8 +627,8 @@ COMMENT ON COLUMN experiments.paused_reason IS
     'Why the cluster paused the experiment (a run''s checkpoint storage error), shown by '
     '`det experiment describe`; cleared when it is activated, canceled or killed.';
 COMMENT ON COLUMN experiments.tensorboards_deleted_at IS
-    'When the GC task of its deletion removed its TensorBoard files (det_internal.purge_experiment waits '
-    'for it when a trial of it ran, checkpoints or not).';
+    'When the GC task of its deletion removed its TensorBoard files (det_internal.purge_experiment '
+    'waits for it when a trial of it ran, checkpoints or not).';
 CREATE INDEX experiments_project ON experiments (project_id);
 -- Experiments being deleted, looked at by every pass.
 CREATE INDEX experiments_deleting ON experiments (id) WHERE delete_requested_at IS NOT NULL;
@@ -806,10 +809,10 @@ COMMENT ON COLUMN allocations.address IS
     'host:port of an interactive task''s server (Jupyter, TensorBoard, sshd) once it answers, '
     'recorded by the task (det_task.ready); det serve proxies /proxy/<job>/ to it.';
 COMMENT ON COLUMN allocations.stop_reason IS
-    'Why det asked the run to stop, written with desired_state: a preemption naming whom its '
-    'slots went to (det_internal.preempted_reason), a pause, a cancel or kill, the searcher closing its '
-    'trial, a kill after preemption_timeout, an interactive task''s end. Its "why it ended" '
-    'is this over the run''s own reason (det_user.run_end_reason).';
+    'Why det asked the run to stop, written with desired_state: a preemption naming whom its slots '
+    'went to (det_internal.preempted_reason), a pause, a cancel or kill, the searcher closing its '
+    'trial, a kill after preemption_timeout, an interactive task''s end. Its "why it ended" is this '
+    'over the run''s own reason (det_user.run_end_reason).';
 -- Each agent's live allocations (what an agent runs, what a lost agent leaves behind).
 CREATE INDEX allocations_live ON allocations (agent_id) WHERE state <> 'TERMINATED';
 -- Each agent's live zero-slot tasks, counted per agent by the scheduling pass (POOL_AGENTS).
@@ -826,7 +829,7 @@ CREATE INDEX allocations_stopping ON allocations (id)
 -- checks for idleness and an unanswering server (LIVE_TASK_RUNS).
 CREATE INDEX allocations_tasks_running ON allocations (job_id)
     WHERE trial_id IS NULL AND state = 'RUNNING' AND desired_state = 'RUNNING';
--- A job's runs, latest first: an interactive task's run (reporting.tasks, its logs, det_task_*),
+-- A job's runs, latest first: an interactive task's run (reporting.tasks, its logs, det_task.*),
 -- one probe per task instead of a scan of every trial's runs (2.1 s -> 28 ms for 200 tasks
 -- beside 100,000 runs).
 CREATE INDEX allocations_job ON allocations (job_id, run);
@@ -891,10 +894,10 @@ COMMENT ON TABLE metrics IS
     'Append-only metrics (training, validation, or any other group), read by range on '
     '(trial, group, steps).';
 COMMENT ON COLUMN metrics.superseded_by IS
-    'The run (allocation) that resumed the trial from a checkpoint taken before this row''s '
-    'step, so that this row, reported by an earlier run after that checkpoint, is no longer '
-    'part of the trial''s history (det_internal.metrics_supersede); NULL for the surviving rows. Kept '
-    'for audit; readers show and count only rows where it is NULL.';
+    'The run (allocation) that resumed the trial from a checkpoint taken before this row''s step, '
+    'so that this row, reported by an earlier run after that checkpoint, is no longer part of the '
+    'trial''s history (det_internal.metrics_supersede); NULL for the surviving rows. Kept for '
+    'audit; readers show and count only rows where it is NULL.';
 CREATE INDEX metrics_trial_group_steps ON metrics (trial_id, "group", steps_completed);
 GRANT SELECT ON metrics TO det_user;
 
@@ -1128,10 +1131,10 @@ CREATE TABLE task_secrets (
     ssh_public_key  text NOT NULL
 );
 COMMENT ON TABLE task_secrets IS
-    'Per-task secrets, made at submission: the token of a notebook''s Jupyter server (only '
-    'det serve''s proxy sends it) and a shell''s key pair. No user reads this table: the task '
-    'gets its own through det_task.secrets, a user who may open the task through det_user.task_open '
-    'and det_user.task_ssh_key.';
+    'Per-task secrets, made at submission: the token of a notebook''s Jupyter server (only det '
+    'serve''s proxy sends it) and a shell''s key pair. No user reads this table: the task gets its '
+    'own through det_task.secrets, a user who may open the task through det_user.task_open and '
+    'det_user.task_ssh_key.';
 
 CREATE TABLE task_logs (
     id            bigserial PRIMARY KEY,
@@ -1249,9 +1252,11 @@ BEGIN
 END $$;
 
 CREATE TRIGGER checkpoints_keep_pinned BEFORE UPDATE OF state ON checkpoints
-    FOR EACH ROW WHEN (NEW.state <> 'COMPLETED') EXECUTE FUNCTION det_internal.keep_pinned_checkpoint();
+    FOR EACH ROW WHEN (NEW.state <> 'COMPLETED')
+        EXECUTE FUNCTION det_internal.keep_pinned_checkpoint();
 
-CREATE FUNCTION det_user.template_name_problem(p_name text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+CREATE FUNCTION det_user.template_name_problem(p_name text) RETURNS text
+    LANGUAGE sql IMMUTABLE AS $$
 -- Why p_name cannot name a configuration template, or NULL: non-blank, at most 255
 -- characters, without control characters.
     SELECT CASE
@@ -1272,7 +1277,8 @@ SELECT p_name ~* '^(auth|identitytoken|registrytoken|connection_string)$'
 $$;
 GRANT EXECUTE ON FUNCTION det_user.secret_name(text) TO det_user;
 
-CREATE FUNCTION det_user.redact_secrets(p_value jsonb) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+CREATE FUNCTION det_user.redact_secrets(p_value jsonb) RETURNS jsonb
+    LANGUAGE plpgsql IMMUTABLE AS $$
 -- p_value with every secret replaced by '********': the value of each key that
 -- det_user.secret_name calls a secret, at any depth, and the value of each 'NAME=VALUE' list item
 -- (environment_variables) whose NAME is one. A null stays null: it hides nothing.
@@ -1344,8 +1350,8 @@ COMMENT ON TABLE web_sessions IS
     'Login tokens of det serve (POST /api/v1/auth/login), by SHA-256 hash: the token itself is '
     'never stored. A token is good until expires_at; expired rows are removed at each login.';
 COMMENT ON COLUMN web_sessions.password_stamp IS
-    'det_internal.password_stamp of the user''s password when the token was minted: the token is good '
-    'only while it is still the user''s password. NULL where det cannot read verifiers.';
+    'det_internal.password_stamp of the user''s password when the token was minted: the token is '
+    'good only while it is still the user''s password. NULL where det cannot read verifiers.';
 
 CREATE TABLE login_throttle (
     kind         text NOT NULL CHECK (kind IN ('user', 'address')),
@@ -1384,8 +1390,8 @@ COMMENT ON TABLE web_watchers IS
 --
 -- PostgreSQL has no privilege on LISTEN or NOTIFY: any role may listen or notify on any
 -- channel it can name. So det's channels have names no user or task can know: each is built
--- by det_internal.channel from a random cluster secret that only the schema's owner reads. det's own
--- processes LISTEN through functions that never hand the name to a caller outside det's
+-- by det_internal.channel from a random cluster secret that only the schema's owner reads. det's
+-- own processes LISTEN through functions that never hand the name to a caller outside det's
 -- roles (det_internal.listen for the owner, det_web.listen, det_agent.listen, det_task.listen), and
 -- the LISTEN runs inside the function, so the name never appears in a statement's text
 -- (pg_stat_activity shows a session's last statement to every session of its role). NOTIFY
@@ -1400,8 +1406,8 @@ CREATE TABLE channel_key (
                                                     || gen_random_uuid()::text, '-', ''), 'hex')
 );
 COMMENT ON TABLE channel_key IS
-    'The secret det_internal.channel builds NOTIFY channel names from (one row, made with the schema). '
-    'Granted to no role: only the owner and its SECURITY DEFINER functions read it.';
+    'The secret det_internal.channel builds NOTIFY channel names from (one row, made with the '
+    'schema). Granted to no role: only the owner and its SECURITY DEFINER functions read it.';
 INSERT INTO channel_key DEFAULT VALUES;
 
 CREATE FUNCTION det_internal.channel(p_kind text, p_key text) RETURNS text LANGUAGE plpgsql STABLE
@@ -1433,8 +1439,8 @@ END $$;
 
 CREATE FUNCTION det_internal.listen(p_kind text, p_key text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- This session LISTENs on det_internal.channel(p_kind, p_key) from its transaction's commit on (as a
--- LISTEN statement would). Executable by the owner alone: the reconciler's own channel.
+-- This session LISTENs on det_internal.channel(p_kind, p_key) from its transaction's commit on (as
+-- a LISTEN statement would). Executable by the owner alone: the reconciler's own channel.
 BEGIN
     EXECUTE format('LISTEN %I', det_internal.channel(p_kind, p_key));
 END $$;
@@ -1472,12 +1478,13 @@ BEGIN
 END $$;
 
 
-CREATE FUNCTION det_internal.agent_check_allocation(p_allocation bigint) RETURNS void LANGUAGE plpgsql
+CREATE FUNCTION det_internal.agent_check_allocation(p_allocation bigint) RETURNS void
+    LANGUAGE plpgsql
 STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- An agent function that names an allocation rather than an agent calls this: a login enrolled
 -- as an agent (agent_logins) acts only for allocations it is the chief of or holds (or held:
--- logs are flushed after a run ends) slots of; otherwise det_internal.agent_check_self refuses it as
--- acting for the allocation's chief. Sessions of other roles pass.
+-- logs are flushed after a run ends) slots of; otherwise det_internal.agent_check_self refuses it
+-- as acting for the allocation's chief. Sessions of other roles pass.
 DECLARE
     l agent_logins;
     v_chief text;
@@ -1741,16 +1748,19 @@ BEGIN
 END $$;
 CREATE CONSTRAINT TRIGGER experiments_project_in_workspace
     AFTER INSERT OR UPDATE OF project_id, job_id ON experiments
-    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION det_internal.check_experiment_project();
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+        EXECUTE FUNCTION det_internal.check_experiment_project();
 
-CREATE FUNCTION det_user.workspace_find(p_name text) RETURNS workspaces LANGUAGE plpgsql STABLE AS $$
+CREATE FUNCTION det_user.workspace_find(p_name text) RETURNS workspaces
+    LANGUAGE plpgsql STABLE AS $$
 -- The workspace named p_name (names are exact: any character is part of it). Raises
 -- no_data_found, also when the caller may not view it.
 DECLARE
     w workspaces;
 BEGIN
     SELECT * INTO w FROM workspaces WHERE name = p_name;
-    IF NOT FOUND OR NOT (det_user.is_owner_session() OR det_user.permitted(det_user.caller(), 'view', w.id))
+    IF NOT FOUND OR NOT (det_user.is_owner_session() OR det_user.permitted(det_user.caller(),
+        'view', w.id))
     THEN
         RAISE EXCEPTION 'workspace % not found', to_jsonb(p_name) USING ERRCODE = 'no_data_found';
     END IF;
@@ -1850,14 +1860,15 @@ RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det user create` (ClusterAdmin): a det user is a new LOGIN role of the same name, member
 -- of det_user (and of det_web, so det serve can act as it), Editor in Uncategorized, and
--- ClusterAdmin too if p_admin. p_password_verifier: see det_internal.check_verifier; NULL leaves the
--- user unable to log in until a password is set. p_password_length, p_weak_ok: the password
+-- ClusterAdmin too if p_admin. p_password_verifier: see det_internal.check_verifier; NULL leaves
+-- the user unable to log in until a password is set. p_password_length, p_weak_ok: the password
 -- policy (det_internal.password_policy). Returns the user's id.
 DECLARE
     v_problem text := det_user.name_problem(p_username, 63);
     v_id integer;
 BEGIN
-    PERFORM det_internal.require('admin_cluster', NULL, format('create user %s', to_jsonb(p_username)));
+    PERFORM det_internal.require('admin_cluster', NULL, format('create user %s',
+        to_jsonb(p_username)));
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'username %: %', to_jsonb(p_username), v_problem
             USING ERRCODE = 'invalid_parameter_value';
@@ -1941,7 +1952,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE users SET active = p_active WHERE id = u.id;
-    EXECUTE format('ALTER ROLE %I %s', u.username, CASE WHEN p_active THEN 'LOGIN' ELSE 'NOLOGIN' END);
+    EXECUTE format('ALTER ROLE %I %s', u.username,
+        CASE WHEN p_active THEN 'LOGIN' ELSE 'NOLOGIN' END);
     IF NOT p_active THEN
         DELETE FROM web_sessions WHERE username = u.username;
     END IF;
@@ -1957,7 +1969,8 @@ DECLARE
     v_problem text := det_user.name_problem(p_name, 255);
     v_id integer;
 BEGIN
-    PERFORM det_internal.require('admin_cluster', NULL, format('create group %s', to_jsonb(p_name)));
+    PERFORM det_internal.require('admin_cluster', NULL, format('create group %s',
+        to_jsonb(p_name)));
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'group name %: %', to_jsonb(p_name), v_problem
             USING ERRCODE = 'invalid_parameter_value';
@@ -1975,7 +1988,8 @@ CREATE FUNCTION det_user.group_delete(p_name text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det user-group delete` (ClusterAdmin): its members lose the roles it held.
 BEGIN
-    PERFORM det_internal.require('admin_cluster', NULL, format('delete group %s', to_jsonb(p_name)));
+    PERFORM det_internal.require('admin_cluster', NULL, format('delete group %s',
+        to_jsonb(p_name)));
     DELETE FROM user_groups WHERE name = p_name;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'group % not found', to_jsonb(p_name) USING ERRCODE = 'no_data_found';
@@ -2036,7 +2050,8 @@ BEGIN
     RETURNING id INTO v_id;
     INSERT INTO role_assignments (role, user_id, workspace_id)
     SELECT 'WorkspaceAdmin', id, v_id FROM users WHERE username = v_user;
-    PERFORM det_internal.audit('create', 'workspace', v_id::text, jsonb_build_object('name', p_name));
+    PERFORM det_internal.audit('create', 'workspace', v_id::text,
+        jsonb_build_object('name', p_name));
     RETURN v_id;
 EXCEPTION WHEN foreign_key_violation THEN
     RAISE EXCEPTION 'workspace %: no resource pool named % or %', to_jsonb(p_name),
@@ -2060,7 +2075,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE workspaces SET archived = p_archived WHERE id = w.id;
-    PERFORM det_internal.audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'workspace',
+    PERFORM det_internal.audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END,
+        'workspace',
                       w.id::text, jsonb_build_object('name', w.name));
 END $$;
 GRANT EXECUTE ON FUNCTION det_user.workspace_set_archived(text, boolean) TO det_user;
@@ -2073,7 +2089,8 @@ DECLARE
     w workspaces := det_user.workspace_find(p_name);
     v_n bigint;
 BEGIN
-    PERFORM det_internal.require('admin_workspace', w.id, format('delete workspace %s', to_jsonb(w.name)));
+    PERFORM det_internal.require('admin_workspace', w.id, format('delete workspace %s',
+        to_jsonb(w.name)));
     IF w.id = 1 THEN
         RAISE EXCEPTION 'workspace "Uncategorized" cannot be deleted'
             USING ERRCODE = 'invalid_parameter_value';
@@ -2090,7 +2107,8 @@ BEGIN
     END IF;
     DELETE FROM projects WHERE workspace_id = w.id;
     DELETE FROM workspaces WHERE id = w.id;
-    PERFORM det_internal.audit('delete', 'workspace', w.id::text, jsonb_build_object('name', w.name));
+    PERFORM det_internal.audit('delete', 'workspace', w.id::text,
+        jsonb_build_object('name', w.name));
 END $$;
 GRANT EXECUTE ON FUNCTION det_user.workspace_delete(text) TO det_user;
 
@@ -2112,7 +2130,8 @@ BEGIN
     ELSE
         DELETE FROM workspace_pools WHERE workspace_id = w.id AND resource_pool = p_pool;
     END IF;
-    PERFORM det_internal.audit(CASE WHEN p_bound THEN 'bind_pool' ELSE 'unbind_pool' END, 'workspace',
+    PERFORM det_internal.audit(CASE WHEN p_bound THEN 'bind_pool' ELSE 'unbind_pool' END,
+        'workspace',
                       w.id::text, jsonb_build_object('name', w.name, 'pool', p_pool));
 END $$;
 GRANT EXECUTE ON FUNCTION det_user.workspace_bind_pool(text, text, boolean) TO det_user;
@@ -2196,7 +2215,8 @@ DECLARE
     p projects := det_user.project_find(p_workspace, p_name);
     v_n bigint;
 BEGIN
-    PERFORM det_internal.require('edit', p.workspace_id, format('delete project %s', to_jsonb(p.name)));
+    PERFORM det_internal.require('edit', p.workspace_id, format('delete project %s',
+        to_jsonb(p.name)));
     IF p.id = 1 THEN
         RAISE EXCEPTION 'project "Uncategorized" cannot be deleted'
             USING ERRCODE = 'invalid_parameter_value';
@@ -2302,7 +2322,8 @@ BEGIN
     PERFORM det_internal.require('edit', w.id, format('move model %s into workspace %s',
                                              to_jsonb(m.name), to_jsonb(w.name)));
     UPDATE models SET workspace_id = w.id, last_updated_time = now() WHERE id = m.id;
-    PERFORM det_internal.audit('move', 'model', m.id::text, jsonb_build_object('workspace', w.name));
+    PERFORM det_internal.audit('move', 'model', m.id::text,
+        jsonb_build_object('workspace', w.name));
 END $$;
 GRANT EXECUTE ON FUNCTION det_user.model_move(text, text) TO det_user;
 
@@ -2433,17 +2454,22 @@ BEGIN
         (1, det_internal.config_value_problem(p_config -> 'name', 'name', 'text', 0, 255, true)),
         (2, det_internal.config_value_problem(p_config -> 'description', 'description', 'text', 0,
                                      4096)),
-        (3, det_internal.config_value_problem(p_config -> 'max_restarts', 'max_restarts', 'integer', 0,
+        (3, det_internal.config_value_problem(p_config -> 'max_restarts', 'max_restarts',
+            'integer', 0,
                                      2147483647)),
-        (4, det_internal.config_value_problem(p_config -> 'preemption_timeout', 'preemption_timeout',
+        (4, det_internal.config_value_problem(p_config -> 'preemption_timeout',
+            'preemption_timeout',
                                      'integer', 0, 2147483647)),
         (5, det_internal.config_value_problem(p_config #> '{reproducibility,experiment_seed}',
                                      'reproducibility.experiment_seed', 'integer', 0,
                                      4294967295)),
-        (6, det_internal.config_value_problem(s -> 'metric', 'searcher.metric', 'name', 0, 255, true)),
-        (7, det_internal.config_value_problem(s -> 'smaller_is_better', 'searcher.smaller_is_better',
+        (6, det_internal.config_value_problem(s -> 'metric', 'searcher.metric', 'name', 0,
+            255, true)),
+        (7, det_internal.config_value_problem(s -> 'smaller_is_better',
+            'searcher.smaller_is_better',
                                      'boolean')),
-        (8, det_internal.config_value_problem(s -> 'max_trials', 'searcher.max_trials', 'integer', 1,
+        (8, det_internal.config_value_problem(s -> 'max_trials', 'searcher.max_trials',
+            'integer', 1,
                                      10000, v_searcher IN ('random', 'adaptive_asha', 'tpe'))),
         (9, det_internal.config_value_problem(s -> 'max_concurrent_trials',
                                      'searcher.max_concurrent_trials', 'integer', 0,
@@ -2455,7 +2481,8 @@ BEGIN
                                               AND coalesce(s -> 'max_time', 'null') = 'null'))),
         (11, det_internal.config_value_problem(s -> 'max_time', 'searcher.max_time', 'integer', 1,
                                       9223372036854775807)),
-        (12, det_internal.config_value_problem(s -> 'time_metric', 'searcher.time_metric', 'name', 0,
+        (12, det_internal.config_value_problem(s -> 'time_metric',
+            'searcher.time_metric', 'name', 0,
                                       255, coalesce(s -> 'max_time', 'null') <> 'null')),
         (13, det_internal.config_value_problem(s -> 'source_trial_id', 'searcher.source_trial_id',
                                       'integer', 1, 9223372036854775807)),
@@ -2473,12 +2500,15 @@ BEGIN
                            'of them' END)
              ELSE det_internal.config_value_problem(r -> 'resource_pool', 'resources.resource_pool',
                                            'name', 0, 255, true) END),
-        (16, det_internal.config_value_problem(r -> 'weight', 'resources.weight', 'number', 0, 1000000,
+        (16, det_internal.config_value_problem(r -> 'weight', 'resources.weight',
+            'number', 0, 1000000,
                                       true)),
         (17, det_internal.config_value_problem(r -> 'slots_per_trial', 'resources.slots_per_trial',
                                       'integer', 0, 2147483647, true)),
-        (18, det_internal.config_value_problem(r -> 'priority', 'resources.priority', 'integer', 1, 99)),
-        (19, det_internal.config_value_problem(r -> 'max_slots', 'resources.max_slots', 'integer', 0,
+        (18, det_internal.config_value_problem(r -> 'priority', 'resources.priority',
+            'integer', 1, 99)),
+        (19, det_internal.config_value_problem(r -> 'max_slots', 'resources.max_slots',
+            'integer', 0,
                                       2147483647)),
         (20, det_internal.config_value_problem(p_config #> '{checkpoint_storage,save_experiment_best}',
                                       'checkpoint_storage.save_experiment_best', 'integer', 0,
@@ -2489,7 +2519,8 @@ BEGIN
         (22, det_internal.config_value_problem(p_config #> '{checkpoint_storage,save_trial_latest}',
                                       'checkpoint_storage.save_trial_latest', 'integer', 0,
                                       2147483647)),
-        (23, det_internal.config_value_problem(p_config -> 'workspace', 'workspace', 'name', 0, 255)),
+        (23, det_internal.config_value_problem(p_config -> 'workspace', 'workspace',
+            'name', 0, 255)),
         (24, det_internal.config_value_problem(p_config -> 'project', 'project', 'name', 0, 255))
     ) AS x (n, problem) WHERE x.problem IS NOT NULL ORDER BY x.n LIMIT 1;
     RETURN v_problem;
@@ -2559,7 +2590,8 @@ BEGIN
     END IF;
     IF coalesce(v_source_trial::text, v_source_uuid::text) IS NOT NULL THEN
         IF v_source_ws IS NULL
-           OR NOT (det_user.is_owner_session() OR det_user.permitted(v_user, 'view', v_source_ws)) THEN
+           OR NOT (det_user.is_owner_session() OR det_user.permitted(v_user, 'view',
+               v_source_ws)) THEN
             RAISE EXCEPTION '%: % % not found',
                 CASE WHEN v_source_trial IS NOT NULL THEN 'searcher.source_trial_id'
                      ELSE 'searcher.source_checkpoint_uuid' END,
@@ -2594,7 +2626,8 @@ BEGIN
     VALUES (v_job, p_config ->> 'name', coalesce(p_config ->> 'description', ''), p_config,
             p_original_config, v_ctx, v_user, p.id)
     RETURNING id INTO v_id;
-    PERFORM det_internal.audit('create', 'experiment', v_id::text, jsonb_build_object('project', p.id));
+    PERFORM det_internal.audit('create', 'experiment', v_id::text,
+        jsonb_build_object('project', p.id));
     PERFORM pg_notify(det_internal.channel('reconciler', ''), 'experiment');
     RETURN v_id;
 END $$;
@@ -2652,7 +2685,8 @@ BEGIN
     SELECT b.data INTO v_ctx
       FROM experiments e LEFT JOIN context_blobs b ON b.id = e.context_id WHERE e.id = p_source;
     v_id := det_user.create_experiment(p_config, p_original_config, v_ctx, p_workspace, p_project);
-    PERFORM det_internal.audit('fork', 'experiment', v_id::text, jsonb_build_object('source', p_source));
+    PERFORM det_internal.audit('fork', 'experiment', v_id::text,
+        jsonb_build_object('source', p_source));
     RETURN v_id;
 END $$;
 GRANT EXECUTE ON FUNCTION det_user.experiment_fork(integer, jsonb, text, text, text) TO det_user;
@@ -2801,20 +2835,23 @@ BEGIN
         RAISE EXCEPTION 'a TensorBoard needs at least one experiment or trial'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT * INTO p FROM projects WHERE id = det_user.experiment_create_check(p_workspace, p_project);
+    SELECT * INTO p FROM projects
+        WHERE id = det_user.experiment_create_check(p_workspace, p_project);
     v_user := det_user.caller();
     PERFORM det_internal.check_pools(p.workspace_id, ARRAY[v_pool], 'resources.resource_pool');
     SELECT m INTO v_missing FROM (
         SELECT 'experiment ' || x AS m FROM unnest(p_experiment_ids) x
          WHERE NOT EXISTS (SELECT 1 FROM experiments e JOIN jobs j ON j.id = e.job_id
                             WHERE e.id = x AND (det_user.is_owner_session()
-                                                OR det_user.permitted(v_user, 'view', j.workspace_id)))
+                                                OR det_user.permitted(v_user, 'view',
+                                                    j.workspace_id)))
         UNION ALL
         SELECT 'trial ' || x FROM unnest(p_trial_ids) x
          WHERE NOT EXISTS (SELECT 1 FROM trials t JOIN experiments e ON e.id = t.experiment_id
                              JOIN jobs j ON j.id = e.job_id
                             WHERE t.id = x AND (det_user.is_owner_session()
-                                                OR det_user.permitted(v_user, 'view', j.workspace_id)))
+                                                OR det_user.permitted(v_user, 'view',
+                                                    j.workspace_id)))
     ) missing LIMIT 1;
     IF v_missing IS NOT NULL THEN
         RAISE EXCEPTION '%: not found', v_missing USING ERRCODE = 'no_data_found';
@@ -2859,7 +2896,8 @@ BEGIN
             'notebook_idle_type', p_config -> 'notebook_idle_type',
             'experiment_ids', to_jsonb(coalesce(p_experiment_ids, '{}')),
             'trial_ids', to_jsonb(coalesce(p_trial_ids, '{}')))));
-    PERFORM det_internal.audit('create', lower(p_type), v_job::text, jsonb_build_object('project', p.id));
+    PERFORM det_internal.audit('create', lower(p_type), v_job::text,
+        jsonb_build_object('project', p.id));
     PERFORM pg_notify(det_internal.channel('reconciler', ''), 'task');
     RETURN v_job;
 END $$;
@@ -2869,9 +2907,9 @@ GRANT EXECUTE ON FUNCTION
 
 CREATE FUNCTION det_internal.task_find(p_job bigint, p_permission text, p_action text) RETURNS tasks
 LANGUAGE plpgsql STABLE AS $$
--- Task p_job, once the caller holds p_permission in its workspace (det_internal.require: no_data_found
--- for a task the caller cannot see, as for one that does not exist; insufficient_privilege
--- naming the role for one they see but may not p_action).
+-- Task p_job, once the caller holds p_permission in its workspace (det_internal.require:
+-- no_data_found for a task the caller cannot see, as for one that does not exist;
+-- insufficient_privilege naming the role for one they see but may not p_action).
 DECLARE
     t tasks;
     v_ws integer;
@@ -2901,7 +2939,8 @@ BEGIN
      WHERE job_id = t.job_id AND state <> 'TERMINATED' AND desired_state <> 'KILLED'
     RETURNING agent_id INTO v_agent;
     IF FOUND THEN
-        UPDATE tasks SET end_reason = coalesce(end_reason, format('killed by %s', det_user.caller()))
+        UPDATE tasks SET end_reason = coalesce(end_reason, format('killed by %s',
+            det_user.caller()))
          WHERE job_id = t.job_id;
         PERFORM det_internal.audit('kill', lower(t.type), t.job_id::text);
         IF v_agent IS NOT NULL THEN
@@ -2933,7 +2972,8 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'job % not found', p_job USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_internal.require('edit', j.workspace_id, format('change the %s of job %s', p_field, p_job));
+    PERFORM det_internal.require('edit', j.workspace_id, format('change the %s of job %s',
+        p_field, p_job));
     SELECT e.id, e.state INTO v_exp, v_state FROM experiments e WHERE e.job_id = p_job;
     IF v_state IN ('COMPLETED', 'CANCELED', 'ERROR') THEN
         RAISE EXCEPTION 'job % (experiment %) is %: it is no longer queued', p_job, v_exp,
@@ -2977,7 +3017,8 @@ BEGIN
         UPDATE jobs SET resource_pool = p_value, fallback_pools = '{}' WHERE id = p_job;
         UPDATE allocations SET resource_pool = p_value
          WHERE job_id = p_job AND state = 'PENDING';
-        UPDATE experiments SET config = jsonb_set(config, '{resources,resource_pool}', to_jsonb(p_value))
+        UPDATE experiments SET config = jsonb_set(config, '{resources,resource_pool}',
+            to_jsonb(p_value))
          WHERE job_id = p_job;
     WHEN 'ahead-of', 'behind-of' THEN
         IF v_type <> 'priority' THEN
@@ -3043,7 +3084,8 @@ BEGIN
             max_aux_containers_per_agent = excluded.max_aux_containers_per_agent,
             provider = excluded.provider;
     SELECT name INTO v_gone FROM resource_pools r
-     WHERE name NOT IN (SELECT p ->> 'name' FROM jsonb_array_elements(p_config -> 'resource_pools') p)
+     WHERE name NOT IN (SELECT p ->> 'name'
+         FROM jsonb_array_elements(p_config -> 'resource_pools') p)
        AND (EXISTS (SELECT 1 FROM agents g WHERE g.resource_pool = r.name AND g.state <> 'LOST')
             OR EXISTS (SELECT 1 FROM instances i WHERE i.resource_pool = r.name
                                                    AND i.state <> 'GONE')
@@ -3056,7 +3098,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     DELETE FROM resource_pools r
-     WHERE name NOT IN (SELECT p ->> 'name' FROM jsonb_array_elements(p_config -> 'resource_pools') p)
+     WHERE name NOT IN (SELECT p ->> 'name'
+         FROM jsonb_array_elements(p_config -> 'resource_pools') p)
        AND NOT EXISTS (SELECT 1 FROM agents g WHERE g.resource_pool = r.name)
        AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.resource_pool = r.name)
        AND NOT EXISTS (SELECT 1 FROM allocations a WHERE a.resource_pool = r.name);
@@ -3095,8 +3138,8 @@ GRANT EXECUTE ON FUNCTION det_user.agent_set_enabled(text, boolean) TO det_user;
 CREATE FUNCTION det_user.agent_drain(p_id text) RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det agent disable --drain` (ClusterAdmin): disable agent p_id (det_user.agent_set_enabled) and
--- stop its live runs as a planned stop (det_internal.stop_runs_of): each trial checkpoints and exits as
--- on pause and resumes on another agent from that checkpoint, its end no failure.
+-- stop its live runs as a planned stop (det_internal.stop_runs_of): each trial checkpoints and
+-- exits as on pause and resumes on another agent from that checkpoint, its end no failure.
 -- A task that ignores the request is killed after its preemption_timeout (the reconciler's
 -- KILL_OVERDUE), still no failure. Returns how many runs were asked to stop.
 BEGIN
@@ -3225,7 +3268,8 @@ CREATE FUNCTION det_user.model_update(
 DECLARE
     m models := det_user.model_find(p_model);
 BEGIN
-    PERFORM det_internal.require('edit', m.workspace_id, format('change model %s', to_jsonb(m.name)));
+    PERFORM det_internal.require('edit', m.workspace_id, format('change model %s',
+        to_jsonb(m.name)));
     SELECT * INTO m FROM models WHERE id = m.id FOR UPDATE;
     IF m.archived THEN
         RAISE EXCEPTION 'model % is archived: unarchive it to change it', to_jsonb(m.name)
@@ -3271,7 +3315,8 @@ DECLARE
     m models := det_user.model_find(p_model);
     v_versions integer;
 BEGIN
-    PERFORM det_internal.require('edit', m.workspace_id, format('delete model %s', to_jsonb(m.name)));
+    PERFORM det_internal.require('edit', m.workspace_id, format('delete model %s',
+        to_jsonb(m.name)));
     SELECT count(*) INTO v_versions FROM model_versions WHERE model_id = m.id;
     DELETE FROM models WHERE id = m.id;
     PERFORM det_internal.audit('delete', 'model', m.id::text, jsonb_build_object('name', m.name));
@@ -3384,7 +3429,8 @@ DECLARE
     v_problem text := det_user.label_problem(p_labels);
 BEGIN
     SELECT * INTO m FROM models WHERE id = r.model_id FOR UPDATE;
-    PERFORM det_internal.require('edit', m.workspace_id, format('change model %s', to_jsonb(m.name)));
+    PERFORM det_internal.require('edit', m.workspace_id, format('change model %s',
+        to_jsonb(m.name)));
     IF m.archived THEN
         RAISE EXCEPTION 'model % is archived: unarchive it to change its versions',
             to_jsonb(m.name) USING ERRCODE = 'check_violation';
@@ -3412,8 +3458,8 @@ BEGIN
                       jsonb_build_object('version', r.version));
     RETURN r;
 END $$;
-GRANT EXECUTE ON FUNCTION det_user.model_version_update(text, integer, text, text, text[], jsonb, text[])
-    TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.model_version_update(text, integer, text, text, text[],
+    jsonb, text[]) TO det_user;
 
 CREATE FUNCTION det_user.model_version_delete(p_model text, p_version integer) RETURNS uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -3452,8 +3498,9 @@ CREATE FUNCTION det_user.template_set(p_workspace text, p_name text, p_config js
                                  p_original text)
 RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det template set`: create or replace template p_name of workspace p_workspace (NULL:
--- Uncategorized), as an Editor there (a template is its workspace's, not the cluster's). p_config: its YAML (p_original) as a JSON object, checked by
--- det.configs.templates. Returns true when it was created.
+-- Uncategorized), as an Editor there (a template is its workspace's, not the cluster's). p_config:
+-- its YAML (p_original) as a JSON object, checked by det.configs.templates. Returns true when it
+-- was created.
 DECLARE
     v_ws integer := det_internal.template_workspace(
         p_workspace, 'edit', format('set template %s in workspace %s', to_jsonb(p_name),
@@ -3474,7 +3521,8 @@ BEGIN
     ON CONFLICT (workspace_id, name) DO UPDATE
         SET config = excluded.config, original = excluded.original, updated_at = now()
     RETURNING (xmax = 0) INTO v_created;
-    PERFORM det_internal.audit(CASE WHEN v_created THEN 'create' ELSE 'update' END, 'template', p_name,
+    PERFORM det_internal.audit(CASE WHEN v_created THEN 'create' ELSE 'update' END,
+        'template', p_name,
                       jsonb_build_object('workspace_id', v_ws));
     RETURN v_created;
 END $$;
@@ -3494,7 +3542,8 @@ BEGIN
         RAISE EXCEPTION 'template % not found in workspace %', to_jsonb(p_name),
             to_jsonb(coalesce(p_workspace, 'Uncategorized')) USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_internal.audit('delete', 'template', p_name, jsonb_build_object('workspace_id', v_ws));
+    PERFORM det_internal.audit('delete', 'template', p_name,
+        jsonb_build_object('workspace_id', v_ws));
 END $$;
 GRANT EXECUTE ON FUNCTION det_user.template_remove(text, text) TO det_user;
 
@@ -3610,7 +3659,8 @@ BEGIN
      WHERE role_name = t.role_name;
     INSERT INTO agent_logins (agent_id, role_name, resource_pool)
     VALUES (p_agent, v_role, t.resource_pool);
-    PERFORM det_internal.audit('enroll', 'agent', p_agent, jsonb_build_object('token', t.role_name));
+    PERFORM det_internal.audit('enroll', 'agent', p_agent, jsonb_build_object('token',
+        t.role_name));
     RETURN t.resource_pool;
 END $$;
 GRANT EXECUTE ON FUNCTION det_enroll.agent_enroll(text, text) TO det_enroll;
@@ -3628,7 +3678,8 @@ DECLARE
     l agent_logins;
     v_ended integer;
 BEGIN
-    PERFORM det_internal.require('admin_cluster', NULL, format('revoke agent %s', to_jsonb(p_agent)));
+    PERFORM det_internal.require('admin_cluster', NULL, format('revoke agent %s',
+        to_jsonb(p_agent)));
     SELECT * INTO l FROM agent_logins WHERE agent_id = p_agent FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'agent %: no enrolled login of that id (agents of the shared det_agent '
@@ -3730,8 +3781,8 @@ END $$;
 CREATE FUNCTION det_agent.stop_runs(p_agent text) RETURNS bigint[] LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Agent p_agent is going away (SIGTERM: `det cluster down`, a restart) and stops its live runs
--- as a planned stop (det_internal.stop_runs_of), with no reconciler needed (the same `down` stops it).
--- The agent is marked stopping: no new run is placed on it until it registers again. Returns
+-- as a planned stop (det_internal.stop_runs_of), with no reconciler needed (the same `down` stops
+-- it). The agent is marked stopping: no new run is placed on it until it registers again. Returns
 -- the ids of the runs.
 BEGIN
     PERFORM det_internal.agent_check_self(p_agent);
@@ -3971,9 +4022,9 @@ CREATE FUNCTION det_agent.append_logs(
 -- p_writer and p_seqs (each line's number, ascending) name the lines (see log_batches): a line
 -- numbered at or below its writer's last_seq was written before and is skipped; a NULL
 -- p_writer asks for no such check. invalid_parameter_value when p_seqs does not match; an
--- enrolled agent's login writes only for allocations it runs a part of (det_internal.agent_check_allocation).
--- Lines of an allocation that no longer exists are dropped without an error: a shipper stops on
--- errors, and its other allocations' lines would stop with it.
+-- enrolled agent's login writes only for allocations it runs a part of
+-- (det_internal.agent_check_allocation). Lines of an allocation that no longer exists are dropped
+-- without an error: a shipper stops on errors, and its other allocations' lines would stop with it.
 DECLARE
     v_last bigint := 0;
 BEGIN
@@ -4145,8 +4196,9 @@ END $$;
 CREATE FUNCTION det_task.info(p_token text) RETURNS jsonb LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Identity and starting point of the task; also marks the allocation RUNNING and supersedes
--- what earlier runs of its trial reported after that starting point (det_internal.metrics_supersede):
--- the run starts from its trial's latest checkpoint, which this returns.
+-- what earlier runs of its trial reported after that starting point
+-- (det_internal.metrics_supersede): the run starts from its trial's latest checkpoint, which this
+-- returns.
 DECLARE
     a allocations := det_internal.auth(p_token);
 BEGIN
@@ -4175,8 +4227,8 @@ CREATE FUNCTION det_internal.append_metrics(
 -- longer than 255 characters or holds a control character (it is shown on terminals); a step
 -- outside 0 to 2^53 - 1 (what a JSON reader such as the WebUI holds exactly; Core API code
 -- counts steps in its own unit, so the searcher's length gives no tighter bound); values that
--- are not a JSON object, are over 64 KiB or nest deeper than 32 levels (det_internal.json_problem: any
--- JSON inside, as Determined allows; the harness writes NaN and infinities as strings); a
+-- are not a JSON object, are over 64 KiB or nest deeper than 32 levels (det_internal.json_problem:
+-- any JSON inside, as Determined allows; the harness writes NaN and infinities as strings); a
 -- validation's searcher metric that is a number a double cannot hold.
 DECLARE
     v_cfg jsonb;
@@ -4243,8 +4295,8 @@ CREATE FUNCTION det_task.report_metrics_batch(
     p_token text, p_writer uuid, p_seq bigint,
     p_groups text[], p_steps bigint[], p_values jsonb[]
 ) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- A task appends a batch of metrics rows (det_internal.append_metrics: the rows and what is refused).
--- p_writer and p_seq name the batch (see metric_batches): a batch already recorded is
+-- A task appends a batch of metrics rows (det_internal.append_metrics: the rows and what is
+-- refused). p_writer and p_seq name the batch (see metric_batches): a batch already recorded is
 -- skipped; a NULL p_writer asks for no such check (det_task.report_metrics). Returns the rows
 -- written (0 for a skipped batch).
 DECLARE
@@ -4267,8 +4319,8 @@ BEGIN
     END IF;
     RETURN det_internal.append_metrics(a, p_groups, p_steps, p_values);
 END $$;
-GRANT EXECUTE ON FUNCTION det_task.report_metrics_batch(text, uuid, bigint, text[], bigint[], jsonb[])
-    TO det_task;
+GRANT EXECUTE ON FUNCTION det_task.report_metrics_batch(text, uuid, bigint, text[],
+    bigint[], jsonb[]) TO det_task;
 
 CREATE FUNCTION det_task.report_metrics(
     p_token text, p_group text, p_steps_completed bigint, p_metrics jsonb
@@ -4319,7 +4371,8 @@ BEGIN
     SELECT e.owner, j.workspace_id, t.state, t.runs INTO v_owner, v_ws, v_state, v_latest
       FROM trials t JOIN experiments e ON e.id = t.experiment_id JOIN jobs j ON j.id = e.job_id
      WHERE t.id = a.trial_id AND e.unmanaged;
-    IF NOT FOUND OR NOT (det_user.is_owner_session() OR det_user.permitted(det_user.caller(), 'view', v_ws)) THEN
+    IF NOT FOUND OR NOT (det_user.is_owner_session() OR det_user.permitted(det_user.caller(),
+        'view', v_ws)) THEN
         RAISE EXCEPTION 'unmanaged run % not found', p_allocation USING ERRCODE = 'no_data_found';
     END IF;
     PERFORM det_internal.require('edit', v_ws, format('report into trial %s', a.trial_id));
@@ -4427,12 +4480,14 @@ GRANT EXECUTE ON FUNCTION det_user.unmanaged_start(jsonb, text, text, text, text
 CREATE FUNCTION det_user.unmanaged_report_metrics(
     p_allocation bigint, p_group text, p_steps_completed bigint, p_metrics jsonb
 ) RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- An unmanaged script's metrics report (det_internal.unmanaged_run: who may; det_internal.append_metrics: what
--- is refused).
-    SELECT FROM det_internal.append_metrics(det_internal.unmanaged_run(p_allocation), ARRAY[p_group],
+-- An unmanaged script's metrics report (det_internal.unmanaged_run: who may;
+-- det_internal.append_metrics: what is refused).
+    SELECT FROM det_internal.append_metrics(det_internal.unmanaged_run(p_allocation),
+        ARRAY[p_group],
                                    ARRAY[p_steps_completed], ARRAY[p_metrics]);
 $$;
-GRANT EXECUTE ON FUNCTION det_user.unmanaged_report_metrics(bigint, text, bigint, jsonb) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.unmanaged_report_metrics(bigint, text, bigint,
+    jsonb) TO det_user;
 
 CREATE FUNCTION det_user.unmanaged_report_checkpoint(
     p_allocation bigint, p_uuid uuid, p_steps_completed bigint, p_resources jsonb,
@@ -4496,7 +4551,8 @@ BEGIN
                         THEN 'ERROR' ELSE 'COMPLETED' END::experiment_state,
            end_time = now(), progress = CASE WHEN p_error IS NULL THEN 1 ELSE e.progress END
      WHERE e.id = v_exp
-       AND NOT EXISTS (SELECT 1 FROM trials t WHERE t.experiment_id = e.id AND t.state < 'COMPLETED');
+       AND NOT EXISTS (SELECT 1 FROM trials t WHERE t.experiment_id = e.id
+           AND t.state < 'COMPLETED');
 END $$;
 GRANT EXECUTE ON FUNCTION det_user.unmanaged_end(bigint, text) TO det_user;
 
@@ -4830,8 +4886,8 @@ GRANT EXECUTE ON FUNCTION det_user.run_end_reason(bigint) TO det_user;
 CREATE FUNCTION det_user.run_status(p_allocation bigint) RETURNS text
 LANGUAGE sql STABLE STRICT AS $$
 -- A run as users should read it, agreeing with the job queue (a trial waiting for a slot
--- reads waiting, not "running"): waiting (for slots: pending_reason says why), starting (slots held,
--- its process or container not yet running), running, preempting or stopping (told to stop,
+-- reads waiting, not "running"): waiting (for slots: pending_reason says why), starting (slots
+-- held, its process or container not yet running), running, preempting or stopping (told to stop,
 -- not yet gone), preempted or ended.
 SELECT CASE WHEN a.state = 'PENDING' AND a.desired_state = 'RUNNING' THEN 'waiting'
             WHEN a.state = 'TERMINATED'
@@ -4942,7 +4998,8 @@ SELECT r.uuid, r.trial_id, r.steps_completed, r.size_bytes, r.metric
    AND NOT EXISTS (SELECT 1 FROM checkpoint_pins p WHERE p.checkpoint_uuid = r.uuid)
  ORDER BY r.trial_id, r.steps_completed;
 $$;
-GRANT EXECUTE ON FUNCTION det_user.checkpoints_to_delete(integer, integer, integer, integer) TO det_user;
+GRANT EXECUTE ON FUNCTION det_user.checkpoints_to_delete(integer, integer, integer,
+    integer) TO det_user;
 
 CREATE FUNCTION det_internal.unpin_deleting() RETURNS integer LANGUAGE plpgsql AS $$
 -- A pinned checkpoint is never deleted: one that became pinned while a GC marked it DELETING
@@ -5034,7 +5091,8 @@ BEGIN
     FOR v_bad IN SELECT c.uuid, j.workspace_id FROM checkpoints c
                    JOIN trials t ON t.id = c.trial_id JOIN experiments e ON e.id = t.experiment_id
                    JOIN jobs j ON j.id = e.job_id WHERE c.uuid = ANY(p_uuids) LOOP
-        PERFORM det_internal.require('edit', v_bad.workspace_id, format('delete checkpoint %s', v_bad.uuid));
+        PERFORM det_internal.require('edit', v_bad.workspace_id, format('delete checkpoint %s',
+            v_bad.uuid));
     END LOOP;
     SELECT c.uuid INTO v_missing FROM checkpoints c JOIN checkpoint_pins p
         ON p.checkpoint_uuid = c.uuid
@@ -5081,7 +5139,8 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'checkpoint % not found', p_uuid USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_internal.require('edit', v_workspace, format('add metadata to checkpoint %s', p_uuid));
+    PERFORM det_internal.require('edit', v_workspace,
+        format('add metadata to checkpoint %s', p_uuid));
     UPDATE checkpoints SET metadata = metadata || p_metadata WHERE uuid = p_uuid
     RETURNING metadata INTO v_metadata;
     RETURN v_metadata;
@@ -5105,7 +5164,8 @@ BEGIN
             v_state USING ERRCODE = 'check_violation';
     END IF;
     UPDATE experiments SET archived = p_archived WHERE id = p_id;
-    PERFORM det_internal.audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'experiment',
+    PERFORM det_internal.audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END,
+        'experiment',
                       p_id::text);
 END $$;
 GRANT EXECUTE ON FUNCTION det_user.experiment_archive(integer, boolean) TO det_user;
@@ -5114,8 +5174,9 @@ CREATE FUNCTION det_internal.purge_experiment(p_id integer) RETURNS boolean LANG
 -- Remove an experiment whose deletion was asked for, with its trials, runs, metrics, logs,
 -- checkpoint rows, searcher rows and job (its context too, if no other experiment shares it),
 -- once none of its checkpoints is DELETING, none of its runs is live, and its TensorBoard files
--- are gone if a trial of it ever ran (a GC task removes them, det_task.gc_task_tensorboards_deleted).
--- Returns false (and removes nothing) while that is not yet so.
+-- are gone if a trial of it ever ran (a GC task removes them,
+-- det_task.gc_task_tensorboards_deleted). Returns false (and removes nothing) while that is not yet
+-- so.
 DECLARE
     e experiments;
 BEGIN
@@ -5130,7 +5191,8 @@ BEGIN
            AND EXISTS (SELECT 1 FROM trials t WHERE t.experiment_id = p_id AND t.runs > 0)) THEN
         RETURN false;
     END IF;
-    DELETE FROM task_logs l USING allocations a WHERE l.allocation_id = a.id AND a.job_id = e.job_id;
+    DELETE FROM task_logs l USING allocations a WHERE l.allocation_id = a.id
+        AND a.job_id = e.job_id;
     DELETE FROM metrics m USING trials t WHERE m.trial_id = t.id AND t.experiment_id = p_id;
     DELETE FROM checkpoints c USING trials t WHERE c.trial_id = t.id AND t.experiment_id = p_id;
     DELETE FROM allocation_slots s USING allocations a
@@ -5304,9 +5366,9 @@ GRANT EXECUTE ON FUNCTION det_task.gc_task_unrecorded(text, uuid[]) TO det_task;
 CREATE FUNCTION det_internal.web_end_stale_logins(p_user text, p_stamp bytea) RETURNS integer
 LANGUAGE plpgsql AS $$
 -- End p_user's det serve logins made under another password than the one whose stamp is
--- p_stamp (det_internal.password_stamp, read now); returns how many ended. det's own change-password
--- ends them all itself, so a login left to end here saw a password changed outside det (the
--- user's own ALTER ROLE ... PASSWORD in psql, or a superuser's): the first look after it
+-- p_stamp (det_internal.password_stamp, read now); returns how many ended. det's own
+-- change-password ends them all itself, so a login left to end here saw a password changed outside
+-- det (the user's own ALTER ROLE ... PASSWORD in psql, or a superuser's): the first look after it
 -- writes the audit row det's change-password would have written.
 DECLARE
     v_ended integer;
@@ -5327,8 +5389,8 @@ CREATE FUNCTION det_web.login(p_token text, p_user text, p_ttl_seconds double pr
 RETURNS timestamptz LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Record a login token (minted by det serve once PostgreSQL accepted p_user's password) for
 -- active user p_user, good for p_ttl_seconds; returns its expiry. The token keeps the stamp
--- of the password it was minted under (det_internal.password_stamp): det_web.auth refuses it once the
--- password changes. The login is audited (outcome success, client address p_address) and
+-- of the password it was minted under (det_internal.password_stamp): det_web.auth refuses it once
+-- the password changes. The login is audited (outcome success, client address p_address) and
 -- clears p_user's failed attempts (det_web.login_begin counted this one as failed until now).
 -- Expired tokens are removed here, so the table stays as small as the live logins.
 DECLARE
@@ -5371,8 +5433,8 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The active user a live login token belongs to, or an error (SQLSTATE 28000). It becomes the
 -- transaction's caller (det_user.caller reads det.web_user); det serve then SETs LOCAL ROLE to it,
 -- so row-level security applies to the request as to that user's own psql. NULL, with the
--- user's logins ended (det_internal.web_end_stale_logins), when the token's password is no longer the
--- user's: det serve commits that and answers 401.
+-- user's logins ended (det_internal.web_end_stale_logins), when the token's password is no longer
+-- the user's: det serve commits that and answers 401.
 DECLARE
     v_user text;
     v_stamp bytea;
@@ -5476,7 +5538,8 @@ CREATE FUNCTION det_internal.web_event(p_topics text[]) RETURNS void LANGUAGE sq
     HAVING count(*) > 0;
 $$;
 
-CREATE FUNCTION det_internal.web_event_throttled(p_topics text[]) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION det_internal.web_event_throttled(p_topics text[]) RETURNS void
+    LANGUAGE plpgsql AS $$
 -- det_internal.web_event for the hot tables (metrics, task logs): at most one event per topic set
 -- every 0.2 s (web_event_marks), so a busy trial costs a few NOTIFYs a second, not one per
 -- batch. An event skipped here reaches the streams at the servers' next periodic look.
@@ -5531,10 +5594,12 @@ END $$;
 
 CREATE TRIGGER experiments_web_insert AFTER INSERT ON experiments
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_experiments();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched())
+        EXECUTE FUNCTION det_internal.web_on_experiments();
 CREATE TRIGGER experiments_web_update AFTER UPDATE ON experiments
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_experiments();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched())
+        EXECUTE FUNCTION det_internal.web_on_experiments();
 
 CREATE FUNCTION det_internal.web_on_trials() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Trials created, or changed state, restarts, batches, checkpoint or best validation.
@@ -5558,10 +5623,12 @@ END $$;
 
 CREATE TRIGGER trials_web_insert AFTER INSERT ON trials
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_trials();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched())
+        EXECUTE FUNCTION det_internal.web_on_trials();
 CREATE TRIGGER trials_web_update AFTER UPDATE ON trials
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_trials();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched())
+        EXECUTE FUNCTION det_internal.web_on_trials();
 
 CREATE FUNCTION det_internal.web_on_allocations() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Runs created or changed state: the queue (slots acquired), the cluster (slots held) and
@@ -5584,10 +5651,12 @@ END $$;
 
 CREATE TRIGGER allocations_web_insert AFTER INSERT ON allocations
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_allocations();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched())
+        EXECUTE FUNCTION det_internal.web_on_allocations();
 CREATE TRIGGER allocations_web_update AFTER UPDATE ON allocations
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_allocations();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched())
+        EXECUTE FUNCTION det_internal.web_on_allocations();
 
 CREATE FUNCTION det_internal.web_on_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
 -- A job's priority, weight, position or pool changed (det_user.job_update).
@@ -5602,7 +5671,8 @@ END $$;
 
 CREATE TRIGGER jobs_web_update AFTER UPDATE ON jobs
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_jobs();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched())
+        EXECUTE FUNCTION det_internal.web_on_jobs();
 
 CREATE FUNCTION det_internal.web_on_cluster() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Agents joined or changed state (enabled, disabled, lost); slots enabled or disabled.
@@ -5625,29 +5695,35 @@ BEGIN
 END $$;
 
 CREATE TRIGGER agents_web_insert AFTER INSERT ON agents
-    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_cluster();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched())
+        EXECUTE FUNCTION det_internal.web_on_cluster();
 CREATE TRIGGER agents_web_update AFTER UPDATE ON agents
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_cluster();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched())
+        EXECUTE FUNCTION det_internal.web_on_cluster();
 CREATE TRIGGER slots_web_update AFTER UPDATE ON slots
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_cluster();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched())
+        EXECUTE FUNCTION det_internal.web_on_cluster();
 
 CREATE FUNCTION det_internal.web_on_reports() RETURNS trigger LANGUAGE plpgsql AS $$
 -- Metrics or log lines appended: one statement is one batch of a task's reports, and the
 -- event per trial is throttled (det_internal.web_event_throttled).
 BEGIN
-    PERFORM det_internal.web_event_throttled(ARRAY['experiment:' || t.experiment_id, 'trial:' || t.id])
+    PERFORM det_internal.web_event_throttled(ARRAY['experiment:' || t.experiment_id,
+        'trial:' || t.id])
        FROM trials t WHERE t.id IN (SELECT DISTINCT trial_id FROM new_rows);
     RETURN NULL;
 END $$;
 
 CREATE TRIGGER metrics_web_insert AFTER INSERT ON metrics
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_reports();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched())
+        EXECUTE FUNCTION det_internal.web_on_reports();
 CREATE TRIGGER task_logs_web_insert AFTER INSERT ON task_logs
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT WHEN (det_internal.web_watched()) EXECUTE FUNCTION det_internal.web_on_reports();
+    FOR EACH STATEMENT WHEN (det_internal.web_watched())
+        EXECUTE FUNCTION det_internal.web_on_reports();
 
 -- =============================================================================================
 -- Reporting views: a stable read model for users' own SQL.
@@ -5895,7 +5971,8 @@ CREATE POLICY visible ON projects FOR SELECT
     USING (workspace_id = ANY ((SELECT det_user.visible_workspaces())::integer[]));
 ALTER TABLE role_assignments ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON role_assignments FOR SELECT
-    USING (workspace_id IS NULL OR workspace_id = ANY ((SELECT det_user.visible_workspaces())::integer[]));
+    USING (workspace_id IS NULL
+        OR workspace_id = ANY ((SELECT det_user.visible_workspaces())::integer[]));
 ALTER TABLE jobs ENABLE ROW LEVEL SECURITY;
 CREATE POLICY visible ON jobs FOR SELECT
     USING (workspace_id = ANY ((SELECT det_user.visible_workspaces())::integer[]));
@@ -6065,11 +6142,13 @@ BEGIN
 END $$;
 
 CREATE TRIGGER metrics_validation_reported AFTER INSERT ON metrics
-    FOR EACH ROW WHEN (NEW."group" = 'validation') EXECUTE FUNCTION det_internal.validation_reported();
+    FOR EACH ROW WHEN (NEW."group" = 'validation')
+        EXECUTE FUNCTION det_internal.validation_reported();
 
 -- Trial metadata (Determined 0.38's TrainContext.set_metadata / get_metadata).
 
-CREATE FUNCTION det_internal.merge_metadata(p_current jsonb, p_addition jsonb, p_path text DEFAULT '')
+CREATE FUNCTION det_internal.merge_metadata(p_current jsonb, p_addition jsonb,
+    p_path text DEFAULT '')
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE SET search_path = public, pg_temp AS $$
 -- p_addition merged into p_current (both objects): objects merge key by key, a new key is
 -- added, and a key that already holds another value is refused, naming its dotted path (the

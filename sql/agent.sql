@@ -1,4 +1,4 @@
--- What an agent sends (det.agent), as det_agent: calls of the det_agent_* functions of
+-- What an agent sends (det.agent), as det_agent: calls of the det_agent.* functions of
 -- schema.sql, in the order of an agent's life (register, beat, claim, report, stop), and the
 -- reset PgBouncer runs between two tasks' sessions on its task pooler.
 

@@ -1,4 +1,4 @@
--- det serve's statements (det.api): each request's calls of det_* functions, run as the
+-- det serve's statements (det.api): each request's calls of det_user.* functions, run as the
 -- logged-in user's role inside the request's one transaction (det.api.session), except the
 -- login's own, which det serve's role makes before there is a user. What the API reads
 -- lives in sql/queries.sql, shared with the CLI.

@@ -1,4 +1,4 @@
--- What the CLI sends of its own (det.cli): calls of the det_* functions of schema.sql, each
+-- What the CLI sends of its own (det.cli): calls of the det_user.* functions of schema.sql, each
 -- user action one transaction, and the few reads that only one command makes. Reads that det
 -- serve shares live in queries.sql.
 
@@ -61,7 +61,8 @@ SELECT det_user.experiment_delete(%s) AS gone
 SELECT det_user.set_gc_policy(%(id)s, %(seb)s, %(stb)s, %(stl)s) AS n
 
 -- name: model_create
-SELECT id, name, description, labels, owner, creation_time FROM det_user.model_create(%s, %s, %s, %s)
+SELECT id, name, description, labels, owner, creation_time
+    FROM det_user.model_create(%s, %s, %s, %s)
 
 -- name: model_version_find
 SELECT det_user.model_version_find(%s, %s)

@@ -1,6 +1,6 @@
 -- What det.db sends: the NOTIFY channels' calls (det.db.channels), the migration ledger
 -- (det.db.migrate), the actors' roles and passwords (det.db.roles) and the embedded server's
--- setup (det.db.embedded). A channel's name never appears here: the det_*listen functions and
+-- setup (det.db.embedded). A channel's name never appears here: the listen functions and
 -- det_internal.channel build it inside the database from the channel's kind and key (schema.sql,
 -- "NOTIFY channels").
 

@@ -1,5 +1,6 @@
 -- The harness's statements: what a task process sends, authenticated by its allocation token
--- (the first parameter of every det_* function here; schema.sql checks it with det_internal.auth).
+-- (the first parameter of every det_task.* function here; schema.sql checks it with
+-- det_internal.auth).
 -- A trial's transport (det.harness.transport.DbTransport), an interactive task's
 -- (det.harness.interactive.common.TaskTransport) and the checkpoint GC task
 -- (det.harness.checkpoint_gc). Every function called is safe to run again after an attempt

@@ -1,7 +1,7 @@
 -- Reads shared by the CLI and det serve (det.queries): one block per statement, grouped by
 -- topic (trials, experiments, workspaces, cluster, tasks, models, queue, checkpoints, usage),
 -- so that `det experiment list` and GET /api/v1/experiments read the same rows. These only
--- read; writes go through the det_* functions of schema.sql.
+-- read; writes go through the det_user.* functions of schema.sql.
 
 -- cluster: agents, slots, resource pools, the cluster config
 
@@ -185,7 +185,8 @@ SELECT l.id, l.ts, l.stream, l.line, l.rank, a.run, l.trial_id,
 -- (det_user.run_status, det_user.run_reason).
 SELECT run, state::text AS state, agent_id, slots_needed, exit_code,
        det_user.run_end_reason(a.id) AS exit_reason, created_at, started_at, ended_at,
-       pending_reason, det_user.run_status(a.id) AS run_state, det_user.run_reason(a.id) AS run_reason
+       pending_reason, det_user.run_status(a.id) AS run_state,
+       det_user.run_reason(a.id) AS run_reason
   FROM allocations a WHERE trial_id = %(id)s ORDER BY run
 
 -- name: first_trial
@@ -499,7 +500,8 @@ SELECT id, at, actor, action, object_type, object_id, detail FROM audit_log
 
 -- name: is_cluster_admin
 -- Whether the session may administer the cluster: the schema's owner, or ClusterAdmin.
-SELECT det_user.is_owner_session() OR det_user.permitted(det_user.caller(), 'admin_cluster', NULL) AS ok
+SELECT det_user.is_owner_session()
+       OR det_user.permitted(det_user.caller(), 'admin_cluster', NULL) AS ok
 
 -- name: users
 -- Users (active ones unless all), each with whether it is a cluster-wide ClusterAdmin and

@@ -403,8 +403,8 @@ UPDATE experiments SET progress = %(progress)s WHERE id = %(experiment_id)s
 
 -- name: checkpoint_gc
 -- 6b. Checkpoint GC.
--- An experiment that just ended applies its GC policy (the keep rule is det_user.checkpoints_to_delete),
--- in the transaction that ended it.
+-- An experiment that just ended applies its GC policy (the keep rule is
+-- det_user.checkpoints_to_delete), in the transaction that ended it.
 SELECT det_internal.checkpoint_gc(%(experiment_id)s) AS n
 
 -- name: live_experiments_with_new_checkpoints
@@ -489,8 +489,8 @@ SELECT e.job_id,
 RETURNING id
 
 -- name: experiments_to_purge
--- Experiments a user deleted: their rows go once their files are (det_internal.purge_experiment). One
--- whose GC or purge failed waits for the user to ask again (which clears the error).
+-- Experiments a user deleted: their rows go once their files are (det_internal.purge_experiment).
+-- One whose GC or purge failed waits for the user to ask again (which clears the error).
 SELECT id FROM experiments
  WHERE delete_requested_at IS NOT NULL AND checkpoint_gc_error IS NULL ORDER BY id
 

@@ -1,7 +1,7 @@
 -- The SDK's statements: Determined 0.38's Python API over det (the `determined` package),
 -- sent as the client's user, so row-level security decides what each reads and may change.
 -- determined.experimental.client (experiments, trials, checkpoints, models) and
--- determined.experimental.core_v2 (unmanaged runs: each report one det_unmanaged_* call,
+-- determined.experimental.core_v2 (unmanaged runs: each report one det_user.unmanaged_* call,
 -- which only the trial's owner may make).
 
 -- name: checkpoints

@@ -264,7 +264,19 @@ BEGIN
     RETURN NEW;
 END $$;
 
-CREATE OR REPLACE FUNCTION det_user.redact_secrets(p_value jsonb) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+CREATE OR REPLACE FUNCTION det_user.template_name_problem(p_name text) RETURNS text
+    LANGUAGE sql IMMUTABLE AS $$
+-- Why p_name cannot name a configuration template, or NULL: non-blank, at most 255
+-- characters, without control characters.
+    SELECT CASE
+        WHEN p_name IS NULL OR btrim(p_name) = '' THEN 'cannot be blank'
+        WHEN length(p_name) > 255 THEN 'must be at most 255 characters'
+        WHEN p_name ~ '[[:cntrl:]]' THEN 'cannot contain line breaks or control characters'
+    END;
+$$;
+
+CREATE OR REPLACE FUNCTION det_user.redact_secrets(p_value jsonb) RETURNS jsonb
+    LANGUAGE plpgsql IMMUTABLE AS $$
 -- p_value with every secret replaced by '********': the value of each key that
 -- det_user.secret_name calls a secret, at any depth, and the value of each 'NAME=VALUE' list item
 -- (environment_variables) whose NAME is one. A null stays null: it hides nothing.
@@ -316,8 +328,8 @@ END $$;
 
 CREATE OR REPLACE FUNCTION det_internal.listen(p_kind text, p_key text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- This session LISTENs on det_internal.channel(p_kind, p_key) from its transaction's commit on (as a
--- LISTEN statement would). Executable by the owner alone: the reconciler's own channel.
+-- This session LISTENs on det_internal.channel(p_kind, p_key) from its transaction's commit on (as
+-- a LISTEN statement would). Executable by the owner alone: the reconciler's own channel.
 BEGIN
     EXECUTE format('LISTEN %I', det_internal.channel(p_kind, p_key));
 END $$;
@@ -352,12 +364,13 @@ BEGIN
     END IF;
 END $$;
 
-CREATE OR REPLACE FUNCTION det_internal.agent_check_allocation(p_allocation bigint) RETURNS void LANGUAGE plpgsql
+CREATE OR REPLACE FUNCTION det_internal.agent_check_allocation(p_allocation bigint) RETURNS void
+    LANGUAGE plpgsql
 STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- An agent function that names an allocation rather than an agent calls this: a login enrolled
 -- as an agent (agent_logins) acts only for allocations it is the chief of or holds (or held:
--- logs are flushed after a run ends) slots of; otherwise det_internal.agent_check_self refuses it as
--- acting for the allocation's chief. Sessions of other roles pass.
+-- logs are flushed after a run ends) slots of; otherwise det_internal.agent_check_self refuses it
+-- as acting for the allocation's chief. Sessions of other roles pass.
 DECLARE
     l agent_logins;
     v_chief text;
@@ -536,14 +549,16 @@ BEGIN
     VALUES (det_user.caller(), p_action, p_object_type, p_object_id, coalesce(p_detail, '{}'));
 END $$;
 
-CREATE OR REPLACE FUNCTION det_user.workspace_find(p_name text) RETURNS workspaces LANGUAGE plpgsql STABLE AS $$
+CREATE OR REPLACE FUNCTION det_user.workspace_find(p_name text) RETURNS workspaces
+    LANGUAGE plpgsql STABLE AS $$
 -- The workspace named p_name (names are exact: any character is part of it). Raises
 -- no_data_found, also when the caller may not view it.
 DECLARE
     w workspaces;
 BEGIN
     SELECT * INTO w FROM workspaces WHERE name = p_name;
-    IF NOT FOUND OR NOT (det_user.is_owner_session() OR det_user.permitted(det_user.caller(), 'view', w.id))
+    IF NOT FOUND OR NOT (det_user.is_owner_session() OR det_user.permitted(det_user.caller(),
+        'view', w.id))
     THEN
         RAISE EXCEPTION 'workspace % not found', to_jsonb(p_name) USING ERRCODE = 'no_data_found';
     END IF;
@@ -597,14 +612,15 @@ RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det user create` (ClusterAdmin): a det user is a new LOGIN role of the same name, member
 -- of det_user (and of det_web, so det serve can act as it), Editor in Uncategorized, and
--- ClusterAdmin too if p_admin. p_password_verifier: see det_internal.check_verifier; NULL leaves the
--- user unable to log in until a password is set. p_password_length, p_weak_ok: the password
+-- ClusterAdmin too if p_admin. p_password_verifier: see det_internal.check_verifier; NULL leaves
+-- the user unable to log in until a password is set. p_password_length, p_weak_ok: the password
 -- policy (det_internal.password_policy). Returns the user's id.
 DECLARE
     v_problem text := det_user.name_problem(p_username, 63);
     v_id integer;
 BEGIN
-    PERFORM det_internal.require('admin_cluster', NULL, format('create user %s', to_jsonb(p_username)));
+    PERFORM det_internal.require('admin_cluster', NULL, format('create user %s',
+        to_jsonb(p_username)));
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'username %: %', to_jsonb(p_username), v_problem
             USING ERRCODE = 'invalid_parameter_value';
@@ -686,7 +702,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE users SET active = p_active WHERE id = u.id;
-    EXECUTE format('ALTER ROLE %I %s', u.username, CASE WHEN p_active THEN 'LOGIN' ELSE 'NOLOGIN' END);
+    EXECUTE format('ALTER ROLE %I %s', u.username,
+        CASE WHEN p_active THEN 'LOGIN' ELSE 'NOLOGIN' END);
     IF NOT p_active THEN
         DELETE FROM web_sessions WHERE username = u.username;
     END IF;
@@ -701,7 +718,8 @@ DECLARE
     v_problem text := det_user.name_problem(p_name, 255);
     v_id integer;
 BEGIN
-    PERFORM det_internal.require('admin_cluster', NULL, format('create group %s', to_jsonb(p_name)));
+    PERFORM det_internal.require('admin_cluster', NULL, format('create group %s',
+        to_jsonb(p_name)));
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'group name %: %', to_jsonb(p_name), v_problem
             USING ERRCODE = 'invalid_parameter_value';
@@ -718,7 +736,8 @@ CREATE OR REPLACE FUNCTION det_user.group_delete(p_name text) RETURNS void LANGU
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det user-group delete` (ClusterAdmin): its members lose the roles it held.
 BEGIN
-    PERFORM det_internal.require('admin_cluster', NULL, format('delete group %s', to_jsonb(p_name)));
+    PERFORM det_internal.require('admin_cluster', NULL, format('delete group %s',
+        to_jsonb(p_name)));
     DELETE FROM user_groups WHERE name = p_name;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'group % not found', to_jsonb(p_name) USING ERRCODE = 'no_data_found';
@@ -777,7 +796,8 @@ BEGIN
     RETURNING id INTO v_id;
     INSERT INTO role_assignments (role, user_id, workspace_id)
     SELECT 'WorkspaceAdmin', id, v_id FROM users WHERE username = v_user;
-    PERFORM det_internal.audit('create', 'workspace', v_id::text, jsonb_build_object('name', p_name));
+    PERFORM det_internal.audit('create', 'workspace', v_id::text,
+        jsonb_build_object('name', p_name));
     RETURN v_id;
 EXCEPTION WHEN foreign_key_violation THEN
     RAISE EXCEPTION 'workspace %: no resource pool named % or %', to_jsonb(p_name),
@@ -800,7 +820,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE workspaces SET archived = p_archived WHERE id = w.id;
-    PERFORM det_internal.audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'workspace',
+    PERFORM det_internal.audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END,
+        'workspace',
                       w.id::text, jsonb_build_object('name', w.name));
 END $$;
 
@@ -812,7 +833,8 @@ DECLARE
     w workspaces := det_user.workspace_find(p_name);
     v_n bigint;
 BEGIN
-    PERFORM det_internal.require('admin_workspace', w.id, format('delete workspace %s', to_jsonb(w.name)));
+    PERFORM det_internal.require('admin_workspace', w.id, format('delete workspace %s',
+        to_jsonb(w.name)));
     IF w.id = 1 THEN
         RAISE EXCEPTION 'workspace "Uncategorized" cannot be deleted'
             USING ERRCODE = 'invalid_parameter_value';
@@ -829,7 +851,8 @@ BEGIN
     END IF;
     DELETE FROM projects WHERE workspace_id = w.id;
     DELETE FROM workspaces WHERE id = w.id;
-    PERFORM det_internal.audit('delete', 'workspace', w.id::text, jsonb_build_object('name', w.name));
+    PERFORM det_internal.audit('delete', 'workspace', w.id::text,
+        jsonb_build_object('name', w.name));
 END $$;
 
 CREATE OR REPLACE FUNCTION det_user.workspace_bind_pool(p_workspace text, p_pool text, p_bound boolean)
@@ -850,7 +873,8 @@ BEGIN
     ELSE
         DELETE FROM workspace_pools WHERE workspace_id = w.id AND resource_pool = p_pool;
     END IF;
-    PERFORM det_internal.audit(CASE WHEN p_bound THEN 'bind_pool' ELSE 'unbind_pool' END, 'workspace',
+    PERFORM det_internal.audit(CASE WHEN p_bound THEN 'bind_pool' ELSE 'unbind_pool' END,
+        'workspace',
                       w.id::text, jsonb_build_object('name', w.name, 'pool', p_pool));
 END $$;
 
@@ -908,7 +932,8 @@ DECLARE
     p projects := det_user.project_find(p_workspace, p_name);
     v_n bigint;
 BEGIN
-    PERFORM det_internal.require('edit', p.workspace_id, format('delete project %s', to_jsonb(p.name)));
+    PERFORM det_internal.require('edit', p.workspace_id, format('delete project %s',
+        to_jsonb(p.name)));
     IF p.id = 1 THEN
         RAISE EXCEPTION 'project "Uncategorized" cannot be deleted'
             USING ERRCODE = 'invalid_parameter_value';
@@ -1011,7 +1036,8 @@ BEGIN
     PERFORM det_internal.require('edit', w.id, format('move model %s into workspace %s',
                                              to_jsonb(m.name), to_jsonb(w.name)));
     UPDATE models SET workspace_id = w.id, last_updated_time = now() WHERE id = m.id;
-    PERFORM det_internal.audit('move', 'model', m.id::text, jsonb_build_object('workspace', w.name));
+    PERFORM det_internal.audit('move', 'model', m.id::text,
+        jsonb_build_object('workspace', w.name));
 END $$;
 
 CREATE OR REPLACE FUNCTION det_internal.config_value_problem(
@@ -1138,17 +1164,22 @@ BEGIN
         (1, det_internal.config_value_problem(p_config -> 'name', 'name', 'text', 0, 255, true)),
         (2, det_internal.config_value_problem(p_config -> 'description', 'description', 'text', 0,
                                      4096)),
-        (3, det_internal.config_value_problem(p_config -> 'max_restarts', 'max_restarts', 'integer', 0,
+        (3, det_internal.config_value_problem(p_config -> 'max_restarts', 'max_restarts',
+            'integer', 0,
                                      2147483647)),
-        (4, det_internal.config_value_problem(p_config -> 'preemption_timeout', 'preemption_timeout',
+        (4, det_internal.config_value_problem(p_config -> 'preemption_timeout',
+            'preemption_timeout',
                                      'integer', 0, 2147483647)),
         (5, det_internal.config_value_problem(p_config #> '{reproducibility,experiment_seed}',
                                      'reproducibility.experiment_seed', 'integer', 0,
                                      4294967295)),
-        (6, det_internal.config_value_problem(s -> 'metric', 'searcher.metric', 'name', 0, 255, true)),
-        (7, det_internal.config_value_problem(s -> 'smaller_is_better', 'searcher.smaller_is_better',
+        (6, det_internal.config_value_problem(s -> 'metric', 'searcher.metric', 'name', 0,
+            255, true)),
+        (7, det_internal.config_value_problem(s -> 'smaller_is_better',
+            'searcher.smaller_is_better',
                                      'boolean')),
-        (8, det_internal.config_value_problem(s -> 'max_trials', 'searcher.max_trials', 'integer', 1,
+        (8, det_internal.config_value_problem(s -> 'max_trials', 'searcher.max_trials',
+            'integer', 1,
                                      10000, v_searcher IN ('random', 'adaptive_asha', 'tpe'))),
         (9, det_internal.config_value_problem(s -> 'max_concurrent_trials',
                                      'searcher.max_concurrent_trials', 'integer', 0,
@@ -1160,7 +1191,8 @@ BEGIN
                                               AND coalesce(s -> 'max_time', 'null') = 'null'))),
         (11, det_internal.config_value_problem(s -> 'max_time', 'searcher.max_time', 'integer', 1,
                                       9223372036854775807)),
-        (12, det_internal.config_value_problem(s -> 'time_metric', 'searcher.time_metric', 'name', 0,
+        (12, det_internal.config_value_problem(s -> 'time_metric',
+            'searcher.time_metric', 'name', 0,
                                       255, coalesce(s -> 'max_time', 'null') <> 'null')),
         (13, det_internal.config_value_problem(s -> 'source_trial_id', 'searcher.source_trial_id',
                                       'integer', 1, 9223372036854775807)),
@@ -1178,12 +1210,15 @@ BEGIN
                            'of them' END)
              ELSE det_internal.config_value_problem(r -> 'resource_pool', 'resources.resource_pool',
                                            'name', 0, 255, true) END),
-        (16, det_internal.config_value_problem(r -> 'weight', 'resources.weight', 'number', 0, 1000000,
+        (16, det_internal.config_value_problem(r -> 'weight', 'resources.weight',
+            'number', 0, 1000000,
                                       true)),
         (17, det_internal.config_value_problem(r -> 'slots_per_trial', 'resources.slots_per_trial',
                                       'integer', 0, 2147483647, true)),
-        (18, det_internal.config_value_problem(r -> 'priority', 'resources.priority', 'integer', 1, 99)),
-        (19, det_internal.config_value_problem(r -> 'max_slots', 'resources.max_slots', 'integer', 0,
+        (18, det_internal.config_value_problem(r -> 'priority', 'resources.priority',
+            'integer', 1, 99)),
+        (19, det_internal.config_value_problem(r -> 'max_slots', 'resources.max_slots',
+            'integer', 0,
                                       2147483647)),
         (20, det_internal.config_value_problem(p_config #> '{checkpoint_storage,save_experiment_best}',
                                       'checkpoint_storage.save_experiment_best', 'integer', 0,
@@ -1194,7 +1229,8 @@ BEGIN
         (22, det_internal.config_value_problem(p_config #> '{checkpoint_storage,save_trial_latest}',
                                       'checkpoint_storage.save_trial_latest', 'integer', 0,
                                       2147483647)),
-        (23, det_internal.config_value_problem(p_config -> 'workspace', 'workspace', 'name', 0, 255)),
+        (23, det_internal.config_value_problem(p_config -> 'workspace', 'workspace',
+            'name', 0, 255)),
         (24, det_internal.config_value_problem(p_config -> 'project', 'project', 'name', 0, 255))
     ) AS x (n, problem) WHERE x.problem IS NOT NULL ORDER BY x.n LIMIT 1;
     RETURN v_problem;
@@ -1264,7 +1300,8 @@ BEGIN
     END IF;
     IF coalesce(v_source_trial::text, v_source_uuid::text) IS NOT NULL THEN
         IF v_source_ws IS NULL
-           OR NOT (det_user.is_owner_session() OR det_user.permitted(v_user, 'view', v_source_ws)) THEN
+           OR NOT (det_user.is_owner_session() OR det_user.permitted(v_user, 'view',
+               v_source_ws)) THEN
             RAISE EXCEPTION '%: % % not found',
                 CASE WHEN v_source_trial IS NOT NULL THEN 'searcher.source_trial_id'
                      ELSE 'searcher.source_checkpoint_uuid' END,
@@ -1299,7 +1336,8 @@ BEGIN
     VALUES (v_job, p_config ->> 'name', coalesce(p_config ->> 'description', ''), p_config,
             p_original_config, v_ctx, v_user, p.id)
     RETURNING id INTO v_id;
-    PERFORM det_internal.audit('create', 'experiment', v_id::text, jsonb_build_object('project', p.id));
+    PERFORM det_internal.audit('create', 'experiment', v_id::text,
+        jsonb_build_object('project', p.id));
     PERFORM pg_notify(det_internal.channel('reconciler', ''), 'experiment');
     RETURN v_id;
 END $$;
@@ -1340,7 +1378,8 @@ BEGIN
     SELECT b.data INTO v_ctx
       FROM experiments e LEFT JOIN context_blobs b ON b.id = e.context_id WHERE e.id = p_source;
     v_id := det_user.create_experiment(p_config, p_original_config, v_ctx, p_workspace, p_project);
-    PERFORM det_internal.audit('fork', 'experiment', v_id::text, jsonb_build_object('source', p_source));
+    PERFORM det_internal.audit('fork', 'experiment', v_id::text,
+        jsonb_build_object('source', p_source));
     RETURN v_id;
 END $$;
 
@@ -1486,20 +1525,23 @@ BEGIN
         RAISE EXCEPTION 'a TensorBoard needs at least one experiment or trial'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT * INTO p FROM projects WHERE id = det_user.experiment_create_check(p_workspace, p_project);
+    SELECT * INTO p FROM projects
+        WHERE id = det_user.experiment_create_check(p_workspace, p_project);
     v_user := det_user.caller();
     PERFORM det_internal.check_pools(p.workspace_id, ARRAY[v_pool], 'resources.resource_pool');
     SELECT m INTO v_missing FROM (
         SELECT 'experiment ' || x AS m FROM unnest(p_experiment_ids) x
          WHERE NOT EXISTS (SELECT 1 FROM experiments e JOIN jobs j ON j.id = e.job_id
                             WHERE e.id = x AND (det_user.is_owner_session()
-                                                OR det_user.permitted(v_user, 'view', j.workspace_id)))
+                                                OR det_user.permitted(v_user, 'view',
+                                                    j.workspace_id)))
         UNION ALL
         SELECT 'trial ' || x FROM unnest(p_trial_ids) x
          WHERE NOT EXISTS (SELECT 1 FROM trials t JOIN experiments e ON e.id = t.experiment_id
                              JOIN jobs j ON j.id = e.job_id
                             WHERE t.id = x AND (det_user.is_owner_session()
-                                                OR det_user.permitted(v_user, 'view', j.workspace_id)))
+                                                OR det_user.permitted(v_user, 'view',
+                                                    j.workspace_id)))
     ) missing LIMIT 1;
     IF v_missing IS NOT NULL THEN
         RAISE EXCEPTION '%: not found', v_missing USING ERRCODE = 'no_data_found';
@@ -1544,16 +1586,17 @@ BEGIN
             'notebook_idle_type', p_config -> 'notebook_idle_type',
             'experiment_ids', to_jsonb(coalesce(p_experiment_ids, '{}')),
             'trial_ids', to_jsonb(coalesce(p_trial_ids, '{}')))));
-    PERFORM det_internal.audit('create', lower(p_type), v_job::text, jsonb_build_object('project', p.id));
+    PERFORM det_internal.audit('create', lower(p_type), v_job::text,
+        jsonb_build_object('project', p.id));
     PERFORM pg_notify(det_internal.channel('reconciler', ''), 'task');
     RETURN v_job;
 END $$;
 
 CREATE OR REPLACE FUNCTION det_internal.task_find(p_job bigint, p_permission text, p_action text) RETURNS tasks
 LANGUAGE plpgsql STABLE AS $$
--- Task p_job, once the caller holds p_permission in its workspace (det_internal.require: no_data_found
--- for a task the caller cannot see, as for one that does not exist; insufficient_privilege
--- naming the role for one they see but may not p_action).
+-- Task p_job, once the caller holds p_permission in its workspace (det_internal.require:
+-- no_data_found for a task the caller cannot see, as for one that does not exist;
+-- insufficient_privilege naming the role for one they see but may not p_action).
 DECLARE
     t tasks;
     v_ws integer;
@@ -1583,7 +1626,8 @@ BEGIN
      WHERE job_id = t.job_id AND state <> 'TERMINATED' AND desired_state <> 'KILLED'
     RETURNING agent_id INTO v_agent;
     IF FOUND THEN
-        UPDATE tasks SET end_reason = coalesce(end_reason, format('killed by %s', det_user.caller()))
+        UPDATE tasks SET end_reason = coalesce(end_reason, format('killed by %s',
+            det_user.caller()))
          WHERE job_id = t.job_id;
         PERFORM det_internal.audit('kill', lower(t.type), t.job_id::text);
         IF v_agent IS NOT NULL THEN
@@ -1614,7 +1658,8 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'job % not found', p_job USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_internal.require('edit', j.workspace_id, format('change the %s of job %s', p_field, p_job));
+    PERFORM det_internal.require('edit', j.workspace_id, format('change the %s of job %s',
+        p_field, p_job));
     SELECT e.id, e.state INTO v_exp, v_state FROM experiments e WHERE e.job_id = p_job;
     IF v_state IN ('COMPLETED', 'CANCELED', 'ERROR') THEN
         RAISE EXCEPTION 'job % (experiment %) is %: it is no longer queued', p_job, v_exp,
@@ -1658,7 +1703,8 @@ BEGIN
         UPDATE jobs SET resource_pool = p_value, fallback_pools = '{}' WHERE id = p_job;
         UPDATE allocations SET resource_pool = p_value
          WHERE job_id = p_job AND state = 'PENDING';
-        UPDATE experiments SET config = jsonb_set(config, '{resources,resource_pool}', to_jsonb(p_value))
+        UPDATE experiments SET config = jsonb_set(config, '{resources,resource_pool}',
+            to_jsonb(p_value))
          WHERE job_id = p_job;
     WHEN 'ahead-of', 'behind-of' THEN
         IF v_type <> 'priority' THEN
@@ -1723,7 +1769,8 @@ BEGIN
             max_aux_containers_per_agent = excluded.max_aux_containers_per_agent,
             provider = excluded.provider;
     SELECT name INTO v_gone FROM resource_pools r
-     WHERE name NOT IN (SELECT p ->> 'name' FROM jsonb_array_elements(p_config -> 'resource_pools') p)
+     WHERE name NOT IN (SELECT p ->> 'name'
+         FROM jsonb_array_elements(p_config -> 'resource_pools') p)
        AND (EXISTS (SELECT 1 FROM agents g WHERE g.resource_pool = r.name AND g.state <> 'LOST')
             OR EXISTS (SELECT 1 FROM instances i WHERE i.resource_pool = r.name
                                                    AND i.state <> 'GONE')
@@ -1736,7 +1783,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     DELETE FROM resource_pools r
-     WHERE name NOT IN (SELECT p ->> 'name' FROM jsonb_array_elements(p_config -> 'resource_pools') p)
+     WHERE name NOT IN (SELECT p ->> 'name'
+         FROM jsonb_array_elements(p_config -> 'resource_pools') p)
        AND NOT EXISTS (SELECT 1 FROM agents g WHERE g.resource_pool = r.name)
        AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.resource_pool = r.name)
        AND NOT EXISTS (SELECT 1 FROM allocations a WHERE a.resource_pool = r.name);
@@ -1773,8 +1821,8 @@ END $$;
 CREATE OR REPLACE FUNCTION det_user.agent_drain(p_id text) RETURNS integer LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det agent disable --drain` (ClusterAdmin): disable agent p_id (det_user.agent_set_enabled) and
--- stop its live runs as a planned stop (det_internal.stop_runs_of): each trial checkpoints and exits as
--- on pause and resumes on another agent from that checkpoint, its end no failure.
+-- stop its live runs as a planned stop (det_internal.stop_runs_of): each trial checkpoints and
+-- exits as on pause and resumes on another agent from that checkpoint, its end no failure.
 -- A task that ignores the request is killed after its preemption_timeout (the reconciler's
 -- KILL_OVERDUE), still no failure. Returns how many runs were asked to stop.
 BEGIN
@@ -1877,7 +1925,8 @@ CREATE OR REPLACE FUNCTION det_user.model_update(
 DECLARE
     m models := det_user.model_find(p_model);
 BEGIN
-    PERFORM det_internal.require('edit', m.workspace_id, format('change model %s', to_jsonb(m.name)));
+    PERFORM det_internal.require('edit', m.workspace_id, format('change model %s',
+        to_jsonb(m.name)));
     SELECT * INTO m FROM models WHERE id = m.id FOR UPDATE;
     IF m.archived THEN
         RAISE EXCEPTION 'model % is archived: unarchive it to change it', to_jsonb(m.name)
@@ -1920,7 +1969,8 @@ DECLARE
     m models := det_user.model_find(p_model);
     v_versions integer;
 BEGIN
-    PERFORM det_internal.require('edit', m.workspace_id, format('delete model %s', to_jsonb(m.name)));
+    PERFORM det_internal.require('edit', m.workspace_id, format('delete model %s',
+        to_jsonb(m.name)));
     SELECT count(*) INTO v_versions FROM model_versions WHERE model_id = m.id;
     DELETE FROM models WHERE id = m.id;
     PERFORM det_internal.audit('delete', 'model', m.id::text, jsonb_build_object('name', m.name));
@@ -2029,7 +2079,8 @@ DECLARE
     v_problem text := det_user.label_problem(p_labels);
 BEGIN
     SELECT * INTO m FROM models WHERE id = r.model_id FOR UPDATE;
-    PERFORM det_internal.require('edit', m.workspace_id, format('change model %s', to_jsonb(m.name)));
+    PERFORM det_internal.require('edit', m.workspace_id, format('change model %s',
+        to_jsonb(m.name)));
     IF m.archived THEN
         RAISE EXCEPTION 'model % is archived: unarchive it to change its versions',
             to_jsonb(m.name) USING ERRCODE = 'check_violation';
@@ -2094,8 +2145,9 @@ CREATE OR REPLACE FUNCTION det_user.template_set(p_workspace text, p_name text, 
                                  p_original text)
 RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- `det template set`: create or replace template p_name of workspace p_workspace (NULL:
--- Uncategorized), as an Editor there (a template is its workspace's, not the cluster's). p_config: its YAML (p_original) as a JSON object, checked by
--- det.configs.templates. Returns true when it was created.
+-- Uncategorized), as an Editor there (a template is its workspace's, not the cluster's). p_config:
+-- its YAML (p_original) as a JSON object, checked by det.configs.templates. Returns true when it
+-- was created.
 DECLARE
     v_ws integer := det_internal.template_workspace(
         p_workspace, 'edit', format('set template %s in workspace %s', to_jsonb(p_name),
@@ -2116,7 +2168,8 @@ BEGIN
     ON CONFLICT (workspace_id, name) DO UPDATE
         SET config = excluded.config, original = excluded.original, updated_at = now()
     RETURNING (xmax = 0) INTO v_created;
-    PERFORM det_internal.audit(CASE WHEN v_created THEN 'create' ELSE 'update' END, 'template', p_name,
+    PERFORM det_internal.audit(CASE WHEN v_created THEN 'create' ELSE 'update' END,
+        'template', p_name,
                       jsonb_build_object('workspace_id', v_ws));
     RETURN v_created;
 END $$;
@@ -2135,7 +2188,8 @@ BEGIN
         RAISE EXCEPTION 'template % not found in workspace %', to_jsonb(p_name),
             to_jsonb(coalesce(p_workspace, 'Uncategorized')) USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_internal.audit('delete', 'template', p_name, jsonb_build_object('workspace_id', v_ws));
+    PERFORM det_internal.audit('delete', 'template', p_name,
+        jsonb_build_object('workspace_id', v_ws));
 END $$;
 
 CREATE OR REPLACE FUNCTION det_user.template_expand(p_workspace text, p_name text) RETURNS jsonb
@@ -2245,7 +2299,8 @@ BEGIN
      WHERE role_name = t.role_name;
     INSERT INTO agent_logins (agent_id, role_name, resource_pool)
     VALUES (p_agent, v_role, t.resource_pool);
-    PERFORM det_internal.audit('enroll', 'agent', p_agent, jsonb_build_object('token', t.role_name));
+    PERFORM det_internal.audit('enroll', 'agent', p_agent, jsonb_build_object('token',
+        t.role_name));
     RETURN t.resource_pool;
 END $$;
 
@@ -2262,7 +2317,8 @@ DECLARE
     l agent_logins;
     v_ended integer;
 BEGIN
-    PERFORM det_internal.require('admin_cluster', NULL, format('revoke agent %s', to_jsonb(p_agent)));
+    PERFORM det_internal.require('admin_cluster', NULL, format('revoke agent %s',
+        to_jsonb(p_agent)));
     SELECT * INTO l FROM agent_logins WHERE agent_id = p_agent FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'agent %: no enrolled login of that id (agents of the shared det_agent '
@@ -2353,8 +2409,8 @@ END $$;
 CREATE OR REPLACE FUNCTION det_agent.stop_runs(p_agent text) RETURNS bigint[] LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Agent p_agent is going away (SIGTERM: `det cluster down`, a restart) and stops its live runs
--- as a planned stop (det_internal.stop_runs_of), with no reconciler needed (the same `down` stops it).
--- The agent is marked stopping: no new run is placed on it until it registers again. Returns
+-- as a planned stop (det_internal.stop_runs_of), with no reconciler needed (the same `down` stops
+-- it). The agent is marked stopping: no new run is placed on it until it registers again. Returns
 -- the ids of the runs.
 BEGIN
     PERFORM det_internal.agent_check_self(p_agent);
@@ -2569,9 +2625,9 @@ CREATE OR REPLACE FUNCTION det_agent.append_logs(
 -- p_writer and p_seqs (each line's number, ascending) name the lines (see log_batches): a line
 -- numbered at or below its writer's last_seq was written before and is skipped; a NULL
 -- p_writer asks for no such check. invalid_parameter_value when p_seqs does not match; an
--- enrolled agent's login writes only for allocations it runs a part of (det_internal.agent_check_allocation).
--- Lines of an allocation that no longer exists are dropped without an error: a shipper stops on
--- errors, and its other allocations' lines would stop with it.
+-- enrolled agent's login writes only for allocations it runs a part of
+-- (det_internal.agent_check_allocation). Lines of an allocation that no longer exists are dropped
+-- without an error: a shipper stops on errors, and its other allocations' lines would stop with it.
 DECLARE
     v_last bigint := 0;
 BEGIN
@@ -2670,8 +2726,9 @@ END $$;
 CREATE OR REPLACE FUNCTION det_task.info(p_token text) RETURNS jsonb LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Identity and starting point of the task; also marks the allocation RUNNING and supersedes
--- what earlier runs of its trial reported after that starting point (det_internal.metrics_supersede):
--- the run starts from its trial's latest checkpoint, which this returns.
+-- what earlier runs of its trial reported after that starting point
+-- (det_internal.metrics_supersede): the run starts from its trial's latest checkpoint, which this
+-- returns.
 DECLARE
     a allocations := det_internal.auth(p_token);
 BEGIN
@@ -2699,8 +2756,8 @@ CREATE OR REPLACE FUNCTION det_internal.append_metrics(
 -- longer than 255 characters or holds a control character (it is shown on terminals); a step
 -- outside 0 to 2^53 - 1 (what a JSON reader such as the WebUI holds exactly; Core API code
 -- counts steps in its own unit, so the searcher's length gives no tighter bound); values that
--- are not a JSON object, are over 64 KiB or nest deeper than 32 levels (det_internal.json_problem: any
--- JSON inside, as Determined allows; the harness writes NaN and infinities as strings); a
+-- are not a JSON object, are over 64 KiB or nest deeper than 32 levels (det_internal.json_problem:
+-- any JSON inside, as Determined allows; the harness writes NaN and infinities as strings); a
 -- validation's searcher metric that is a number a double cannot hold.
 DECLARE
     v_cfg jsonb;
@@ -2767,8 +2824,8 @@ CREATE OR REPLACE FUNCTION det_task.report_metrics_batch(
     p_token text, p_writer uuid, p_seq bigint,
     p_groups text[], p_steps bigint[], p_values jsonb[]
 ) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- A task appends a batch of metrics rows (det_internal.append_metrics: the rows and what is refused).
--- p_writer and p_seq name the batch (see metric_batches): a batch already recorded is
+-- A task appends a batch of metrics rows (det_internal.append_metrics: the rows and what is
+-- refused). p_writer and p_seq name the batch (see metric_batches): a batch already recorded is
 -- skipped; a NULL p_writer asks for no such check (det_task.report_metrics). Returns the rows
 -- written (0 for a skipped batch).
 DECLARE
@@ -2835,7 +2892,8 @@ BEGIN
     SELECT e.owner, j.workspace_id, t.state, t.runs INTO v_owner, v_ws, v_state, v_latest
       FROM trials t JOIN experiments e ON e.id = t.experiment_id JOIN jobs j ON j.id = e.job_id
      WHERE t.id = a.trial_id AND e.unmanaged;
-    IF NOT FOUND OR NOT (det_user.is_owner_session() OR det_user.permitted(det_user.caller(), 'view', v_ws)) THEN
+    IF NOT FOUND OR NOT (det_user.is_owner_session() OR det_user.permitted(det_user.caller(),
+        'view', v_ws)) THEN
         RAISE EXCEPTION 'unmanaged run % not found', p_allocation USING ERRCODE = 'no_data_found';
     END IF;
     PERFORM det_internal.require('edit', v_ws, format('report into trial %s', a.trial_id));
@@ -2941,9 +2999,10 @@ END $$;
 CREATE OR REPLACE FUNCTION det_user.unmanaged_report_metrics(
     p_allocation bigint, p_group text, p_steps_completed bigint, p_metrics jsonb
 ) RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
--- An unmanaged script's metrics report (det_internal.unmanaged_run: who may; det_internal.append_metrics: what
--- is refused).
-    SELECT FROM det_internal.append_metrics(det_internal.unmanaged_run(p_allocation), ARRAY[p_group],
+-- An unmanaged script's metrics report (det_internal.unmanaged_run: who may;
+-- det_internal.append_metrics: what is refused).
+    SELECT FROM det_internal.append_metrics(det_internal.unmanaged_run(p_allocation),
+        ARRAY[p_group],
                                    ARRAY[p_steps_completed], ARRAY[p_metrics]);
 $$;
 
@@ -3006,7 +3065,8 @@ BEGIN
                         THEN 'ERROR' ELSE 'COMPLETED' END::experiment_state,
            end_time = now(), progress = CASE WHEN p_error IS NULL THEN 1 ELSE e.progress END
      WHERE e.id = v_exp
-       AND NOT EXISTS (SELECT 1 FROM trials t WHERE t.experiment_id = e.id AND t.state < 'COMPLETED');
+       AND NOT EXISTS (SELECT 1 FROM trials t WHERE t.experiment_id = e.id
+           AND t.state < 'COMPLETED');
 END $$;
 
 CREATE OR REPLACE FUNCTION det_task.checkpoint_begin(p_token text) RETURNS void
@@ -3270,6 +3330,23 @@ SELECT format('preempted: slots given to %s (%s)',
               coalesce(det_internal.job_label(p_job), 'a waiting job'), p_rule);
 $$;
 
+CREATE OR REPLACE FUNCTION det_user.run_status(p_allocation bigint) RETURNS text
+LANGUAGE sql STABLE STRICT AS $$
+-- A run as users should read it, agreeing with the job queue (a trial waiting for a slot
+-- reads waiting, not "running"): waiting (for slots: pending_reason says why), starting (slots
+-- held, its process or container not yet running), running, preempting or stopping (told to stop,
+-- not yet gone), preempted or ended.
+SELECT CASE WHEN a.state = 'PENDING' AND a.desired_state = 'RUNNING' THEN 'waiting'
+            WHEN a.state = 'TERMINATED'
+                THEN CASE WHEN a.stop_reason LIKE 'preempted:%' THEN 'preempted' ELSE 'ended' END
+            WHEN a.desired_state <> 'RUNNING'
+                THEN CASE WHEN a.stop_reason LIKE 'preempted:%' THEN 'preempting'
+                          ELSE 'stopping' END
+            WHEN a.state = 'RUNNING' THEN 'running'
+            ELSE 'starting' END
+  FROM allocations a WHERE a.id = p_allocation;
+$$;
+
 CREATE OR REPLACE FUNCTION det_user.run_reason(p_allocation bigint) RETURNS text
 LANGUAGE sql STABLE STRICT AS $$
 -- The reason that goes with det_user.run_status: the scheduler's while it waits, det's while it
@@ -3355,7 +3432,8 @@ BEGIN
     FOR v_bad IN SELECT c.uuid, j.workspace_id FROM checkpoints c
                    JOIN trials t ON t.id = c.trial_id JOIN experiments e ON e.id = t.experiment_id
                    JOIN jobs j ON j.id = e.job_id WHERE c.uuid = ANY(p_uuids) LOOP
-        PERFORM det_internal.require('edit', v_bad.workspace_id, format('delete checkpoint %s', v_bad.uuid));
+        PERFORM det_internal.require('edit', v_bad.workspace_id, format('delete checkpoint %s',
+            v_bad.uuid));
     END LOOP;
     SELECT c.uuid INTO v_missing FROM checkpoints c JOIN checkpoint_pins p
         ON p.checkpoint_uuid = c.uuid
@@ -3401,7 +3479,8 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'checkpoint % not found', p_uuid USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM det_internal.require('edit', v_workspace, format('add metadata to checkpoint %s', p_uuid));
+    PERFORM det_internal.require('edit', v_workspace,
+        format('add metadata to checkpoint %s', p_uuid));
     UPDATE checkpoints SET metadata = metadata || p_metadata WHERE uuid = p_uuid
     RETURNING metadata INTO v_metadata;
     RETURN v_metadata;
@@ -3424,7 +3503,8 @@ BEGIN
             v_state USING ERRCODE = 'check_violation';
     END IF;
     UPDATE experiments SET archived = p_archived WHERE id = p_id;
-    PERFORM det_internal.audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END, 'experiment',
+    PERFORM det_internal.audit(CASE WHEN p_archived THEN 'archive' ELSE 'unarchive' END,
+        'experiment',
                       p_id::text);
 END $$;
 
@@ -3432,8 +3512,9 @@ CREATE OR REPLACE FUNCTION det_internal.purge_experiment(p_id integer) RETURNS b
 -- Remove an experiment whose deletion was asked for, with its trials, runs, metrics, logs,
 -- checkpoint rows, searcher rows and job (its context too, if no other experiment shares it),
 -- once none of its checkpoints is DELETING, none of its runs is live, and its TensorBoard files
--- are gone if a trial of it ever ran (a GC task removes them, det_task.gc_task_tensorboards_deleted).
--- Returns false (and removes nothing) while that is not yet so.
+-- are gone if a trial of it ever ran (a GC task removes them,
+-- det_task.gc_task_tensorboards_deleted). Returns false (and removes nothing) while that is not yet
+-- so.
 DECLARE
     e experiments;
 BEGIN
@@ -3448,7 +3529,8 @@ BEGIN
            AND EXISTS (SELECT 1 FROM trials t WHERE t.experiment_id = p_id AND t.runs > 0)) THEN
         RETURN false;
     END IF;
-    DELETE FROM task_logs l USING allocations a WHERE l.allocation_id = a.id AND a.job_id = e.job_id;
+    DELETE FROM task_logs l USING allocations a WHERE l.allocation_id = a.id
+        AND a.job_id = e.job_id;
     DELETE FROM metrics m USING trials t WHERE m.trial_id = t.id AND t.experiment_id = p_id;
     DELETE FROM checkpoints c USING trials t WHERE c.trial_id = t.id AND t.experiment_id = p_id;
     DELETE FROM allocation_slots s USING allocations a
@@ -3610,9 +3692,9 @@ END $$;
 CREATE OR REPLACE FUNCTION det_internal.web_end_stale_logins(p_user text, p_stamp bytea) RETURNS integer
 LANGUAGE plpgsql AS $$
 -- End p_user's det serve logins made under another password than the one whose stamp is
--- p_stamp (det_internal.password_stamp, read now); returns how many ended. det's own change-password
--- ends them all itself, so a login left to end here saw a password changed outside det (the
--- user's own ALTER ROLE ... PASSWORD in psql, or a superuser's): the first look after it
+-- p_stamp (det_internal.password_stamp, read now); returns how many ended. det's own
+-- change-password ends them all itself, so a login left to end here saw a password changed outside
+-- det (the user's own ALTER ROLE ... PASSWORD in psql, or a superuser's): the first look after it
 -- writes the audit row det's change-password would have written.
 DECLARE
     v_ended integer;
@@ -3633,8 +3715,8 @@ CREATE OR REPLACE FUNCTION det_web.login(p_token text, p_user text, p_ttl_second
 RETURNS timestamptz LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- Record a login token (minted by det serve once PostgreSQL accepted p_user's password) for
 -- active user p_user, good for p_ttl_seconds; returns its expiry. The token keeps the stamp
--- of the password it was minted under (det_internal.password_stamp): det_web.auth refuses it once the
--- password changes. The login is audited (outcome success, client address p_address) and
+-- of the password it was minted under (det_internal.password_stamp): det_web.auth refuses it once
+-- the password changes. The login is audited (outcome success, client address p_address) and
 -- clears p_user's failed attempts (det_web.login_begin counted this one as failed until now).
 -- Expired tokens are removed here, so the table stays as small as the live logins.
 DECLARE
@@ -3676,8 +3758,8 @@ SECURITY DEFINER SET search_path = public, pg_temp AS $$
 -- The active user a live login token belongs to, or an error (SQLSTATE 28000). It becomes the
 -- transaction's caller (det_user.caller reads det.web_user); det serve then SETs LOCAL ROLE to it,
 -- so row-level security applies to the request as to that user's own psql. NULL, with the
--- user's logins ended (det_internal.web_end_stale_logins), when the token's password is no longer the
--- user's: det serve commits that and answers 401.
+-- user's logins ended (det_internal.web_end_stale_logins), when the token's password is no longer
+-- the user's: det serve commits that and answers 401.
 DECLARE
     v_user text;
     v_stamp bytea;
@@ -3770,7 +3852,8 @@ CREATE OR REPLACE FUNCTION det_internal.web_event(p_topics text[]) RETURNS void 
     HAVING count(*) > 0;
 $$;
 
-CREATE OR REPLACE FUNCTION det_internal.web_event_throttled(p_topics text[]) RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION det_internal.web_event_throttled(p_topics text[]) RETURNS void
+    LANGUAGE plpgsql AS $$
 -- det_internal.web_event for the hot tables (metrics, task logs): at most one event per topic set
 -- every 0.2 s (web_event_marks), so a busy trial costs a few NOTIFYs a second, not one per
 -- batch. An event skipped here reaches the streams at the servers' next periodic look.
@@ -3874,7 +3957,8 @@ CREATE OR REPLACE FUNCTION det_internal.web_on_reports() RETURNS trigger LANGUAG
 -- Metrics or log lines appended: one statement is one batch of a task's reports, and the
 -- event per trial is throttled (det_internal.web_event_throttled).
 BEGIN
-    PERFORM det_internal.web_event_throttled(ARRAY['experiment:' || t.experiment_id, 'trial:' || t.id])
+    PERFORM det_internal.web_event_throttled(ARRAY['experiment:' || t.experiment_id,
+        'trial:' || t.id])
        FROM trials t WHERE t.id IN (SELECT DISTINCT trial_id FROM new_rows);
     RETURN NULL;
 END $$;
@@ -3986,7 +4070,8 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE OR REPLACE FUNCTION det_internal.merge_metadata(p_current jsonb, p_addition jsonb, p_path text DEFAULT '')
+CREATE OR REPLACE FUNCTION det_internal.merge_metadata(p_current jsonb, p_addition jsonb,
+    p_path text DEFAULT '')
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE SET search_path = public, pg_temp AS $$
 -- p_addition merged into p_current (both objects): objects merge key by key, a new key is
 -- added, and a key that already holds another value is refused, naming its dotted path (the
@@ -4063,10 +4148,11 @@ COMMENT ON COLUMN agents.gone_at IS
     'registers again.';
 
 COMMENT ON TABLE agent_logins IS
-    'Agents enrolled with a login of their own (det_enroll.agent_enroll): role_name (det_agent_<id>, '
-    'a member of det_agent) may act only for agent_id (det_internal.agent_check_self), in resource_pool '
-    'when set. Revoked (det_user.agent_revoke): the role may no longer log in. Agents without a row '
-    'log in as the shared det_agent role: the single-host mode of `det cluster up`.';
+    'Agents enrolled with a login of their own (det_enroll.agent_enroll): role_name '
+    '(det_agent_<id>, a member of det_agent) may act only for agent_id '
+    '(det_internal.agent_check_self), in resource_pool when set. Revoked (det_user.agent_revoke): '
+    'the role may no longer log in. Agents without a row log in as the shared det_agent role: the '
+    'single-host mode of `det cluster up`.';
 
 COMMENT ON TABLE agent_enrollment_tokens IS
     'One-time enrollment tokens (det_user.agent_token_create). A token is the password of its own '
@@ -4081,11 +4167,11 @@ COMMENT ON TABLE id_counters IS
 
 COMMENT ON COLUMN experiments.unmanaged IS
     'Made by a script that reports from outside det (core_v2.init, det_user.unmanaged_start): no '
-    'searcher, no runs placed; its owner''s script reports through det_unmanaged_*.';
+    'searcher, no runs placed; its owner''s script reports through det_user.unmanaged_*.';
 
 COMMENT ON COLUMN experiments.tensorboards_deleted_at IS
-    'When the GC task of its deletion removed its TensorBoard files (det_internal.purge_experiment waits '
-    'for it when a trial of it ran, checkpoints or not).';
+    'When the GC task of its deletion removed its TensorBoard files (det_internal.purge_experiment '
+    'waits for it when a trial of it ran, checkpoints or not).';
 
 COMMENT ON COLUMN trials.metadata IS
     'What the trial''s code recorded with set_metadata (det_task.set_trial_metadata): a JSON '
@@ -4115,10 +4201,10 @@ COMMENT ON COLUMN allocations.address IS
     'recorded by the task (det_task.ready); det serve proxies /proxy/<job>/ to it.';
 
 COMMENT ON COLUMN allocations.stop_reason IS
-    'Why det asked the run to stop, written with desired_state: a preemption naming whom its '
-    'slots went to (det_internal.preempted_reason), a pause, a cancel or kill, the searcher closing its '
-    'trial, a kill after preemption_timeout, an interactive task''s end. Its "why it ended" '
-    'is this over the run''s own reason (det_user.run_end_reason).';
+    'Why det asked the run to stop, written with desired_state: a preemption naming whom its slots '
+    'went to (det_internal.preempted_reason), a pause, a cancel or kill, the searcher closing its '
+    'trial, a kill after preemption_timeout, an interactive task''s end. Its "why it ended" is this '
+    'over the run''s own reason (det_user.run_end_reason).';
 
 COMMENT ON TABLE allocation_nodes IS
     'The agents of an allocation beyond its chief''s (node_rank 1, 2, ... in det_agent.gang_agents '
@@ -4127,10 +4213,10 @@ COMMENT ON TABLE allocation_nodes IS
     '(det_agent.report_node).';
 
 COMMENT ON COLUMN metrics.superseded_by IS
-    'The run (allocation) that resumed the trial from a checkpoint taken before this row''s '
-    'step, so that this row, reported by an earlier run after that checkpoint, is no longer '
-    'part of the trial''s history (det_internal.metrics_supersede); NULL for the surviving rows. Kept '
-    'for audit; readers show and count only rows where it is NULL.';
+    'The run (allocation) that resumed the trial from a checkpoint taken before this row''s step, '
+    'so that this row, reported by an earlier run after that checkpoint, is no longer part of the '
+    'trial''s history (det_internal.metrics_supersede); NULL for the surviving rows. Kept for '
+    'audit; readers show and count only rows where it is NULL.';
 
 COMMENT ON COLUMN tasks.last_activity IS
     'The latest sign of use: the task''s server reports it (det_task.activity: open kernels, '
@@ -4138,10 +4224,10 @@ COMMENT ON COLUMN tasks.last_activity IS
     'a task idle past its idle_timeout.';
 
 COMMENT ON TABLE task_secrets IS
-    'Per-task secrets, made at submission: the token of a notebook''s Jupyter server (only '
-    'det serve''s proxy sends it) and a shell''s key pair. No user reads this table: the task '
-    'gets its own through det_task.secrets, a user who may open the task through det_user.task_open '
-    'and det_user.task_ssh_key.';
+    'Per-task secrets, made at submission: the token of a notebook''s Jupyter server (only det '
+    'serve''s proxy sends it) and a shell''s key pair. No user reads this table: the task gets its '
+    'own through det_task.secrets, a user who may open the task through det_user.task_open and '
+    'det_user.task_ssh_key.';
 
 COMMENT ON COLUMN templates.config IS
     'The template as set, secrets included: users may not select it (nor original); '
@@ -4151,8 +4237,8 @@ COMMENT ON COLUMN templates.redacted_config IS
     'config with its secrets replaced by ''********'' (det_user.redact_secrets): what users read.';
 
 COMMENT ON COLUMN web_sessions.password_stamp IS
-    'det_internal.password_stamp of the user''s password when the token was minted: the token is good '
-    'only while it is still the user''s password. NULL where det cannot read verifiers.';
+    'det_internal.password_stamp of the user''s password when the token was minted: the token is '
+    'good only while it is still the user''s password. NULL where det cannot read verifiers.';
 
 COMMENT ON TABLE login_throttle IS
     'Failed logins to det serve per user name tried (kind user) and per client address (kind '
@@ -4165,8 +4251,8 @@ COMMENT ON TABLE web_watchers IS
     'servers take their leases again within a second.';
 
 COMMENT ON TABLE channel_key IS
-    'The secret det_internal.channel builds NOTIFY channel names from (one row, made with the schema). '
-    'Granted to no role: only the owner and its SECURITY DEFINER functions read it.';
+    'The secret det_internal.channel builds NOTIFY channel names from (one row, made with the '
+    'schema). Granted to no role: only the owner and its SECURITY DEFINER functions read it.';
 
 DROP POLICY visible ON workspaces;
 CREATE POLICY visible ON workspaces FOR SELECT
@@ -4182,7 +4268,8 @@ CREATE POLICY visible ON projects FOR SELECT
 
 DROP POLICY visible ON role_assignments;
 CREATE POLICY visible ON role_assignments FOR SELECT
-    USING (workspace_id IS NULL OR workspace_id = ANY ((SELECT det_user.visible_workspaces())::integer[]));
+    USING (workspace_id IS NULL
+        OR workspace_id = ANY ((SELECT det_user.visible_workspaces())::integer[]));
 
 DROP POLICY visible ON jobs;
 CREATE POLICY visible ON jobs FOR SELECT

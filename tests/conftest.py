@@ -6,6 +6,7 @@ database; each test gets a fresh database cloned from it (``CREATE DATABASE ... 
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import tuple_row
 
 from det.agent import image
 from det.db import migrate
@@ -215,10 +217,11 @@ class Det:
         self.procs: list[subprocess.Popen] = []
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 300,
-                 input: str | None = None, **env: str) -> subprocess.CompletedProcess:
-        """Run ``det ARGS`` (``input``: its stdin, e.g. answers to its questions); with
-        ``check``, fail the test on a non-zero exit."""
-        r = subprocess.run([sys.executable, "-m", "det.cli.main", *args], cwd=REPO,
+                 input: str | None = None, cwd: Path = REPO,
+                 **env: str) -> subprocess.CompletedProcess:
+        """Run ``det ARGS`` in ``cwd`` (``input``: its stdin, e.g. answers to its questions);
+        with ``check``, fail the test on a non-zero exit."""
+        r = subprocess.run([sys.executable, "-m", "det.cli.main", *args], cwd=cwd,
                            env={**self.env, **env}, capture_output=True, text=True,
                            timeout=timeout, input=input)
         if check and r.returncode != 0:
@@ -294,6 +297,25 @@ def processes(argv: list[str]) -> list[int]:
         except OSError:
             pass
     return out
+
+
+def _names_before_0062() -> dict[str, str]:
+    """``schema.name`` -> the function's name before migration 0062 moved det's functions into
+    the actors' schemas, read from that migration's own list."""
+    text = (REPO / "db" / "migrations" / "0062_actor_schemas.sql").read_text()
+    return {f"{s}.{n}": old for old, s, n in re.findall(r"\('(det_\w+)', '(\w+)', '(\w+)'\)", text)}
+
+
+def spelled(conn: psycopg.Connection, statement: str) -> str:
+    """``statement`` as ``conn``'s database names det's functions: unchanged on a current
+    one, with the names before migration 0062 (``det_agent.claim`` -> ``det_agent_claim``) on
+    one a test built at an older migration."""
+    current = conn.cursor(row_factory=tuple_row).execute(
+        "SELECT to_regnamespace('det_user') IS NOT NULL").fetchone()[0]
+    if current:
+        return statement
+    old = _names_before_0062()
+    return re.sub(r"\bdet(?:_\w+)?\.\w+", lambda m: old.get(m.group(0), m.group(0)), statement)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):

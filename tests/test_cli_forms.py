@@ -119,16 +119,9 @@ def test_checkpoint_forms_run(det, conn, ckpts, tmp_path) -> None:
             str(work / "mid"))
     assert (work / "mid" / "sub" / "config.txt").read_text() == "step 20"
     # the default directory: ./checkpoints/UUID, where det runs
-    r = det("trial", "download", str(row["trial"]), "--latest", "-q")
-    from conftest import REPO
-
-    target = Path(REPO) / "checkpoints" / ckpts[2]
-    try:
-        assert r.stdout.strip() == f"checkpoints/{ckpts[2]}" and target.is_dir()
-    finally:
-        import shutil
-
-        shutil.rmtree(target.parent)
+    r = det("trial", "download", str(row["trial"]), "--latest", "-q", cwd=work)
+    assert r.stdout.strip() == f"checkpoints/{ckpts[2]}"
+    assert (work / "checkpoints" / ckpts[2]).is_dir()
     # usage errors, as typer reports them (exit 2, after the usage line)
     r = det("t", "download", str(row["trial"]), check=False)
     assert r.returncode == 2 and "give one of --best, --latest, --uuid" in r.stderr, r

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from conftest import spelled
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -17,7 +18,8 @@ from det.configs import parse_experiment_config
 from det.configs.cluster import load_cluster_config
 from det.configs.task import parse_task_config
 from det.db.migrate import load_migrations, migrate, migrations_dir
-from det.submission import expand_task_config, submit_task
+from det.sql import named
+from det.submission import expand_task_config, submit_task, task_secrets
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,8 +107,9 @@ def test_the_pattern_finds_the_reads_it_forbids() -> None:
 
 
 def _submit(conn, config: dict) -> int:
-    return conn.execute("SELECT det_user.create_experiment(%s, 'name: columns', NULL) AS id",
-                        (Jsonb(config),)).fetchone()["id"]
+    return conn.execute(
+        spelled(conn, "SELECT det_user.create_experiment(%s, 'name: columns', NULL) AS id"),
+        (Jsonb(config),)).fetchone()["id"]
 
 
 def _columns(conn, table: str, key: str, ident: int, columns: dict) -> tuple[dict, dict]:
@@ -207,7 +210,10 @@ def test_the_migration_fills_the_columns_of_existing_rows(empty_database, tmp_pa
         # expanded without expand_task_config: its pool query reads this version's columns
         expanded = parse_task_config({"idle_timeout": "30s"}, "NOTEBOOK").expanded("NOTEBOOK")
         expanded["resources"]["resource_pool"] = "default"
-        job = submit_task(conn, "NOTEBOOK", expanded)
+        # submit_task's statement, as this migration names the function
+        job = conn.execute(spelled(conn, named("submission").create_task), (
+            "NOTEBOOK", Jsonb(expanded), None, None, None, [], [], Jsonb(task_secrets()))
+        ).fetchone()["id"]
         assert added.version in migrate(conn)
         got, want = _columns(conn, "experiments", "id", eid, EXPERIMENT_COLUMNS)
         assert got == want and got["searcher_metric"] == "accuracy"

@@ -10,6 +10,7 @@ run resumes from that checkpoint and reports the same steps again, with other va
 import json
 
 import psycopg
+from conftest import spelled
 from psycopg.types.json import Jsonb
 
 from det.configs import load_experiment_config
@@ -24,16 +25,18 @@ checkpoint_storage: {type: shared_fs, host_path: /tmp, save_experiment_best: 0,
 
 
 def a_trial(conn: psycopg.Connection) -> tuple[int, int]:
-    """An active one-trial experiment and agent a1. Returns (job id, trial id)."""
+    """An active one-trial experiment and agent a1. Returns (job id, trial id). On a database
+    of any migration (test_migration_0032_...): det's functions as it names them (spelled)."""
     text = CONFIG
     cfg = load_experiment_config(text).expanded()
-    eid = conn.execute("SELECT det_user.create_experiment(%s, %s, NULL) AS id",
+    eid = conn.execute(spelled(conn, "SELECT det_user.create_experiment(%s, %s, NULL) AS id"),
                        (Jsonb(cfg), text)).fetchone()["id"]
     job = conn.execute("SELECT job_id FROM experiments WHERE id = %s", (eid,)).fetchone()["job_id"]
     tid = conn.execute("INSERT INTO trials (experiment_id, request_id, hparams, seed) "
                        "VALUES (%s, gen_random_uuid(), '{}', 1) RETURNING id",
                        (eid,)).fetchone()["id"]
-    conn.execute("SELECT det_agent.register('a1', 'h', 'default', 'process', '[]')")
+    conn.execute(spelled(conn, "SELECT det_agent.register('a1', 'h', 'default', 'process', "
+                               "'[]')"))
     return job, tid
 
 
@@ -44,25 +47,28 @@ def start_run(conn: psycopg.Connection, job: int, trial: int, run: int) -> tuple
         "INSERT INTO allocations (job_id, trial_id, run, resource_pool, slots_needed, spec, "
         "state, agent_id) VALUES (%s, %s, %s, 'default', 0, '{\"kind\": \"trial\"}', "
         "'ASSIGNED', 'a1') RETURNING id", (job, trial, run)).fetchone()["id"]
-    token = conn.execute("SELECT det_agent.claim('a1', %s) AS t", (alloc,)).fetchone()["t"]
-    conn.execute("SELECT det_task.info(%s)", (token,))
+    token = conn.execute(spelled(conn, "SELECT det_agent.claim('a1', %s) AS t"),
+                         (alloc,)).fetchone()["t"]
+    conn.execute(spelled(conn, "SELECT det_task.info(%s)"), (token,))
     return alloc, token
 
 
 def report(conn: psycopg.Connection, token: str, rows: list[tuple[str, int, dict]]) -> None:
-    conn.execute("SELECT det_task.report_metrics_batch(%s, NULL, NULL, %s, %s, %s::jsonb[])",
+    conn.execute(spelled(conn, "SELECT det_task.report_metrics_batch(%s, NULL, NULL, %s, %s, "
+                               "%s::jsonb[])"),
                  (token, [g for g, _, _ in rows], [s for _, s, _ in rows],
                   [json.dumps(v) for _, _, v in rows]))
 
 
 def checkpoint(conn: psycopg.Connection, token: str, steps: int) -> None:
-    conn.execute("SELECT det_task.report_checkpoint(%s, gen_random_uuid(), %s, %s, '{}')",
+    conn.execute(spelled(conn, "SELECT det_task.report_checkpoint(%s, gen_random_uuid(), %s, "
+                               "%s, '{}')"),
                  (token, steps, Jsonb({"state.bin": 64})))
 
 
 def kill(conn: psycopg.Connection, alloc: int) -> None:
     """The run's process dies of SIGKILL, as its agent reports."""
-    conn.execute("SELECT det_agent.report_each('a1', %s, 'TERMINATED', %s, %s)",
+    conn.execute(spelled(conn, "SELECT det_agent.report_each('a1', %s, 'TERMINATED', %s, %s)"),
                  ([alloc], [137], ["killed"]))
 
 

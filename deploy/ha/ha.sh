@@ -29,12 +29,13 @@ run_as=()
 
 node_port() { echo $((base + $1)); }
 
-# Which etcd API Patroni keeps its leader key in. Patroni before 3.1 (Debian bookworm ships
-# 3.0.2) renews the key through etcd's v3 API with an unconditional put once its lease has
-# expired, trusting its cached view of who leads: a primary frozen past the ttl wakes, takes
-# the key back from the replica promoted meanwhile, and that replica is rewound, losing what
-# it had committed (upstream made the renewal a compare-and-set). Through the v2 API the
-# renewal is a compare-and-swap on its own name, which fails once another node leads.
+# Which etcd API Patroni keeps its leader key in. Patroni 3.0.2 (Debian bookworm's) renews the
+# key through etcd's v3 API with an unconditional put once its lease has expired, trusting its
+# cached view of who leads: a primary frozen past the ttl wakes, takes the key back from the
+# replica promoted meanwhile, and that replica is rewound, losing what it had committed.
+# Upstream made the renewal a compare-and-set after 3.0.2 (May 2023); before 3.1, a margin,
+# the v2 API is used, where the renewal is a compare-and-swap on the node's own name, which
+# fails once another node leads.
 dcs_api() {
     local version
     version=$(patroni --version | awk '{print $2}')

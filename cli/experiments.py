@@ -25,7 +25,6 @@ from det.queries.experiments import (
     get_experiment,
     job_of,
     list_experiments,
-    searcher_of,
 )
 from det.queries.workspaces import placement, workspace_defaults
 from det.reconciler.searchers.live import add_rungs, page_with_live_progress, with_live_progress
@@ -211,14 +210,13 @@ def describe(
     if json_:
         print_json({**exp, "trials": trials, "checkpoints": ckpts})
         return
-    # An old or partial stored config shows "-" for what it lacks, never a KeyError.
-    searcher = searcher_of(exp["config"])
-    metric = searcher.get("metric") or "-"
-    smaller = searcher.get("smaller_is_better", True) is not False
+    # An old or partial stored config shows "-" for what it lacks (its column is NULL).
+    metric = exp["searcher_metric"] or "-"
+    smaller = exp["smaller_is_better"] is not False
     best = [t["best_validation"] for t in trials if t["best_validation"] is not None]
     typer.echo(f"Experiment {exp['id']}: {exp['name']}  [{exp['state']}]  "
                f"progress {exp['progress'] * 100:.0f}%  owner {exp['owner']}")
-    typer.echo(f"searcher {searcher.get('name') or '-'}, metric {metric} "
+    typer.echo(f"searcher {exp['searcher_name'] or '-'}, metric {metric} "
                f"({'smaller' if smaller else 'larger'} is better); best: "
                f"{number(min(best) if smaller else max(best)) if best else '-'}")
     typer.echo(f"resource pool {exp['resource_pool']}, priority {exp['priority']}, "
@@ -467,7 +465,7 @@ def set_gc_policy(
                            f"({size(total)}) {when}:")
                 print_table(rows, ["uuid", "trial_id", "steps_completed", "metric", "size_bytes"],
                             ["UUID", "Trial", "Batches",
-                             searcher_of(exp["config"]).get("metric") or "Metric",
+                             exp["searcher_metric"] or "Metric",
                              "Size"])
             typer.confirm("Apply the new policy?", abort=True)
             conn.rollback()  # the preview's snapshot ends; the change is its own transaction

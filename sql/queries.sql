@@ -416,10 +416,12 @@ SELECT uuid::text AS uuid, trial_id, steps_completed, state, size_bytes, freed_b
   FROM reporting.checkpoints WHERE trial_id = %(id)s ORDER BY steps_completed
 
 -- name: experiment
+-- The searcher's name, metric and direction are the config's columns (read once, at
+-- submission): what describe shows and what decides whether the trials have rungs.
 SELECT e.id, e.name, e.description, e.state::text AS state, e.owner, e.progress, e.config,
        e.start_time, e.end_time, j.resource_pool, j.priority, j.weight, j.id AS job_id,
        e.archived, e.checkpoint_gc_error, e.delete_requested_at, e.original_config,
-       e.paused_reason
+       e.paused_reason, e.searcher_name, e.searcher_metric, e.smaller_is_better
   FROM experiments e JOIN jobs j ON j.id = e.job_id WHERE e.id = %(id)s
 
 -- name: experiment_trials

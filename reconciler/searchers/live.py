@@ -75,10 +75,11 @@ def with_live_progress(conn: psycopg.Connection, exp: dict) -> dict:
 def add_rungs(conn: psycopg.Connection, exp: dict, trials: list[dict]) -> bool:
     """For adaptive_asha and tpe, set each of ``trials``' ``rung`` (bracket, rung, length,
     its status in the search and the metric that decided it; None before its first rung)
-    from the searcher's state; returns whether the searcher has rungs."""
+    from the searcher's state; returns whether the searcher has rungs. ``exp`` is the
+    experiment row of ``det.queries.experiments.get_experiment``."""
     from det.reconciler.searchers.asha import trial_rungs
 
-    if searcher_of(exp["config"]).get("name") not in ("adaptive_asha", "tpe"):
+    if exp["searcher_name"] not in ("adaptive_asha", "tpe"):
         return False
     state = searcher_state(conn, exp["id"])
     try:

@@ -222,6 +222,9 @@ BEGIN
     END LOOP;
 END $$;
 
+
+-- The functions whose bodies name others: re-created as schema.sql defines them.
+
 CREATE OR REPLACE FUNCTION det_internal.checkpoint_input_check() RETURNS trigger LANGUAGE plpgsql AS $$
 -- BEFORE INSERT ON checkpoints: what a task records of a checkpoint (det_task.report_checkpoint)
 -- is refused (invalid_parameter_value naming the field) unless steps_completed is at most
@@ -4127,6 +4130,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
     SELECT metadata FROM trials WHERE id = (det_internal.auth(p_token)).trial_id;
 $$;
 
+
+-- The comments that name a function.
+
 COMMENT ON TYPE instance_state IS
     'An elastic agent''s machine: REQUESTED (row written, not yet launched), STARTING '
     '(launched, its agent not yet registered), RUNNING (its agent registered), TERMINATING '
@@ -4253,6 +4259,10 @@ COMMENT ON TABLE web_watchers IS
 COMMENT ON TABLE channel_key IS
     'The secret det_internal.channel builds NOTIFY channel names from (one row, made with the '
     'schema). Granted to no role: only the owner and its SECURITY DEFINER functions read it.';
+
+
+-- Policies whose sub-selects took a column name from a function's old name
+-- (SELECT det_visible_workspaces() AS det_visible_workspaces): made again.
 
 DROP POLICY visible ON workspaces;
 CREATE POLICY visible ON workspaces FOR SELECT

@@ -408,9 +408,8 @@ def _from_source(conn: psycopg.Connection, function: str, source_id: int, src: d
                  project: str | None, project_id: int | None, force: bool) -> int:
     """Expand ``text`` against ``src``'s context and store it with SQL ``function``
     (det_user.experiment_fork or det_user.trial_continue of ``source_id``) in one transaction.
-    The new
-    experiment goes where the options or the config's keys say (:func:`placement`), else to
-    the source's project; that workspace's defaults apply."""
+    The new experiment goes where the options or the config's keys say (:func:`placement`),
+    else to the source's project; that workspace's defaults apply."""
     workspace, project = placement(conn, text, source, workspace, project, project_id)
     if workspace is None:
         workspace, project = src["workspace"], src["project"]

@@ -105,9 +105,8 @@ class Heartbeat:
                 for attempt in retrying:
                     with attempt:
                         self._beat()
-                self._stop.wait(min(self.interval, self.agent_timeout / 3)
-                                if self.timeout_known else
-                                min(self.interval, UNKNOWN_TIMEOUT_BEAT_SECONDS))
+                self._stop.wait(min(self.interval, self.agent_timeout / 3 if self.timeout_known
+                                    else UNKNOWN_TIMEOUT_BEAT_SECONDS))
         except BaseException as e:  # handed to the main loop by check()
             self._failure = e
 

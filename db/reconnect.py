@@ -198,7 +198,11 @@ def open_pool(url: str, min_size: int, max_size: int,
 def replicated(url: str) -> bool:
     """Whether ``url`` names several hosts: a replicated cluster (Patroni), where libpq keeps
     whichever host says it is the primary."""
-    return "," in str(conninfo_to_dict(url).get("host", ""))
+    return _several_hosts(conninfo_to_dict(url))
+
+
+def _several_hosts(params: dict[str, Any]) -> bool:
+    return "," in str(params.get("host", ""))
 
 
 def confirm_primary(conn: psycopg.Connection[Any]) -> None:
@@ -224,7 +228,7 @@ def confirm_primary(conn: psycopg.Connection[Any]) -> None:
 def _conninfo(url: str, params: dict[str, Any]) -> str:
     merged = {**conninfo_to_dict(url), **params}
     merged.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
-    if "," in str(merged.get("host", "")):
+    if _several_hosts(merged):
         # Several servers (a Patroni cluster): only the primary takes det's writes.
         merged.setdefault("target_session_attrs", "read-write")
         _unanswered_last(merged)

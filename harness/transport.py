@@ -177,12 +177,12 @@ class DbTransport:
     database restarted or failed over. Every function called is safe to run again after an
     attempt whose outcome is unknown (the commit may have happened, its answer was lost):
     ``det_task.info``, ``det_task.current_op``, ``det_task.report_progress``,
-    ``det_task.complete_op``,
-    ``det_task.ack_preemption``, ``det_task.report_early_exit``, ``det_task.checkpoint_begin``,
-    ``det_task.report_storage_error`` set values or read (a second run changes nothing);
-    ``det_task.report_checkpoint`` inserts by uuid, so a unique violation on a retry means the lost
-    attempt recorded it (success); ``det_task.report_metrics_batch`` skips a batch its writer
-    already recorded (``metric_batches``).
+    ``det_task.complete_op``, ``det_task.ack_preemption``, ``det_task.report_early_exit``,
+    ``det_task.checkpoint_begin``, ``det_task.report_storage_error`` set values or read (a
+    second run changes nothing); ``det_task.report_checkpoint`` inserts by uuid, so a unique
+    violation on a retry means the lost attempt recorded it (success);
+    ``det_task.report_metrics_batch`` skips a batch its writer already recorded
+    (``metric_batches``).
 
     Metrics and op progress are buffered (``ReportWriter``, at most ``buffer_bytes``; a full
     buffer blocks ``report_metrics``) and written in order by a background thread, so

@@ -399,8 +399,8 @@ def _to_event(row: dict) -> searchers.Event:
     p = row["payload"]
     match row["kind"]:
         case "validation_completed":
-            # An op completed without a metric (det_task.complete_op's NULL) ranks worst, as NaN
-            # does.
+            # An op completed without a metric (det_task.complete_op's NULL) ranks worst, as
+            # NaN does.
             metric = math.nan if p["metric"] is None else float(p["metric"])
             return searchers.ValidationCompleted(row["request_id"], p["length"], metric)
         case "validation_reported":

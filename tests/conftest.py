@@ -5,6 +5,7 @@ an embedded server in a temporary directory. The schema is migrated once into a 
 database; each test gets a fresh database cloned from it (``CREATE DATABASE ... TEMPLATE``).
 """
 
+import functools
 import os
 import re
 import shutil
@@ -299,6 +300,7 @@ def processes(argv: list[str]) -> list[int]:
     return out
 
 
+@functools.cache
 def _names_before_0062() -> dict[str, str]:
     """``schema.name`` -> the function's name before migration 0062 moved det's functions into
     the actors' schemas, read from that migration's own list."""

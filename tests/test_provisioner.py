@@ -331,11 +331,15 @@ def test_local_agents_connect_as_the_agent_role_not_as_the_reconciler(tmp_path,
 
     monkeypatch.setenv("DET_DB_URL", "postgresql://owner@/det?host=/nowhere")
     monkeypatch.setenv("DET_AGENT_DB_URL", "postgresql://det_agent@/det?host=/nowhere")
-    provider = LocalProvider(tmp_path)
-    pid = provider.launch("det-instance-1", "default", 1)
-    try:
-        environ = dict(kv.split("=", 1) for kv in
-                       Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if kv)
-    finally:
-        provider.stop(pid, kill=True)
+    # The launched "interpreter" writes the environment it was given: a real agent exits at once
+    # on this URL, and a reaped or zombie process's /proc/<pid>/environ reads empty.
+    dump = tmp_path / "environ"
+    interpreter = tmp_path / "python"
+    interpreter.write_text(f"#!/bin/sh\nenv -0 > {dump}.part && mv {dump}.part {dump}\n")
+    interpreter.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(interpreter))
+    provider = LocalProvider(tmp_path / "agents")
+    provider.launch("det-instance-1", "default", 1)
+    wait_for(dump.exists, 30, "the launched process to write its environment", 0.05)
+    environ = dict(kv.split("=", 1) for kv in dump.read_bytes().decode().split("\0") if kv)
     assert environ["DET_DB_URL"] == "postgresql://det_agent@/det?host=/nowhere"

@@ -6,7 +6,9 @@ the name say what the statement is for; the text of the file before its first bl
 file's own header; the server is sent a statement from its first line of SQL. A statement
 keeps psycopg's placeholders (``%s``, ``%(name)s``, and ``{}`` / ``{name}`` where the caller
 composes it with :mod:`psycopg.sql`). ``${TERMINAL}`` stands for
-:data:`det.states.TERMINAL_SQL`, the one spelling of the terminal states.
+:data:`det.states.TERMINAL_SQL`, the one spelling of the terminal states; a block opened by
+``-- fragment: NAME`` (upper case) is a piece of SQL the file's statements share as
+``${NAME}`` (e.g. the filters that both a list and its count apply), not a statement itself.
 
 Code reads a file once, at import, and the statements as attributes::
 
@@ -28,6 +30,7 @@ from det.states import TERMINAL_SQL
 
 HERE = Path(__file__).resolve().parent
 _NAME = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$")
+_FRAGMENT_NAME = re.compile(r"^-- fragment: ([A-Z_]+)\s*$")
 # What ${KEY} stands for in a statement: vocabulary defined once in Python.
 FRAGMENTS = {"TERMINAL": TERMINAL_SQL}
 _FRAGMENT = re.compile(r"\$\{([A-Z_]+)\}")
@@ -53,34 +56,39 @@ def parse(text: str, origin: str) -> dict[str, str]:
     """The statements of a ``.sql`` file's ``text``, by name, fragments substituted.
 
     Raises ValueError naming ``origin`` (the file) and the line for a name defined twice,
-    an empty statement or an unknown ``${KEY}``."""
+    an empty statement or fragment, or an unknown ``${KEY}``."""
     blocks: dict[str, list[str]] = {}
+    pieces: dict[str, list[str]] = {}
     current: list[str] | None = None
     for lineno, line in enumerate(text.splitlines(), 1):
-        m = _NAME.match(line)
+        m = _NAME.match(line) or _FRAGMENT_NAME.match(line)
         if m:
-            if m[1] in blocks:
+            into = blocks if m.re is _NAME else pieces
+            if m[1] in blocks or m[1] in pieces or m[1] in FRAGMENTS:
                 raise ValueError(f"{origin}:{lineno}: statement {m[1]!r} is defined twice")
-            current = blocks[m[1]] = []
+            current = into[m[1]] = []
         elif current is not None:
             current.append(line)
-    out = {}
-    for name, lines in blocks.items():
-        # The comment lines under the name are for the file's reader: the server gets the
-        # statement from its first line of SQL (pg_stat_activity shows what runs).
-        while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
-            lines.pop(0)
-        if not lines:
-            raise ValueError(f"{origin}: statement {name!r} is empty")
-        body = "\n".join(lines).strip()
+    fragments = {**FRAGMENTS, **{k: _body(v, k, origin, FRAGMENTS) for k, v in pieces.items()}}
+    return {name: _body(lines, name, origin, fragments) + "\n" for name, lines in blocks.items()}
 
-        def fragment(m: re.Match, name: str = name) -> str:
-            if m[1] not in FRAGMENTS:
-                raise ValueError(f"{origin}: statement {name!r} uses unknown ${{{m[1]}}}")
-            return FRAGMENTS[m[1]]
 
-        out[name] = _FRAGMENT.sub(fragment, body) + "\n"
-    return out
+def _body(lines: list[str], name: str, origin: str, fragments: dict[str, str]) -> str:
+    """A block's SQL: its leading comment lines dropped, its ``${KEY}``s substituted."""
+    # The comment lines under the name are for the file's reader: the server gets the
+    # statement from its first line of SQL (pg_stat_activity shows what runs).
+    lines = list(lines)
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
+        lines.pop(0)
+    if not lines:
+        raise ValueError(f"{origin}: statement {name!r} is empty")
+
+    def fragment(m: re.Match) -> str:
+        if m[1] not in fragments:
+            raise ValueError(f"{origin}: statement {name!r} uses unknown ${{{m[1]}}}")
+        return fragments[m[1]]
+
+    return _FRAGMENT.sub(fragment, "\n".join(lines).strip())
 
 
 @functools.cache

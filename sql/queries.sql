@@ -353,34 +353,30 @@ SELECT a.state::text AS state, a.address, a.exit_code, a.started_at IS NOT NULL 
 
 -- experiments: the list (filters, sort, paging), one experiment, its trials and checkpoints
 
+-- fragment: EXPERIMENTS_SELECTED
+-- The filters of det.queries.experiments.ListFilter, over experiments' own columns (which the
+-- reporting view keeps): what a page lists and its count counts.
+(%(all)s OR NOT archived)
+   AND (%(states)s::text[] IS NULL OR state::text = ANY (%(states)s::text[]))
+   AND (%(owner)s::text IS NULL OR owner = %(owner)s)
+   AND (%(name)s::text IS NULL OR strpos(lower(name), lower(%(name)s)) > 0)
+   AND (%(workspace)s::text IS NULL AND %(project)s::text IS NULL
+        OR project_id IN (SELECT p.id FROM projects p JOIN workspaces w ON w.id = p.workspace_id
+                           WHERE (%(workspace)s::text IS NULL OR w.name = %(workspace)s)
+                             AND (%(project)s::text IS NULL OR p.name = %(project)s)))
+
 -- name: list_experiments
--- One page of experiments: the filters of det.queries.experiments.ListFilter, the order
--- composed by the caller ({order}: a sort column and id, with psycopg.sql).
+-- One page of experiments, the order composed by the caller ({order}: a sort column and id,
+-- with psycopg.sql).
 SELECT id, name, state::text AS state, round(progress * 100)::integer AS progress, trials,
        owner, start_time AS started, end_time AS ended, best_validation, searcher, metric,
        archived, resource_pool, priority, weight, workspace, project
-  FROM reporting.experiments WHERE (%(all)s OR NOT archived)
-   AND (%(states)s::text[] IS NULL OR state::text = ANY (%(states)s::text[]))
-   AND (%(owner)s::text IS NULL OR owner = %(owner)s)
-   AND (%(name)s::text IS NULL OR strpos(lower(name), lower(%(name)s)) > 0)
-   AND (%(workspace)s::text IS NULL AND %(project)s::text IS NULL
-        OR project_id IN (SELECT p.id FROM projects p JOIN workspaces w ON w.id = p.workspace_id
-                           WHERE (%(workspace)s::text IS NULL OR w.name = %(workspace)s)
-                             AND (%(project)s::text IS NULL OR p.name = %(project)s)))
+  FROM reporting.experiments WHERE ${EXPERIMENTS_SELECTED}
  ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: count_experiments
--- How many experiments list_experiments' filters (the same WHERE) select, ignoring paging.
--- The filters name only experiments' own columns, so the count needs no join.
-SELECT count(*) AS n FROM experiments
- WHERE (%(all)s OR NOT archived)
-   AND (%(states)s::text[] IS NULL OR state::text = ANY (%(states)s::text[]))
-   AND (%(owner)s::text IS NULL OR owner = %(owner)s)
-   AND (%(name)s::text IS NULL OR strpos(lower(name), lower(%(name)s)) > 0)
-   AND (%(workspace)s::text IS NULL AND %(project)s::text IS NULL
-        OR project_id IN (SELECT p.id FROM projects p JOIN workspaces w ON w.id = p.workspace_id
-                           WHERE (%(workspace)s::text IS NULL OR w.name = %(workspace)s)
-                             AND (%(project)s::text IS NULL OR p.name = %(project)s)))
+-- How many experiments list_experiments' filters select, ignoring paging (no join needed).
+SELECT count(*) AS n FROM experiments WHERE ${EXPERIMENTS_SELECTED}
 
 -- name: trials_done
 -- How many of an experiment's trials have ended, of those its searcher has made so far

@@ -117,6 +117,15 @@ def test_parse_rejects_a_name_defined_twice_and_an_unknown_fragment():
         parse("-- name: a\n-- only a comment\n-- name: b\nSELECT 1\n", "x.sql")
     assert parse("-- header\n-- name: a\n-- doc\nSELECT 1 WHERE s IN ${TERMINAL}\n",
                  "x.sql")["a"].startswith("SELECT 1 WHERE s IN ('")
+    with pytest.raises(ValueError, match="x.sql:3: statement 'F' is defined twice"):
+        parse("-- fragment: F\nx > 1\n-- fragment: F\nx < 1\n", "x.sql")
+
+
+def test_a_files_fragment_is_shared_by_its_statements_and_is_no_statement():
+    q = parse("-- fragment: WHERE_X\n-- doc\nx > %(x)s\n-- name: a\nSELECT 1 FROM t WHERE "
+              "${WHERE_X}\n-- name: b\nSELECT count(*) FROM t WHERE ${WHERE_X}\n", "x.sql")
+    assert q == {"a": "SELECT 1 FROM t WHERE x > %(x)s\n",
+                 "b": "SELECT count(*) FROM t WHERE x > %(x)s\n"}
 
 
 def test_the_loader_names_the_file_of_an_unknown_statement():

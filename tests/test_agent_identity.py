@@ -111,6 +111,7 @@ RUN_ROW = ("SELECT state::text, desired_state::text, token_hash, rendezvous, pla
            "exit_code FROM allocations WHERE id = %s")
 
 
+@pytest.mark.slow
 def test_enrolled_agents_run_a_trial_act_only_for_themselves_and_a_revoked_one_is_cut_off(
         det, conn, db_url, tmp_path) -> None:
     """a1 and a2 enrolled on two homes; the trial runs on a1; a2's login is refused every

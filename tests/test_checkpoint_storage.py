@@ -74,6 +74,7 @@ def objects(fs, root: str) -> set[str]:
     return {p[len(root) + 1:] for p in fs.find(root)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["s3", "shared_fs"])
 def test_checkpoints_gc_download_and_delete(det, conn, tmp_path, request, kind) -> None:
     """A real experiment through the reconciler and an agent; its checkpoints' files really

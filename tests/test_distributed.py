@@ -233,9 +233,13 @@ def test_pause_checkpoints_once_frees_every_slot_and_activate_resumes(det, conn,
              .fetchone(), 120, "the trial to checkpoint and stop")
     paused = conn.execute("SELECT steps_completed, latest_checkpoint FROM trials").fetchone()
     assert 0 < paused["steps_completed"] < 3000
-    ckpts = conn.execute("SELECT steps_completed FROM checkpoints").fetchall()
-    assert [c["steps_completed"] for c in ckpts] == [paused["steps_completed"]], \
+    steps = [c["steps_completed"] for c in conn.execute(
+        "SELECT steps_completed FROM checkpoints ORDER BY steps_completed").fetchall()]
+    # One checkpoint per step, by the chief: the pause's, and a best validation's (every 1000)
+    # where a loaded machine trained that far before the pause arrived.
+    assert steps[-1] == paused["steps_completed"] and len(set(steps)) == len(steps), \
         "one checkpoint, by the chief"
+    assert set(steps[:-1]) <= {1000, 2000}, steps
     assert conn.execute("SELECT exit_code FROM allocations").fetchone()["exit_code"] == 0
     assert conn.execute("SELECT count(*) AS n FROM allocation_slots WHERE NOT released"
                         ).fetchone()["n"] == 0, "both slots are free"
@@ -285,6 +289,7 @@ def test_two_agents_one_slot_each_meet_through_the_database(det, conn, db_url,
     assert task_processes(db_url) == []
 
 
+@pytest.mark.slow
 def test_a_failed_worker_on_another_agent_ends_the_whole_run(det, conn, db_url,
                                                              tmp_path) -> None:
     cfg = digits_config(tmp_path, **{"searcher.max_length": {"batches": 1200},

@@ -5,6 +5,7 @@ import re
 import signal
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import REPO, wait_for
 
@@ -90,6 +91,7 @@ def test_killed_reconciler_is_replaced_and_the_search_finishes(det, conn, tmp_pa
                         ).fetchone()["n"] == 0
 
 
+@pytest.mark.slow
 def test_pause_and_activate_resume_at_the_same_step(det, conn, tmp_path) -> None:
     cfg = digits_config(tmp_path, **{"searcher.max_length": {"batches": 3000},
                                      "min_validation_period": {"batches": 1000},

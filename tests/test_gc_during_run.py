@@ -2,6 +2,7 @@
 collected while the experiment runs, by the experiment's policy (default: each trial's best
 and latest), never the restart point of a live trial; pause and activate still resume."""
 
+import pytest
 from conftest import wait_for
 from test_e2e_digits import DIGITS, digits_config
 
@@ -22,6 +23,7 @@ def _kept_beyond_policy(conn) -> list[int]:
         "                     AND m.steps_completed = c.steps_completed)")]
 
 
+@pytest.mark.slow
 def test_superseded_checkpoints_are_collected_while_the_trial_runs(det, conn, tmp_path) -> None:
     storage = tmp_path / "checkpoints"
     cfg = digits_config(tmp_path, **{

@@ -159,6 +159,7 @@ def trial_through(ha: Cluster, hdet: Det, tmp_path: Path, request: pytest.Fixtur
     assert len(lines) == len(set(lines)), "no log line stored twice"
 
 
+@pytest.mark.slow
 def test_a_trial_completes_through_a_failover_with_nothing_lost_or_doubled(
         ha: Cluster, hdet: Det, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     trial_through(ha, hdet, tmp_path, request,
@@ -168,6 +169,7 @@ def test_a_trial_completes_through_a_failover_with_nothing_lost_or_doubled(
 FROZEN_SECONDS = 60
 
 
+@pytest.mark.slow
 def test_a_trial_completes_through_a_frozen_primary_with_nothing_lost_or_doubled(
         ha: Cluster, hdet: Det, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """The whole primary (Patroni, the postmaster and its backends) SIGSTOPped for 60 s: its

@@ -94,6 +94,7 @@ def _significant_digits(figure: str) -> int:
     return len(re.sub(r"e[+-]\d+$", "", figure).replace("-", "").replace(".", "").lstrip("0"))
 
 
+@pytest.mark.slow
 def test_trial_logs_say_what_ran_in_each_run(det, conn, tmp_path) -> None:
     """A digits trial paused mid-way and activated: its log tells, per run, the start and
     its hyperparameters, each validation (4 significant digits), each checkpoint (uuid and

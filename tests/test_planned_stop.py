@@ -214,6 +214,7 @@ def test_drain_checkpoints_the_trial_and_it_resumes_on_another_agent(det, conn,
     assert f"resuming at {ckpt}" in logs and ckpt >= 20
 
 
+@pytest.mark.slow
 def test_cluster_down_then_up_resumes_the_trial(local: Det, tmp_path) -> None:  # noqa: F811
     """Through the real CLI: a max_restarts 0 trial trains under `det cluster up`; `det
     cluster down` mid-training checkpoints it (within the supervisor's grace); after `det

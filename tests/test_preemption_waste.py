@@ -254,6 +254,7 @@ def test_every_way_a_run_ends_leaves_a_reason(conn, db_url) -> None:
 
 # -- the issue's scenario, with the real reconciler and agent -------------------------------------
 
+@pytest.mark.slow
 def test_three_searches_on_two_slots_preempt_no_run_before_it_trains(det, conn,
                                                                      tmp_path) -> None:
     """Three random searches of bench/three_searches/train.py (four one-slot trials each,

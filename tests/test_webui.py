@@ -97,6 +97,7 @@ def shot(browser, name: str) -> None:
     browser.save_screenshot(str(where / f"webui-{name}.png"))
 
 
+@pytest.mark.slow
 def test_watch_and_steer_a_digits_experiment(browser, det, det_env, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
 

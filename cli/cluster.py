@@ -104,6 +104,9 @@ def up(
     proc = subprocess.Popen(args, env=dict(os.environ), stdout=logfile,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
+    # On record before up returns, so a `down` at once stops it (it writes the same pid once
+    # it runs; until then its SIGTERM ends it before it has started anything).
+    (_run_dir() / "supervisor.pid").write_text(str(proc.pid))
     typer.echo(f"supervisor: started (pid {proc.pid}), running a reconciler, its standby and "
                f"an agent; logs in {_run_dir()}")
     if tcp is not None:

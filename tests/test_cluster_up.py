@@ -139,6 +139,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_down_right_after_up_stops_the_supervisor_up_started(local, tmp_path) -> None:
+    """CI (stop 45): `up` returned before its supervisor had written its pid file, so a
+    `down` at once found none, stopped only the database, and left the supervisor to start
+    it again: the next `up` said "already running". `up` records the pid it started."""
+    run = tmp_path / "home" / "run"
+    local("cluster", "up", "--runtime", "process", "--slots", "1", "--web-port", "0")
+    pid = read_pid(run, "supervisor")
+    assert pid is not None, "up returned with no supervisor on record"
+    assert "supervisor: stopped" in local("cluster", "down", timeout=120).stdout
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
 def test_a_taken_web_port_is_refused_and_the_chosen_one_kept(local, tmp_path) -> None:
     """Issue 34: with 8080 taken, `up` printed that URL and exited 0 while its server
     crash-looped (and the URL served someone else's det); `--web-port` was forgotten by the

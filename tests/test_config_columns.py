@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import schema_contract
 from conftest import spelled
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
@@ -87,7 +88,7 @@ def _value(config: dict, path: tuple[str, ...]):
 def test_no_function_view_or_query_reads_a_converted_field_by_path() -> None:
     pattern = _path_reads()
     found = []
-    for path in [ROOT / "schema.sql", *sorted((ROOT / "sql").glob("*.sql"))]:
+    for path in [*schema_contract.files(), *sorted((ROOT / "sql").glob("*.sql"))]:
         text = _without_generated_columns(path.read_text())
         for m in pattern.finditer(text):
             found.append(f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}")

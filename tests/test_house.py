@@ -13,6 +13,7 @@ import ast
 import re
 from pathlib import Path
 
+import schema_contract
 from conftest import REPO
 
 NOT_DET = {"tests", "bench", "build", ".venv", "examples", "docs", ".git"}
@@ -53,7 +54,7 @@ def private_references(root: Path) -> list[str]:
     """``file:line: text`` of each pointer to a document outside the repo in det's sources
     and in ``schema.sql``, whose comments are the catalog's text (function bodies, COMMENT ON)."""
     found = []
-    schema = [root / "schema.sql"] if (root / "schema.sql").exists() else []
+    schema = schema_contract.files(root / "schema.sql")
     for path in det_sources(root) + schema:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if PRIVATE_REFERENCE.search(line):

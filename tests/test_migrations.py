@@ -11,6 +11,7 @@ from pathlib import Path
 import pglast
 import psycopg
 import pytest
+import schema_contract
 from pglast import ast
 from pglast.enums import AlterTableType, FunctionParameterMode, GrantTargetType, ObjectType
 from pglast.stream import RawStream
@@ -19,8 +20,6 @@ from psycopg.conninfo import make_conninfo
 from det.db import migrate
 from det.db.migrate import ensure_current, load_migrations
 from det.errors import DatabaseError
-
-SCHEMA_SQL = Path(__file__).resolve().parent.parent / "schema.sql"
 
 # Where the user's objects are: every schema but PostgreSQL's own.
 _USER_NS = "n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'"
@@ -182,13 +181,28 @@ def test_migrations_and_schema_sql_build_the_same_catalog(new_database) -> None:
         conn.execute("DROP TABLE det_migrations")
         conn.commit()
     with psycopg.connect(from_schema) as conn, conn.transaction():
-        for stmt in pglast.split(SCHEMA_SQL.read_text()):
+        for stmt in pglast.split(schema_contract.text()):
             conn.execute(stmt)
     a, b = render(catalog(migrated)), render(catalog(from_schema))
     assert any(line.startswith("function det_user.create_experiment(") for line in a)
     if a != b:
         diff = "\n".join(difflib.unified_diff(a, b, "migrations", "schema.sql", lineterm=""))
         pytest.fail(f"schema.sql and db/migrations build different catalogs:\n{diff}")
+
+
+def test_schema_sql_includes_each_file_of_schema_once_in_order() -> None:
+    """schema.sql is an index: each file under schema/ (one concern each) is part of the
+    contract, once, in the order of its number; none is left out of what the test above
+    compares with the migrations."""
+    files = schema_contract.included()
+    assert files == sorted((schema_contract.REPO / "schema").glob("*.sql"))
+    assert len(files) == len(set(files)) > 1
+
+
+def test_an_include_of_no_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "schema.sql").write_text("-- head\n\\ir schema/01_gone.sql\n")
+    with pytest.raises(FileNotFoundError, match="01_gone.sql"):
+        schema_contract.included(tmp_path / "schema.sql")
 
 
 def _defined_object(stmt: ast.Node) -> tuple[str, str] | None:
@@ -232,7 +246,7 @@ def _defined_object(stmt: ast.Node) -> tuple[str, str] | None:
 
 def test_schema_sql_defines_each_object_once() -> None:
     seen: set[tuple[str, str]] = set()
-    for raw in pglast.parse_sql(SCHEMA_SQL.read_text()):
+    for raw in pglast.parse_sql(schema_contract.text()):
         stmt = raw.stmt
         assert not getattr(stmt, "replace", False), (
             f"schema.sql: {RawStream()(stmt)[:80]}...: CREATE OR REPLACE belongs in a migration; "
@@ -263,7 +277,7 @@ def test_schema_sql_grants_each_object_beside_its_definition() -> None:
     indexes), so who may call a function or read a table is read where it is defined."""
     current = None  # the name of the object the last definition defined
     grants = 0
-    for raw in pglast.parse_sql(SCHEMA_SQL.read_text()):
+    for raw in pglast.parse_sql(schema_contract.text()):
         stmt = raw.stmt
         obj = _defined_object(stmt)
         if obj is not None and obj[0] in ("function", "table", "view", "schema"):

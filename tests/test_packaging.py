@@ -18,7 +18,7 @@ from conftest import REPO
 # Run from a checkout, not part of det (setup.py says the same).
 NOT_SHIPPED = {"tests", "examples", "bench"}
 # Files other than modules that det reads at run time (pyproject.toml, package-data).
-DATA = ["schema.sql", "agent/image/Dockerfile", "db/migrations/*.sql", "sql/*.sql",
+DATA = ["schema.sql", "schema/*.sql", "agent/image/Dockerfile", "db/migrations/*.sql", "sql/*.sql",
         "api/static/*", "api/static/vendor/*"]  # the WebUI's files (det serve)
 
 

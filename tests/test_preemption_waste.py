@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import schema_contract
 from conftest import wait_for
 from pydantic import ValidationError
 
@@ -136,13 +137,12 @@ def _ends_runs(sql: str) -> bool:
 
 
 def test_the_run_end_paths_are_all_listed() -> None:
-    root = Path(__file__).parent.parent
     found = set()
     queries = named("reconciler")
     for name in queries.names():
         if _ends_runs(getattr(queries, name)):
             found.add(name)
-    schema = (root / "schema.sql").read_text()
+    schema = schema_contract.text()
     for name, body in re.findall(r"CREATE FUNCTION ([\w.]+)\((.*?)\n(?:END )?\$\$;", schema, re.S):
         if _ends_runs(body):
             found.add(name)

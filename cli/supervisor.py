@@ -111,7 +111,6 @@ class Child:
     started: float = 0.0
     failures: int = 0
     next_start: float = 0.0
-    log_path: Path = field(default=Path())
 
 
 class Supervisor:

@@ -75,8 +75,8 @@ class Harness:
         self.out = self.log.open("w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "det.harness.interactive", kind], cwd=workdir,
-            env=claimed.env(**env), stdout=self.out, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            env=claimed.env(PYTHONFAULTHANDLER="1", **env), stdout=self.out,
+            stderr=subprocess.STDOUT, start_new_session=True)
 
     def output(self) -> str:
         return self.log.read_text()
@@ -86,6 +86,12 @@ class Harness:
             self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            # Seen once under heavy load, cause unknown: SIGABRT has faulthandler write every
+            # thread's stack into the task's output, which the failure shows.
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(10)
+            raise AssertionError(f"no exit 30 s after SIGTERM:\n{self.output()}") from None
         finally:
             with_group_killed(self.proc.pid)
             self.out.close()

@@ -140,9 +140,9 @@ def _free_port() -> int:
 
 
 def test_down_right_after_up_stops_the_supervisor_up_started(local, tmp_path) -> None:
-    """CI (stop 45): `up` returned before its supervisor had written its pid file, so a
-    `down` at once found none, stopped only the database, and left the supervisor to start
-    it again: the next `up` said "already running". `up` records the pid it started."""
+    """`up` returned before its supervisor had written its pid file, so a `down` at once
+    found none, stopped only the database, and left the supervisor to start it again: the
+    next `up` said "already running". `up` records the pid it started."""
     run = tmp_path / "home" / "run"
     local("cluster", "up", "--runtime", "process", "--slots", "1", "--web-port", "0")
     pid = read_pid(run, "supervisor")

@@ -529,8 +529,8 @@ def test_the_leader_analyzes_the_tables_a_burst_changed(conn) -> None:
     from det.reconciler.statistics import Statistics
 
     # Only the leader analyzes here: an autovacuum worker that visits this new database
-    # between the inserts and the passes' updates (a loaded machine, once) resets the count
-    # the rule reads, and the burst's updates alone are under its threshold.
+    # between the inserts and the passes' updates resets the count the rule reads, and the
+    # burst's updates alone are under its threshold (so the leader rightly does nothing).
     for table in ("experiments", "trials"):
         conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
     queue_runs(conn, 600)

@@ -238,7 +238,7 @@ def test_pause_checkpoints_once_frees_every_slot_and_activate_resumes(det, conn,
     # One checkpoint per step, by the chief: the pause's, and a best validation's (every 1000)
     # where a loaded machine trained that far before the pause arrived.
     assert steps[-1] == paused["steps_completed"] and len(set(steps)) == len(steps), \
-        "one checkpoint, by the chief"
+        f"one checkpoint per step, by the chief, the last the pause's: {steps}"
     assert set(steps[:-1]) <= {1000, 2000}, steps
     assert conn.execute("SELECT exit_code FROM allocations").fetchone()["exit_code"] == 0
     assert conn.execute("SELECT count(*) AS n FROM allocation_slots WHERE NOT released"
